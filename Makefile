@@ -1,0 +1,65 @@
+# pmnet-consolidator: `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU machines take the local CPU wheel (never the multi-GB CUDA build); on a machine
+# with an NVIDIA GPU the venv sees the torch the user already has (system site packages),
+# and only installs PyPI's default (CUDA) build when there is none.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+ifeq ($(HAS_GPU),1)
+TORCH_SPEC ?= torch
+VENV_FLAGS ?= --system-site-packages
+else
+TORCH_SPEC ?= torch==2.13.0
+VENV_FLAGS ?=
+endif
+
+PRESET ?=
+NAME ?=
+RUNS ?= $(CURDIR)/runs
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $@
+
+install: $(VENV)/.installed ## create or reuse the virtual environment and install the project
+
+test: install ## run the fast test suite (no slow, no gpu tests)
+	$(PY) -m pytest -q -m "not slow and not gpu"
+
+test-all: install ## run every test, slow ones included
+	$(PY) -m pytest -q
+
+lint: install ## ruff check
+	$(VENV)/bin/ruff check .
+
+bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
+	$(PY) benchmarks/bench_model.py
+
+pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, NAME=run name)
+	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(NAME),--name $(NAME)) --root $(RUNS)
+
+resume: install ## resume the last (or NAME=...) pipeline
+	$(PY) -m pipelines.run resume $(if $(NAME),--name $(NAME)) --root $(RUNS)
+
+status: install ## table of trials of the last (or NAME=...) pipeline, read from disk
+	$(PY) -m pipelines.run status $(if $(NAME),--name $(NAME)) --root $(RUNS)
+
+report: install ## rebuild the report of the last (or NAME=...) pipeline from finished results
+	$(PY) -m pipelines.run report $(if $(NAME),--name $(NAME)) --root $(RUNS)
+
+ui: install ## start the MLflow UI on 127.0.0.1 for the local store
+	$(PY) -m pipelines.run ui --root $(RUNS)
+
+clean: ## remove caches (keeps the venv and runs/)
+	rm -rf .pytest_cache .ruff_cache build *.egg-info
+
+.PHONY: help install test test-all lint bench pipeline resume status report ui clean

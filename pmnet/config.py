@@ -1,0 +1,130 @@
+"""Typed model configuration with named presets.
+
+`ModelConfig.from_name("paper")` gives the paper's exact sizes (Appendix "Hyperparameters and
+Architecture", Table "Model, optimization, and hardware settings"); `debug` is the tiny model
+every test uses; `cpu` is a small model for real runs on a 2-core machine.
+
+Every field is validated in `__post_init__`; a bad value raises `ValueError` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "custom"
+    # backbone ---------------------------------------------------------------------------
+    vocab_size: int = 256  # byte level, embeddings tied with the output head
+    n_layer: int = 12
+    hidden: int = 384
+    ffn: int = 1024  # SwiGLU intermediate size
+    n_head: int = 12
+    n_kv_head: int = 12
+    head_dim: int = 64
+    window: int = 128  # causal sliding-window attention
+    attn_dropout: float = 0.1
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # memory -----------------------------------------------------------------------------
+    write_period: int = 3  # a write module at every layer whose index is divisible by this
+    branch: int = 4  # child slots per group; block b has branch**b groups
+    phase_dim: int = 32  # d_m in the paper
+    read_heads: int = 4
+    consolidator_hidden: int = 64  # d_c in the paper
+    # limits -----------------------------------------------------------------------------
+    max_chunk: int = 512  # longest chunk a single forward call accepts
+    use_memory: bool = True  # False builds the same Transformer with no memory (benchmarks)
+    init_std: float = 0.02
+
+    # derived ------------------------------------------------------------------------------
+    @property
+    def n_blocks(self) -> int:
+        """Number of memory hierarchy blocks (one per write layer)."""
+        return math.ceil(self.n_layer / self.write_period)
+
+    @property
+    def write_layers(self) -> tuple[int, ...]:
+        return tuple(range(0, self.n_layer, self.write_period))
+
+    def n_groups(self, block: int) -> int:
+        return self.branch**block
+
+    @property
+    def total_groups(self) -> int:
+        return sum(self.n_groups(b) for b in range(self.n_blocks))
+
+    @property
+    def total_slots(self) -> int:
+        return self.total_groups * self.branch
+
+    def __post_init__(self) -> None:
+        positive_ints = (
+            "vocab_size", "n_layer", "hidden", "ffn", "n_head", "n_kv_head", "head_dim",
+            "window", "write_period", "branch", "phase_dim", "read_heads",
+            "consolidator_hidden", "max_chunk",
+        )
+        for name in positive_ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_head % self.n_kv_head != 0:
+            raise ValueError(
+                f"ModelConfig.n_head ({self.n_head}) must be a multiple of "
+                f"ModelConfig.n_kv_head ({self.n_kv_head})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.branch < 2:
+            raise ValueError(f"ModelConfig.branch must be at least 2, got {self.branch}")
+        if self.write_period > self.n_layer:
+            raise ValueError(
+                f"ModelConfig.write_period ({self.write_period}) exceeds n_layer ({self.n_layer})"
+            )
+        if not 0.0 <= float(self.attn_dropout) < 1.0:
+            raise ValueError(f"ModelConfig.attn_dropout must be in [0, 1), got {self.attn_dropout}")
+        for name in ("rms_eps", "rope_theta", "init_std"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
+
+    # presets ------------------------------------------------------------------------------
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> ModelConfig:
+        if name not in PRESETS:
+            raise ValueError(
+                f"unknown model preset {name!r}; known presets: {', '.join(sorted(PRESETS))}"
+            )
+        cfg = dataclasses.replace(PRESETS[name], **overrides) if overrides else PRESETS[name]
+        return cfg
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s): {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # The paper's model: 29.95M parameters, 12 layers, writes at layers 0, 3, 6, 9.
+    "paper": ModelConfig(name="paper"),
+    # Tiny model used by every test: seconds on a CPU.
+    "debug": ModelConfig(
+        name="debug", n_layer=2, hidden=32, ffn=64, n_head=2, n_kv_head=2, head_dim=16,
+        window=16, attn_dropout=0.0, write_period=1, branch=4, phase_dim=8, read_heads=2,
+        consolidator_hidden=16, max_chunk=128,
+    ),
+    # Small model for real runs on a 2-core CPU (see docs/ for how it was sized).
+    "cpu": ModelConfig(
+        name="cpu", n_layer=4, hidden=64, ffn=192, n_head=4, n_kv_head=4, head_dim=16,
+        window=64, attn_dropout=0.0, write_period=1, branch=4, phase_dim=16, read_heads=4,
+        consolidator_hidden=32, max_chunk=256,
+    ),
+}

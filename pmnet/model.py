@@ -1,0 +1,551 @@
+"""PMNet with routed short-term memory (STM), long-term memory (LTM) and the Consolidator.
+
+The whole model, top to bottom, in one file. Equation numbers refer to
+`consolidator-paper.tex` ("Consolidator: Learning Persistent Routed Memory Across Context
+Boundaries"); PMNet details the paper defers to its predecessor follow `pmnet-mechanics.md`.
+
+Shapes: B batch, T tokens in the chunk, H hidden, K = branch (child slots per group),
+P = phase_dim (d_m), G_b = K**b groups in block b, Hr read heads.
+
+Memory lifecycle (Section 3.1), driven through an explicit `MemoryState`:
+
+    state = model.init_state(B)                         # empty KV, STM, occupancy; zero LTM
+    logits, state = model(tokens, state, ltm_routing=True)   # process a chunk: writes STM,
+                                                        # reads M = (S + L) mod 2pi  (Eq. 3)
+    state = model.consolidate(state, mode="learned")    # Eq. 8 (or mode="identity")
+    state = state.clear_context()                       # drop KV + STM + occupancy, keep LTM
+
+Every operation returns a new state; no tensor of a state is modified in place, so a
+state can be branched (auxiliary trajectories) without leaking into the original.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pmnet.config import ModelConfig
+
+TWO_PI = 2.0 * math.pi
+
+try:  # flash-attn is optional (the `flash` extra); used only on CUDA with half precision
+    from flash_attn import flash_attn_func  # type: ignore
+except Exception:  # pragma: no cover - not installed on CPU machines
+    flash_attn_func = None
+
+
+def wrap(x: Tensor) -> Tensor:
+    """Phase wrapping `x mod 2pi` into [0, 2pi)."""
+    return torch.remainder(x, TWO_PI)
+
+
+def phasor(x: Tensor) -> Tensor:
+    """[sin x ; cos x] along the last dim: (..., P) -> (..., 2P)."""
+    return torch.cat([torch.sin(x), torch.cos(x)], dim=-1)
+
+
+def scale_grad(x: Tensor, scale: Tensor) -> Tensor:
+    """Straight-through gradient scaling: forward value is exactly `x`, gradient is `scale * g`."""
+    return x.detach() + (x - x.detach()) * scale
+
+
+# -----------------------------------------------------------------------------------------
+# Memory state
+# -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryState:
+    """Non-parametric state of a batch of memory episodes (one row per episode).
+
+    kv[l]   : (k, v), each (B, n_kv_head, T_cache, head_dim), or None   -- KV cache, layer l
+    stm[b]  : (B, G_b, K, P)  routed short-term memory of block b       -- S in the paper
+    occ[b]  : (B, G_b) bool   groups written in the current segment    -- O in Eq. 8
+    ltm[b]  : (B, G_b, K, P)  long-term memory of block b               -- L in the paper
+    pos     : tokens seen since the KV cache was last cleared (RoPE positions restart at 0)
+    routes  : diagnostics of the last chunk, n_blocks + 1 tensors (B, T): routes[b] is the
+              group each token visited in block b; routes[b + 1] % K is the child chosen by
+              block b's router (routes[n_blocks] holds the deepest block's choice)
+    """
+
+    kv: tuple
+    stm: tuple[Tensor, ...]
+    occ: tuple[Tensor, ...]
+    ltm: tuple[Tensor, ...]
+    pos: int = 0
+    routes: tuple = ()
+
+    @property
+    def batch_size(self) -> int:
+        return self.ltm[0].shape[0] if self.ltm else 0
+
+    def clear_context(self) -> MemoryState:
+        """Boundary reset: clear KV cache, STM and occupancy; keep LTM."""
+        return replace(
+            self,
+            kv=tuple(None for _ in self.kv),
+            stm=tuple(torch.zeros_like(s) for s in self.stm),
+            occ=tuple(torch.zeros_like(o) for o in self.occ),
+            pos=0,
+            routes=(),
+        )
+
+    def clear_kv(self) -> MemoryState:
+        """Clear only the KV cache (STM and LTM stay): the query sees memory, not tokens."""
+        return replace(self, kv=tuple(None for _ in self.kv), pos=0)
+
+    def fresh_ltm(self) -> MemoryState:
+        """Replace LTM by the zero phase vector (the paper's fresh-LTM control)."""
+        return replace(self, ltm=tuple(torch.zeros_like(x) for x in self.ltm))
+
+    def detach(self) -> MemoryState:
+        """Cut the autograd graph through every tensor (truncated BPTT)."""
+        kv = tuple(None if c is None else (c[0].detach(), c[1].detach()) for c in self.kv)
+        return replace(
+            self,
+            kv=kv,
+            stm=tuple(s.detach() for s in self.stm),
+            occ=self.occ,
+            ltm=tuple(x.detach() for x in self.ltm),
+        )
+
+    def detach_ltm(self) -> MemoryState:
+        """Detach only LTM (the paper's `detach_long_term_between_sleeps`)."""
+        return replace(self, ltm=tuple(x.detach() for x in self.ltm))
+
+    def with_ltm(self, ltm: tuple[Tensor, ...]) -> MemoryState:
+        return replace(self, ltm=tuple(ltm))
+
+
+# -----------------------------------------------------------------------------------------
+# Backbone pieces
+# -----------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin tables (T, head_dim) for RoPE, computed in fp32."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+                  / head_dim)
+    )
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (T, head_dim)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: (B, heads, T, D); cos/sin: (T, D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal sliding-window self-attention with RMSNorm on q and k per head, RoPE, KV cache."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.q_proj = nn.Linear(cfg.hidden, cfg.n_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.hidden, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, cfg.n_head, cfg.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, T, cfg.n_kv_head, cfg.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, heads, T, D)
+        if cache is not None:
+            k = torch.cat([cache[0].to(k.dtype), k], dim=2)
+            v = torch.cat([cache[1].to(v.dtype), v], dim=2)
+        n_cached = k.shape[2] - T
+        keep = cfg.window - 1  # a query sees itself and the window-1 tokens before it
+        new_cache = (k[:, :, -keep:], v[:, :, -keep:]) if keep > 0 else None
+        dropout = cfg.attn_dropout if self.training else 0.0
+
+        if flash_attn_func is not None and x.is_cuda and q.dtype in (torch.float16,
+                                                                      torch.bfloat16):
+            out = flash_attn_func(  # (B, T, heads, D); bottom-right aligned causal mask
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout,
+                causal=True, window_size=(cfg.window - 1, 0),
+            ).reshape(B, T, -1)
+            return self.o_proj(out), new_cache
+
+        gqa = cfg.n_head != cfg.n_kv_head
+        if n_cached == 0 and T <= cfg.window:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                                 enable_gqa=gqa)
+        else:
+            q_pos = torch.arange(n_cached, n_cached + T, device=x.device)
+            k_pos = torch.arange(0, n_cached + T, device=x.device)
+            rel = q_pos[:, None] - k_pos[None, :]  # (T, T_k)
+            mask = (rel >= 0) & (rel < cfg.window)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                 enable_gqa=gqa)
+        out = out.transpose(1, 2).reshape(B, T, -1)
+        return self.o_proj(out), new_cache
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP without bias."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.up = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.down = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+# -----------------------------------------------------------------------------------------
+# Memory modules
+# -----------------------------------------------------------------------------------------
+
+
+def phase_scores(q: Tensor, k: Tensor, dim: int) -> Tensor:
+    """sum_m cos(q_m - k_m) / sqrt(dim), as a dot product of [cos; sin] phasors.
+
+    q: (..., P) broadcast against k: (..., P) -> (...)
+    """
+    return (torch.cos(q) * torch.cos(k) + torch.sin(q) * torch.sin(k)).sum(-1) / math.sqrt(dim)
+
+
+class MemoryWrite(nn.Module):
+    """Routed soft write of one hierarchy block (Eq. 1-2, Eq. 9 for the routing state).
+
+    Parameters: norm, W_q (H->P), W_k (2P->P) for slot keys, W_v (H->P, no bias),
+    W_o (P->P, bias; init N(0, 0.02), zero bias).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        P = cfg.phase_dim
+        self.P = P
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.w_q = nn.Linear(cfg.hidden, P)
+        self.w_k = nn.Linear(2 * P, P)
+        self.w_v = nn.Linear(cfg.hidden, P, bias=False)
+        self.w_o = nn.Linear(P, P)
+
+    def forward(self, h: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
+        """h: (B, T, H) hidden; a: (B, T, K, P) routing state of the visited group's slots.
+
+        Returns delta (B, T, K, P) = p_j * pi tanh(W_o W_v RMSNorm(h))  (Eq. 2) and
+        scores p (B, T, K).
+        """
+        x = self.norm(h)
+        q = math.pi * torch.tanh(self.w_q(x).float())  # (B, T, P)
+        v = math.pi * torch.tanh(self.w_o(self.w_v(x)).float())  # (B, T, P)
+        with torch.autocast(device_type=a.device.type, enabled=False):
+            k = math.pi * torch.tanh(self.w_k(phasor(a)))  # (B, T, K, P)
+            p = torch.softmax(phase_scores(q[:, :, None, :], k, self.P), dim=-1)  # (B, T, K)
+        delta = p[..., None] * v[:, :, None, :]  # (B, T, K, P)
+        return delta, p
+
+
+class MemoryRead(nn.Module):
+    """Read of the visited group's K slots (every layer), Hr phase-attention heads.
+
+    Keys/values from [sin; cos] of (memory state + static slot embedding); the memory state
+    includes M = (S + L) mod 2pi of every block visited so far (Eq. 3).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        P, Hr = cfg.phase_dim, cfg.read_heads
+        self.P, self.Hr = P, Hr
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.w_q = nn.Linear(cfg.hidden, Hr * P)
+        self.w_kv = nn.Linear(2 * P, 2 * Hr * P)
+        self.w_out = nn.Linear(Hr * P, cfg.hidden)
+
+    def forward(self, h: Tensor, angle: Tensor) -> Tensor:
+        """h: (B, T, H); angle: (B, T, K, P) = memory state + slot embeddings -> (B, T, H)."""
+        B, T, K, P = angle.shape
+        q = math.pi * torch.tanh(self.w_q(self.norm(h)).float()).view(B, T, 1, self.Hr, P)
+        with torch.autocast(device_type=angle.device.type, enabled=False):
+            kv = self.w_kv(phasor(angle)).view(B, T, K, 2, self.Hr, P)
+            k = math.pi * torch.tanh(kv[:, :, :, 0])  # (B, T, K, Hr, P)
+            p = torch.softmax(phase_scores(q, k, P), dim=2)  # (B, T, K, Hr)
+            out = (p[..., None] * kv[:, :, :, 1]).sum(2)  # (B, T, Hr, P)
+        return self.w_out(out.reshape(B, T, self.Hr * P).to(h.dtype))
+
+
+class Consolidator(nn.Module):
+    """Shared slot-local gated phase transform C_psi (Eq. 6-7).
+
+    z = [cos S ; sin S]; r = W_d (SiLU(W_g z) * W_u z) + b_d; (c, s) = z (x) r as P complex
+    numbers; C(S) = atan2(s, c). W_d = 0 and b_d = (1..1 ; 0..0) make C the identity at init.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        P, C = cfg.phase_dim, cfg.consolidator_hidden
+        self.P = P
+        self.w_g = nn.Linear(2 * P, C, bias=False)
+        self.w_u = nn.Linear(2 * P, C, bias=False)
+        self.w_d = nn.Linear(C, 2 * P, bias=True)
+        self.reset_identity()
+
+    @torch.no_grad()
+    def reset_identity(self) -> None:
+        nn.init.zeros_(self.w_d.weight)
+        self.w_d.bias.copy_(torch.cat([torch.ones(self.P), torch.zeros(self.P)]))
+
+    def forward(self, S: Tensor) -> Tensor:
+        """S: (..., P) phases -> C(S): (..., P) phases in [0, 2pi)."""
+        with torch.autocast(device_type=S.device.type, enabled=False):
+            S = S.float()
+            cos_s, sin_s = torch.cos(S), torch.sin(S)
+            z = torch.cat([cos_s, sin_s], dim=-1)  # (..., 2P)              Eq. 6
+            r = self.w_d(F.silu(self.w_g(z)) * self.w_u(z))  # (..., 2P)    Eq. 7
+            r_c, r_s = r[..., : self.P], r[..., self.P :]
+            c = cos_s * r_c - sin_s * r_s  # complex product, real part
+            s = cos_s * r_s + sin_s * r_c  # imaginary part
+            return wrap(torch.atan2(s, c))
+
+
+# -----------------------------------------------------------------------------------------
+# Decoder layer and model
+# -----------------------------------------------------------------------------------------
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        self.index = index
+        self.block = index // cfg.write_period
+        self.is_write = cfg.use_memory and index % cfg.write_period == 0
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.attn = Attention(cfg)
+        self.write = MemoryWrite(cfg) if self.is_write else None
+        self.read = MemoryRead(cfg) if cfg.use_memory else None
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+
+ConsolidationMode = Literal["learned", "identity"]
+LogitsMode = Literal["all", "last", "none"]
+TRAINABLE_SUBSETS = ("entire_model", "all_but_consolidator", "consolidator_only",
+                     "memory_consolidator")
+
+
+class PMNet(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)  # tied with the output head
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        if cfg.use_memory:
+            # static slot embeddings e_{b,g,j}: (G_b, K, P) per block, N(0, 0.02)
+            self.slot_emb = nn.ParameterList(
+                nn.Parameter(torch.empty(cfg.n_groups(b), cfg.branch, cfg.phase_dim))
+                for b in range(cfg.n_blocks)
+            )
+            self.consolidator = Consolidator(cfg)
+        else:
+            self.slot_emb = nn.ParameterList()
+            self.consolidator = None
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        std = self.cfg.init_std
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, std)
+        for e in self.slot_emb:
+            nn.init.normal_(e, 0.0, std)
+        if self.consolidator is not None:
+            self.consolidator.reset_identity()
+
+    # ---------------------------------------------------------------- state management
+    def init_state(self, batch_size: int, device=None) -> MemoryState:
+        """Empty KV cache, STM and occupancy; LTM at the zero phase vector."""
+        cfg = self.cfg
+        device = device if device is not None else self.embed.weight.device
+        shapes = [(batch_size, cfg.n_groups(b), cfg.branch, cfg.phase_dim)
+                  for b in range(cfg.n_blocks)] if cfg.use_memory else []
+        zeros = tuple(torch.zeros(s, device=device) for s in shapes)
+        occ = tuple(torch.zeros(s[:2], dtype=torch.bool, device=device) for s in shapes)
+        return MemoryState(kv=(None,) * cfg.n_layer, stm=zeros, occ=occ,
+                           ltm=tuple(torch.zeros_like(z) for z in zeros), pos=0)
+
+    def consolidate(self, state: MemoryState, *, mode: ConsolidationMode) -> MemoryState:
+        """Boundary update of LTM (Eq. 8). Does not clear anything: call clear_context().
+
+        L+ = (L + C(S)) mod 2pi for occupied groups (learned), (L + S) mod 2pi (identity),
+        L unchanged for groups not written in this segment.
+        """
+        if mode not in ("learned", "identity"):
+            raise ValueError(f"consolidation mode must be 'learned' or 'identity', got {mode!r}")
+        if not self.cfg.use_memory:
+            raise ValueError("consolidate() needs a model built with use_memory=True")
+        new_ltm = []
+        for S, O, L in zip(state.stm, state.occ, state.ltm):
+            C = self.consolidator(S) if mode == "learned" else S  # (B, G, K, P)
+            new_ltm.append(torch.where(O[:, :, None, None], wrap(L + C), L))
+        return state.with_ltm(tuple(new_ltm))
+
+    # ---------------------------------------------------------------- forward
+    def _check_inputs(self, tokens: Tensor, state: MemoryState) -> None:
+        cfg = self.cfg
+        if not isinstance(tokens, Tensor):
+            raise ValueError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (batch, time), got {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        B, T = tokens.shape
+        if T == 0 or B == 0:
+            raise ValueError(f"tokens must be non-empty, got shape {tuple(tokens.shape)}")
+        if T > cfg.max_chunk:
+            raise ValueError(f"chunk of {T} tokens exceeds max_chunk={cfg.max_chunk}")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got [{lo}, {hi}]")
+        if cfg.use_memory and state.batch_size != B:
+            raise ValueError(f"state batch size {state.batch_size} != tokens batch size {B}")
+        if len(state.kv) != cfg.n_layer:
+            raise ValueError(f"state has {len(state.kv)} KV entries, model has {cfg.n_layer} layers")
+
+    def forward(
+        self,
+        tokens: Tensor,
+        state: MemoryState,
+        *,
+        ltm_routing: bool,
+        logits: LogitsMode = "all",
+    ) -> tuple[Tensor | None, MemoryState]:
+        """Process one chunk of tokens: causal attention over the KV cache, routed STM
+        writes (Eq. 1-2, Eq. 9 when `ltm_routing`), reads of M = (S + L) mod 2pi (Eq. 3).
+
+        tokens: (B, T) ids. Returns logits (B, T, V) / (B, V) / None and the new state.
+        `ltm_routing=False` removes only the direct L term of Eq. 9 from the routing state.
+        """
+        if not isinstance(ltm_routing, bool):
+            raise ValueError(f"ltm_routing must be True or False, got {ltm_routing!r}")
+        if logits not in ("all", "last", "none"):
+            raise ValueError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
+        self._check_inputs(tokens, state)
+        cfg = self.cfg
+        B, T = tokens.shape
+        K, P = cfg.branch, cfg.phase_dim
+        dev = tokens.device
+        tokens = tokens.long()
+
+        h = self.embed(tokens)  # (B, T, H)
+        cos, sin = rope_tables(torch.arange(state.pos, state.pos + T, device=dev),
+                               cfg.head_dim, cfg.rope_theta)
+        kv = list(state.kv)
+        stm, occ = list(state.stm), list(state.occ)
+
+        if cfg.use_memory:
+            group = torch.zeros(B, T, dtype=torch.long, device=dev)  # visited group, block b
+            u = torch.zeros(B, T, K, P, device=dev)  # memory state carried from blocks above
+            causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()  # (T, T)
+        angle = None
+        routes = []
+        for layer in self.layers:
+            a_out, kv[layer.index] = layer.attn(layer.attn_norm(h), cos, sin, kv[layer.index])
+            h = h + a_out
+            if layer.write is not None:
+                b = layer.block
+                G = cfg.n_groups(b)
+                e = self.slot_emb[b][group]  # (B, T, K, P)  static slot embeddings e_{b,g,j}
+                L_tok = _gather_groups(state.ltm[b], group)  # (B, T, K, P)  L_{b,g,j}
+                a = u + e + L_tok if ltm_routing else u + e  # routing state   Eq. 1 / Eq. 9
+                delta, p = layer.write(h, a)  # (B, T, K, P), (B, T, K)        Eq. 2
+                onehot = F.one_hot(group, G).to(delta.dtype)  # (B, T, G)
+                if self.training and delta.requires_grad:
+                    # gradient of each delta scaled by 1/sqrt(#tokens of this row in its group)
+                    count = (onehot.sum(1, keepdim=True) * onehot).sum(-1)  # (B, T)
+                    delta = scale_grad(delta, count.rsqrt()[..., None, None])
+                flat = delta.reshape(B, T, K * P)
+                # segmented causal prefix sum per (row, group), one batched matmul:
+                # running[t] = sum_{t' <= t, group[t'] == group[t]} delta[t']
+                same = (group[:, :, None] == group[:, None, :]) & causal  # (B, T, T)
+                running = torch.bmm(same.to(flat.dtype), flat).view(B, T, K, P)
+                S_tok = _gather_groups(stm[b], group) + running  # STM of the token's group
+                M_tok = wrap(S_tok + L_tok)  # (B, T, K, P)                    Eq. 3
+                u = wrap(u + M_tok)
+                angle = u + e  # read angles for the layers of this block
+                total = torch.bmm(onehot.transpose(1, 2), flat).view(B, G, K, P)
+                stm[b] = wrap(stm[b] + total)  # state after the chunk
+                occ[b] = occ[b] | (onehot.sum(1) > 0)  # (B, G)
+                routes.append(group)
+                group = group * K + p.argmax(-1)  # hard top-1 descent to the next block
+                if b + 1 == cfg.n_blocks:
+                    routes.append(group)
+            if layer.read is not None:
+                h = h + layer.read(h, angle)
+            h = h + layer.mlp(layer.mlp_norm(h))
+
+        new_state = replace(state, kv=tuple(kv), stm=tuple(stm), occ=tuple(occ),
+                            pos=state.pos + T, routes=tuple(routes))
+        if logits == "none":
+            return None, new_state
+        if logits == "last":
+            h = h[:, -1]
+        out = F.linear(self.norm(h), self.embed.weight)  # tied output head
+        return out, new_state
+
+    # ---------------------------------------------------------------- parameter subsets
+    def memory_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Memory read/write/routing parameters (every read and write module, slot embeddings)."""
+        return [(n, p) for n, p in self.named_parameters()
+                if ".read." in n or ".write." in n or n.startswith("slot_emb.")]
+
+    def trainable_subset(self, name: str) -> list[tuple[str, nn.Parameter]]:
+        """Named trainable subsets of Table "Parameter-isolation conditions"."""
+        cons = [(n, p) for n, p in self.named_parameters() if n.startswith("consolidator.")]
+        if name == "entire_model":
+            return list(self.named_parameters())
+        if name == "all_but_consolidator":
+            return [(n, p) for n, p in self.named_parameters()
+                    if not n.startswith("consolidator.")]
+        if name == "consolidator_only":
+            return cons
+        if name == "memory_consolidator":
+            return self.memory_parameters() + cons
+        raise ValueError(f"unknown trainable subset {name!r}; known: {', '.join(TRAINABLE_SUBSETS)}")
+
+    def parameter_counts(self) -> dict:
+        total = sum(p.numel() for p in self.parameters())
+        subsets = {s: sum(p.numel() for _, p in self.trainable_subset(s))
+                   for s in TRAINABLE_SUBSETS} if self.cfg.use_memory else {}
+        return {"total": total, "subsets": subsets}
+
+
+def _gather_groups(x: Tensor, group: Tensor) -> Tensor:
+    """x: (B, G, K, P) per-group state, group: (B, T) -> (B, T, K, P) state of each token's group."""
+    B, G, K, P = x.shape
+    idx = group[:, :, None].expand(B, group.shape[1], K * P)
+    return torch.gather(x.reshape(B, G, K * P), 1, idx).view(B, -1, K, P)

@@ -1,0 +1,300 @@
+"""Tests of pmnet.model: parameter counts, lifecycle operations, equivalences, controls."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from pmnet.config import ModelConfig
+from pmnet.model import TWO_PI, Consolidator, PMNet, wrap
+
+
+def make(name="debug", seed=0, **kw):
+    torch.manual_seed(seed)
+    return PMNet(ModelConfig.from_name(name, **kw))
+
+
+def tokens(B=3, T=40, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (B, T), generator=g)
+
+
+def random_ltm(model, B, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    st = model.init_state(B)
+    return st.with_ltm(tuple(torch.rand(x.shape, generator=g) * TWO_PI for x in st.ltm))
+
+
+def angular_error(a, b):
+    return (wrap(a - b + math.pi) - math.pi).abs().max().item()
+
+
+# ------------------------------------------------------------------ parameter counts
+def test_paper_parameter_counts_match_the_paper():
+    with torch.device("meta"):
+        model = PMNet(ModelConfig.from_name("paper"))
+    counts = model.parameter_counts()
+    total, sub = counts["total"], counts["subsets"]
+    assert round(total / 1e6, 2) == 29.95
+    assert sub["entire_model"] == total
+    assert sub["consolidator_only"] == 12_352
+    assert round(100 * sub["consolidator_only"] / total, 3) == 0.041
+    assert round(sub["memory_consolidator"] / 1e6, 3) == 1.526
+    assert round(100 * sub["memory_consolidator"] / total, 3) == 5.095
+    assert round(100 * sub["all_but_consolidator"] / total, 3) == 99.959
+    assert round(sub["all_but_consolidator"] / 1e6, 2) == 29.93  # 29.934M (paper: "29.94M")
+    assert sub["all_but_consolidator"] + sub["consolidator_only"] == total
+
+
+def test_trainable_subsets_are_disjoint_where_they_should_be():
+    model = make()
+    names = {s: {n for n, _ in model.trainable_subset(s)} for s in
+             ("entire_model", "all_but_consolidator", "consolidator_only", "memory_consolidator")}
+    assert names["consolidator_only"] < names["memory_consolidator"] < names["entire_model"]
+    assert not names["consolidator_only"] & names["all_but_consolidator"]
+    assert all(".attn." not in n and ".mlp." not in n for n in names["memory_consolidator"])
+    with pytest.raises(ValueError, match="unknown trainable subset"):
+        model.trainable_subset("backbone")
+
+
+# ------------------------------------------------------------------ consolidator
+def test_consolidator_is_exact_identity_at_init():
+    cfg = ModelConfig.from_name("paper")
+    torch.manual_seed(0)
+    cons = Consolidator(cfg)
+    S = (torch.rand(7, 85, 4, 32) - 0.5) * 40.0  # far outside [0, 2pi) on purpose
+    C = cons(S)
+    assert C.min() >= 0 and C.max() < TWO_PI
+    assert angular_error(C, S) < 1e-5
+    assert_close(torch.cos(C), torch.cos(S), atol=1e-6, rtol=0)
+    assert_close(torch.sin(C), torch.sin(S), atol=1e-6, rtol=0)
+
+
+def test_consolidator_parameter_count_and_learnability():
+    cons = Consolidator(ModelConfig.from_name("paper"))
+    assert sum(p.numel() for p in cons.parameters()) == 12_352
+    S = torch.rand(4, 32) * TWO_PI
+    loss = cons(S).sin().sum()
+    loss.backward()
+    assert cons.w_d.weight.grad.abs().sum() > 0  # gradient reaches the zero-initialised W_d
+
+
+# ------------------------------------------------------------------ lifecycle
+def test_consolidate_touches_only_occupied_groups_and_identity_accumulates():
+    model = make()
+    B = 2
+    st = random_ltm(model, B)
+    g = torch.Generator().manual_seed(3)
+    stm = tuple(torch.rand(x.shape, generator=g) * TWO_PI for x in st.stm)
+    occ = tuple(torch.rand(o.shape, generator=g) > 0.5 for o in st.occ)
+    st = type(st)(kv=st.kv, stm=stm, occ=occ, ltm=st.ltm)
+    out = model.consolidate(st, mode="identity")
+    for S, O, L, L2 in zip(st.stm, st.occ, st.ltm, out.ltm):
+        m = O[:, :, None, None].expand_as(L)
+        assert torch.equal(L2[~m], L[~m])  # unoccupied groups untouched
+        assert_close(L2[m], wrap(L + S)[m])
+    # learned at init == identity (up to float)
+    learned = model.consolidate(st, mode="learned")
+    for a, b in zip(learned.ltm, out.ltm):
+        assert angular_error(a, b) < 1e-5
+    with pytest.raises(ValueError, match="consolidation mode"):
+        model.consolidate(st, mode="copy")
+
+
+def test_clear_context_keeps_ltm_and_clears_the_rest():
+    model = make().eval()
+    st = random_ltm(model, 3)
+    _, st = model(tokens(), st, ltm_routing=True)
+    assert st.kv[0] is not None and any(o.any() for o in st.occ) and st.pos == 40
+    cleared = st.clear_context()
+    assert all(c is None for c in cleared.kv) and cleared.pos == 0
+    assert all(not o.any() for o in cleared.occ)
+    assert all(torch.count_nonzero(s) == 0 for s in cleared.stm)
+    assert all(torch.equal(a, b) for a, b in zip(cleared.ltm, st.ltm))
+    fresh = cleared.fresh_ltm()
+    assert all(torch.count_nonzero(x) == 0 for x in fresh.ltm)
+
+
+def test_fresh_ltm_query_equals_never_written_model():
+    model = make().eval()
+    q = tokens(T=4, seed=9)
+    written = model.consolidate(model(tokens(), model.init_state(3), ltm_routing=True)[1],
+                                mode="learned").clear_context().fresh_ltm()
+    a, _ = model(q, written, ltm_routing=True)
+    b, _ = model(q, model.init_state(3), ltm_routing=True)
+    assert torch.equal(a, b)
+
+
+def test_clearing_stm_removes_its_influence():
+    model = make().eval()
+    q = tokens(T=4, seed=9)
+    _, st = model(tokens(), model.init_state(3), ltm_routing=True)
+    with_stm, _ = model(q, st.clear_kv(), ltm_routing=True)
+    without, _ = model(q, st.clear_context(), ltm_routing=True)
+    empty, _ = model(q, model.init_state(3), ltm_routing=True)
+    assert not torch.allclose(with_stm, without)  # STM carried information
+    assert torch.equal(without, empty)
+
+
+def test_detach_cuts_the_graph():
+    model = make().train()
+    _, st = model(tokens(), model.init_state(3), ltm_routing=True)
+    st = model.consolidate(st, mode="learned")
+    assert st.ltm[0].requires_grad
+    d = st.detach()
+    assert not any(x.requires_grad for x in d.ltm + d.stm)
+    assert not st.detach_ltm().ltm[0].requires_grad
+
+
+# ------------------------------------------------------------------ equivalences
+@pytest.mark.parametrize("splits", [[40], [7, 13, 20], [16, 16, 8], [1] * 5 + [35]])
+def test_chunked_equals_whole_segment(splits):
+    model = make().eval()
+    x = tokens()
+    st0 = random_ltm(model, 3)
+    whole, st_w = model(x, st0, ltm_routing=True)
+    outs, st_c, i = [], st0, 0
+    for n in splits:
+        o, st_c = model(x[:, i:i + n], st_c, ltm_routing=True)
+        outs.append(o)
+        i += n
+    assert_close(torch.cat(outs, 1), whole, atol=1e-4, rtol=1e-4)
+    for a, b in zip(st_c.stm, st_w.stm):
+        assert angular_error(a, b) < 1e-4
+    for a, b in zip(st_c.occ, st_w.occ):
+        assert torch.equal(a, b)
+    assert st_c.pos == st_w.pos == 40
+
+
+def test_batched_equals_one_by_one():
+    model = make().eval()
+    x = tokens(B=4)
+    st = random_ltm(model, 4)
+    out, st_b = model(x, st, ltm_routing=True)
+    for i in range(4):
+        one = type(st)(kv=st.kv, stm=tuple(s[i:i + 1] for s in st.stm),
+                       occ=tuple(o[i:i + 1] for o in st.occ),
+                       ltm=tuple(x_[i:i + 1] for x_ in st.ltm))
+        o, st_1 = model(x[i:i + 1], one, ltm_routing=True)
+        assert_close(o, out[i:i + 1], atol=1e-5, rtol=1e-5)
+        for a, b in zip(st_1.stm, st_b.stm):
+            assert angular_error(a, b[i:i + 1]) < 1e-5
+
+
+def test_same_seed_gives_bitwise_identical_outputs():
+    x = tokens()
+    outs = []
+    for _ in range(2):
+        model = make(seed=123).eval()
+        st = model.init_state(3)
+        o, st = model(x, st, ltm_routing=True)
+        st = model.consolidate(st, mode="learned").clear_context()
+        o2, _ = model(x[:, :4], st, ltm_routing=True)
+        outs.append((o, o2))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    other = make(seed=124).eval()
+    assert not torch.equal(other(x, other.init_state(3), ltm_routing=True)[0], outs[0][0])
+
+
+def test_train_mode_forward_values_equal_eval_mode():
+    """The straight-through gradient scaling changes gradients, never forward values."""
+    model = make()  # debug preset has no dropout
+    x = tokens()
+    model.train()
+    a, _ = model(x, model.init_state(3), ltm_routing=True)
+    model.eval()
+    b, _ = model(x, model.init_state(3), ltm_routing=True)
+    assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------ LTM-conditioned routing
+def test_routing_off_ltm_never_changes_block0_routes_but_on_can():
+    model = make().eval()
+    x = tokens(B=8)
+    zero = model.init_state(8)
+    rand = random_ltm(model, 8)
+    _, off_zero = model(x, zero, ltm_routing=False)
+    _, off_rand = model(x, rand, ltm_routing=False)
+    assert torch.equal(off_zero.routes[1], off_rand.routes[1])  # block-0 choices
+    _, on_zero = model(x, zero, ltm_routing=True)
+    _, on_rand = model(x, rand, ltm_routing=True)
+    assert torch.equal(on_zero.routes[1], off_zero.routes[1])  # L = 0: on == off
+    assert not torch.equal(on_rand.routes[1], on_zero.routes[1])
+    # routing off still reads LTM: outputs depend on it
+    lo_zero, _ = model(x, zero, ltm_routing=False)
+    lo_rand, _ = model(x, rand, ltm_routing=False)
+    assert not torch.allclose(lo_zero, lo_rand)
+
+
+def test_gradient_reaches_consolidator_through_both_boundaries():
+    for routing in (True, False):
+        model = make().train()
+        with torch.no_grad():  # move the Consolidator off the identity so gradients are generic
+            model.consolidator.w_d.weight.normal_(0, 0.1)
+        st = model.init_state(3)
+        _, st = model(tokens(seed=1), st, ltm_routing=routing, logits="none")
+        st = model.consolidate(st, mode="learned").clear_context()
+        _, st = model(tokens(seed=2), st, ltm_routing=routing, logits="none")
+        st = model.consolidate(st, mode="learned").clear_context()
+        out, _ = model(tokens(T=4, seed=3), st, ltm_routing=routing, logits="last")
+        out.logsumexp(-1).sum().backward()
+        g = model.consolidator.w_d.weight.grad
+        assert g is not None and g.abs().sum() > 0
+
+
+def test_model_without_memory_runs():
+    model = make(use_memory=False).eval()
+    out, st = model(tokens(), model.init_state(3), ltm_routing=False)
+    assert out.shape == (3, 40, 256) and st.stm == ()
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (torch.zeros(3, 4, 2, dtype=torch.long), "shape"),
+        (torch.full((3, 4), 256), "token ids"),
+        (torch.full((3, 4), -1), "token ids"),
+        (torch.zeros(3, 129, dtype=torch.long), "max_chunk"),
+        (torch.zeros(2, 4, dtype=torch.long), "batch size"),
+        (torch.zeros(3, 4), "integer"),
+        (torch.zeros(3, 0, dtype=torch.long), "non-empty"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(bad, match):
+    model = make()
+    with pytest.raises(ValueError, match=match):
+        model(bad, model.init_state(3), ltm_routing=True)
+
+
+def test_bad_config_and_preset():
+    with pytest.raises(ValueError, match="unknown model preset"):
+        ModelConfig.from_name("huge")
+    with pytest.raises(ValueError, match="ModelConfig.hidden"):
+        ModelConfig.from_name("debug", hidden=0)
+    with pytest.raises(ValueError, match="n_kv_head"):
+        ModelConfig.from_name("debug", n_kv_head=3)
+    model = make()
+    with pytest.raises(ValueError, match="ltm_routing"):
+        model(tokens(), model.init_state(3), ltm_routing="on")
+
+
+@pytest.mark.gpu
+def test_flash_attention_matches_sdpa_on_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from pmnet import model as M
+
+    if M.flash_attn_func is None:
+        pytest.skip("flash-attn not installed")
+    net = make("debug").cuda().eval()
+    x = tokens(T=40).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        a, _ = net(x, net.init_state(3), ltm_routing=True)
+        fa, M.flash_attn_func = M.flash_attn_func, None
+        try:
+            b, _ = net(x, net.init_state(3), ltm_routing=True)
+        finally:
+            M.flash_attn_func = fa
+    assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
