@@ -434,7 +434,9 @@ class PMNet(nn.Module):
         if cfg.use_memory and state.batch_size != B:
             raise ValueError(f"state batch size {state.batch_size} != tokens batch size {B}")
         if len(state.kv) != cfg.n_layer:
-            raise ValueError(f"state has {len(state.kv)} KV entries, model has {cfg.n_layer} layers")
+            raise ValueError(
+                f"state has {len(state.kv)} KV entries, model has {cfg.n_layer} layers"
+            )
 
     def forward(
         self,
@@ -535,7 +537,9 @@ class PMNet(nn.Module):
             return cons
         if name == "memory_consolidator":
             return self.memory_parameters() + cons
-        raise ValueError(f"unknown trainable subset {name!r}; known: {', '.join(TRAINABLE_SUBSETS)}")
+        raise ValueError(
+            f"unknown trainable subset {name!r}; known: {', '.join(TRAINABLE_SUBSETS)}"
+        )
 
     def parameter_counts(self) -> dict:
         total = sum(p.numel() for p in self.parameters())
@@ -545,7 +549,7 @@ class PMNet(nn.Module):
 
 
 def _gather_groups(x: Tensor, group: Tensor) -> Tensor:
-    """x: (B, G, K, P) per-group state, group: (B, T) -> (B, T, K, P) state of each token's group."""
+    """x: (B, G, K, P) per-group state, group: (B, T) -> (B, T, K, P) each token's group state."""
     B, G, K, P = x.shape
     idx = group[:, :, None].expand(B, group.shape[1], K * P)
     return torch.gather(x.reshape(B, G, K * P), 1, idx).view(B, -1, K, P)
