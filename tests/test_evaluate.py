@@ -1,0 +1,81 @@
+"""The evaluator: metric names, splits, baselines, and a perfect / shortcut oracle."""
+
+import math
+
+import pytest
+import torch
+
+from pmnet import task
+from pmnet.config import ModelConfig
+from pmnet.evaluate import CHANCE, RECALL_METRICS, evaluate, summarize
+from pmnet.model import PMNet
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return task.make_episodes(400, seed=5, stream="val")
+
+
+def test_full_evaluation_has_every_metric(stream):
+    torch.manual_seed(0)
+    m = PMNet(ModelConfig.from_name("debug"))
+    r = evaluate(m, stream[:64], consolidation="learned", ltm_routing=True, batch_size=32)
+    for name in RECALL_METRICS:
+        assert 0 <= r[name] <= 100
+        for suffix in ("add10", "affine10", "bijective", "nonbijective", "baseline",
+                       "in_unshown"):
+            assert f"{name}_{suffix}" in r
+        assert f"loss_{name}" in r
+    assert r["mean_stm"] == pytest.approx((r["seg1_stm"] + r["seg2_stm"]) / 2)
+    assert r["dual"] == pytest.approx((r["updated_ltm"] + r["mean_stm"]) / 2)
+    assert r["forced_identity"] == r["alternative_mode"]  # learned condition
+    assert "mismatched_donor_follow" in r and r["n_episodes"] == 64
+    assert m.training  # restored
+
+
+def test_identity_condition_alternative_mode_is_learned_path(stream):
+    torch.manual_seed(0)
+    m = PMNet(ModelConfig.from_name("debug"))
+    r = evaluate(m, stream[:32], consolidation="identity", ltm_routing=True)
+    assert r["forced_identity"] == r["updated_ltm"]
+    # an identity-initialised Consolidator gives (nearly) the same recall
+    assert abs(r["alternative_mode"] - r["updated_ltm"]) <= 100 / 32 + 1e-9
+
+
+def _outcomes(pred_updated, pred_stm):
+    z = torch.zeros_like(pred_updated, dtype=torch.float32)
+    return {"pred/updated_ltm": pred_updated, "loss/updated_ltm": z,
+            "pred/seg1_stm": pred_stm[0], "loss/seg1_stm": z,
+            "pred/seg2_stm": pred_stm[1], "loss/seg2_stm": z}
+
+
+def test_perfect_predictions_score_100_and_shortcut_sits_at_baseline(stream):
+    t = stream.target_digit
+    perfect = summarize(_outcomes(t[:, 1], (t[:, 0], t[:, 1])), stream)
+    assert perfect["updated_ltm"] == 100 and perfect["mean_stm"] == 100
+    # a rule-free guesser: first unshown output (or first shown one for non-bijective rules)
+    shown = stream.shown_outputs[:, 1]
+    all_distinct = shown.sum(-1) == 8
+    guess = torch.where(all_distinct, (~shown).float().argmax(-1), shown.float().argmax(-1))
+    r = summarize(_outcomes(guess, (t[:, 0], t[:, 1])), stream)
+    add = stream.family == 0
+    assert r["updated_ltm_add10"] == pytest.approx(
+        100 * (guess[add] == t[add, 1]).float().mean().item())
+    assert r["updated_ltm_in_unshown"] >= 100 * all_distinct.float().mean().item() - 1e-6
+    assert 35 < r["updated_ltm_add10"] < 65  # ~50%: the shortcut, not rule use
+    assert r["updated_ltm_baseline"] > 3 * CHANCE
+
+
+def test_bad_batch_size_and_options_fail_before_work(stream):
+    m = PMNet(ModelConfig.from_name("debug"))
+    with pytest.raises(ValueError, match="batch_size"):
+        evaluate(m, stream, consolidation="learned", ltm_routing=True, batch_size=0)
+    with pytest.raises(ValueError, match="consolidation"):
+        evaluate(m, stream, consolidation="identityish", ltm_routing=True)
+
+
+def test_nan_for_empty_split():
+    s = task.make_episodes(50, seed=3, families=("add10",))
+    t = s.target_digit
+    r = summarize(_outcomes(t[:, 1], (t[:, 0], t[:, 1])), s)
+    assert math.isnan(r["updated_ltm_affine10"]) and r["updated_ltm_add10"] == 100
