@@ -1,0 +1,171 @@
+"""`pmnet` command line: info, episodes, train (phase1 / phase2), evaluate, report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def cmd_info(args) -> int:
+    import torch
+
+    from pmnet.config import ModelConfig
+    from pmnet.model import PMNet
+
+    cfg = ModelConfig.from_name(args.preset)
+    with torch.device("meta"):  # counts only: no memory, no init cost
+        counts = PMNet(cfg).parameter_counts()
+    if args.json:
+        print(json.dumps({"preset": args.preset, "config": cfg.to_dict(), **counts}, indent=2))
+        return 0
+    print(f"preset {args.preset}")
+    for k, v in cfg.to_dict().items():
+        print(f"  {k:<22} {v}")
+    print(f"  {'n_blocks':<22} {cfg.n_blocks} (groups {cfg.total_groups}, "
+          f"slots {cfg.total_slots})")
+    total = counts["total"]
+    print(f"\n{'subset':<24} {'parameters':>12} {'fraction':>10}")
+    print(f"{'total':<24} {total:>12,} {100.0:>9.3f}%")
+    for name, n in counts["subsets"].items():
+        print(f"{name:<24} {n:>12,} {100 * n / total:>9.3f}%")
+    return 0
+
+
+def cmd_episodes(args) -> int:
+    from pmnet import task
+
+    batch = task.make_episodes(args.n, args.seed, stream=args.stream)
+    if args.out in (None, "-"):
+        task.write_jsonl(batch, sys.stdout)
+    else:
+        n = task.write_jsonl(batch, args.out)
+        print(f"wrote {n} episodes to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _train_cfg(args):
+    from pmnet.train import TrainConfig
+
+    over = {}
+    for item in args.set or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            value = json.loads(v)
+        except json.JSONDecodeError:
+            value = v  # a plain string
+        over[k] = tuple(value) if isinstance(value, list) else value
+    return TrainConfig.from_name(args.preset, **over)
+
+
+def cmd_train(args) -> int:
+    from pmnet.train import get_condition, run_phase1, run_phase2, verify_phase1
+
+    cfg = _train_cfg(args)
+    if args.phase == "phase1":
+        res = run_phase1(cfg, args.out)
+        print(json.dumps({"checkpoint": res["checkpoint"], "sha256": res["sha256"],
+                          "train_time_s": round(res["train_time_s"], 1),
+                          "test": {k: round(v, 2) for k, v in res["metrics"].items()
+                                   if k.endswith("stm") or k.endswith(("add10", "affine10"))}},
+                         indent=2))
+        return 0
+    if args.condition is None or args.phase1 is None or args.seed is None:
+        raise ValueError("train phase2 needs --condition, --seed and --phase1")
+    get_condition(args.condition)
+    verify_phase1(args.phase1)
+    res = run_phase2(cfg, condition=args.condition, seed=args.seed, phase1_ckpt=args.phase1,
+                     out_dir=args.out)
+    keys = ("updated_ltm", "initial_ltm", "forced_identity", "fresh_ltm", "mismatched_ltm",
+            "seg2_stm", "mean_stm", "updated_ltm_baseline")
+    print(json.dumps({"result": str(Path(args.out) / "result.json"),
+                      "best_epoch": res["best_epoch"],
+                      "test": {k: res["test"].get(k) for k in keys}}, indent=2))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from pmnet import task
+    from pmnet.evaluate import evaluate
+    from pmnet.train import get_condition, load_model_file
+
+    cond = get_condition(args.condition)
+    model, payload = load_model_file(args.checkpoint)
+    stream = task.test_stream(args.n) if args.stream == "test" else task.validation_stream(args.n)
+    metrics = evaluate(model, stream, consolidation=cond.consolidation,
+                       ltm_routing=cond.ltm_routing, progress=True)
+    metrics["stream_hash"] = task.content_hash(stream)
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from pmnet.report import main_report
+
+    paths = main_report(args.run_dir)
+    print(json.dumps({k: str(v) for k, v in dict(paths).items()}, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pmnet", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("info", help="a preset's config and parameter counts")
+    s.add_argument("--preset", default="paper")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_info)
+
+    s = sub.add_parser("episodes", help="write episodes as JSON lines")
+    s.add_argument("--n", type=_int, required=True)
+    s.add_argument("--seed", type=_int, required=True)
+    s.add_argument("--stream", default="train", choices=("train", "val", "test"))
+    s.add_argument("--out", default=None, help="file (default: stdout)")
+    s.set_defaults(fn=cmd_episodes)
+
+    s = sub.add_parser("train", help="run Phase 1 (with Phase 0 if the preset has it) or "
+                                     "one Phase-2 trial")
+    s.add_argument("phase", choices=("phase1", "phase2"))
+    s.add_argument("--preset", default="cpu")
+    s.add_argument("--out", required=True)
+    s.add_argument("--condition")
+    s.add_argument("--seed", type=_int)
+    s.add_argument("--phase1", help="Phase-1 checkpoint (read-only; sha256 verified)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a TrainConfig field (model.* for model fields)")
+    s.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("evaluate", help="every metric of a model file on the test stream")
+    s.add_argument("checkpoint")
+    s.add_argument("--condition", default="consolidator_only")
+    s.add_argument("--stream", default="test", choices=("test", "val"))
+    s.add_argument("--n", type=_int, default=1000)
+    s.set_defaults(fn=cmd_evaluate)
+
+    s = sub.add_parser("report", help="rebuild a pipeline run's report from its results")
+    s.add_argument("run_dir")
+    s.set_defaults(fn=cmd_report)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ValueError as e:
+        print(f"pmnet: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

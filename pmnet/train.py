@@ -1,0 +1,765 @@
+"""Training for every phase with Lightning (Sections 4.4, 5.2, 6; Appendix "Hyperparameters").
+
+Phase 0 (optional warm start): PMNet's copy-paste task; the paper starts from "a PMNet
+    copy-task checkpoint" that cannot be downloaded, so we train our own when a preset asks.
+Phase 1 (STM pretraining): same-segment rule induction from routed STM: process the
+    demonstrations, clear the KV cache, answer the held-out query; the Consolidator is frozen.
+    Output: one checkpoint `phase1.pt` (weights-only loadable) with its sha256 beside it.
+Phase 2 (consolidation training): the two-segment protocol from that checkpoint, for one of
+    the conditions of Table "Parameter-isolation conditions" (`CONDITIONS`).
+
+One LightningModule per phase wraps the plain `PMNet`; the loop, clipping, precision,
+checkpointing and early stopping are Lightning's. Metrics are named `train/...`,
+`val/...`, `test/...`.
+
+Choices the paper leaves open (see docs/choices.md):
+- weight decay applies to matrices and embeddings (dim >= 2), not to biases, norms, the
+  Consolidator's unit-phasor bias; the slot embeddings (3-D) are decayed like embeddings;
+- the cosine decay runs to zero over the maximum budget (max_epochs x steps per epoch);
+- Phase 1 uses segment 1 of each generated episode; its training stream is the task's
+  train stream at seed `phase1_seed + 1_000_000`, distinct from every Phase-2 seed;
+- frozen parameters keep requires_grad=False, are left out of the optimiser, and their
+  modules stay in train mode (attention dropout is not switched off by freezing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, Dataset
+
+from pmnet import task
+from pmnet.config import ModelConfig
+from pmnet.evaluate import episode_outcomes, summarize
+from pmnet.model import PMNet
+from pmnet.runner import RunOptions, run_episodes
+
+PHASE1_FORMAT = "pmnet-phase1/v1"
+MODEL_FORMAT = "pmnet-model/v1"
+
+
+# -----------------------------------------------------------------------------------------
+# Conditions (Table "Parameter-isolation conditions")
+# -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Condition:
+    name: str
+    consolidation: str  # "learned" or "identity" (raw STM accumulation)
+    subset: str  # a PMNet.trainable_subset name
+    ltm_routing: bool  # direct LTM term of Eq. 9
+    objective: str  # "updated" (Eq. 10) or "dual" (Eq. 11)
+    select: str  # validation metric that selects the checkpoint
+    description: str
+
+
+CONDITIONS: dict[str, Condition] = {
+    c.name: c
+    for c in (
+        Condition("learned_full", "learned", "entire_model", True, "updated", "updated_ltm",
+                  "Learned full: entire model trainable, learned consolidation"),
+        Condition("identity_full", "identity", "all_but_consolidator", True, "updated",
+                  "updated_ltm",
+                  "Identity full: all but the Consolidator, raw STM accumulation"),
+        Condition("consolidator_only", "learned", "consolidator_only", True, "updated",
+                  "updated_ltm", "Consolidator only (12.35K parameters), LTM routing on"),
+        Condition("consolidator_only_routing_off", "learned", "consolidator_only", False,
+                  "updated", "updated_ltm",
+                  "Consolidator only, direct LTM routing term of Eq. 9 removed"),
+        Condition("memory_consolidator", "learned", "memory_consolidator", True, "updated",
+                  "updated_ltm", "Memory read/write/routing + Consolidator"),
+        Condition("learned_full_dual", "learned", "entire_model", True, "dual", "dual",
+                  "Learned full with the dual objective L_updated + L_STM (Eq. 11)"),
+    )
+}
+
+
+def get_condition(name: str) -> Condition:
+    if name not in CONDITIONS:
+        raise ValueError(f"unknown condition {name!r}; known: {', '.join(CONDITIONS)}")
+    return CONDITIONS[name]
+
+
+# -----------------------------------------------------------------------------------------
+# Training configuration with named presets
+# -----------------------------------------------------------------------------------------
+
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str
+    model: ModelConfig
+    # optimisation (paper defaults) ------------------------------------------------------
+    lr: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    grad_clip: float = 1.0
+    batch_size: int = 256
+    episodes_per_epoch: int = 100_000
+    max_epochs: int = 60
+    patience: int = 6
+    val_episodes: int = 1000
+    test_episodes: int = 1000
+    eval_batch_size: int = 250
+    precision: str = "auto"  # bf16-mixed on CUDA, 32-true on CPU
+    threads: int = 0  # CPU threads for torch (0: leave torch's default)
+    # Phase 0: copy-task warm start (0 steps = off) ---------------------------------------
+    phase0_steps: int = 0
+    phase0_copy_len: int = 16
+    # Phase 1: STM pretraining --------------------------------------------------------------
+    phase1_seed: int = 0
+    phase1_lr: float = 5e-4
+    phase1_max_epochs: int = 60
+    phase1_episodes_per_epoch: int = 100_000
+    phase1_patience: int = 6
+    phase1_curriculum: bool = False  # demos per batch ~ U{1..8} (evaluation always at 8)
+    phase1_aux_demo_loss: float = 0.0  # weight of a loss on the answers of demos 2..k
+    # Phase 2: grid and lifecycle -----------------------------------------------------------
+    seeds: tuple[int, ...] = (42, 43, 44, 45, 46)
+    conditions: tuple[str, ...] = tuple(CONDITIONS)
+    detach_ltm: bool = False  # `detach_long_term_between_sleeps` (False in the paper)
+    notes: tuple[str, ...] = field(default=(), compare=False)  # how a preset departs
+
+    def __post_init__(self):
+        for name in ("warmup_steps", "phase0_steps", "threads", "phase1_seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"TrainConfig.{name} must be a non-negative integer, got {v!r}")
+        for name in ("batch_size", "episodes_per_epoch", "max_epochs", "patience",
+                     "val_episodes", "test_episodes", "eval_batch_size", "phase0_copy_len",
+                     "phase1_max_epochs", "phase1_episodes_per_epoch", "phase1_patience"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        for name in ("lr", "phase1_lr", "grad_clip"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.weight_decay < 0 or self.phase1_aux_demo_loss < 0:
+            raise ValueError("TrainConfig.weight_decay and phase1_aux_demo_loss must be >= 0")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, "
+                             f"got {self.precision!r}")
+        if self.episodes_per_epoch < self.batch_size:
+            raise ValueError("TrainConfig.episodes_per_epoch must be >= batch_size")
+        if self.phase1_episodes_per_epoch < self.batch_size:
+            raise ValueError("TrainConfig.phase1_episodes_per_epoch must be >= batch_size")
+        if not self.seeds:
+            raise ValueError("TrainConfig.seeds is empty: give at least one Phase-2 seed")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
+            raise ValueError(f"TrainConfig.seeds must be non-negative integers: {self.seeds}")
+        if not self.conditions:
+            raise ValueError("TrainConfig.conditions is empty")
+        for c in self.conditions:
+            get_condition(c)
+        if self.model.max_chunk < task.SEG_LEN:
+            raise ValueError(f"model max_chunk {self.model.max_chunk} < segment length "
+                             f"{task.SEG_LEN}")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.episodes_per_epoch // self.batch_size
+
+    def resolved_precision(self) -> str:
+        if self.precision != "auto":
+            return self.precision
+        return "bf16-mixed" if torch.cuda.is_available() else "32-true"
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> TrainConfig:
+        if name not in TRAIN_PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known presets: "
+                             f"{', '.join(sorted(TRAIN_PRESETS))}")
+        model_over = {k[len("model."):]: v for k, v in overrides.items()
+                      if k.startswith("model.")}
+        rest = {k: v for k, v in overrides.items() if not k.startswith("model.")}
+        cfg = TRAIN_PRESETS[name]()
+        if model_over:
+            rest["model"] = dataclasses.replace(cfg.model, **model_over)
+        return dataclasses.replace(cfg, **rest) if rest else cfg
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["model"] = self.model.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        d = dict(d)
+        d["model"] = ModelConfig.from_dict(d["model"])
+        for k in ("betas", "seeds", "conditions", "notes"):
+            if k in d:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+    def flat(self) -> dict:
+        """Flat scalar view for MLflow params (`model.hidden`, `lr`, ...)."""
+        out = {}
+        for k, v in self.to_dict().items():
+            if k == "model":
+                out.update({f"model.{mk}": mv for mk, mv in v.items()})
+            elif isinstance(v, (list, tuple)):
+                out[k] = ",".join(map(str, v))
+            else:
+                out[k] = v
+        return out
+
+
+def _paper() -> TrainConfig:
+    return TrainConfig(preset="paper", model=ModelConfig.from_name("paper"))
+
+
+def _debug() -> TrainConfig:
+    return TrainConfig(
+        preset="debug", model=ModelConfig.from_name("debug"), lr=3e-3, warmup_steps=2,
+        batch_size=16, episodes_per_epoch=64, max_epochs=2, patience=2, val_episodes=48,
+        test_episodes=48, eval_batch_size=48, phase0_steps=2, phase0_copy_len=8,
+        phase1_lr=3e-3, phase1_max_epochs=2, phase1_episodes_per_epoch=64,
+        phase1_patience=2, phase1_curriculum=True, seeds=(42, 43),
+        notes=("tiny model and budgets for tests",),
+    )
+
+
+def _cpu() -> TrainConfig:
+    return TrainConfig(
+        preset="cpu", model=ModelConfig.from_name("cpu"), lr=1e-3, warmup_steps=50,
+        batch_size=64, episodes_per_epoch=6_400, max_epochs=8, patience=3,
+        val_episodes=1000, test_episodes=1000, eval_batch_size=500, threads=0,
+        phase1_lr=1e-3, phase1_max_epochs=30, phase1_episodes_per_epoch=12_800,
+        phase1_patience=30, phase1_curriculum=True, seeds=(42, 43),
+        notes=(
+            "small model (hidden 64, 4 layers, a write every layer, phase dim 16)",
+            "Phase 1 curriculum: demonstrations per batch drawn from 1..8 (eval at 8)",
+            "lr 1e-3, batch 64, short epochs (6.4K episodes) for a 2-core CPU",
+        ),
+    )
+
+
+TRAIN_PRESETS = {"paper": _paper, "cpu": _cpu, "debug": _debug}
+
+
+# -----------------------------------------------------------------------------------------
+# Data: procedural streams, one epoch of episodes per Lightning epoch
+# -----------------------------------------------------------------------------------------
+
+
+class EpochBatches(Dataset):
+    """Pre-generated batches of one epoch: item i is the i-th EpisodeBatch of the epoch."""
+
+    def __init__(self, episodes, batch_size: int):
+        self.episodes, self.batch_size = episodes, batch_size
+
+    def __len__(self) -> int:
+        return len(self.episodes) // self.batch_size
+
+    def __getitem__(self, i):
+        return self.episodes[i * self.batch_size:(i + 1) * self.batch_size]
+
+
+class CopyBatches(Dataset):
+    def __init__(self, n_steps: int, batch_size: int, length: int, seed: int):
+        self.n, self.bs, self.length, self.seed = n_steps, batch_size, length, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return task.make_copy_batch(self.bs, self.length, self.seed * 1_000_003 + i)
+
+
+def _loader(ds) -> DataLoader:
+    return DataLoader(ds, batch_size=None, shuffle=False, num_workers=0)
+
+
+class EpisodeData(L.LightningDataModule):
+    """Training stream per (seed, epoch), fixed validation and test streams."""
+
+    def __init__(self, cfg: TrainConfig, seed: int, episodes_per_epoch: int):
+        super().__init__()
+        self.cfg, self.seed, self.n = cfg, seed, episodes_per_epoch
+
+    def train_dataloader(self):
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        return _loader(EpochBatches(task.train_episodes(self.seed, epoch, self.n),
+                                    self.cfg.batch_size))
+
+    def val_dataloader(self):
+        v = task.validation_stream(self.cfg.val_episodes)
+        return _loader(EpochBatches(v, min(self.cfg.eval_batch_size, len(v))))
+
+    def test_dataloader(self):
+        t = task.test_stream(self.cfg.test_episodes)
+        return _loader(EpochBatches(t, min(self.cfg.eval_batch_size, len(t))))
+
+
+# -----------------------------------------------------------------------------------------
+# LightningModules
+# -----------------------------------------------------------------------------------------
+
+
+def freeze_to_subset(model: PMNet, subset: str) -> list[str]:
+    """requires_grad only for the named subset; returns the trainable parameter names."""
+    keep = {n for n, _ in model.trainable_subset(subset)}
+    for n, p in model.named_parameters():
+        p.requires_grad_(n in keep)
+    return sorted(keep)
+
+
+class _PhaseModule(L.LightningModule):
+    """Shared optimiser, schedule, device transfer, RNG and history handling."""
+
+    def __init__(self, cfg: TrainConfig, model: PMNet, lr: float):
+        super().__init__()
+        self.cfg, self.model, self.lr = cfg, model, lr
+        self.history: list[dict] = []
+        self._val_chunks: dict[str, list] = {}
+        self._train_losses: list[float] = []
+        self.test_metrics: dict[str, float] = {}
+
+    def configure_optimizers(self):
+        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("no trainable parameters")
+        decay = [p for n, p in params if p.dim() >= 2]
+        no_decay = [p for n, p in params if p.dim() < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.cfg.weight_decay},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.lr, betas=tuple(self.cfg.betas),
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warm = self.cfg.warmup_steps
+
+        def schedule(step: int) -> float:  # linear warmup, then cosine decay to zero
+            if step < warm:
+                return (step + 1) / warm
+            progress = min(1.0, (step - warm) / max(1, total - warm))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch.to(device)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self._train_losses.append(float(outputs["loss"]))
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["pmnet_history"] = list(self.history)
+        checkpoint["pmnet_rng"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            checkpoint["pmnet_rng"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint):
+        self.history = list(checkpoint.get("pmnet_history", []))
+        rng = checkpoint.get("pmnet_rng", {})
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _record_epoch(self, metrics: dict[str, float]) -> None:
+        row = {"epoch": int(self.current_epoch)}
+        if self._train_losses:
+            row["train/loss"] = sum(self._train_losses) / len(self._train_losses)
+            self._train_losses = []
+        row.update(metrics)
+        self.history.append(row)
+
+
+class Phase0Module(_PhaseModule):
+    """PMNet copy-paste warm start: the payload must cross a cleared KV cache in memory."""
+
+    def training_step(self, batch, batch_idx):
+        state = self.model.init_state(batch.context.shape[0], device=batch.context.device)
+        _, state = self.model(batch.context, state, ltm_routing=False, logits="none")
+        logits, _ = self.model(batch.prompt, state.clear_kv(), ltm_routing=False)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(),
+                               ignore_index=task.IGNORE_INDEX)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+
+class Phase1Module(_PhaseModule):
+    """STM rule induction: demonstrations -> clear KV -> held-out query (Consolidator frozen)."""
+
+    def training_step(self, batch, batch_idx):
+        k = task.N_DEMOS
+        if self.cfg.phase1_curriculum:  # deterministic in (seed, global step): resumable
+            g = torch.Generator().manual_seed(self.cfg.phase1_seed * 7919 + self.global_step)
+            k = int(torch.randint(1, task.N_DEMOS + 1, (1,), generator=g))
+        context = batch.seg_tokens[:, 0, : task.DEMO_LEN * k]  # (B, 5k)
+        query, target = batch.query_tokens[:, 0], batch.target[:, 0]
+        aux = self.cfg.phase1_aux_demo_loss > 0 and k > 1
+        state = self.model.init_state(context.shape[0], device=context.device)
+        demo_logits, state = self.model(context, state, ltm_routing=False,
+                                        logits="all" if aux else "none")
+        logits, _ = self.model(query, state.clear_kv(), ltm_routing=False, logits="last")
+        loss = F.cross_entropy(logits.float(), target)
+        self.log("train/query_loss", loss)
+        if aux:  # answers of demonstrations 2..k, predicted at their delimiter positions
+            pos = torch.arange(1, k, device=context.device) * task.DEMO_LEN + 3
+            aux_loss = F.cross_entropy(demo_logits[:, pos].float().flatten(0, 1),
+                                       context[:, pos + 1].flatten())
+            self.log("train/aux_loss", aux_loss)
+            loss = loss + self.cfg.phase1_aux_demo_loss * aux_loss
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/demos", float(k))
+        return loss
+
+    def _eval_step(self, batch):
+        res = episode_outcomes(self.model, batch, consolidation="learned", ltm_routing=False,
+                               ltm=False)
+        for key, v in res.items():
+            self._val_chunks.setdefault(key, []).append(v.cpu())
+        self._val_batches.append(batch.to("cpu"))
+
+    def on_validation_epoch_start(self):
+        self._val_chunks, self._val_batches = {}, []
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch)
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch)
+
+    def _metrics(self) -> dict[str, float]:
+        stream = _concat_batches(self._val_batches)
+        return summarize({k: torch.cat(v) for k, v in self._val_chunks.items()}, stream)
+
+    def on_validation_epoch_end(self):
+        if self.trainer.sanity_checking:
+            return
+        m = self._metrics()
+        keep = {f"val/{k}": v for k, v in m.items() if not k.startswith("loss_")}
+        self.log_dict(keep, prog_bar=False)
+        self.log("val/mean_stm_pb", m["mean_stm"], prog_bar=True, logger=False)
+        self._record_epoch(keep)
+
+    def on_test_epoch_end(self):
+        self.test_metrics = self._metrics()
+        self.log_dict({f"test/{k}": v for k, v in self.test_metrics.items()})
+
+
+VAL_LOGGED = ("updated_ltm", "seg1_stm", "seg2_stm", "mean_stm", "dual", "updated_ltm_add10",
+              "updated_ltm_affine10", "updated_ltm_baseline", "loss_updated_ltm")
+
+
+class Phase2Module(_PhaseModule):
+    """Consolidation training for one condition: Eq. 10 (or Eq. 11 for the dual objective)."""
+
+    def __init__(self, cfg: TrainConfig, model: PMNet, condition: Condition):
+        super().__init__(cfg, model, cfg.lr)
+        self.condition = condition
+        self.trainable = freeze_to_subset(model, condition.subset)
+
+    def training_step(self, batch, batch_idx):
+        c = self.condition
+        dual = c.objective == "dual"
+        queries = ("updated_ltm", "seg1_stm", "seg2_stm") if dual else ("updated_ltm",)
+        opts = RunOptions(c.consolidation, c.ltm_routing, detach_ltm=self.cfg.detach_ltm,
+                          queries=queries)
+        out = run_episodes(self.model, batch, opts)
+        loss = F.cross_entropy(out["updated_ltm"].float(), batch.target[:, 1])  # Eq. 10
+        self.log("train/loss_updated", loss)
+        if dual:  # Eq. 11: + mean of the two pre-consolidation STM query losses
+            stm = (F.cross_entropy(out["seg1_stm"].float(), batch.target[:, 0])
+                   + F.cross_entropy(out["seg2_stm"].float(), batch.target[:, 1])) / 2
+            self.log("train/loss_stm", stm)
+            loss = loss + stm
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def _eval_step(self, batch, full: bool):
+        c = self.condition
+        res = episode_outcomes(self.model, batch, consolidation=c.consolidation,
+                               ltm_routing=c.ltm_routing, full=full,
+                               stm=full or c.objective == "dual")
+        for key, v in res.items():
+            self._val_chunks.setdefault(key, []).append(v.cpu())
+        self._val_batches.append(batch.to("cpu"))
+
+    def on_validation_epoch_start(self):
+        self._val_chunks, self._val_batches = {}, []
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, full=False)
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, full=True)
+
+    def _metrics(self) -> dict[str, float]:
+        stream = _concat_batches(self._val_batches)
+        return summarize({k: torch.cat(v) for k, v in self._val_chunks.items()}, stream)
+
+    def on_validation_epoch_end(self):
+        if self.trainer.sanity_checking:
+            return
+        m = self._metrics()
+        keep = {f"val/{k}": m[k] for k in VAL_LOGGED if k in m}
+        self.log_dict(keep)
+        self.log("val/select", m[self.condition.select], prog_bar=True, logger=False)
+        self._record_epoch(keep)
+
+    def on_test_epoch_end(self):
+        self.test_metrics = self._metrics()
+        self.log_dict({f"test/{k}": v for k, v in self.test_metrics.items()
+                       if not math.isnan(v)})
+
+
+def _concat_batches(batches):
+    fields = {f.name: torch.cat([getattr(b, f.name) for b in batches])
+              for f in dataclasses.fields(batches[0])}
+    return type(batches[0])(**fields)
+
+
+# -----------------------------------------------------------------------------------------
+# Checkpoints: weights-only files with a sha256 beside them, written atomically
+# -----------------------------------------------------------------------------------------
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def save_model_file(path: Path, model: PMNet, *, fmt: str, meta: dict) -> str:
+    """torch.save a weights-only payload atomically; write `<path>.sha256`; return the hash."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"format": fmt, "model_config": model.cfg.to_dict(),
+                "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                "meta": meta}, buf)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    atomic_write_bytes(Path(path), data)
+    atomic_write_bytes(Path(f"{path}.sha256"), f"{digest}  {Path(path).name}\n".encode())
+    return digest
+
+
+def verify_phase1(path: str | Path) -> str:
+    """Check a Phase-1 checkpoint against the sha256 recorded beside it; return the hash."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"Phase-1 checkpoint not found: {path}")
+    sidecar = Path(f"{path}.sha256")
+    if not sidecar.is_file():
+        raise ValueError(f"no recorded sha256 beside the Phase-1 checkpoint: {sidecar}")
+    recorded = sidecar.read_text().split()[0] if sidecar.read_text().split() else ""
+    actual = sha256_file(path)
+    if actual != recorded:
+        raise ValueError(f"Phase-1 checkpoint {path} does not match its recorded sha256 "
+                         f"(recorded {recorded[:12]}..., actual {actual[:12]}...): refusing it")
+    return actual
+
+
+def load_model_file(path: str | Path, *, expect_config: ModelConfig | None = None) -> tuple:
+    """Load a weights-only model file -> (PMNet, payload). Config mismatch is an error."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or "model_config" not in payload:
+        raise ValueError(f"{path} is not a pmnet model file")
+    mcfg = ModelConfig.from_dict(payload["model_config"])
+    if expect_config is not None and mcfg.to_dict() != expect_config.to_dict():
+        diff = {k: (v, expect_config.to_dict()[k]) for k, v in mcfg.to_dict().items()
+                if expect_config.to_dict()[k] != v and k != "name"}
+        if diff:
+            raise ValueError(f"checkpoint {path} was made with a different model config "
+                             f"(field: checkpoint vs requested): {diff}")
+    model = PMNet(mcfg)
+    model.load_state_dict(payload["state_dict"])
+    return model, payload
+
+
+# -----------------------------------------------------------------------------------------
+# Running the phases
+# -----------------------------------------------------------------------------------------
+
+
+def _setup_threads(cfg: TrainConfig) -> None:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+
+
+def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str | None,
+             patience: int, callbacks, loggers, progress, ckpt_dir: Path | None,
+             max_steps: int = -1, name: str = "logs") -> tuple[L.Trainer, ModelCheckpoint | None]:
+    cbs = list(callbacks)
+    ckpt = None
+    if monitor is not None:
+        ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor, mode="max",
+                               save_top_k=1, save_last=True, enable_version_counter=False)
+        cbs += [ckpt, EarlyStopping(monitor=monitor, mode="max", patience=patience)]
+    if progress is None:
+        progress = os.isatty(2)
+    trainer = L.Trainer(
+        max_epochs=max_epochs, max_steps=max_steps, accelerator="auto", devices=1,
+        precision=cfg.resolved_precision(), gradient_clip_val=cfg.grad_clip,
+        gradient_clip_algorithm="norm", callbacks=cbs,
+        logger=[CSVLogger(str(out_dir), name=name, version="")] + list(loggers),
+        enable_progress_bar=bool(progress), enable_model_summary=False,
+        num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1,
+        log_every_n_steps=10, enable_checkpointing=ckpt is not None,
+        default_root_dir=str(out_dir),
+    )
+    return trainer, ckpt
+
+
+def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(),
+               progress: bool | None = None) -> dict:
+    """Phase 0 (if the preset has it) and Phase 1. Writes `phase1.pt` and its sha256."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _setup_threads(cfg)
+    t0 = time.time()
+    L.seed_everything(cfg.phase1_seed, workers=True, verbose=False)
+    model = PMNet(cfg.model)
+    for n, p in model.named_parameters():  # the Consolidator is frozen in Phases 0 and 1
+        p.requires_grad_(not n.startswith("consolidator."))
+    phase0 = {}
+    if cfg.phase0_steps > 0:
+        m0 = Phase0Module(cfg, model, cfg.phase1_lr)
+        tr, _ = _trainer(cfg, out_dir, max_epochs=1, monitor=None, patience=1,
+                         callbacks=(), loggers=loggers, progress=progress, ckpt_dir=None,
+                         name="phase0_logs")
+        data = _loader(CopyBatches(cfg.phase0_steps, cfg.batch_size, cfg.phase0_copy_len,
+                                   cfg.phase1_seed))
+        tr.fit(m0, train_dataloaders=data)
+        phase0 = {"phase0/final_loss": float(tr.callback_metrics.get("train/loss", float("nan")))}
+    module = Phase1Module(cfg, model, cfg.phase1_lr)
+    data = EpisodeData(cfg, cfg.phase1_seed + 1_000_000, cfg.phase1_episodes_per_epoch)
+    trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.phase1_max_epochs,
+                             monitor="val/mean_stm", patience=cfg.phase1_patience,
+                             callbacks=callbacks, loggers=loggers, progress=progress,
+                             ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs")
+    last = out_dir / "phase1_ckpt" / "last.ckpt"
+    trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None)
+    trainer.test(module, datamodule=data, ckpt_path="best", verbose=False)
+    train_time = time.time() - t0
+    meta = {"phase": 1, "train_config": cfg.to_dict(), "test": module.test_metrics,
+            "history": module.history, "phase0": phase0, "train_time_s": train_time,
+            "best_epoch": _best_epoch(ckpt)}
+    ckpt_path = out_dir / "phase1.pt"
+    digest = save_model_file(ckpt_path, module.model, fmt=PHASE1_FORMAT, meta=_jsonable(meta))
+    atomic_write_json(out_dir / "phase1_metrics.json", _jsonable(meta))
+    return {"checkpoint": str(ckpt_path), "sha256": digest, "metrics": module.test_metrics,
+            "train_time_s": train_time}
+
+
+def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
+               out_dir: str | Path, callbacks=(), loggers=(), resume_from=None,
+               progress: bool | None = None) -> dict:
+    """Train one Phase-2 trial (condition x seed) from the Phase-1 checkpoint; evaluate the
+    selected checkpoint on the fixed test stream; write `result.json` and return it."""
+    cond = get_condition(condition)  # validate everything before any compute
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    digest = verify_phase1(phase1_ckpt)
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _setup_threads(cfg)
+    t0 = time.time()
+    L.seed_everything(seed, workers=True, verbose=False)  # init order, data, dropout
+    model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
+    module = Phase2Module(cfg, model, cond)
+    data = EpisodeData(cfg, seed, cfg.episodes_per_epoch)
+    trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
+                             monitor=f"val/{cond.select}", patience=cfg.patience,
+                             callbacks=callbacks, loggers=loggers, progress=progress,
+                             ckpt_dir=out_dir / "ckpt")
+    last = out_dir / "ckpt" / "last.ckpt"
+    if resume_from is None and last.is_file():
+        resume_from = last
+    trainer.fit(module, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
+    trainer.test(module, datamodule=data, ckpt_path="best", verbose=False)
+    counts = model.parameter_counts()
+    trainable = sum(p.numel() for _, p in model.trainable_subset(cond.subset))
+    best_model = out_dir / "best_model.pt"
+    save_model_file(best_model, module.model, fmt=MODEL_FORMAT,
+                    meta={"condition": condition, "seed": seed, "phase1_sha256": digest})
+    val_best = {k[4:]: v for k, v in (module.history[_best_index(module.history, cond)]
+                                      if module.history else {}).items()
+                if k.startswith("val/")}
+    result = {
+        "condition": condition, "seed": seed, "preset": cfg.preset, "phase1_sha256": digest,
+        "best_epoch": _best_epoch(ckpt), "trainable_params": trainable,
+        "total_params": counts["total"], "trainable_fraction": trainable / counts["total"],
+        "consolidation": cond.consolidation, "ltm_routing": cond.ltm_routing,
+        "objective": cond.objective, "select": cond.select,
+        "val": val_best, "test": module.test_metrics,
+        "test_stream_hash": task.content_hash(task.test_stream(cfg.test_episodes)),
+        "train_time_s": time.time() - t0, "history": module.history,
+        "best_model": str(best_model), "config": cfg.flat(),
+    }
+    result = _jsonable(result)
+    atomic_write_json(out_dir / "result.json", result)
+    return result
+
+
+def _best_index(history: list[dict], cond: Condition) -> int:
+    key = f"val/{cond.select}"
+    vals = [h.get(key, float("-inf")) for h in history]
+    return max(range(len(vals)), key=lambda i: vals[i])
+
+
+def _best_epoch(ckpt: ModelCheckpoint | None) -> int | None:
+    if ckpt is None or not ckpt.best_model_path:
+        return None
+    return int(torch.load(ckpt.best_model_path, map_location="cpu", weights_only=True)["epoch"])
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj.item() if obj.numel() == 1 else obj.tolist()
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    return obj
