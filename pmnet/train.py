@@ -370,6 +370,8 @@ class _PhaseModule(L.LightningModule):
             checkpoint["pmnet_rng"]["cuda"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, checkpoint):
+        if self._trainer is not None and self.trainer.state.fn != "fit":
+            return  # loading the best weights for testing keeps the full history
         self.history = list(checkpoint.get("pmnet_history", []))
         rng = checkpoint.get("pmnet_rng", {})
         if "torch" in rng:

@@ -1,0 +1,151 @@
+"""Training: every phase and condition runs (fast_dev_run-sized), freezing is real, a killed
+run resumes to the same result, and bad input fails before training starts."""
+
+import json
+import shutil
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from pmnet.train import (
+    CONDITIONS,
+    TrainConfig,
+    load_model_file,
+    run_phase1,
+    run_phase2,
+    verify_phase1,
+)
+
+TINY = dict(episodes_per_epoch=32, max_epochs=1, val_episodes=16, test_episodes=16,
+            eval_batch_size=16, phase1_episodes_per_epoch=32, phase1_max_epochs=1)
+
+
+@pytest.fixture(scope="module")
+def phase1(tmp_path_factory):
+    cfg = TrainConfig.from_name("debug", **TINY)
+    out = tmp_path_factory.mktemp("phase1")
+    res = run_phase1(cfg, out, progress=False)
+    return cfg, res
+
+
+def test_phase1_writes_checkpoint_with_hash(phase1):
+    cfg, res = phase1
+    path = Path(res["checkpoint"])
+    assert verify_phase1(path) == res["sha256"]
+    payload = torch.load(path, weights_only=True)  # no pickled code
+    assert payload["format"] == "pmnet-phase1/v1"
+    assert {"seg1_stm", "seg2_stm", "mean_stm"} <= set(res["metrics"])
+    # Phase 0 ran (debug preset has it) and the Consolidator stayed at its identity init
+    model, _ = load_model_file(path)
+    assert torch.count_nonzero(model.consolidator.w_d.weight) == 0
+
+
+@pytest.mark.parametrize("condition", list(CONDITIONS))
+def test_every_condition_trains_and_writes_a_result(phase1, condition, tmp_path):
+    cfg, p1 = phase1
+    res = run_phase2(cfg, condition=condition, seed=42, phase1_ckpt=p1["checkpoint"],
+                     out_dir=tmp_path, progress=False)
+    on_disk = json.loads((tmp_path / "result.json").read_text())
+    assert on_disk["condition"] == condition and on_disk["seed"] == 42
+    assert on_disk["phase1_sha256"] == p1["sha256"]
+    for k in ("updated_ltm", "forced_identity", "fresh_ltm", "mismatched_ltm", "seg2_stm",
+              "mean_stm", "initial_ltm", "alternative_mode"):
+        assert 0 <= on_disk["test"][k] <= 100
+    assert 0 < res["trainable_fraction"] <= 1
+    ref, _ = load_model_file(p1["checkpoint"])
+    new, _ = load_model_file(tmp_path / "best_model.pt")
+    subset = {n for n, _ in new.trainable_subset(CONDITIONS[condition].subset)}
+    changed = {n for (n, a), (_, b) in zip(ref.named_parameters(), new.named_parameters())
+               if not torch.equal(a, b)}
+    assert changed <= subset  # frozen parameters are bitwise unchanged
+    assert changed  # and something did train
+
+
+def test_killed_run_resumes_to_the_same_result(phase1, tmp_path):
+    cfg, p1 = phase1
+    cfg2 = TrainConfig.from_name("debug", **{**TINY, "max_epochs": 2})
+
+    class Crash(L.Callback):  # dies at the start of epoch 1, after epoch 0 was checkpointed
+        def on_train_epoch_start(self, trainer, module):
+            if trainer.current_epoch == 1:
+                raise RuntimeError("injected crash in epoch 1")
+
+    full = run_phase2(cfg2, condition="consolidator_only", seed=43,
+                      phase1_ckpt=p1["checkpoint"], out_dir=tmp_path / "full", progress=False)
+    with pytest.raises(RuntimeError, match="injected"):
+        run_phase2(cfg2, condition="consolidator_only", seed=43, phase1_ckpt=p1["checkpoint"],
+                   out_dir=tmp_path / "crash", callbacks=[Crash()], progress=False)
+    assert (tmp_path / "crash" / "ckpt" / "last.ckpt").is_file()
+    torch.load(tmp_path / "crash" / "ckpt" / "last.ckpt", weights_only=True)
+    resumed = run_phase2(cfg2, condition="consolidator_only", seed=43,
+                         phase1_ckpt=p1["checkpoint"], out_dir=tmp_path / "crash",
+                         progress=False)
+    assert resumed["test"] == full["test"]
+    assert len(resumed["history"]) == len(full["history"]) == 2
+
+
+def test_tampered_or_missing_checkpoint_is_refused(phase1, tmp_path):
+    cfg, p1 = phase1
+    bad = tmp_path / "phase1.pt"
+    shutil.copy(p1["checkpoint"], bad)
+    shutil.copy(p1["checkpoint"] + ".sha256", str(bad) + ".sha256")
+    with open(bad, "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ValueError, match="does not match its recorded sha256"):
+        run_phase2(cfg, condition="learned_full", seed=42, phase1_ckpt=bad, out_dir=tmp_path)
+    with pytest.raises(ValueError, match="not found"):
+        run_phase2(cfg, condition="learned_full", seed=42, phase1_ckpt=tmp_path / "none.pt",
+                   out_dir=tmp_path)
+    assert not (tmp_path / "result.json").exists()
+
+
+def test_checkpoint_from_another_model_config_is_refused(phase1, tmp_path):
+    _, p1 = phase1
+    other = TrainConfig.from_name("debug", **{**TINY, "model.hidden": 48})
+    with pytest.raises(ValueError, match="different model config"):
+        run_phase2(other, condition="learned_full", seed=42, phase1_ckpt=p1["checkpoint"],
+                   out_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(name="huge"), "unknown preset"),
+        (dict(name="debug", seeds=()), "seeds is empty"),
+        (dict(name="debug", conditions=("learned_half",)), "unknown condition"),
+        (dict(name="debug", lr=0.0), "TrainConfig.lr"),
+        (dict(name="debug", batch_size=0), "TrainConfig.batch_size"),
+        (dict(name="debug", precision="fp8"), "TrainConfig.precision"),
+    ],
+)
+def test_bad_config_fails_clearly(kwargs, match):
+    name = kwargs.pop("name")
+    with pytest.raises(ValueError, match=match):
+        TrainConfig.from_name(name, **kwargs)
+
+
+def test_bad_condition_and_seed_fail_before_training(phase1, tmp_path):
+    cfg, p1 = phase1
+    with pytest.raises(ValueError, match="unknown condition"):
+        run_phase2(cfg, condition="everything", seed=42, phase1_ckpt=p1["checkpoint"],
+                   out_dir=tmp_path)
+    with pytest.raises(ValueError, match="seed"):
+        run_phase2(cfg, condition="learned_full", seed="42", phase1_ckpt=p1["checkpoint"],
+                   out_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_paper_preset_is_the_papers_protocol():
+    cfg = TrainConfig.from_name("paper")
+    assert (cfg.lr, cfg.betas, cfg.weight_decay, cfg.warmup_steps, cfg.grad_clip) == (
+        5e-4, (0.9, 0.95), 0.1, 100, 1.0)
+    assert (cfg.batch_size, cfg.episodes_per_epoch, cfg.max_epochs, cfg.patience) == (
+        256, 100_000, 60, 6)
+    assert (cfg.val_episodes, cfg.test_episodes, cfg.seeds) == (1000, 1000, (42, 43, 44, 45, 46))
+    assert cfg.detach_ltm is False and not cfg.phase1_curriculum and cfg.notes == ()
+    assert set(cfg.conditions) == set(CONDITIONS) and len(CONDITIONS) == 6
+    flat = cfg.flat()
+    assert flat["model.hidden"] == 384 and flat["seeds"] == "42,43,44,45,46"
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
