@@ -1,0 +1,1585 @@
+"""Tables, figures and the HTML/Markdown report built from Phase-2 trial results.
+
+Tables follow the paper's layout (same rows, columns and labels, e.g.
+``tab:direct-ltm-routing``); each aggregate cell is "mean ± SD" from our trials, followed in
+parentheses by the paper's value where the paper has one (printed in paper-aggregates.csv, or
+derived from paper-per-seed.csv with the same statistics). A missing trial or metric renders
+as "—" and the table's footnote names it; a cell over fewer seeds than expected carries
+"[n=k]".
+
+Figures use matplotlib's object-oriented API on the Agg canvas (no pyplot, no display), and
+a figure whose data is missing is skipped with a note instead of failing.
+
+:func:`build_report` writes one self-contained HTML page (inline CSS, figures as base64 PNG)
+and a Markdown twin (figures linked as files) plus the tables (.md/.tex), the figures
+(.png/.pdf) and the tidy data (.csv/.parquet); :func:`main_report` does it for a pipeline run
+directory (``RUN_DIR/results/*.json`` -> ``RUN_DIR/report/``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import io
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from pmnet import stats
+from pmnet.stats import CONDITIONS, condition_label
+
+MISSING = "—"
+TARGETS = ("md", "tex", "html")
+
+# ------------------------------------------------------------------------------------------
+# cells
+# ------------------------------------------------------------------------------------------
+
+
+def _finite(value: Any) -> bool:
+    if value is None:
+        return False
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell. ``kind``: stat (mean ± SD), num, int, p, ci, text, na, missing.
+
+    ``paper`` is the paper's value for the same cell (shown in parentheses) or None.
+    """
+
+    kind: str
+    value: float = math.nan
+    sd: float = math.nan
+    hi: float = math.nan
+    n: int | None = None
+    n_expected: int | None = None
+    signed: bool = False
+    paper: Cell | None = None
+    text: str = ""
+
+    @property
+    def is_missing(self) -> bool:
+        if self.kind == "missing":
+            return True
+        if self.kind in ("stat", "num", "int", "p"):
+            return not _finite(self.value) or (self.kind == "stat" and self.n == 0)
+        if self.kind == "ci":
+            return not (_finite(self.value) and _finite(self.hi))
+        return False
+
+
+def text_cell(text: str) -> Cell:
+    return Cell("text", text=str(text))
+
+
+NA = Cell("na")
+
+
+def _number(value: float, signed: bool = False, decimals: int = 2) -> str:
+    value = float(value)
+    if round(value, decimals) == 0:
+        value = 0.0  # never print "-0.00"
+    return f"{value:+.{decimals}f}" if signed else f"{value:.{decimals}f}"
+
+
+def format_p(p: float, target: str = "md") -> str:
+    """p to 3 significant digits; below 0.001 in scientific notation (1.07e-7 / ×10^)."""
+    if not _finite(p):
+        return MISSING if target != "tex" else "---"
+    if p >= 1e-3:
+        return f"{p:.3g}"
+    mantissa, exponent = f"{p:.2e}".split("e")
+    exp = int(exponent)
+    if target == "tex":
+        return rf"\({mantissa}\times10^{{{exp}}}\)"
+    if target == "html":
+        return f"{mantissa}×10<sup>{exp}</sup>"
+    return f"{mantissa}e{exp}"
+
+
+_TEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"\(\pm\)",
+    "—": "---",
+    "–": "--",
+    "−": "-",
+    "→": r"\(\rightarrow\)",
+    "×": r"\(\times\)",
+}
+
+
+def tex_escape(text: str) -> str:
+    return "".join(_TEX_ESCAPES.get(ch, ch) for ch in str(text))
+
+
+def _escape(text: str, target: str) -> str:
+    if target == "tex":
+        return tex_escape(text)
+    if target == "html":
+        return html.escape(str(text))
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _core(cell: Cell, target: str) -> str:
+    missing = "---" if target == "tex" else MISSING
+    pm = r" \(\pm\) " if target == "tex" else " ± "
+    if cell.kind == "na":
+        return ""
+    if cell.kind == "text":
+        return _escape(cell.text, target)
+    if cell.is_missing:
+        return missing
+    if cell.kind == "int":
+        return str(int(round(float(cell.value))))
+    if cell.kind == "num":
+        return _number(cell.value, cell.signed)
+    if cell.kind == "p":
+        return format_p(cell.value, target)
+    if cell.kind == "ci":
+        lo, hi = _number(cell.value, True), _number(cell.hi, True)
+        return f"{{[}}{lo}, {hi}{{]}}" if target == "tex" else f"[{lo}, {hi}]"
+    if cell.kind == "stat":
+        out = _number(cell.value, cell.signed)
+        if _finite(cell.sd):
+            out += pm + _number(cell.sd)
+        if cell.n is not None and cell.n_expected is not None and cell.n < cell.n_expected:
+            out += f" [n={cell.n}]"
+        return out
+    raise ValueError(f"unknown cell kind {cell.kind!r}")
+
+
+def format_cell(cell: Cell | str, target: str = "md") -> str:
+    """A cell as Markdown (``md``), LaTeX (``tex``) or HTML (``html``) markup."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    if not isinstance(cell, Cell):
+        cell = text_cell(cell)
+    out = _core(cell, target)
+    if cell.paper is not None and not cell.paper.is_missing:
+        paper = _core(cell.paper, target)
+        if target == "html":
+            out += f' <span class="paper">({paper})</span>'
+        else:
+            out += f" ({paper})"
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# tables
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """A rendered-on-demand table: ``id`` is the paper's label (``tab:...``)."""
+
+    id: str
+    caption: str
+    columns: list[str]
+    rows: list[list[Cell]]
+    notes: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    rules_before: set[int] = field(default_factory=set)
+    #: LaTeX column specs (``l``, ``r``, ``p{4cm}``); Markdown alignment follows them.
+    align: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.rows = [[c if isinstance(c, Cell) else text_cell(c) for c in row] for row in self.rows]
+        if self.align is None:
+            self.align = ["l"] + ["r"] * (len(self.columns) - 1)
+        if len(self.align) != len(self.columns):
+            raise ValueError(f"table {self.id}: {len(self.align)} alignments for "
+                             f"{len(self.columns)} columns")
+        for row in self.rows:
+            if len(row) != len(self.columns):
+                raise ValueError(
+                    f"table {self.id}: row has {len(row)} cells for {len(self.columns)} columns"
+                )
+
+    def footnotes(self) -> list[str]:
+        out = list(self.notes)
+        if self.missing:
+            out.append(f"{MISSING} = missing. " + "; ".join(self.missing) + ".")
+        return out
+
+    def to_markdown(self) -> str:
+        lines = [f"**Table `{self.id}`.** {_escape(self.caption, 'md')}", ""]
+        lines.append("| " + " | ".join(_escape(c, "md") for c in self.columns) + " |")
+        aligns = [{"r": "---:", "c": ":---:"}.get(a[0], ":---") for a in self.align or []]
+        lines.append("| " + " | ".join(aligns) + " |")
+        for row in self.rows:
+            lines.append("| " + " | ".join(format_cell(c, "md") for c in row) + " |")
+        notes = self.footnotes()
+        if notes:
+            lines.append("")
+            lines += [f"- {_escape(n, 'md')}" for n in notes]
+        return "\n".join(lines) + "\n"
+
+    def to_latex(self) -> str:
+        spec = "@{}" + "".join(self.align or []) + "@{}"
+        lines = [
+            r"\begin{table}[htbp]",
+            r"\centering",
+            rf"\caption{{{tex_escape(self.caption)}}}",
+            rf"\label{{{self.id}}}",
+            r"\scriptsize",
+            rf"\begin{{tabular}}{{{spec}}}",
+            r"\toprule",
+            " & ".join(tex_escape(c) for c in self.columns) + r" \\",
+            r"\midrule",
+        ]
+        for i, row in enumerate(self.rows):
+            if i in self.rules_before:
+                lines.append(r"\midrule")
+            lines.append(" & ".join(format_cell(c, "tex") for c in row) + r" \\")
+        lines += [r"\bottomrule", r"\end{tabular}"]
+        for note in self.footnotes():
+            lines.append(r"\par\smallskip{\footnotesize " + tex_escape(note) + "}")
+        lines.append(r"\end{table}")
+        return "\n".join(lines) + "\n"
+
+    def to_html(self) -> str:
+        out = [f'<table id="{html.escape(self.id)}">']
+        out.append(
+            f"<caption><code>{html.escape(self.id)}</code> {html.escape(self.caption)}</caption>"
+        )
+        out.append(
+            "<thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+            + "</tr></thead>"
+        )
+        out.append("<tbody>")
+        for i, row in enumerate(self.rows):
+            cls = ' class="rule"' if i in self.rules_before else ""
+            cells = []
+            for j, cell in enumerate(row):
+                tag = "th" if j == 0 else "td"
+                miss = ' class="missing"' if cell.is_missing and cell.kind != "na" else ""
+                cells.append(f"<{tag}{miss}>{format_cell(cell, 'html')}</{tag}>")
+            out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
+        out.append("</tbody></table>")
+        for note in self.footnotes():
+            out.append(f'<p class="note">{html.escape(note)}</p>')
+        return "\n".join(out) + "\n"
+
+    def render(self, target: str) -> str:
+        return {"md": self.to_markdown, "tex": self.to_latex, "html": self.to_html}[target]()
+
+
+def to_markdown(table: Table) -> str:
+    return table.to_markdown()
+
+
+def to_latex(table: Table) -> str:
+    return table.to_latex()
+
+
+class _Missing:
+    """Collects the missing trials/metrics behind one table's cells."""
+
+    def __init__(self, ctx: _Context) -> None:
+        self.ctx = ctx
+        self.trials: dict[str, set[int]] = {}
+        self.metrics: dict[tuple[str, str], set[int]] = {}
+
+    def check(self, condition: str, metric: str, seeds: Iterable[int] | None = None) -> None:
+        seeds = self.ctx.seeds if seeds is None else list(seeds)
+        values = self.ctx.values(condition, metric)
+        for seed in seeds:
+            if (condition, seed) not in self.ctx.present:
+                self.trials.setdefault(condition, set()).add(seed)
+            elif seed not in values.index:
+                self.metrics.setdefault((condition, metric), set()).add(seed)
+
+    def lines(self) -> list[str]:
+        out = []
+        for condition in stats.ordered_conditions(self.trials):
+            seeds = sorted(self.trials[condition])
+            out.append(f"{condition}: no result for {stats._seed_word(seeds)}")
+        conditions = stats.ordered_conditions(c for c, _ in self.metrics)
+        for condition in conditions:
+            ran = sorted(s for c, s in self.ctx.present if c == condition)
+            metrics = sorted(m for c, m in self.metrics if c == condition)
+            everywhere = [m for m in metrics if sorted(self.metrics[(condition, m)]) == ran]
+            if everywhere:
+                out.append(f"{condition}: {', '.join(everywhere)} not reported by any trial")
+            for metric in metrics:
+                if metric not in everywhere:
+                    seeds = sorted(self.metrics[(condition, metric)])
+                    out.append(f"{condition}: {metric} not reported for {stats._seed_word(seeds)}")
+        return out
+
+
+class _Context:
+    def __init__(
+        self,
+        df: pd.DataFrame,
+        paper: stats.PaperReference | None,
+        comparisons: pd.DataFrame,
+        seeds: Sequence[int],
+    ) -> None:
+        self.df = df
+        self.paper = paper
+        self.seeds = list(seeds)
+        self.present = (
+            set(zip(df["condition"], df["seed"].astype(int))) if not df.empty else set()
+        )
+        self.comparisons = {r["label"]: r for r in comparisons.to_dict("records")}
+        self._values: dict[tuple[str, str], pd.Series] = {}
+
+    def values(self, condition: str, metric: str) -> pd.Series:
+        """Cached :func:`stats.seed_values`."""
+        key = (condition, metric)
+        if key not in self._values:
+            self._values[key] = stats.seed_values(self.df, condition, metric)
+        return self._values[key]
+
+    # paper cells --------------------------------------------------------------------------
+    def paper_stat(self, condition: str, metric: str) -> Cell | None:
+        if self.paper is None:
+            return None
+        ref = self.paper.condition(condition, metric)
+        if ref is None:
+            return None
+        return Cell("stat", ref["mean"], ref.get("sd", math.nan))
+
+    def paper_cmp(self, label: str, part: str = "stat") -> Cell | None:
+        ref = self.paper.comparison(label) if self.paper is not None else None
+        if ref is None:
+            return None
+        if part == "ci":
+            return Cell("ci", ref.get("ci_low", math.nan), hi=ref.get("ci_high", math.nan))
+        if part == "p":
+            return Cell("p", ref.get("p", math.nan))
+        if part == "mean":
+            return Cell("num", ref["mean"], signed=True)
+        if part == "sd":
+            return Cell("num", ref.get("sd", math.nan))
+        return Cell("stat", ref["mean"], ref.get("sd", math.nan), signed=True)
+
+    def paper_seed(self, condition: str, seed: int, metric: str) -> float | None:
+        if self.paper is None:
+            return None
+        return self.paper.seed_value(condition, seed, metric)
+
+    # our cells ----------------------------------------------------------------------------
+    def stat(self, miss: _Missing, condition: str, metric: str, paper: bool = True) -> Cell:
+        miss.check(condition, metric)
+        values = self.values(condition, metric)
+        n = int(values.size)
+        return Cell(
+            "stat",
+            float(values.mean()) if n else math.nan,
+            float(values.std(ddof=1)) if n > 1 else math.nan,
+            n=n,
+            n_expected=len(self.seeds),
+            paper=self.paper_stat(condition, metric) if paper else None,
+        )
+
+    def stat_part(self, miss: _Missing, condition: str, metric: str, part: str) -> Cell:
+        cell = self.stat(miss, condition, metric)
+        paper = cell.paper
+        if part == "mean":
+            return Cell("num", cell.value, paper=Cell("num", paper.value) if paper else None)
+        return Cell("num", cell.sd, paper=Cell("num", paper.sd) if paper else None)
+
+    def seed(self, miss: _Missing, condition: str, seed: int, metric: str, kind="num") -> Cell:
+        miss.check(condition, metric, [seed])
+        values = self.values(condition, metric)
+        value = float(values.loc[seed]) if seed in values.index else math.nan
+        pv = self.paper_seed(condition, seed, metric)
+        return Cell(kind, value, paper=Cell(kind, pv) if pv is not None else None)
+
+    def seed_diff(
+        self, miss: _Missing, a: tuple[str, str], b: tuple[str, str], seed: int
+    ) -> Cell:
+        miss.check(*a, [seed])
+        miss.check(*b, [seed])
+        va, vb = self.values(*a), self.values(*b)
+        value = math.nan
+        if seed in va.index and seed in vb.index:
+            value = float(va.loc[seed] - vb.loc[seed])
+        paper = None
+        pa, pb = self.paper_seed(a[0], seed, a[1]), self.paper_seed(b[0], seed, b[1])
+        if pa is not None and pb is not None:
+            paper = Cell("num", pa - pb, signed=True)
+        return Cell("num", value, signed=True, paper=paper)
+
+    def comparison(self, label: str, spec: stats.Comparison | None = None) -> dict[str, Any]:
+        row = self.comparisons.get(label)
+        if row is None:
+            spec = spec or next((c for c in stats.COMPARISONS if c.label == label), None)
+            if spec is None:
+                raise KeyError(f"unknown comparison {label!r}")
+            row = stats.paired_comparison(
+                self.df, spec.cond_a, spec.metric_a, spec.cond_b, spec.metric_b, label,
+                expected_seeds=self.seeds,
+            )
+            self.comparisons[label] = row
+        return row
+
+    def paired(
+        self,
+        miss: _Missing,
+        label: str,
+        part: str = "stat",
+        spec: stats.Comparison | None = None,
+        paper: bool = True,
+    ) -> Cell:
+        row = self.comparison(label, spec)
+        miss.check(row["cond_a"], row["metric_a"])
+        miss.check(row["cond_b"], row["metric_b"])
+        paper = self.paper_cmp(label, part) if paper else None
+        if part == "ci":
+            return Cell("ci", row["ci_low"], hi=row["ci_high"], paper=paper)
+        if part == "p":
+            return Cell("p", row["p"], paper=paper)
+        if part == "mean":
+            return Cell("num", row["mean_diff"], signed=True, paper=paper)
+        if part == "sd":
+            return Cell("num", row["sd_diff"], paper=paper)
+        return Cell(
+            "stat",
+            row["mean_diff"],
+            row["sd_diff"] if row["n"] > 1 else math.nan,
+            n=row["n"],
+            n_expected=len(self.seeds),
+            signed=True,
+            paper=paper,
+        )
+
+    def paired_sentence(self, label: str, what: str) -> str:
+        """A note line: our paired result with CI and p, and the paper's where known."""
+        row = self.comparison(label)
+        if row["n"] == 0:
+            return f"{what}: not computable ({row['note']})."
+        text = f"{what}: {_number(row['mean_diff'], True)}"
+        if _finite(row["sd_diff"]):
+            text += f" ± {_number(row['sd_diff'])} pp"
+        if _finite(row["ci_low"]):
+            text += (
+                f", 95% CI [{_number(row['ci_low'], True)}, {_number(row['ci_high'], True)}], "
+                f"p = {format_p(row['p'])}"
+            )
+        text += f" (n={row['n']})"
+        ref = self.paper.comparison(label) if self.paper is not None else None
+        if ref is not None:
+            text += f"; paper {_number(ref['mean'], True)}"
+            if _finite(ref.get("sd")):
+                text += f" ± {_number(ref['sd'])}"
+            if _finite(ref.get("ci_low")):
+                text += f", CI [{_number(ref['ci_low'], True)}, {_number(ref['ci_high'], True)}]"
+            if _finite(ref.get("p")):
+                text += f", p = {format_p(ref['p'])}"
+        if row["note"]:
+            text += f". Note: {row['note']}"
+        return text + "."
+
+
+PAPER_NOTE = (
+    "Values in parentheses are the paper's (printed in paper-aggregates.csv, or derived from "
+    "paper-per-seed.csv with the same statistics); [n=k] marks cells over fewer seeds than "
+    "expected."
+)
+
+
+def _finish(ctx: _Context, table: Table, miss: _Missing) -> Table:
+    if ctx.paper is not None:
+        table.notes.append(PAPER_NOTE)
+    table.missing = miss.lines()
+    return table
+
+
+ON, OFF = "consolidator_only", "consolidator_only_routing_off"
+
+
+def table_same_address_update(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+    rows = [
+        [
+            "Initial mapping after first consolidation",
+            ctx.stat(miss, ON, "initial_ltm"),
+            ctx.stat(miss, ON, "forced_identity_initial"),
+        ],
+        [
+            "Updated mapping after second consolidation",
+            ctx.stat(miss, ON, "updated_ltm"),
+            ctx.stat(miss, ON, "forced_identity"),
+        ],
+    ]
+    table = Table(
+        "tab:same-address-update",
+        "Same-address update under the Consolidator-only intervention. Both columns evaluate "
+        "the same trained checkpoint.",
+        ["State queried after consolidation", "Learned Consolidator", "Forced identity"],
+        rows,
+        notes=[
+            ctx.paired_sentence(
+                "learned - forced identity, routing on: updated_ltm",
+                "Same-checkpoint learned - forced identity (updated mapping)",
+            )
+        ],
+    )
+    return _finish(ctx, table, miss)
+
+
+def table_direct_ltm_routing(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+    rows = []
+    for name, condition, on_off in (("Off", OFF, "off"), ("On", ON, "on")):
+        rows.append(
+            [
+                name,
+                ctx.stat(miss, condition, "updated_ltm"),
+                ctx.stat(miss, condition, "forced_identity"),
+                ctx.paired(miss, f"learned - forced identity, routing {on_off}: updated_ltm"),
+                ctx.stat(miss, condition, "seg2_stm"),
+                ctx.stat(miss, condition, "mismatched_ltm"),
+                ctx.stat(miss, condition, "fresh_ltm"),
+            ]
+        )
+    table = Table(
+        "tab:direct-ltm-routing",
+        "Direct LTM-conditioned routing in the Consolidator-only setting. On and off runs "
+        "share one STM-pretraining initialization and paired consolidation-training seeds.",
+        ["Direct LTM routing", "Learned LTM", "Identity LTM", "Learned - identity",
+         "Segment-2 STM", "Mismatched LTM", "Fresh LTM"],
+        rows,
+        notes=[
+            ctx.paired_sentence("routing on - off: updated_ltm", "Paired On - Off, learned LTM"),
+            ctx.paired_sentence("routing on - off: seg2_stm", "Paired On - Off, segment-2 STM"),
+        ],
+    )
+    return _finish(ctx, table, miss)
+
+
+def table_routing_per_seed(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+    columns = ["Seed", "Off learned LTM", "Off identity LTM", "Learned - identity",
+               "Segment-2 STM", "Mismatched LTM", "Fresh LTM", "On - Off"]
+    rows = []
+    for seed in ctx.seeds:
+        rows.append(
+            [
+                str(seed),
+                ctx.seed(miss, OFF, seed, "updated_ltm"),
+                ctx.seed(miss, OFF, seed, "forced_identity"),
+                ctx.seed_diff(miss, (OFF, "updated_ltm"), (OFF, "forced_identity"), seed),
+                ctx.seed(miss, OFF, seed, "seg2_stm"),
+                ctx.seed(miss, OFF, seed, "mismatched_ltm"),
+                ctx.seed(miss, OFF, seed, "fresh_ltm"),
+                ctx.seed_diff(miss, (ON, "updated_ltm"), (OFF, "updated_ltm"), seed),
+            ]
+        )
+    for part, name in (("mean", "Mean"), ("sd", "SD")):
+        rows.append(
+            [
+                name,
+                ctx.stat_part(miss, OFF, "updated_ltm", part),
+                ctx.stat_part(miss, OFF, "forced_identity", part),
+                ctx.paired(miss, "learned - forced identity, routing off: updated_ltm", part),
+                ctx.stat_part(miss, OFF, "seg2_stm", part),
+                ctx.stat_part(miss, OFF, "mismatched_ltm", part),
+                ctx.stat_part(miss, OFF, "fresh_ltm", part),
+                ctx.paired(miss, "routing on - off: updated_ltm", part),
+            ]
+        )
+    table = Table(
+        "tab:routing-per-seed",
+        "Per-seed direct LTM-routing ablation in the Consolidator-only setting (routing-off "
+        "condition; On - Off pairs learned-LTM recall of the routing-on and routing-off runs "
+        "of the same seed).",
+        columns,
+        rows,
+        rules_before={len(ctx.seeds)},
+        notes=["Mean and SD of the difference columns are over paired seeds only."],
+    )
+    return _finish(ctx, table, miss)
+
+
+def table_routing_rule_family(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+    rows = []
+    for family, metric in (("ADD10", "updated_ltm_add10"), ("AFFINE10", "updated_ltm_affine10")):
+        rows.append(
+            [
+                family,
+                ctx.stat(miss, OFF, metric),
+                ctx.stat(miss, ON, metric),
+                ctx.paired(miss, f"routing on - off: {metric}"),
+            ]
+        )
+    table = Table(
+        "tab:routing-rule-family",
+        "Direct LTM-routing ablation by rule family: updated-mapping LTM recall, mean ± SD over "
+        "seeds; On - Off differences are computed within each seed before aggregation.",
+        ["Rule family", "Routing off", "Routing on", "Paired On - Off"],
+        rows,
+    )
+    return _finish(ctx, table, miss)
+
+
+CORE_CONDITIONS = ("learned_full", "identity_full", "consolidator_only", "memory_consolidator")
+
+
+def table_core_parameter_isolation(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+    rows = [
+        [condition_label(c)]
+        + [ctx.stat(miss, c, m) for m in ("updated_ltm", "fresh_ltm", "mismatched_ltm",
+                                          "seg2_stm")]
+        for c in CORE_CONDITIONS
+    ]
+    table = Table(
+        "tab:core-parameter-isolation",
+        "Core parameter-isolation ablations. Percent accuracy, mean ± SD over seeds; LTM recall "
+        "follows the final reset.",
+        ["Condition", "Updated LTM", "Fresh", "Mismatched", "Segment-2 STM"],
+        rows,
+        notes=[
+            ctx.paired_sentence(
+                "learned_full - identity_full: updated_ltm", "Learned full - identity full"
+            )
+        ],
+    )
+    return _finish(ctx, table, miss)
+
+
+def table_core_results_per_seed(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+    rows = []
+    for condition in CORE_CONDITIONS:
+        for seed in ctx.seeds:
+            rows.append(
+                [condition_label(condition), str(seed)]
+                + [
+                    ctx.seed(miss, condition, seed, m)
+                    for m in ("updated_ltm", "alternative_mode", "fresh_ltm", "seg2_stm",
+                              "mismatched_ltm")
+                ]
+            )
+    table = Table(
+        "tab:core-results-per-seed",
+        "Fixed-test-stream results for all core runs. Alternative mode is the same-checkpoint "
+        "evaluation with the other consolidation operator (forced identity for learned "
+        "conditions; the frozen identity-initialized path for identity full).",
+        ["Condition", "Seed", "Primary recall", "Alternative mode", "Fresh", "Segment-2 STM",
+         "Mismatched"],
+        rows,
+    )
+    return _finish(ctx, table, miss)
+
+
+DUAL_METRICS = ("updated_ltm", "mean_stm", "seg2_stm", "mismatched_ltm", "fresh_ltm")
+
+
+def table_dual_objective_aggregate(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+    paired = DUAL_METRICS[:3]
+    rows = [
+        ["Updated LTM only"] + [ctx.stat(miss, "learned_full", m) for m in DUAL_METRICS],
+        ["Updated LTM + STM"] + [ctx.stat(miss, "learned_full_dual", m) for m in DUAL_METRICS],
+    ]
+    for name, part in (("Paired change", "stat"), ("95% CI", "ci"), ("Paired p", "p")):
+        rows.append(
+            [name]
+            + [ctx.paired(miss, f"dual - LTM only: {m}", part) for m in paired]
+            + [NA] * (len(DUAL_METRICS) - len(paired))
+        )
+    table = Table(
+        "tab:dual-objective-aggregate",
+        "Aggregate dual-objective experiment. Paired runs share seeds and STM-pretraining "
+        "provenance; the consolidation-training objective and validation monitor differ.",
+        ["Training objective", "Updated LTM", "Mean STM", "Segment-2 STM", "Mismatched",
+         "Fresh"],
+        rows,
+        rules_before={2},
+    )
+    return _finish(ctx, table, miss)
+
+
+def table_dual_objective_per_seed(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+    dual = "learned_full_dual"
+    rows = [
+        [
+            str(seed),
+            ctx.seed(miss, dual, seed, "best_epoch", kind="int"),
+            ctx.seed(miss, dual, seed, "val_dual"),
+            ctx.seed(miss, dual, seed, "dual"),
+            ctx.seed(miss, dual, seed, "updated_ltm"),
+            ctx.seed(miss, dual, seed, "mean_stm"),
+            ctx.seed(miss, dual, seed, "forced_identity"),
+        ]
+        for seed in ctx.seeds
+    ]
+    table = Table(
+        "tab:dual-objective-per-seed",
+        "Per-seed dual-objective results. Validation/Test dual = mean of updated-mapping LTM "
+        "recall and mean immediate-STM recall on that split.",
+        ["Seed", "Best epoch", "Validation dual", "Test dual", "Updated LTM", "Mean STM",
+         "Forced identity"],
+        rows,
+    )
+    return _finish(ctx, table, miss)
+
+
+def table_shortcut_diagnostics(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+    conditions = stats.ordered_conditions(ctx.df["condition"]) if not ctx.df.empty else []
+    conditions = conditions or list(CONDITIONS)
+    rows = [
+        [
+            condition_label(c),
+            ctx.stat(miss, c, "updated_ltm", paper=False),
+            ctx.stat(miss, c, "updated_ltm_baseline", paper=False),
+            ctx.paired(
+                miss,
+                f"recall - output-set baseline: {c}",
+                spec=stats.Comparison(f"recall - output-set baseline: {c}", c, "updated_ltm", c,
+                                      "updated_ltm_baseline", "ours:shortcut-diagnostics"),
+                paper=False,
+            ),
+            ctx.stat(miss, c, "updated_ltm_bijective", paper=False),
+            ctx.stat(miss, c, "updated_ltm_nonbijective", paper=False),
+            ctx.stat(miss, c, "updated_ltm_in_unshown", paper=False),
+            ctx.stat(miss, c, "mismatched_donor_follow", paper=False),
+        ]
+        for c in conditions
+    ]
+    table = Table(
+        "tab:shortcut-diagnostics",
+        "Shortcut diagnostics (ours, not in the paper): updated-mapping LTM recall beside the "
+        "output-set baseline (the recall a guess among the unshown outputs would get), recall on "
+        "bijective and non-bijective rules, the fraction of answers inside the unshown outputs, "
+        "and how often a mismatched (donor) memory makes the model answer with the donor's rule.",
+        ["Condition", "Updated LTM", "Output-set baseline", "Recall - baseline", "Bijective",
+         "Non-bijective", "In unshown", "Donor-follow"],
+        rows,
+    )
+    return _finish(ctx, table, miss)
+
+
+def table_paired_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table:
+    rows = []
+    m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
+    for r in comparisons.to_dict("records"):
+        paper = ctx.paper.comparison(r["label"]) if ctx.paper is not None else None
+        paper_cell: Cell = NA
+        if paper is not None:
+            paper_cell = Cell("stat", paper["mean"], paper.get("sd", math.nan), signed=True)
+        rows.append(
+            [
+                r["label"],
+                Cell("int", r["n"]),
+                Cell("stat", r["mean_diff"], r["sd_diff"], signed=True)
+                if r["n"] > 0
+                else Cell("missing"),
+                Cell("ci", r["ci_low"], hi=r["ci_high"]) if _finite(r["ci_low"]) else NA,
+                Cell("num", r["t"]) if _finite(r["t"]) else NA,
+                Cell("p", r["p"]) if _finite(r["p"]) else NA,
+                Cell("p", r["p_holm"]) if _finite(r["p_holm"]) else NA,
+                Cell("num", r["d_z"]) if _finite(r["d_z"]) else NA,
+                paper_cell,
+                r["note"],
+            ]
+        )
+    return Table(
+        "tab:paired-comparisons",
+        f"Every paired comparison of the family (A - B, paired by seed). Holm p adjusts over the "
+        f"{m} comparisons with a defined p. Blank = not defined (see note).",
+        ["Comparison", "n", "Mean diff ± SD", "95% CI", "t", "p", "Holm p", "d_z", "Paper",
+         "Note"],
+        rows,
+        notes=["With n = 5 seeds the intervals and tests are descriptive (paper Sections 6.3 and "
+               "9)."],
+        align=["l"] + ["r"] * 8 + ["p{6cm}"],
+    )
+
+
+def table_headline(ctx: _Context) -> Table:
+    miss = _Missing(ctx)
+
+    def cond_row(text: str, condition: str, metric: str) -> list[Cell]:
+        cell = ctx.stat(miss, condition, metric, paper=False)
+        return [text_cell(text), cell, NA, NA, ctx.paper_stat(condition, metric) or NA]
+
+    def cmp_row(text: str, label: str) -> list[Cell]:
+        paper = ctx.paper_cmp(label) or NA
+        return [
+            text_cell(text),
+            ctx.paired(miss, label, "stat", paper=False),
+            Cell("ci", ctx.comparison(label)["ci_low"], hi=ctx.comparison(label)["ci_high"],
+                 paper=ctx.paper_cmp(label, "ci")),
+            Cell("p", ctx.comparison(label)["p"], paper=ctx.paper_cmp(label, "p")),
+            paper,
+        ]
+
+    rows = [
+        cond_row("Consolidator only, updated-mapping LTM recall (%)", ON, "updated_ltm"),
+        cond_row("Routing off, updated-mapping LTM recall (%)", OFF, "updated_ltm"),
+        cmp_row("Direct routing on - off, updated LTM (pp)", "routing on - off: updated_ltm"),
+        cmp_row("Learned - forced identity, routing off (pp)",
+                "learned - forced identity, routing off: updated_ltm"),
+        cmp_row("Learned - forced identity, routing on (pp)",
+                "learned - forced identity, routing on: updated_ltm"),
+        cond_row("Consolidator only, AFFINE10 updated LTM (%)", ON, "updated_ltm_affine10"),
+        cond_row("Learned full, updated LTM (%)", "learned_full", "updated_ltm"),
+        cond_row("Identity full, updated LTM (%)", "identity_full", "updated_ltm"),
+        cond_row("Memory + Consolidator, updated LTM (%)", "memory_consolidator", "updated_ltm"),
+        cmp_row("Learned full - identity full (pp)", "learned_full - identity_full: updated_ltm"),
+        cond_row("Dual objective, updated LTM (%)", "learned_full_dual", "updated_ltm"),
+        cond_row("Dual objective, mean STM (%)", "learned_full_dual", "mean_stm"),
+        cmp_row("Dual - LTM only, mean STM (pp)", "dual - LTM only: mean_stm"),
+        cmp_row("Dual - LTM only, updated LTM (pp)", "dual - LTM only: updated_ltm"),
+    ]
+    table = Table(
+        "tab:headline",
+        "Headline numbers: ours beside the paper's (mean ± SD over seeds; paired differences "
+        "in percentage points with t-distribution 95% CI and paired t-test p).",
+        ["Quantity", "Ours", "95% CI", "p", "Paper"],
+        rows,
+    )
+    if ctx.paper is not None:
+        table.notes.append("Parenthesised CI and p values are the paper's where it prints them.")
+    table.missing = miss.lines()
+    return table
+
+
+def build_tables(
+    df: pd.DataFrame,
+    paper: stats.PaperReference | None = None,
+    comparisons: pd.DataFrame | None = None,
+    expected_seeds: Sequence[int] | None = None,
+) -> list[Table]:
+    """Every report table (paper layout plus ours) from a tidy per-trial frame."""
+    df = stats.add_derived_metrics(df) if not df.empty else df
+    seeds = list(expected_seeds) if expected_seeds is not None else stats.expected_seed_set(df)
+    if comparisons is None:
+        comparisons = stats.compare_all(df, expected_seeds=seeds)
+    ctx = _Context(df, paper, comparisons, seeds)
+    return [
+        table_headline(ctx),
+        table_same_address_update(ctx),
+        table_direct_ltm_routing(ctx),
+        table_routing_per_seed(ctx),
+        table_routing_rule_family(ctx),
+        table_core_parameter_isolation(ctx),
+        table_core_results_per_seed(ctx),
+        table_dual_objective_aggregate(ctx),
+        table_dual_objective_per_seed(ctx),
+        table_shortcut_diagnostics(ctx),
+        table_paired_comparisons(ctx, comparisons),
+    ]
+
+
+def render_tables(
+    df: pd.DataFrame, target: str = "md", paper: stats.PaperReference | None = None
+) -> dict[str, str]:
+    """Every table rendered to ``target`` ("md", "tex" or "html"), keyed by table id."""
+    return {t.id: t.render(target) for t in build_tables(df, paper)}
+
+
+# ------------------------------------------------------------------------------------------
+# figures
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FigureResult:
+    """A built figure, or ``figure=None`` with ``skipped`` saying why."""
+
+    id: str
+    title: str
+    caption: str
+    figure: Figure | None = None
+    skipped: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _new_figure(n_panels: int, ncols: int | None = None, size=(3.6, 3.1)):
+    ncols = ncols or n_panels
+    nrows = math.ceil(n_panels / ncols)
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[n_panels:]:
+        ax.set_visible(False)
+    return fig, axes[:n_panels]
+
+
+def _seed_colors(seeds: Sequence[int]) -> dict[int, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {s: cmap(i % 10) for i, s in enumerate(seeds)}
+
+
+def _paired_panel(
+    ax, df: pd.DataFrame, points: Sequence[tuple[str, str, str]], title: str, colors
+) -> tuple[bool, list[int]]:
+    """Lines joining one seed's values across ``points`` (condition, metric, tick label).
+
+    Returns (any data drawn, seeds that lack some point). A seed missing a point is drawn
+    with its available points (the line breaks at the gap), never dropped.
+    """
+    series = [stats.seed_values(df, c, m) for c, m, _ in points]
+    seeds = sorted(set().union(*[set(s.index) for s in series]))
+    x = np.arange(len(points))
+    partial = []
+    for seed in seeds:
+        ys = np.array([float(s.loc[seed]) if seed in s.index else np.nan for s in series])
+        if np.isnan(ys).any():
+            partial.append(seed)
+        ax.plot(x, ys, marker="o", ms=5, lw=1.2, alpha=0.85, color=colors.get(seed),
+                label=f"seed {seed}")
+    if seeds:
+        means = [float(s.mean()) if s.size else np.nan for s in series]
+        ax.plot(x, means, marker="_", ms=22, mew=2.5, lw=0, color="black", label="mean")
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes,
+                color="gray")
+    if partial:
+        ax.text(0.02, 0.02, "incomplete seeds: " + ", ".join(map(str, partial)), fontsize=7,
+                transform=ax.transAxes, color="firebrick")
+    ax.set_xticks(x, [label for _, _, label in points])
+    ax.set_xlim(-0.4, len(points) - 0.6)
+    ax.set_ylim(-2, 102)
+    ax.set_ylabel("recall (%)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    return bool(seeds), partial
+
+
+def _paired_figure(
+    df: pd.DataFrame,
+    fig_id: str,
+    title: str,
+    caption: str,
+    panels: Sequence[tuple[str, Sequence[tuple[str, str, str]]]],
+    require: Sequence[tuple[str, str]],
+    ncols: int | None = None,
+) -> FigureResult:
+    lacking = [(c, m) for c, m in require if stats.seed_values(df, c, m).size == 0]
+    if lacking:
+        need = ", ".join(f"{m} of {c}" for c, m in lacking)
+        return FigureResult(fig_id, title, caption, skipped=f"no data for {need}")
+    seeds = stats.expected_seed_set(df)
+    colors = _seed_colors(seeds)
+    fig, axes = _new_figure(len(panels), ncols)
+    result = FigureResult(fig_id, title, caption, figure=fig)
+    for ax, (panel_title, points) in zip(axes, panels):
+        drawn, partial = _paired_panel(ax, df, points, panel_title, colors)
+        if not drawn:
+            result.notes.append(f"panel '{panel_title}': no data")
+        elif partial:
+            verb = "lacks" if len(partial) == 1 else "lack"
+            result.notes.append(
+                f"panel '{panel_title}': {stats._seed_word(partial)} {verb} some points "
+                "(drawn with gaps)"
+            )
+    handles, labels = axes[-1].get_legend_handles_labels()
+    if handles:
+        axes[-1].legend(handles, labels, fontsize=7, loc="best", frameon=False)
+    fig.suptitle(title, fontsize=11)
+    return result
+
+
+def figure_routing(df: pd.DataFrame) -> FigureResult:
+    return _paired_figure(
+        df,
+        "fig-ltm-routing",
+        "Direct LTM-conditioned routing (paired seeds)",
+        "Lines pair each seed's routing-off and routing-on runs (same Phase-1 checkpoint). "
+        "(a) updated-mapping LTM recall; (b) segment-2 immediate STM recall.",
+        [
+            ("(a) updated-mapping LTM", [(OFF, "updated_ltm", "off"), (ON, "updated_ltm", "on")]),
+            ("(b) segment-2 STM", [(OFF, "seg2_stm", "off"), (ON, "seg2_stm", "on")]),
+        ],
+        require=[(OFF, "updated_ltm"), (ON, "updated_ltm")],
+    )
+
+
+def figure_same_checkpoint(df: pd.DataFrame) -> FigureResult:
+    return _paired_figure(
+        df,
+        "fig-consolidator-update",
+        "Learned vs forced identity, same checkpoint (Consolidator only)",
+        "Each line is one seed's checkpoint evaluated with the learned Consolidator and with "
+        "forced identity accumulation, for the initial mapping (after the first consolidation) "
+        "and the updated mapping (after the second).",
+        [
+            ("initial mapping", [(ON, "initial_ltm", "learned"),
+                                 (ON, "forced_identity_initial", "identity")]),
+            ("updated mapping", [(ON, "updated_ltm", "learned"),
+                                 (ON, "forced_identity", "identity")]),
+        ],
+        require=[(ON, "updated_ltm"), (ON, "forced_identity")],
+    )
+
+
+def figure_content(df: pd.DataFrame) -> FigureResult:
+    conditions = [
+        c
+        for c in (stats.ordered_conditions(df["condition"]) if not df.empty else [])
+        if stats.seed_values(df, c, "updated_ltm").size
+        and (stats.seed_values(df, c, "mismatched_ltm").size
+             or stats.seed_values(df, c, "fresh_ltm").size)
+    ]
+    caption = (
+        "Updated-mapping LTM recall of each seed's checkpoint with its own (correct) experience, "
+        "a mismatched donor experience, and fresh (empty) memory."
+    )
+    title = "Recall requires the correct experience"
+    if not conditions:
+        return FigureResult("fig-consolidator-content", title, caption,
+                            skipped="no condition has updated_ltm with mismatched/fresh LTM")
+    panels = [
+        (condition_label(c), [(c, "updated_ltm", "correct"), (c, "mismatched_ltm", "mism."),
+                              (c, "fresh_ltm", "fresh")])
+        for c in conditions
+    ]
+    return _paired_figure(
+        df, "fig-consolidator-content", title, caption, panels,
+        require=[(c, "updated_ltm") for c in conditions], ncols=min(3, len(panels)),
+    )
+
+
+def figure_dual(df: pd.DataFrame) -> FigureResult:
+    full, dual = "learned_full", "learned_full_dual"
+    return _paired_figure(
+        df,
+        "fig-dual-objective",
+        "Dual objective: pre-consolidation STM and post-reset LTM",
+        "Lines pair each seed's updated-LTM-only run with its dual-objective run. "
+        "(a) updated-mapping LTM recall; (b) mean immediate STM recall.",
+        [
+            ("(a) updated-mapping LTM", [(full, "updated_ltm", "LTM only"),
+                                         (dual, "updated_ltm", "LTM + STM")]),
+            ("(b) mean STM", [(full, "mean_stm", "LTM only"), (dual, "mean_stm", "LTM + STM")]),
+        ],
+        require=[(full, "updated_ltm"), (dual, "updated_ltm")],
+    )
+
+
+def figure_training_curves(curves: pd.DataFrame | None) -> list[FigureResult]:
+    """One figure per phase from long (phase, step/epoch, metric, value) rows.
+
+    Each metric gets a panel; each (condition, seed) a line when those columns exist. The x
+    axis is ``step`` where the phase has steps, else ``epoch``, else the row order.
+    """
+    title = "Training curves"
+    if curves is None or curves.empty or not {"metric", "value"} <= set(curves.columns):
+        return [FigureResult("fig-training", title, "Training curves per phase.",
+                             skipped="no training history or metrics CSV found")]
+    curves = curves.copy()
+    if "phase" not in curves.columns:
+        curves["phase"] = "training"
+    curves["value"] = pd.to_numeric(curves["value"], errors="coerce")
+    curves = curves.dropna(subset=["value"])
+    out = []
+    for phase in sorted(curves["phase"].astype(str).unique()):
+        part = curves[curves["phase"].astype(str) == phase]
+        xcol = next(
+            (c for c in ("step", "epoch") if c in part.columns
+             and pd.to_numeric(part[c], errors="coerce").notna().any()),
+            None,
+        )
+        metrics = sorted(part["metric"].astype(str).unique())
+        safe = re.sub(r"[^A-Za-z0-9_-]+", "-", phase)
+        fig, axes = _new_figure(len(metrics), min(4, len(metrics)), size=(3.3, 2.6))
+        groups = [c for c in ("condition", "seed") if c in part.columns]
+        for ax, metric in zip(axes, metrics):
+            sub = part[part["metric"].astype(str) == metric]
+            keyed = sub.groupby(groups, dropna=False, sort=True) if groups else [((), sub)]
+            for key, run in keyed:
+                run = run.sort_values(xcol) if xcol else run
+                x = pd.to_numeric(run[xcol], errors="coerce") if xcol else np.arange(len(run))
+                key = key if isinstance(key, tuple) else (key,)
+                label = " ".join(str(k) for k in key if k is not None and k == k) or metric
+                ax.plot(x, run["value"], lw=1.1, marker="." if len(run) < 40 else None,
+                        label=label)
+            ax.set_title(metric, fontsize=9)
+            ax.set_xlabel(xcol or "row")
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+        handles, labels = axes[0].get_legend_handles_labels()
+        if 1 < len(handles) <= 12:
+            axes[0].legend(handles, labels, fontsize=6, frameon=False)
+        fig.suptitle(f"{title}: {phase}", fontsize=11)
+        out.append(FigureResult(f"fig-training-{safe}", f"{title}: {phase}",
+                                f"Logged metrics of {phase} against {xcol or 'row order'}.",
+                                figure=fig))
+    return out
+
+
+def make_figures(df: pd.DataFrame, curves: pd.DataFrame | None = None) -> list[FigureResult]:
+    """Every report figure; missing data gives a skipped entry (with the reason)."""
+    df = stats.add_derived_metrics(df) if not df.empty else df
+    return [
+        figure_routing(df),
+        figure_same_checkpoint(df),
+        figure_content(df),
+        figure_dual(df),
+        *figure_training_curves(curves),
+    ]
+
+
+def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 110) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=dpi)
+    return buf.getvalue()
+
+
+def save_figure(result: FigureResult, out_dir: str | os.PathLike[str]) -> dict[str, Path]:
+    """Write a built figure as PNG and PDF (atomic); returns {"png": path, "pdf": path}."""
+    if result.figure is None:
+        return {}
+    out = Path(out_dir)
+    paths = {}
+    for fmt in ("png", "pdf"):
+        paths[fmt] = stats.atomic_write_bytes(
+            out / f"{result.id}.{fmt}", figure_bytes(result.figure, fmt)
+        )
+    return paths
+
+
+# ------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------
+
+DESCRIPTIVE_NOTE = (
+    "With n = 5 seeds (or fewer), the 95% confidence intervals and paired t-tests are "
+    "descriptive, as the paper says (Sections 6.3 and 9). All main seeds share one Phase-1 "
+    "checkpoint, so their spread reflects consolidation training and data streams only."
+)
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1200px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:1em 0;font-size:.85em}
+caption{caption-side:top;text-align:left;font-weight:600;padding:.3em 0}
+th,td{border-top:1px solid #ddd;border-bottom:1px solid #ddd;padding:.25em .6em;text-align:right;
+white-space:nowrap}
+thead th{border-bottom:2px solid #444;text-align:center}
+tbody th{text-align:left;font-weight:normal}
+tr.rule{border-top:2px solid #888}
+td.missing,th.missing{color:#b00}
+.paper{color:#666;font-size:.9em}
+.note{font-size:.85em;color:#444;margin:.2em 0}
+.skipped{color:#a40;font-style:italic}
+figure{margin:1.5em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.85em;color:#444}
+code{background:#f4f4f4;padding:0 .2em}
+dl.meta dt{font-weight:600}dl.meta dd{margin:0 0 .4em 1.2em;font-family:monospace}
+"""
+
+
+def _meta_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _grid_from_meta(meta: Mapping[str, Any]) -> tuple[list[str] | None, list[int] | None]:
+    grid = meta.get("grid")
+    conditions: list[str] | None = None
+    seeds: list[int] | None = None
+    try:
+        if isinstance(grid, Mapping):
+            if grid.get("conditions") is not None:
+                conditions = [str(c) for c in grid["conditions"]]
+            if grid.get("seeds") is not None:
+                seeds = [int(s) for s in grid["seeds"]]
+        elif isinstance(grid, (list, tuple)) and grid:
+            pairs = []
+            for item in grid:
+                if isinstance(item, Mapping):
+                    pairs.append((str(item["condition"]), int(item["seed"])))
+                elif isinstance(item, (list, tuple)) and len(item) == 2:
+                    pairs.append((str(item[0]), int(item[1])))
+                elif isinstance(item, str) and re.fullmatch(r".+[:/]\d+", item):
+                    name, seed = re.split(r"[:/](?=\d+$)", item)
+                    pairs.append((name, int(seed)))
+            if pairs:
+                conditions = stats.ordered_conditions(c for c, _ in pairs)
+                seeds = sorted({s for _, s in pairs})
+    except (KeyError, TypeError, ValueError):
+        return None, None
+    return conditions, seeds
+
+
+def missing_results(
+    df: pd.DataFrame,
+    conditions: Sequence[str],
+    seeds: Sequence[int],
+    comparisons: pd.DataFrame | None = None,
+    key_metrics: Sequence[str] = ("updated_ltm", "forced_identity", "fresh_ltm",
+                                  "mismatched_ltm", "seg2_stm", "mean_stm"),
+) -> list[str]:
+    """Human-readable lines: failed trials, absent trials, absent key metrics, unpaired seeds."""
+    lines = []
+    failed = set()
+    for rec in df.attrs.get("failed", []):
+        failed.add((rec["condition"], int(rec["seed"])))
+        lines.append(
+            f"failed trial: {rec['condition']} seed {rec['seed']} ({rec['file']}): {rec['error']}"
+        )
+    present = set(zip(df["condition"], df["seed"].astype(int))) if not df.empty else set()
+    for condition in conditions:
+        absent = [s for s in seeds if (condition, s) not in present | failed]
+        if absent:
+            lines.append(f"no result: {condition} {stats._seed_word(absent)}")
+    for condition in stats.ordered_conditions(df["condition"]) if not df.empty else []:
+        for metric in key_metrics:
+            values = stats.seed_values(df, condition, metric)
+            rows = df[df["condition"] == condition]
+            lacking = sorted(set(rows["seed"].astype(int)) - set(values.index))
+            if lacking:
+                lines.append(
+                    f"metric missing: {condition} {metric} for {stats._seed_word(lacking)}"
+                )
+    if comparisons is not None and len(comparisons):
+        for r in comparisons.to_dict("records"):
+            if r["missing_seeds"] and r["n"] > 0:
+                lines.append(f"unpaired seeds in '{r['label']}': {r['note']}")
+    for warning in df.attrs.get("warnings", []):
+        lines.append(f"ignored value: {warning}")
+    return lines
+
+
+def _run_facts(df: pd.DataFrame) -> list[tuple[str, str]]:
+    facts = [("trials loaded", str(len(df)))]
+    if df.empty:
+        return facts
+    facts.append(("conditions", ", ".join(stats.ordered_conditions(df["condition"]))))
+    facts.append(("seeds", ", ".join(str(s) for s in sorted(set(df["seed"].astype(int))))))
+    for col in ("preset", "phase1_sha256"):
+        if col not in df.columns:
+            continue
+        values = sorted({str(v) for v in df[col].dropna()})
+        if values:
+            text = ", ".join(values)
+            if col == "phase1_sha256" and len(values) > 1:
+                text += " (WARNING: trials come from different Phase-1 checkpoints)"
+            facts.append((f"{col} (from results)", text))
+    params = []
+    for condition in stats.ordered_conditions(df["condition"]):
+        if "trainable_params" not in df.columns:
+            break
+        rows = df[df["condition"] == condition]
+        tp = rows["trainable_params"].dropna()
+        tf = rows.get("trainable_fraction", pd.Series(dtype=float)).dropna()
+        if tp.size:
+            text = f"{condition}: {int(tp.iloc[0]):,}"
+            if tf.size:
+                text += f" ({100 * float(tf.iloc[0]):.3f}%)"
+            params.append(text)
+    if params:
+        facts.append(("trainable parameters", "; ".join(params)))
+    total = df["train_time_s"].dropna() if "train_time_s" in df.columns else pd.Series([])
+    if total.size:
+        facts.append(("summed Phase-2 train time", f"{float(total.sum()) / 3600:.2f} h"))
+    return facts
+
+
+def _html_page(
+    meta: Mapping[str, Any],
+    facts: Sequence[tuple[str, str]],
+    tables: Sequence[Table],
+    figures: Sequence[FigureResult],
+    figure_data: Mapping[str, bytes],
+    missing: Sequence[str],
+    notes: Sequence[str],
+) -> str:
+    esc = html.escape
+    by_id = {t.id: t for t in tables}
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>PMNet Consolidator reproduction report</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>PMNet Consolidator: reproduction report</h1>",
+        f'<p class="note">Generated {esc(_dt.datetime.now().isoformat(timespec="seconds"))}.</p>',
+        '<h2 id="what-ran">What ran</h2><dl class="meta">',
+    ]
+    for key, value in meta.items():
+        out.append(f"<dt>{esc(str(key))}</dt><dd>{esc(_meta_value(value))}</dd>")
+    for key, value in facts:
+        out.append(f"<dt>{esc(key)}</dt><dd>{esc(value)}</dd>")
+    out.append("</dl>")
+    for note in notes:
+        out.append(f'<p class="note">{esc(note)}</p>')
+    out.append('<h2 id="headline">Headline numbers</h2>')
+    out.append(by_id["tab:headline"].to_html())
+    out.append(f'<p class="note"><strong>Statistics.</strong> {esc(DESCRIPTIVE_NOTE)}</p>')
+    out.append('<h2 id="tables">Tables</h2>')
+    for table in tables:
+        if table.id != "tab:headline":
+            out.append(table.to_html())
+    out.append('<h2 id="figures">Figures</h2>')
+    for fig in figures:
+        if fig.id in figure_data:
+            data = base64.b64encode(figure_data[fig.id]).decode("ascii")
+            out.append(f'<figure id="{esc(fig.id)}">')
+            out.append(f'<img src="data:image/png;base64,{data}" alt="{esc(fig.title)}">')
+            caption = fig.caption + ("" if not fig.notes else " " + "; ".join(fig.notes) + ".")
+            out.append(f"<figcaption><strong>{esc(fig.title)}.</strong> {esc(caption)}"
+                       "</figcaption></figure>")
+        else:
+            out.append(f'<p class="skipped" id="{esc(fig.id)}">Figure skipped: '
+                       f"{esc(fig.title)} ({esc(fig.skipped or 'no data')}).</p>")
+    out.append('<h2 id="missing-results">Missing results</h2>')
+    if missing:
+        out.append("<ul>" + "".join(f"<li>{esc(m)}</li>" for m in missing) + "</ul>")
+    else:
+        out.append("<p>None: every expected trial and key metric is present.</p>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _markdown_page(
+    meta: Mapping[str, Any],
+    facts: Sequence[tuple[str, str]],
+    tables: Sequence[Table],
+    figures: Sequence[FigureResult],
+    figure_files: Mapping[str, str],
+    missing: Sequence[str],
+    notes: Sequence[str],
+) -> str:
+    by_id = {t.id: t for t in tables}
+    out = ["# PMNet Consolidator: reproduction report", "", "## What ran", ""]
+    for key, value in meta.items():
+        out.append(f"- **{key}**: `{_meta_value(value)}`")
+    for key, value in facts:
+        out.append(f"- **{key}**: {value}")
+    out += [""] + [f"> {n}" for n in notes]
+    out += ["", "## Headline numbers", "", by_id["tab:headline"].to_markdown()]
+    out += [f"**Statistics.** {DESCRIPTIVE_NOTE}", "", "## Tables", ""]
+    for table in tables:
+        if table.id != "tab:headline":
+            out += [table.to_markdown()]
+    out += ["## Figures", ""]
+    for fig in figures:
+        if fig.id in figure_files:
+            caption = fig.caption + ("" if not fig.notes else " " + "; ".join(fig.notes) + ".")
+            pdf = Path(figure_files[fig.id]).with_suffix(".pdf").as_posix()
+            out += [f"![{fig.title}]({figure_files[fig.id]})", "",
+                    f"*{fig.title}.* {caption} (PDF: `{pdf}`)", ""]
+        else:
+            out += [f"*Figure skipped: {fig.title} ({fig.skipped or 'no data'}).*", ""]
+    out += ["## Missing results", ""]
+    out += [f"- {m}" for m in missing] if missing else [
+        "None: every expected trial and key metric is present."]
+    return "\n".join(out) + "\n"
+
+
+def build_report(
+    results_dir_or_df: str | os.PathLike[str] | pd.DataFrame,
+    out_dir: str | os.PathLike[str],
+    *,
+    meta: Mapping[str, Any],
+    curves: pd.DataFrame | None = None,
+    paper: stats.PaperReference | str | None = "auto",
+    expected_conditions: Sequence[str] | None = None,
+    expected_seeds: Sequence[int] | None = None,
+) -> dict[str, Path]:
+    """Build the report under ``out_dir``; returns the written paths by name.
+
+    ``results_dir_or_df``: a results directory/file (read with :func:`stats.load_results`;
+    its ``history`` lists become the Phase-2 training curves unless ``curves`` is given) or an
+    already loaded tidy frame. ``meta``: what ran (preset, grid, git commit, phase1_sha256,
+    hardware, wall time, ...); every key is printed. ``meta["grid"]`` (``{"conditions": [...],
+    "seeds": [...]}`` or a list of condition/seed pairs) sets the expected grid for the
+    missing-results section unless ``expected_conditions``/``expected_seeds`` are given; the
+    default is the paper's six conditions over every seed seen (or 42-46). ``paper="auto"``
+    loads the paper's numbers from the spec directory and leaves them out (with a note) when
+    it is absent; ``None`` leaves them out.
+
+    Written (atomically): ``report.html`` (self-contained), ``report.md`` (figures linked),
+    ``tables/<id>.md|.tex`` and ``tables/all_tables.tex``, ``figures/<id>.png|.pdf``,
+    ``data/trials.csv|.parquet``, ``data/summary.csv``, ``data/comparisons.csv``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    if isinstance(results_dir_or_df, pd.DataFrame):
+        df = results_dir_or_df
+    else:
+        df = stats.load_results(results_dir_or_df)
+        if curves is None:
+            curves = stats.load_histories(results_dir_or_df)
+    attrs = dict(df.attrs)
+    derived = stats.add_derived_metrics(df) if not df.empty else df.copy()
+    derived.attrs = attrs
+
+    if isinstance(paper, str):
+        try:
+            paper = stats.load_paper_reference()
+        except (stats.SpecNotFoundError, ValueError) as exc:
+            notes.append(f"The paper's reference numbers are not shown: {exc}")
+            paper = None
+    elif paper is None:
+        notes.append("The paper's reference numbers are not shown (disabled).")
+
+    grid_conditions, grid_seeds = _grid_from_meta(meta)
+    seeds = list(expected_seeds or grid_seeds or stats.expected_seed_set(df))
+    conditions = list(expected_conditions or grid_conditions or CONDITIONS)
+    comparisons = stats.compare_all(derived, expected_seeds=seeds)
+    tables = build_tables(derived, paper, comparisons, seeds)
+    figures = make_figures(derived, curves)
+    missing = missing_results(derived, conditions, seeds, comparisons)
+
+    paths: dict[str, Path] = {}
+    fig_dir = out / "figures"
+    figure_png: dict[str, bytes] = {}
+    figure_files: dict[str, str] = {}
+    for fig in figures:
+        if fig.figure is None:
+            continue
+        saved = save_figure(fig, fig_dir)
+        paths[f"{fig.id}.png"] = saved["png"]
+        paths[f"{fig.id}.pdf"] = saved["pdf"]
+        figure_png[fig.id] = saved["png"].read_bytes()
+        figure_files[fig.id] = f"figures/{fig.id}.png"
+
+    table_dir = out / "tables"
+    for table in tables:
+        stem = table.id.replace(":", "-")
+        paths[f"{stem}.md"] = stats.atomic_write_text(table_dir / f"{stem}.md", table.to_markdown())
+        paths[f"{stem}.tex"] = stats.atomic_write_text(table_dir / f"{stem}.tex", table.to_latex())
+    paths["all_tables.tex"] = stats.atomic_write_text(
+        table_dir / "all_tables.tex",
+        "% generated by pmnet.report; needs booktabs\n" + "\n".join(t.to_latex() for t in tables),
+    )
+
+    data_dir = out / "data"
+    tidy = stats.write_tidy(df, data_dir)
+    paths["trials.csv"], paths["trials.parquet"] = tidy["csv"], tidy["parquet"]
+    paths["summary.csv"] = stats.atomic_write_text(
+        data_dir / "summary.csv", stats.summarize(derived).to_csv(index=False)
+    )
+    flat = comparisons.copy()
+    for col in ("seeds", "missing_seeds"):
+        if col in flat.columns:
+            flat[col] = flat[col].map(lambda v: " ".join(str(s) for s in v))
+    paths["comparisons.csv"] = stats.atomic_write_text(
+        data_dir / "comparisons.csv", flat.to_csv(index=False)
+    )
+
+    facts = _run_facts(df)
+    paths["markdown"] = stats.atomic_write_text(
+        out / "report.md",
+        _markdown_page(meta, facts, tables, figures, figure_files, missing, notes),
+    )
+    paths["html"] = stats.atomic_write_text(
+        out / "report.html",
+        _html_page(meta, facts, tables, figures, figure_png, missing, notes),
+    )
+    for fig in figures:
+        if fig.figure is not None:
+            fig.figure.clear()
+    return paths
+
+
+#: Run-directory JSON files whose keys go into the report's "What ran" section (first wins
+#: per key), and files nested under their own key.
+_META_FILES = ("pipeline.json", "meta.json", "run.json", "manifest.json")
+_NESTED_META_FILES = {"timing.json": "timing", "phase1/stage1.json": "phase1"}
+
+
+def _read_json_dict(path: Path) -> dict[str, Any] | None:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def _collect_curves(run_dir: Path, results: Path, report_dir: Path) -> pd.DataFrame | None:
+    """Phase-2 curves from the result histories; other phases from ``metrics*.csv`` files.
+
+    A CSV under ``trials/<condition>-s<seed>/`` is a Phase-2 trial log: it is used (with its
+    condition and seed) only when the result files carry no history.
+    """
+    frames = []
+    histories = stats.load_histories(results)
+    if not histories.empty:
+        frames.append(histories)
+    for csv in sorted(run_dir.rglob("metrics*.csv")):
+        if report_dir in csv.parents or results in csv.parents:
+            continue
+        parts = csv.relative_to(run_dir).parts
+        trial = None
+        if "trials" in parts:
+            if not histories.empty:
+                continue
+            names = [p for p in parts if re.fullmatch(r".+-s\d+", p)]
+            trial = re.fullmatch(r"(.+)-s(\d+)", names[0]) if names else None
+        try:
+            curves = stats.curves_from_metrics_csv(csv, "phase2" if "trials" in parts else None)
+        except (OSError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
+            continue
+        if trial is not None:
+            curves["condition"], curves["seed"] = trial.group(1), int(trial.group(2))
+        frames.append(curves)
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def main_report(
+    run_dir: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None
+) -> dict[str, Path]:
+    """Report for a pipeline run: ``RUN_DIR/results/*.json`` -> ``RUN_DIR/report/``.
+
+    "What ran" merges ``run_dir`` with the keys of ``RUN_DIR/pipeline.json`` (and of
+    ``meta.json``/``run.json``/``manifest.json`` if present), ``timing.json`` under
+    ``timing`` and ``phase1/stage1.json`` under ``phase1``; ``meta`` overrides them. Training
+    curves come from the result histories and any ``metrics*.csv`` under the run directory
+    (phase from a ``phaseN`` path component).
+    """
+    run = Path(run_dir)
+    results = run / "results"
+    if not results.is_dir():
+        raise FileNotFoundError(f"no results directory at {results} (expected RESULTS/*.json)")
+    merged: dict[str, Any] = {"run_dir": str(run.resolve())}
+    for name in _META_FILES:
+        loaded = _read_json_dict(run / name)
+        if loaded is not None:
+            for key, value in loaded.items():
+                merged.setdefault(key, value)
+    for name, key in _NESTED_META_FILES.items():
+        loaded = _read_json_dict(run / name)
+        if loaded is not None and key not in merged:
+            merged[key] = loaded
+    merged.update(meta or {})
+    report_dir = run / "report"
+    curves = _collect_curves(run, results, report_dir)
+    return build_report(results, report_dir, meta=merged, curves=curves)

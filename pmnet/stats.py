@@ -1,0 +1,990 @@
+"""Statistics over Phase-2 trial results (paper Section 6.3 "Metrics and statistics").
+
+Every Phase-2 trial writes one JSON file (condition, seed, provenance, ``val``/``test`` metric
+dicts, ``history``). This module turns those files into a tidy per-trial table and computes
+what the paper reports from it:
+
+* mean +- sample SD (ddof=1) over seeds per condition and metric (:func:`summarize`);
+* paired-by-seed differences with a t-distribution 95% CI, a paired t-test, the effect size
+  d_z and Holm-corrected p values over the paper's family of comparisons
+  (:func:`paired_comparison`, :data:`COMPARISONS`, :func:`compare_all`).
+
+A paired comparison never drops a seed silently: a seed present on only one side is named in
+the ``note`` and ``missing_seeds`` columns, and degenerate cases (fewer than two paired seeds,
+all differences equal) carry an explicit note instead of a silent NaN.
+
+The paper's own numbers (``paper-aggregates.csv`` and ``paper-per-seed.csv`` in the spec
+directory) can be loaded (:func:`paper_aggregates`, :func:`paper_per_seed`) and the per-seed
+numbers pivoted into the same layout as :func:`load_results`
+(:func:`per_seed_frame_from_paper`), so the paper's values go through the same statistics.
+The spec directory is ``$PMNET_SPEC_DIR`` or ``<repo root>/../shared/spec``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.weightstats import DescrStatsW
+
+# ------------------------------------------------------------------------------------------
+# vocabulary
+# ------------------------------------------------------------------------------------------
+
+CONDITIONS: tuple[str, ...] = (
+    "learned_full",
+    "identity_full",
+    "consolidator_only",
+    "consolidator_only_routing_off",
+    "memory_consolidator",
+    "learned_full_dual",
+)
+CONDITION_LABELS: dict[str, str] = {
+    "learned_full": "Learned full",
+    "identity_full": "Identity full",
+    "consolidator_only": "Consolidator only",
+    "consolidator_only_routing_off": "Consolidator only, routing off",
+    "memory_consolidator": "Memory + Consolidator",
+    "learned_full_dual": "Learned full, dual objective",
+}
+#: Phase-2 seeds of the paper (Appendix "Hyperparameters and Architecture").
+PAPER_SEEDS: tuple[int, ...] = (42, 43, 44, 45, 46)
+
+#: Per-trial provenance columns of the tidy table, in order.
+META_COLUMNS: tuple[str, ...] = (
+    "condition",
+    "seed",
+    "preset",
+    "phase1_sha256",
+    "best_epoch",
+    "trainable_params",
+    "total_params",
+    "trainable_fraction",
+    "train_time_s",
+)
+_STRING_META = ("preset", "phase1_sha256")
+_NUMERIC_META = tuple(c for c in META_COLUMNS[2:] if c not in _STRING_META)
+#: Numeric columns that describe the run rather than measure it (never summarised).
+_NOT_METRICS = frozenset({"seed", "trainable_params", "total_params", "trainable_fraction"})
+
+#: Test metrics in the order tables and CSVs show them; unknown metrics follow sorted.
+KNOWN_METRICS: tuple[str, ...] = (
+    "updated_ltm",
+    "initial_ltm",
+    "forced_identity",
+    "forced_identity_initial",
+    "alternative_mode",
+    "fresh_ltm",
+    "mismatched_ltm",
+    "mismatched_donor_follow",
+    "seg1_stm",
+    "seg2_stm",
+    "mean_stm",
+    "dual",
+)
+
+_FAILED_STATUSES = frozenset({"failed", "failure", "error", "crashed", "killed", "oom"})
+_EQUAL_TOL = 1e-9
+
+
+def condition_label(condition: str) -> str:
+    """Display name of a condition (the paper's wording), or the raw name if unknown."""
+    return CONDITION_LABELS.get(condition, condition)
+
+
+def ordered_conditions(names: Iterable[str]) -> list[str]:
+    """The paper's condition order first, then unknown names sorted."""
+    present = set(names)
+    known = [c for c in CONDITIONS if c in present]
+    return known + sorted(present - set(CONDITIONS))
+
+
+# ------------------------------------------------------------------------------------------
+# atomic writes
+# ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically.
+
+    The temporary file lives in the same directory (same filesystem), so ``os.replace`` is
+    atomic: readers see either the old file or the complete new one, never a partial write.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temporary file + fsync + ``os.replace``)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# ------------------------------------------------------------------------------------------
+# loading trial results
+# ------------------------------------------------------------------------------------------
+
+
+def _result_paths(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> list[Path]:
+    if isinstance(paths_or_dir, (str, os.PathLike)):
+        p = Path(paths_or_dir)
+        if p.is_dir():
+            return sorted(p.glob("*.json"))
+        if p.is_file():
+            return [p]
+        raise FileNotFoundError(f"no results directory or result file at {p}")
+    return [Path(x) for x in paths_or_dir]
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read result file {path}: {exc}") from exc
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"malformed JSON in result file {path}: {exc.msg} "
+            f"(line {exc.lineno}, column {exc.colno})"
+        ) from exc
+    if not isinstance(obj, dict):
+        raise ValueError(
+            f"result file {path}: the top level must be a JSON object, "
+            f"got {type(obj).__name__}"
+        )
+    return obj
+
+
+def _scalar(value: Any) -> float | None:
+    """A JSON scalar as float (None -> NaN); None when it is not a number at all."""
+    if value is None:
+        return math.nan
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def _flatten_metrics(
+    block: Any, path: Path, section: str, warnings: list[str], prefix: str = ""
+) -> dict[str, float]:
+    if block is None:
+        return {}
+    if not isinstance(block, Mapping):
+        raise ValueError(
+            f"result file {path}: '{section}' must be a JSON object of metrics, "
+            f"got {type(block).__name__}"
+        )
+    out: dict[str, float] = {}
+    for key, value in block.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten_metrics(value, path, section, warnings, prefix=f"{name}_"))
+            continue
+        num = _scalar(value)
+        if num is None:
+            warnings.append(
+                f"{path.name}: {section}.{name} is not a number ({type(value).__name__}); ignored"
+            )
+            continue
+        out[name] = num
+    return out
+
+
+def _parse_seed(value: Any, path: Path) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"result file {path}: 'seed' must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    raise ValueError(f"result file {path}: 'seed' must be an integer, got {value!r}")
+
+
+def _metric_order(names: Iterable[str]) -> list[str]:
+    names = set(names)
+    rank = {m: i for i, m in enumerate(KNOWN_METRICS)}
+
+    def key(name: str) -> tuple[int, int, str]:
+        # base metrics in the known order, each followed by its variants (_add10, ...)
+        for i, base in enumerate(KNOWN_METRICS):
+            if name == base:
+                return (i, 0, "")
+            if name.startswith(base + "_"):
+                return (i, 1, name)
+        if name.startswith("loss"):
+            return (len(rank) + 1, 0, name)
+        return (len(rank), 0, name)
+
+    return sorted(names, key=key)
+
+
+def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.DataFrame:
+    """Load Phase-2 trial result JSON files into a tidy per-trial table.
+
+    ``paths_or_dir`` is a directory (every ``*.json`` in it), one file, or an iterable of
+    files. The result has one row per (condition, seed) with the columns of
+    :data:`META_COLUMNS`, ``source_file``, every ``test`` metric as its own column (nested
+    objects are flattened with ``_``) and every ``val`` metric as ``val_<name>``.
+
+    A file that is not valid JSON, not an object, or lacks a usable ``condition``/``seed``
+    raises ``ValueError`` naming the file; so does a second file for the same
+    (condition, seed). A file whose ``status`` says it failed is not a row: it is recorded in
+    ``df.attrs["failed"]`` (file, condition, seed, error) for the report's missing-results
+    section. Non-numeric metric values are ignored and listed in ``df.attrs["warnings"]``.
+    """
+    rows: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    seen: dict[tuple[str, int], Path] = {}
+    test_names: set[str] = set()
+    val_names: set[str] = set()
+    for path in _result_paths(paths_or_dir):
+        obj = _read_json_object(path)
+        condition = obj.get("condition")
+        if not isinstance(condition, str) or not condition.strip():
+            raise ValueError(f"result file {path}: missing or invalid 'condition' ({condition!r})")
+        if "seed" not in obj:
+            raise ValueError(f"result file {path}: missing 'seed'")
+        seed = _parse_seed(obj["seed"], path)
+        status = obj.get("status")
+        if isinstance(status, str) and status.strip().lower() in _FAILED_STATUSES:
+            failed.append(
+                {
+                    "file": path.name,
+                    "condition": condition,
+                    "seed": seed,
+                    "error": str(obj.get("error") or obj.get("message") or status),
+                }
+            )
+            continue
+        key = (condition, seed)
+        if key in seen:
+            raise ValueError(
+                f"duplicate result for condition {condition!r} seed {seed}: "
+                f"{seen[key]} and {path}"
+            )
+        seen[key] = path
+        row: dict[str, Any] = {"condition": condition, "seed": seed, "source_file": path.name}
+        for name in _STRING_META:
+            value = obj.get(name)
+            row[name] = None if value is None else str(value)
+        for name in _NUMERIC_META:
+            num = _scalar(obj.get(name))
+            if num is None:
+                warnings.append(f"{path.name}: {name} is not a number; ignored")
+                num = math.nan
+            row[name] = num
+        test = _flatten_metrics(obj.get("test"), path, "test", warnings)
+        val = _flatten_metrics(obj.get("val"), path, "val", warnings)
+        test_names.update(test)
+        val_names.update(val)
+        row.update(test)
+        row.update({f"val_{k}": v for k, v in val.items()})
+        rows.append(row)
+
+    columns = list(META_COLUMNS) + ["source_file"]
+    columns += [m for m in _metric_order(test_names) if m not in columns]
+    columns += [f"val_{m}" for m in _metric_order(val_names)]
+    df = pd.DataFrame(rows, columns=columns)
+    df["seed"] = df["seed"].astype("int64")
+    for name in df.columns:
+        if name not in ("condition", "seed", "source_file") + _STRING_META:
+            df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
+    df = _sort_trials(df)
+    df.attrs["failed"] = failed
+    df.attrs["warnings"] = warnings
+    return df
+
+
+def _sort_trials(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty:
+        return df.reset_index(drop=True)
+    order = {c: i for i, c in enumerate(ordered_conditions(df["condition"]))}
+    key = df["condition"].map(order)
+    return (
+        df.assign(_order=key)
+        .sort_values(["_order", "seed"], kind="stable")
+        .drop(columns="_order")
+        .reset_index(drop=True)
+    )
+
+
+def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.DataFrame:
+    """Training curves from the ``history`` lists of result files, in long form.
+
+    Columns: phase, condition, seed, epoch, step, metric, value. ``phase`` is the file's
+    ``phase`` key when present, else ``"phase2"`` (result files are Phase-2 trials). Files
+    that fail to parse raise like :func:`load_results`; non-numeric entries are skipped.
+    """
+    records: list[dict[str, Any]] = []
+    for path in _result_paths(paths_or_dir):
+        obj = _read_json_object(path)
+        history = obj.get("history")
+        if not isinstance(history, list):
+            continue
+        phase = str(obj.get("phase") or "phase2")
+        condition = obj.get("condition")
+        seed = obj.get("seed")
+        for i, entry in enumerate(history):
+            if not isinstance(entry, Mapping):
+                continue
+            epoch = _scalar(entry.get("epoch"))
+            step = _scalar(entry.get("step"))
+            for key, value in entry.items():
+                if key in ("epoch", "step"):
+                    continue
+                num = _scalar(value)
+                if num is None or math.isnan(num):
+                    continue
+                records.append(
+                    {
+                        "phase": phase,
+                        "condition": condition,
+                        "seed": seed,
+                        "epoch": float(i) if epoch is None or math.isnan(epoch) else epoch,
+                        "step": math.nan if step is None else step,
+                        "metric": str(key),
+                        "value": num,
+                    }
+                )
+    cols = ["phase", "condition", "seed", "epoch", "step", "metric", "value"]
+    return pd.DataFrame(records, columns=cols)
+
+
+def curves_from_metrics_csv(path: str | os.PathLike[str], phase: str | None = None) -> pd.DataFrame:
+    """A metrics CSV as long (phase, epoch, step, metric, value) rows.
+
+    Accepts either a long CSV (columns ``metric`` and ``value``) or a wide one with one column
+    per metric (Lightning's CSVLogger layout: ``epoch``, ``step``, ``train/loss``, ...).
+    """
+    path = Path(path)
+    raw = pd.read_csv(path)
+    if phase is None:
+        found = re.search(r"phase[-_]?(\d+)", str(path), flags=re.IGNORECASE)
+        phase = f"phase{found.group(1)}" if found else path.stem
+    if {"metric", "value"} <= set(raw.columns):
+        out = raw.copy()
+        if "phase" not in out.columns:
+            out["phase"] = phase
+    else:
+        ids = [c for c in ("epoch", "step", "condition", "seed") if c in raw.columns]
+        out = raw.melt(id_vars=ids, var_name="metric", value_name="value")
+        out["phase"] = phase
+    out["value"] = pd.to_numeric(out["value"], errors="coerce")
+    return out.dropna(subset=["value"]).reset_index(drop=True)
+
+
+def write_tidy(df: pd.DataFrame, out_dir: str | os.PathLike[str], stem: str = "trials") -> dict:
+    """Write the tidy table as ``<stem>.csv`` and ``<stem>.parquet`` (atomic writes)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plain = pd.DataFrame(df)
+    plain.attrs = {}
+    csv_path = atomic_write_text(out / f"{stem}.csv", plain.to_csv(index=False))
+    parquet_path = out / f"{stem}.parquet"
+    with atomic_path(parquet_path) as tmp:
+        plain.to_parquet(tmp, index=False)
+    return {"csv": csv_path, "parquet": parquet_path}
+
+
+def add_derived_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    """Fill metrics that are defined in terms of others, where a trial did not report them.
+
+    * ``dual`` = mean(``updated_ltm``, ``mean_stm``) (the paper's "test dual");
+    * ``alternative_mode`` = ``forced_identity`` for learned conditions (every condition but
+      ``identity_full``, whose alternative mode is its frozen learned path).
+
+    Reported values are never overwritten. Returns a copy.
+    """
+    out = df.copy()
+    if {"updated_ltm", "mean_stm"} <= set(out.columns):
+        derived = (out["updated_ltm"] + out["mean_stm"]) / 2.0
+        out["dual"] = out["dual"].fillna(derived) if "dual" in out.columns else derived
+    if "forced_identity" in out.columns:
+        learned = out["condition"] != "identity_full"
+        fill = out["forced_identity"].where(learned)
+        if "alternative_mode" in out.columns:
+            out["alternative_mode"] = out["alternative_mode"].fillna(fill)
+        else:
+            out["alternative_mode"] = fill
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# summaries and paired comparisons
+# ------------------------------------------------------------------------------------------
+
+
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    """Numeric measurement columns of a tidy table (test metrics, val_*, best_epoch, time)."""
+    out = []
+    for name in df.columns:
+        if name in _NOT_METRICS or name in ("condition", "source_file") + _STRING_META:
+            continue
+        if pd.api.types.is_numeric_dtype(df[name]):
+            out.append(name)
+    return out
+
+
+def seed_values(df: pd.DataFrame, condition: str, metric: str) -> pd.Series:
+    """The non-missing values of ``metric`` for ``condition``, indexed by seed."""
+    if df.empty or metric not in df.columns:
+        return pd.Series(dtype="float64", name=metric)
+    rows = df[df["condition"] == condition]
+    values = pd.to_numeric(rows[metric], errors="coerce")
+    values.index = rows["seed"].astype("int64").to_numpy()
+    return values.dropna().sort_index()
+
+
+def summarize(df: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per condition and metric: n (non-missing seeds), mean and sample SD (ddof=1).
+
+    SD is NaN when n < 2. Metrics without any value for a condition are omitted.
+    """
+    metrics = list(metrics) if metrics is not None else metric_columns(df)
+    rows = []
+    conditions = ordered_conditions(df["condition"]) if not df.empty else []
+    for condition in conditions:
+        for metric in metrics:
+            values = seed_values(df, condition, metric)
+            n = int(values.size)
+            if n == 0:
+                continue
+            rows.append(
+                {
+                    "condition": condition,
+                    "metric": metric,
+                    "n": n,
+                    "mean": float(values.mean()),
+                    "sd": float(values.std(ddof=1)) if n > 1 else math.nan,
+                }
+            )
+    return pd.DataFrame(rows, columns=["condition", "metric", "n", "mean", "sd"])
+
+
+def _seed_word(seeds: Sequence[int]) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(str(s) for s in seeds)
+
+
+def paired_comparison(
+    df: pd.DataFrame,
+    cond_a: str,
+    metric_a: str,
+    cond_b: str,
+    metric_b: str,
+    label: str | None = None,
+    *,
+    paper_table: str | None = None,
+    expected_seeds: Iterable[int] | None = None,
+    remark: str | None = None,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
+    """Paired-by-seed difference ``(cond_a, metric_a) - (cond_b, metric_b)``.
+
+    Seeds are inner-joined; every seed seen on either side (or listed in ``expected_seeds``)
+    that is not paired is listed in ``missing_seeds`` and in ``note``
+    (``"seed 45 missing in consolidator_only_routing_off; n=4"``).
+
+    Returns n, paired seeds, mean and SD of each side over the paired seeds, mean and sample SD
+    of the differences, the t-distribution ``1 - alpha`` CI of the mean difference, the paired
+    t statistic, its two-sided p value (statsmodels ``DescrStatsW``), the effect size
+    d_z = mean / SD, and ``note``. With fewer than two paired seeds, or all differences equal
+    (SD = 0), t, p and the CI are NaN and the note says why.
+    """
+    label = label or f"{cond_a}:{metric_a} - {cond_b}:{metric_b}"
+    sides = []
+    for condition, metric in ((cond_a, metric_a), (cond_b, metric_b)):
+        present: set[int] = set()
+        if not df.empty:
+            present = set(df.loc[df["condition"] == condition, "seed"].astype(int))
+        sides.append((condition, metric, present, seed_values(df, condition, metric)))
+    (_, _, present_a, values_a), (_, _, present_b, values_b) = sides
+    paired = sorted(set(values_a.index) & set(values_b.index))
+    candidates = present_a | present_b | set(expected_seeds or ())
+    unpaired = sorted(candidates - set(paired))
+
+    # why each unpaired seed is unpaired, grouped by reason (order: side a, side b)
+    reasons: dict[str, list[int]] = {}
+    for seed in unpaired:
+        for condition, metric, present, values in sides:
+            if seed not in present:
+                reason = f"missing in {condition}"
+            elif seed not in values.index:
+                reason = f"without {metric} in {condition}"
+            else:
+                continue
+            if seed not in reasons.setdefault(reason, []):
+                reasons[reason].append(seed)
+    notes = []
+    for reason, seeds in reasons.items():
+        condition = reason.rsplit(" in ", 1)[1]
+        present = present_a if condition == cond_a else present_b
+        if not present:
+            notes.append(f"no results for {condition} ({_seed_word(seeds)})")
+            continue
+        if reason.startswith("without ") and set(seeds) == present:
+            # the metric is absent from every trial of that condition: say so once
+            metric = reason[len("without ") :].rsplit(" in ", 1)[0]
+            notes.append(f"{metric} not reported by {condition} ({_seed_word(seeds)})")
+        else:
+            notes.append(f"{_seed_word(seeds)} {reason}")
+    head = []
+    for condition, present in ((cond_a, present_a), (cond_b, present_b)):
+        said = any(n.startswith(f"no results for {condition}") for n in notes + head)
+        if not present and not said:
+            head.append(f"no results for {condition}")
+    notes = head + notes
+
+    n = len(paired)
+    a = values_a.loc[paired].to_numpy(dtype=float) if n else np.array([])
+    b = values_b.loc[paired].to_numpy(dtype=float) if n else np.array([])
+    diffs = a - b
+    nan = math.nan
+    result: dict[str, Any] = {
+        "label": label,
+        "paper_table": paper_table,
+        "cond_a": cond_a,
+        "metric_a": metric_a,
+        "cond_b": cond_b,
+        "metric_b": metric_b,
+        "n": n,
+        "seeds": list(paired),
+        "missing_seeds": list(unpaired),
+        "mean_a": float(a.mean()) if n else nan,
+        "sd_a": float(a.std(ddof=1)) if n > 1 else nan,
+        "mean_b": float(b.mean()) if n else nan,
+        "sd_b": float(b.std(ddof=1)) if n > 1 else nan,
+        "mean_diff": float(diffs.mean()) if n else nan,
+        "sd_diff": nan,
+        "ci_low": nan,
+        "ci_high": nan,
+        "t": nan,
+        "df": n - 1 if n > 1 else nan,
+        "p": nan,
+        "d_z": nan,
+        "note": "",
+    }
+    if notes:
+        notes.append(f"n={n}")
+    if n == 0:
+        notes.append("no paired seeds; nothing to compare")
+    elif n == 1:
+        notes.append("fewer than 2 paired seeds (n=1); SD, CI and t-test undefined")
+    else:
+        mean = float(diffs.mean())
+        if float(np.ptp(diffs)) <= _EQUAL_TOL * max(1.0, abs(mean)):
+            result["sd_diff"] = 0.0
+            notes.append(f"all paired differences equal ({mean:+.2f}); t-test undefined")
+        else:
+            stats = DescrStatsW(diffs)
+            t_stat, p_value, _ = stats.ttest_mean(0.0)
+            low, high = stats.tconfint_mean(alpha=alpha)
+            sd = float(diffs.std(ddof=1))
+            result.update(
+                sd_diff=sd,
+                ci_low=float(low),
+                ci_high=float(high),
+                t=float(t_stat),
+                p=float(p_value),
+                d_z=mean / sd,
+            )
+    if remark:
+        notes.append(remark)
+    result["note"] = "; ".join(notes)
+    return result
+
+
+class Comparison(NamedTuple):
+    """One paired comparison of the paper's family: ``(cond_a, metric_a) - (cond_b, metric_b)``."""
+
+    label: str
+    cond_a: str
+    metric_a: str
+    cond_b: str
+    metric_b: str
+    paper_table: str
+
+
+def _build_comparisons() -> tuple[Comparison, ...]:
+    on, off = "consolidator_only", "consolidator_only_routing_off"
+    out = [
+        Comparison(f"routing on - off: {m}", on, m, off, m, table)
+        for m, table in (
+            ("updated_ltm", "tab:direct-ltm-routing"),
+            ("updated_ltm_add10", "tab:routing-rule-family"),
+            ("updated_ltm_affine10", "tab:routing-rule-family"),
+            ("seg2_stm", "tab:direct-ltm-routing"),
+        )
+    ]
+    out += [
+        Comparison(
+            "learned - forced identity, routing on: updated_ltm",
+            on, "updated_ltm", on, "forced_identity", "tab:same-address-update",
+        ),
+        Comparison(
+            "learned - forced identity, routing off: updated_ltm",
+            off, "updated_ltm", off, "forced_identity", "tab:direct-ltm-routing",
+        ),
+        Comparison(
+            "learned_full - identity_full: updated_ltm",
+            "learned_full", "updated_ltm", "identity_full", "updated_ltm",
+            "sec:core-parameter-isolation",
+        ),
+    ]
+    out += [
+        Comparison(
+            f"dual - LTM only: {m}", "learned_full_dual", m, "learned_full", m,
+            "tab:dual-objective-aggregate",
+        )
+        for m in ("updated_ltm", "mean_stm", "seg2_stm")
+    ]
+    for control, name in (("mismatched_ltm", "mismatched"), ("fresh_ltm", "fresh")):
+        out += [
+            Comparison(
+                f"correct - {name} LTM: {c}", c, "updated_ltm", c, control,
+                "sec:recall-requires-the-correct-latent-experience",
+            )
+            for c in CONDITIONS
+        ]
+    out += [
+        Comparison(
+            f"recall - output-set baseline: {c}", c, "updated_ltm", c, "updated_ltm_baseline",
+            "ours:shortcut-diagnostics",
+        )
+        for c in CONDITIONS
+    ]
+    return tuple(out)
+
+
+#: The paper's family of paired comparisons (Holm correction runs over all of them).
+COMPARISONS: tuple[Comparison, ...] = _build_comparisons()
+
+#: Extra context appended to a comparison's note.
+COMPARISON_REMARKS: dict[str, str] = {
+    "learned_full - identity_full: updated_ltm": (
+        "independently trained runs (the paper calls them unpaired); differences paired by seed"
+    ),
+    **{
+        f"dual - LTM only: {m}": (
+            "independently optimized objectives; paired by seed and data stream"
+        )
+        for m in ("updated_ltm", "mean_stm", "seg2_stm")
+    },
+    **{
+        f"routing on - off: {m}": "separately trained Consolidators from one Phase-1 checkpoint"
+        for m in ("updated_ltm", "updated_ltm_add10", "updated_ltm_affine10", "seg2_stm")
+    },
+}
+
+
+def expected_seed_set(df: pd.DataFrame) -> list[int]:
+    """Every seed seen in ``df`` (or the paper's seeds when ``df`` is empty)."""
+    if df.empty:
+        return list(PAPER_SEEDS)
+    return sorted(set(df["seed"].astype(int)))
+
+
+def compare_all(
+    df: pd.DataFrame,
+    comparisons: Sequence[Comparison] | None = None,
+    *,
+    expected_seeds: Iterable[int] | None = None,
+    alpha: float = 0.05,
+) -> pd.DataFrame:
+    """Every comparison of the family (default :data:`COMPARISONS`), one row each.
+
+    ``expected_seeds`` defaults to every seed in ``df``, so a seed that ran for some condition
+    but is absent from both sides of a comparison is still named in its note. ``p_holm`` is
+    the Holm step-down adjusted p over the comparisons whose p is defined (``holm_m`` of
+    them); undefined p values stay NaN and are not counted.
+    """
+    comparisons = COMPARISONS if comparisons is None else comparisons
+    seeds = expected_seed_set(df) if expected_seeds is None else list(expected_seeds)
+    rows = [
+        paired_comparison(
+            df,
+            c.cond_a,
+            c.metric_a,
+            c.cond_b,
+            c.metric_b,
+            c.label,
+            paper_table=c.paper_table,
+            expected_seeds=seeds,
+            remark=COMPARISON_REMARKS.get(c.label),
+            alpha=alpha,
+        )
+        for c in comparisons
+    ]
+    out = pd.DataFrame(rows)
+    if out.empty:
+        out = pd.DataFrame(columns=["label", "p", "p_holm", "holm_m"])
+        return out
+    p = out["p"].to_numpy(dtype=float)
+    finite = np.isfinite(p)
+    holm = np.full(p.shape, np.nan)
+    if finite.any():
+        holm[finite] = multipletests(p[finite], method="holm")[1]
+    out["p_holm"] = holm
+    out["holm_m"] = int(finite.sum())
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# the paper's numbers
+# ------------------------------------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SpecNotFoundError(FileNotFoundError):
+    """The spec directory (paper CSVs) could not be found."""
+
+
+def spec_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    """The spec directory: ``path``, else ``$PMNET_SPEC_DIR``, else ``<repo>/../shared/spec``."""
+    if path is not None:
+        found, origin = Path(path), "the given path"
+    elif os.environ.get("PMNET_SPEC_DIR"):
+        found, origin = Path(os.environ["PMNET_SPEC_DIR"]), "$PMNET_SPEC_DIR"
+    else:
+        found, origin = REPO_ROOT.parent / "shared" / "spec", "the default <repo>/../shared/spec"
+    if not found.is_dir():
+        raise SpecNotFoundError(
+            f"spec directory not found at {found} ({origin}); set PMNET_SPEC_DIR to the folder "
+            "holding paper-aggregates.csv and paper-per-seed.csv"
+        )
+    return found
+
+
+def _spec_csv(name: str, spec: str | os.PathLike[str] | None, required: Sequence[str]):
+    path = spec_dir(spec) / name
+    if not path.is_file():
+        raise SpecNotFoundError(f"{name} not found in the spec directory {path.parent}")
+    frame = pd.read_csv(path)
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}")
+    return frame
+
+
+def paper_aggregates(spec: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """The paper's printed aggregates (``paper-aggregates.csv``), numeric columns as float."""
+    frame = _spec_csv(
+        "paper-aggregates.csv",
+        spec,
+        ["comparison_or_condition", "metric", "mean", "sd", "ci_low", "ci_high", "p",
+         "paper_table"],
+    )
+    for name in ("mean", "sd", "ci_low", "ci_high", "p"):
+        frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
+    return frame
+
+
+def paper_per_seed(spec: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """The paper's per-seed values (``paper-per-seed.csv``) in long form."""
+    frame = _spec_csv(
+        "paper-per-seed.csv", spec, ["condition", "seed", "metric", "value", "paper_table"]
+    )
+    frame["seed"] = frame["seed"].astype("int64")
+    frame["value"] = pd.to_numeric(frame["value"], errors="coerce").astype("float64")
+    return frame
+
+
+#: paper-per-seed.csv metric names that differ from the result-JSON names.
+PAPER_METRIC_RENAMES: dict[str, str] = {"test_dual": "dual"}
+
+
+def per_seed_frame_from_paper(df_long: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Pivot paper-per-seed rows into the wide layout of :func:`load_results`.
+
+    One row per (condition, seed); ``test_dual`` becomes ``dual`` (the test metric) and
+    ``val_dual`` stays ``val_dual``. ``preset`` is ``"paper"``. Defaults to
+    :func:`paper_per_seed`.
+    """
+    long = paper_per_seed() if df_long is None else df_long.copy()
+    long["metric"] = long["metric"].replace(PAPER_METRIC_RENAMES)
+    dup = long.duplicated(["condition", "seed", "metric"], keep=False)
+    if dup.any():
+        first = long[dup].iloc[0]
+        raise ValueError(
+            f"paper per-seed table has duplicate values for "
+            f"{first['condition']} seed {first['seed']} {first['metric']}"
+        )
+    wide = long.pivot(index=["condition", "seed"], columns="metric", values="value")
+    wide.columns.name = None
+    wide = wide.reset_index()
+    wide["seed"] = wide["seed"].astype("int64")
+    wide.insert(2, "preset", "paper")
+    metrics = [c for c in wide.columns if c not in ("condition", "seed", "preset")]
+    head = ["condition", "seed", "preset"] + [c for c in ("best_epoch",) if c in metrics]
+    rest = [m for m in _metric_order(set(metrics) - set(head)) if not m.startswith("val_")]
+    vals = sorted(m for m in metrics if m.startswith("val_"))
+    return _sort_trials(wide[head + rest + vals])
+
+
+def _paper_row_keys() -> dict[tuple[str, str], tuple[str, ...]]:
+    keys: dict[tuple[str, str], tuple[str, ...]] = {
+        ("consolidator_only routing on - off (paired)", "updated_ltm"): (
+            "cmp", "routing on - off: updated_ltm"),
+        ("consolidator_only_routing_off learned - identity (paired)", "updated_ltm"): (
+            "cmp", "learned - forced identity, routing off: updated_ltm"),
+        ("consolidator_only learned - identity (paired)", "updated_ltm"): (
+            "cmp", "learned - forced identity, routing on: updated_ltm"),
+        ("learned_full - identity_full (unpaired runs)", "updated_ltm"): (
+            "cmp", "learned_full - identity_full: updated_ltm"),
+        ("consolidator_only forced identity", "initial_ltm"): (
+            "cond", "consolidator_only", "forced_identity_initial"),
+        ("consolidator_only forced identity", "updated_ltm"): (
+            "cond", "consolidator_only", "forced_identity"),
+    }
+    for m in ("updated_ltm_add10", "updated_ltm_affine10"):
+        keys[("consolidator_only on - off (paired)", m)] = ("cmp", f"routing on - off: {m}")
+    for m in ("initial_ltm", "updated_ltm"):
+        keys[("consolidator_only learned", m)] = ("cond", "consolidator_only", m)
+    for m in ("updated_ltm", "mean_stm", "seg2_stm"):
+        keys[("learned_full_dual - learned_full (paired)", m)] = ("cmp", f"dual - LTM only: {m}")
+    return keys
+
+
+#: (row of paper-aggregates.csv, metric) -> ("cond", condition, metric) or ("cmp", label).
+PAPER_AGGREGATE_KEYS = _paper_row_keys()
+
+
+def paper_aggregate_key(row_name: str, metric: str) -> tuple[str, ...] | None:
+    """Where a paper-aggregates.csv row belongs: a condition cell or a comparison label."""
+    key = PAPER_AGGREGATE_KEYS.get((row_name, metric))
+    if key is not None:
+        return key
+    if row_name in CONDITIONS:
+        return ("cond", row_name, metric)
+    return None
+
+
+PRINTED = "paper-aggregates.csv"
+DERIVED = "derived from paper-per-seed.csv"
+
+
+@dataclass
+class PaperReference:
+    """The paper's numbers, keyed like our own results.
+
+    ``conditions[(condition, metric)]`` and ``comparisons[label]`` hold dicts with mean, sd
+    (and for comparisons ci_low, ci_high, p) plus ``source``: :data:`PRINTED` when the value is
+    printed in paper-aggregates.csv, :data:`DERIVED` when computed from the paper's per-seed
+    values with the same statistics as ours. ``per_seed`` is the wide per-seed frame.
+    """
+
+    aggregates: pd.DataFrame
+    per_seed: pd.DataFrame
+    conditions: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    comparisons: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unmapped: list[tuple[str, str]] = field(default_factory=list)
+    _lookup: dict[tuple[str, int, str], float] | None = field(default=None, repr=False)
+
+    def condition(self, condition: str, metric: str) -> dict[str, Any] | None:
+        return self.conditions.get((condition, metric))
+
+    def comparison(self, label: str) -> dict[str, Any] | None:
+        return self.comparisons.get(label)
+
+    def seed_value(self, condition: str, seed: int, metric: str) -> float | None:
+        """The paper's per-seed value, or None where the paper does not list it."""
+        if self._lookup is None:
+            self._lookup = {}
+            if not self.per_seed.empty:
+                for name in metric_columns(self.per_seed):
+                    for cond, s, value in zip(
+                        self.per_seed["condition"], self.per_seed["seed"], self.per_seed[name]
+                    ):
+                        if pd.notna(value):
+                            self._lookup[(cond, int(s), name)] = float(value)
+        return self._lookup.get((condition, int(seed), metric))
+
+
+def _finite_or_nan(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def load_paper_reference(spec: str | os.PathLike[str] | None = None) -> PaperReference:
+    """Load both paper CSVs and index them by condition/metric and comparison label."""
+    aggregates = paper_aggregates(spec)
+    wide = add_derived_metrics(per_seed_frame_from_paper(paper_per_seed(spec)))
+    ref = PaperReference(aggregates=aggregates, per_seed=wide)
+    for row in summarize(wide).itertuples(index=False):
+        if row.n >= 2:
+            ref.conditions[(row.condition, row.metric)] = {
+                "mean": row.mean, "sd": row.sd, "n": row.n, "source": DERIVED,
+            }
+    for row in compare_all(wide).to_dict("records"):
+        if row["n"] >= 2 and not row["missing_seeds"]:
+            ref.comparisons[row["label"]] = {
+                "mean": row["mean_diff"],
+                "sd": row["sd_diff"],
+                "ci_low": row["ci_low"],
+                "ci_high": row["ci_high"],
+                "p": row["p"],
+                "n": row["n"],
+                "source": DERIVED,
+            }
+    for row in aggregates.to_dict("records"):
+        name, metric = str(row["comparison_or_condition"]), str(row["metric"])
+        key = paper_aggregate_key(name, metric)
+        if key is None:
+            ref.unmapped.append((name, metric))
+            continue
+        entry = {
+            "mean": _finite_or_nan(row["mean"]),
+            "sd": _finite_or_nan(row["sd"]),
+            "source": PRINTED,
+            "paper_table": row["paper_table"],
+        }
+        if key[0] == "cond":
+            ref.conditions[(key[1], key[2])] = entry
+        else:
+            entry.update(
+                ci_low=_finite_or_nan(row["ci_low"]),
+                ci_high=_finite_or_nan(row["ci_high"]),
+                p=_finite_or_nan(row["p"]),
+            )
+            ref.comparisons[key[1]] = entry
+    return ref

@@ -1,0 +1,426 @@
+"""Tests of pmnet.report: cell formatting, tables, figures and the HTML/Markdown report."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pmnet import report, stats
+from pmnet.report import Cell, format_cell, format_p
+
+FIXTURES = Path(__file__).parent / "fixtures" / "results"
+
+PAPER_TABLES = [
+    "tab:same-address-update",
+    "tab:direct-ltm-routing",
+    "tab:routing-per-seed",
+    "tab:routing-rule-family",
+    "tab:core-parameter-isolation",
+    "tab:core-results-per-seed",
+    "tab:dual-objective-aggregate",
+    "tab:dual-objective-per-seed",
+]
+ALL_TABLES = ["tab:headline", *PAPER_TABLES, "tab:shortcut-diagnostics", "tab:paired-comparisons"]
+
+
+def paper_or_none() -> stats.PaperReference | None:
+    try:
+        return stats.load_paper_reference()
+    except stats.SpecNotFoundError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def fixture_df() -> pd.DataFrame:
+    return stats.load_results(FIXTURES)
+
+
+@pytest.fixture(scope="module")
+def fixture_tables(fixture_df) -> dict[str, report.Table]:
+    return {t.id: t for t in report.build_tables(fixture_df, paper_or_none())}
+
+
+# ------------------------------------------------------------------------------------------
+# cells
+# ------------------------------------------------------------------------------------------
+
+
+def test_format_p():
+    assert format_p(1.067279e-7) == "1.07e-7"
+    assert format_p(1.067279e-7, "tex") == r"\(1.07\times10^{-7}\)"
+    assert format_p(1.067279e-7, "html") == "1.07×10<sup>-7</sup>"
+    assert format_p(0.19317) == "0.193"
+    assert format_p(0.01324) == "0.0132"
+    assert format_p(math.nan) == "—"
+
+
+def test_format_cell_variants():
+    stat = Cell("stat", 87.02, 1.7627, n=5, n_expected=5)
+    assert format_cell(stat) == "87.02 ± 1.76"
+    assert format_cell(stat, "tex") == r"87.02 \(\pm\) 1.76"
+    paired = Cell("stat", 42.64, 1.1014, n=4, n_expected=5, signed=True,
+                  paper=Cell("stat", 42.64, 1.10, signed=True))
+    assert format_cell(paired) == "+42.64 ± 1.10 [n=4] (+42.64 ± 1.10)"
+    assert "paper" in format_cell(paired, "html")
+    assert format_cell(Cell("stat", math.nan, n=0)) == "—"
+    assert format_cell(Cell("stat", math.nan, n=0), "tex") == "---"
+    assert format_cell(Cell("stat", math.nan, n=0, paper=Cell("stat", 50.5, 3.42))) == (
+        "— (50.50 ± 3.42)"
+    )
+    assert format_cell(Cell("stat", 12.0, math.nan, n=1, n_expected=3)) == "12.00 [n=1]"
+    assert format_cell(Cell("num", -0.001, signed=True)) == "+0.00"
+    assert format_cell(Cell("num", -0.001)) == "0.00"
+    assert format_cell(Cell("ci", -1.4603, hi=5.2203)) == "[-1.46, +5.22]"
+    assert format_cell(Cell("ci", -1.4603, hi=5.2203), "tex") == "{[}-1.46, +5.22{]}"
+    assert format_cell(Cell("int", 10.0)) == "10"
+    assert format_cell(report.NA) == ""
+    assert format_cell("a_b & c", "tex") == r"a\_b \& c"
+    assert format_cell("a|b", "md") == r"a\|b"
+    assert format_cell("<x>", "html") == "&lt;x&gt;"
+
+
+# ------------------------------------------------------------------------------------------
+# tables
+# ------------------------------------------------------------------------------------------
+
+
+def _md_rows(md: str) -> list[list[str]]:
+    rows = []
+    for line in md.splitlines():
+        if line.startswith("| "):
+            cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+            rows.append([c.strip() for c in cells])
+    return rows
+
+
+def _tex_rows(tex: str) -> list[list[str]]:
+    body = tex[tex.index(r"\toprule") : tex.index(r"\bottomrule")]
+    rows = []
+    for line in body.splitlines():
+        if line.endswith(r" \\"):
+            rows.append([c.strip() for c in re.split(r"(?<!\\)&", line[: -len(r" \\")])])
+    return rows
+
+
+class _Doc(HTMLParser):
+    """Collects tables (id -> caption, header cells, body rows), images and element ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, dict] = {}
+        self.images: list[dict[str, str]] = []
+        self.ids: set[str] = set()
+        self.figures: dict[str, list[str]] = {}
+        self.links: list[str] = []
+        self._table: dict | None = None
+        self._figure: str | None = None
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+        self._section: str | None = None
+        self._in_caption = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.add(a["id"])
+        for key in ("href", "src"):
+            if key in a:
+                self.links.append(a[key])
+        if tag == "table":
+            self._table = {"caption": "", "head": [], "body": []}
+            self.tables[a.get("id", f"anon{len(self.tables)}")] = self._table
+        elif tag == "caption":
+            self._in_caption = True
+        elif tag in ("thead", "tbody"):
+            self._section = tag
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+        elif tag == "figure":
+            self._figure = a.get("id", "")
+            self.figures[self._figure] = []
+        elif tag == "img":
+            self.images.append(a)
+            if self._figure is not None:
+                self.figures[self._figure].append(a.get("src", ""))
+
+    def handle_endtag(self, tag):
+        if tag == "caption":
+            self._in_caption = False
+        elif tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._table is not None and self._row is not None:
+            key = "head" if self._section == "thead" else "body"
+            self._table[key].append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+        elif tag == "figure":
+            self._figure = None
+
+    def handle_data(self, data):
+        if self._in_caption and self._table is not None:
+            self._table["caption"] += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def parse_html(text: str) -> _Doc:
+    doc = _Doc()
+    doc.feed(text)
+    doc.close()
+    return doc
+
+
+@pytest.fixture(scope="module")
+def paper_tables() -> list[report.Table]:
+    ref = paper_or_none()
+    if ref is None:
+        pytest.skip("spec directory not available")
+    return report.build_tables(stats.per_seed_frame_from_paper(), ref)
+
+
+def test_tables_render_every_row_and_column(paper_tables):
+    assert [t.id for t in paper_tables] == ALL_TABLES
+    for table in paper_tables:
+        n_cols, n_rows = len(table.columns), len(table.rows)
+        md = _md_rows(table.to_markdown())
+        assert len(md) == n_rows + 2, table.id  # header + alignment row + body
+        assert md[0] == table.columns
+        assert all(len(r) == n_cols for r in md), table.id
+        assert [r[0] for r in md[2:]] == [format_cell(r[0]) for r in table.rows]
+        tex = table.to_latex()
+        assert rf"\label{{{table.id}}}" in tex and r"\begin{tabular}" in tex
+        rows = _tex_rows(tex)
+        assert len(rows) == n_rows + 1 and all(len(r) == n_cols for r in rows), table.id
+        doc = parse_html(table.to_html())
+        parsed = doc.tables[table.id]
+        assert parsed["head"] == [table.columns]
+        assert len(parsed["body"]) == n_rows and all(len(r) == n_cols for r in parsed["body"])
+
+
+def test_paper_tables_show_paper_values(paper_tables):
+    by = {t.id: t for t in paper_tables}
+    md = by["tab:direct-ltm-routing"].to_markdown()
+    assert "| On | 87.02 ± 1.76 (87.02 ± 1.76) | 18.32 ± 0.04 (18.32 ± 0.04) |" in md
+    assert "+68.70 ± 1.76 (+68.70 ± 1.76)" in md
+    assert "p = 1.07e-7" in md
+    per_seed = _md_rows(by["tab:routing-per-seed"].to_markdown())
+    assert per_seed[-2][-1] == "+42.64 (+42.64)" and per_seed[-1][-1] == "1.10 (1.10)"
+    dual = _md_rows(by["tab:dual-objective-aggregate"].to_markdown())
+    assert dual[-1][1] == "0.193 (0.193)"
+    assert dual[-3][2] == "— (+84.37 ± 0.75)"  # not derivable from per-seed: missing, paper shown
+
+
+def test_missing_trials_render_as_dash(fixture_tables):
+    table = fixture_tables["tab:routing-per-seed"]
+    md = _md_rows(table.to_markdown())
+    row44 = next(r for r in md if r[0] == "44")
+    # every routing-off cell of seed 44 is missing (the paper's value may follow in parentheses)
+    assert all(c.startswith("—") for c in row44[1:]), row44
+    assert row44[-1].startswith("—")  # On - Off for seed 44: routing-off trial missing
+    row43 = next(r for r in md if r[0] == "43")
+    assert not any(c.startswith("—") for c in row43[1:]), row43
+    tex44 = next(r for r in _tex_rows(table.to_latex()) if r[0] == "44")
+    assert tex44[1].startswith("---")
+    foot = " ".join(table.footnotes())
+    assert "consolidator_only_routing_off: no result for seed 44" in foot
+    assert r"consolidator\_only\_routing\_off: no result for seed 44" in table.to_latex()
+
+    core = _md_rows(fixture_tables["tab:core-parameter-isolation"].to_markdown())
+    identity = next(r for r in core if r[0] == "Identity full")
+    assert all(c.startswith("—") for c in identity[1:])
+    assert "identity_full: no result for seeds 42, 43, 44" in " ".join(
+        fixture_tables["tab:core-parameter-isolation"].footnotes())
+
+    dual = fixture_tables["tab:dual-objective-aggregate"]
+    rows = _md_rows(dual.to_markdown())
+    assert "[n=2]" in rows[2][2]  # learned_full mean STM over 2 of 3 seeds
+    assert "learned_full: mean_stm not reported for seed 43" in " ".join(dual.footnotes())
+
+    per_seed = _md_rows(fixture_tables["tab:core-results-per-seed"].to_markdown())
+    assert len(per_seed) == 2 + 4 * 3  # every core condition x expected seed, even if absent
+
+
+def test_tables_without_paper(fixture_df):
+    tables = report.build_tables(fixture_df, paper=None)
+    md = next(t for t in tables if t.id == "tab:direct-ltm-routing").to_markdown()
+    assert "(" not in _md_rows(md)[3][1]
+    assert report.PAPER_NOTE not in md
+
+
+def test_render_tables_targets(fixture_df):
+    for target in ("md", "tex", "html"):
+        out = report.render_tables(fixture_df, target)
+        assert list(out) == ALL_TABLES
+    with pytest.raises(ValueError):
+        format_cell(Cell("num", 1.0), "rtf")
+
+
+# ------------------------------------------------------------------------------------------
+# figures
+# ------------------------------------------------------------------------------------------
+
+
+def test_figures_from_fixture(fixture_df):
+    curves = stats.load_histories(FIXTURES)
+    figs = {f.id: f for f in report.make_figures(fixture_df, curves)}
+    assert set(figs) == {"fig-ltm-routing", "fig-consolidator-update", "fig-consolidator-content",
+                         "fig-dual-objective", "fig-training-phase2"}
+    assert all(f.figure is not None for f in figs.values())
+    assert any("seed 44" in n for n in figs["fig-ltm-routing"].notes)
+    png = report.figure_bytes(figs["fig-ltm-routing"].figure)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    for f in figs.values():
+        f.figure.clear()
+
+
+def test_figures_skip_gracefully_when_data_missing():
+    df = pd.DataFrame({"condition": ["learned_full"] * 2, "seed": [1, 2],
+                       "updated_ltm": [90.0, 91.0]})
+    figs = {f.id: f for f in report.make_figures(df, None)}
+    for fig_id in ("fig-ltm-routing", "fig-consolidator-update", "fig-dual-objective",
+                   "fig-consolidator-content", "fig-training"):
+        assert figs[fig_id].figure is None and figs[fig_id].skipped, fig_id
+    assert "consolidator_only" in figs["fig-ltm-routing"].skipped
+    assert figs["fig-dual-objective"].skipped == "no data for updated_ltm of learned_full_dual"
+    empty = report.make_figures(stats.load_results([]), pd.DataFrame())
+    assert all(f.figure is None for f in empty)
+
+
+def test_training_curves_one_figure_per_phase():
+    curves = pd.DataFrame({
+        "phase": ["phase1"] * 4 + ["phase2"] * 2,
+        "step": [1, 2, 1, 2, None, None],
+        "epoch": [0, 0, 0, 0, 0, 1],
+        "metric": ["train/loss", "train/loss", "val/stm", "val/stm", "val/ltm", "val/ltm"],
+        "value": [2.0, 1.0, 10.0, 20.0, 30.0, 40.0],
+    })
+    figs = report.figure_training_curves(curves)
+    assert [f.id for f in figs] == ["fig-training-phase1", "fig-training-phase2"]
+    assert "step" in figs[0].caption and "epoch" in figs[1].caption
+    assert len(figs[0].figure.axes) == 2 and len(figs[1].figure.axes) == 1
+    assert report.figure_training_curves(None)[0].skipped
+
+
+# ------------------------------------------------------------------------------------------
+# the report
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    run = tmp_path_factory.mktemp("run")
+    shutil.copytree(FIXTURES, run / "results")
+    (run / "phase1").mkdir()
+    (run / "phase1" / "metrics.csv").write_text("epoch,step,train/loss\n0,1,2.5\n1,3,1.5\n")
+    meta = {"preset": "debug", "git_commit": "0123abc", "hardware": "2 CPU cores",
+            "wall_time_s": 42.0, "phase1_sha256": "3f2a9c",
+            "grid": {"conditions": list(stats.CONDITIONS), "seeds": [42, 43, 44]}}
+    (run / "meta.json").write_text(json.dumps(meta))
+    return run, report.main_report(run)
+
+
+def test_report_html_has_every_table_and_figure(built):
+    run, paths = built
+    html_path = run / "report" / "report.html"
+    assert paths["html"] == html_path
+    text = html_path.read_text(encoding="utf-8")
+    doc = parse_html(text)
+    for table_id in ALL_TABLES:
+        assert table_id in doc.tables, table_id
+        assert doc.tables[table_id]["body"], table_id
+    expected_figs = {"fig-ltm-routing", "fig-consolidator-update", "fig-consolidator-content",
+                     "fig-dual-objective", "fig-training-phase1", "fig-training-phase2"}
+    assert set(doc.figures) == expected_figs
+    for fig_id, srcs in doc.figures.items():
+        assert len(srcs) == 1 and srcs[0].startswith("data:image/png;base64,"), fig_id
+        assert base64.b64decode(srcs[0].split(",", 1)[1])[:4] == b"\x89PNG"
+    # self-contained: every src/href is inline data or an in-page anchor
+    assert all(link.startswith(("data:", "#")) for link in doc.links)
+    assert "http://" not in text and "https://" not in text
+    for section in ("what-ran", "headline", "tables", "figures", "missing-results"):
+        assert section in doc.ids
+    for key in ("preset", "git_commit", "hardware", "wall_time_s", "grid", "run_dir"):
+        assert f"<dt>{key}</dt>" in text
+    assert "descriptive" in text
+
+
+def test_report_lists_missing_results(built):
+    run, _ = built
+    text = (run / "report" / "report.html").read_text(encoding="utf-8")
+    missing = text[text.index('id="missing-results"') :]
+    assert "failed trial: memory_consolidator seed 42" in missing
+    assert "no result: consolidator_only_routing_off seed 44" in missing
+    assert "no result: identity_full seeds 42, 43, 44" in missing
+    assert "no result: memory_consolidator seeds 43, 44" in missing
+    assert "metric missing: learned_full mean_stm for seed 43" in missing
+    assert "seed 44 missing in consolidator_only_routing_off; n=2" in missing
+
+
+def test_report_markdown_twin_and_files(built):
+    run, paths = built
+    out = run / "report"
+    md = (out / "report.md").read_text(encoding="utf-8")
+    for table_id in ALL_TABLES:
+        assert f"**Table `{table_id}`.**" in md
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(links) == 6
+    for link in links:
+        assert (out / link).is_file() and (out / link).with_suffix(".pdf").is_file()
+    assert "## Missing results" in md
+    for name in ("trials.csv", "trials.parquet", "summary.csv", "comparisons.csv",
+                 "all_tables.tex", "tab-routing-per-seed.tex", "tab-routing-per-seed.md"):
+        assert paths[name].is_file(), name
+    comparisons = pd.read_csv(paths["comparisons.csv"])
+    row = comparisons.set_index("label").loc["routing on - off: updated_ltm"]
+    assert str(row["missing_seeds"]) == "44" and "seed 44" in row["note"]
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_build_report_from_frame_skips_missing_figures(tmp_path, fixture_df):
+    df = fixture_df[fixture_df["condition"] == "consolidator_only"].copy()
+    paths = report.build_report(df, tmp_path / "rep", meta={"preset": "debug"}, paper=None)
+    text = paths["html"].read_text(encoding="utf-8")
+    doc = parse_html(text)
+    assert "fig-dual-objective" in doc.ids and "fig-dual-objective" not in doc.figures
+    assert "Figure skipped" in text and "fig-training" in doc.ids
+    assert "paper&#x27;s reference numbers are not shown" in text
+    assert set(ALL_TABLES) <= set(doc.tables)
+    md = paths["markdown"].read_text(encoding="utf-8")
+    assert "*Figure skipped: Dual objective" in md
+
+
+def test_report_from_empty_results_dir(tmp_path):
+    (tmp_path / "results").mkdir()
+    paths = report.main_report(tmp_path)
+    text = paths["html"].read_text(encoding="utf-8")
+    doc = parse_html(text)
+    assert set(ALL_TABLES) <= set(doc.tables) and not doc.figures
+    assert text.count("Figure skipped") == 5
+    assert "no result: consolidator_only seeds 42, 43, 44, 45, 46" in text
+
+
+def test_main_report_needs_results_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="results"):
+        report.main_report(tmp_path)
+
+
+def test_grid_from_meta_forms():
+    grid = report._grid_from_meta
+    assert grid({"grid": {"conditions": ["a"], "seeds": [1, 2]}}) == (["a"], [1, 2])
+    assert grid({"grid": [["b", 2], ["a", 1]]}) == (["a", "b"], [1, 2])
+    assert grid({"grid": ["a:1", "a/2"]}) == (["a"], [1, 2])
+    assert grid({"grid": [{"condition": "a", "seed": 3}]}) == (["a"], [3])
+    assert grid({"grid": "whatever"}) == (None, None)
+    assert grid({}) == (None, None)

@@ -1,0 +1,604 @@
+"""Tests of pmnet.stats: loading, summaries, paired comparisons, and the paper's numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+from statsmodels.stats.multitest import multipletests
+
+from pmnet import stats
+
+FIXTURES = Path(__file__).parent / "fixtures" / "results"
+
+
+def close2(ours: float, printed: float) -> bool:
+    """Equal at the printed precision (2 decimals; a printed x.xx5 tie may go either way)."""
+    return abs(ours - printed) <= 0.005 + 1e-9
+
+
+def p3(p: float) -> float:
+    """p rounded to 3 significant digits, as the paper prints it."""
+    return float(f"{p:.2e}")
+
+
+def frame(rows: list[tuple[str, int, dict[str, float]]]) -> pd.DataFrame:
+    records = [{"condition": c, "seed": s, **m} for c, s, m in rows]
+    df = pd.DataFrame(records)
+    df["seed"] = df["seed"].astype("int64")
+    return df
+
+
+# ------------------------------------------------------------------------------------------
+# hand-computed statistics
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def simple() -> pd.DataFrame:
+    a = [2.0, 4.0, 6.0, 8.0, 10.0]
+    b = [1.0, 2.0, 3.0, 4.0, 5.0]  # differences 1, 2, 3, 4, 5
+    rows = [("A", 42 + i, {"m": a[i]}) for i in range(5)]
+    rows += [("B", 42 + i, {"m": b[i]}) for i in range(5)]
+    return frame(rows)
+
+
+def test_paired_comparison_hand_computed(simple):
+    r = stats.paired_comparison(simple, "A", "m", "B", "m", "a - b")
+    assert r["n"] == 5
+    assert r["seeds"] == [42, 43, 44, 45, 46]
+    assert r["missing_seeds"] == []
+    assert r["mean_diff"] == pytest.approx(3.0)
+    assert r["sd_diff"] == pytest.approx(1.5811, abs=1e-4)
+    assert r["t"] == pytest.approx(4.2426, abs=1e-4)
+    assert r["p"] == pytest.approx(0.01324, abs=1e-5)
+    assert r["ci_low"] == pytest.approx(1.0368, abs=1e-4)
+    assert r["ci_high"] == pytest.approx(4.9632, abs=1e-4)
+    assert r["d_z"] == pytest.approx(3.0 / 1.5811, abs=1e-4)
+    assert r["df"] == 4
+    assert r["mean_a"] == pytest.approx(6.0) and r["mean_b"] == pytest.approx(3.0)
+    assert r["note"] == ""
+
+
+def test_paired_comparison_matches_scipy(simple):
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(50, 5, 7), rng.normal(45, 5, 7)
+    rows = [("A", i, {"x": a[i]}) for i in range(7)] + [("B", i, {"y": b[i]}) for i in range(7)]
+    r = stats.paired_comparison(frame(rows), "A", "x", "B", "y")
+    ref = sps.ttest_rel(a, b)
+    assert r["t"] == pytest.approx(ref.statistic, rel=1e-10)
+    assert r["p"] == pytest.approx(ref.pvalue, rel=1e-10)
+    d = a - b
+    half = sps.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    assert r["ci_low"] == pytest.approx(d.mean() - half, rel=1e-10)
+    assert r["ci_high"] == pytest.approx(d.mean() + half, rel=1e-10)
+    # and the hand-computed example
+    r = stats.paired_comparison(simple, "A", "m", "B", "m")
+    assert r["p"] == pytest.approx(sps.ttest_rel([2, 4, 6, 8, 10], [1, 2, 3, 4, 5]).pvalue)
+
+
+def test_summarize_mean_and_sample_sd(simple):
+    s = stats.summarize(simple)
+    row = s[(s.condition == "A") & (s.metric == "m")].iloc[0]
+    assert row["n"] == 5
+    assert row["mean"] == pytest.approx(6.0)
+    assert row["sd"] == pytest.approx(np.std([2, 4, 6, 8, 10], ddof=1))
+    one = stats.summarize(frame([("C", 1, {"m": 3.0})]))
+    assert one.iloc[0]["n"] == 1 and math.isnan(one.iloc[0]["sd"])
+
+
+# ------------------------------------------------------------------------------------------
+# degenerate cases: explicit notes, never silent
+# ------------------------------------------------------------------------------------------
+
+
+def test_all_differences_equal_gives_note_not_crash():
+    rows = [("X", s, {"u": 40.0 + s, "f": 40.0 + s - 21.4}) for s in range(42, 47)]
+    r = stats.paired_comparison(frame(rows), "X", "u", "X", "f", "u - f")
+    assert r["n"] == 5
+    assert r["mean_diff"] == pytest.approx(21.4)
+    assert r["sd_diff"] == 0.0
+    for key in ("t", "p", "ci_low", "ci_high", "d_z"):
+        assert math.isnan(r[key])
+    assert "all paired differences equal (+21.40); t-test undefined" in r["note"]
+
+
+def test_single_paired_seed_gives_note():
+    df = frame([("A", 42, {"m": 5.0}), ("B", 42, {"m": 3.0})])
+    r = stats.paired_comparison(df, "A", "m", "B", "m")
+    assert r["n"] == 1
+    assert r["mean_diff"] == pytest.approx(2.0)
+    assert math.isnan(r["p"]) and math.isnan(r["t"]) and math.isnan(r["ci_low"])
+    assert "fewer than 2 paired seeds" in r["note"]
+
+
+def test_missing_seed_is_named_not_dropped():
+    on, off = "consolidator_only", "consolidator_only_routing_off"
+    rows = [(on, s, {"updated_ltm": 85.0 + s % 3}) for s in range(42, 47)]
+    rows += [(off, s, {"updated_ltm": 44.0 + s % 2}) for s in (42, 43, 44, 46)]
+    r = stats.paired_comparison(frame(rows), on, "updated_ltm", off, "updated_ltm", "on - off")
+    assert r["n"] == 4
+    assert r["missing_seeds"] == [45]
+    assert "seed 45 missing in consolidator_only_routing_off; n=4" in r["note"]
+    assert r["seeds"] == [42, 43, 44, 46]
+
+
+def test_missing_metric_and_expected_seed_are_named():
+    rows = [("A", 42, {"m": 1.0, "k": 0.0}), ("A", 43, {"m": 2.0}), ("A", 44, {"m": 4.0, "k": 1.0})]
+    r = stats.paired_comparison(frame(rows), "A", "m", "A", "k", expected_seeds=[42, 43, 44, 45])
+    assert r["missing_seeds"] == [43, 45]
+    assert "seed 43 without k in A" in r["note"]
+    assert "seed 45 missing in A" in r["note"]
+    assert r["n"] == 2
+
+
+def test_no_data_for_a_condition():
+    r = stats.paired_comparison(frame([("A", 42, {"m": 1.0})]), "A", "m", "Z", "m")
+    assert r["n"] == 0
+    assert "no results for Z (seed 42)" in r["note"]
+    assert math.isnan(r["mean_diff"])
+
+
+# ------------------------------------------------------------------------------------------
+# the family of comparisons
+# ------------------------------------------------------------------------------------------
+
+
+def test_comparison_family_covers_the_paper():
+    by = {(c.cond_a, c.metric_a, c.cond_b, c.metric_b) for c in stats.COMPARISONS}
+    on, off = "consolidator_only", "consolidator_only_routing_off"
+    for m in ("updated_ltm", "updated_ltm_add10", "updated_ltm_affine10"):
+        assert (on, m, off, m) in by
+    assert (on, "updated_ltm", on, "forced_identity") in by
+    assert (off, "updated_ltm", off, "forced_identity") in by
+    assert ("learned_full", "updated_ltm", "identity_full", "updated_ltm") in by
+    for m in ("updated_ltm", "mean_stm", "seg2_stm"):
+        assert ("learned_full_dual", m, "learned_full", m) in by
+    for c in stats.CONDITIONS:
+        for control in ("mismatched_ltm", "fresh_ltm", "updated_ltm_baseline"):
+            assert (c, "updated_ltm", c, control) in by
+    labels = [c.label for c in stats.COMPARISONS]
+    assert len(labels) == len(set(labels))
+    assert all(len(c) == 6 for c in stats.COMPARISONS)
+
+
+def test_compare_all_holm_ignores_undefined_p():
+    df = stats.per_seed_frame_from_paper(_paper_long())
+    out = stats.compare_all(df)
+    assert list(out["label"]) == [c.label for c in stats.COMPARISONS]
+    finite = np.isfinite(out["p"].to_numpy(float))
+    assert finite.any() and not finite.all()
+    expected = multipletests(out["p"][finite].to_numpy(float), method="holm")[1]
+    np.testing.assert_allclose(out["p_holm"][finite].to_numpy(float), expected)
+    assert out["p_holm"][~finite].isna().all()
+    assert (out["holm_m"] == finite.sum()).all()
+    # undefined tests say why
+    for note in out.loc[~finite, "note"]:
+        assert note
+
+
+# ------------------------------------------------------------------------------------------
+# loading result files
+# ------------------------------------------------------------------------------------------
+
+
+def test_load_results_fixture():
+    df = stats.load_results(FIXTURES)
+    assert len(df) == 11
+    for col in stats.META_COLUMNS + ("updated_ltm", "forced_identity", "mean_stm",
+                                     "updated_ltm_add10", "val_updated_ltm", "val_dual"):
+        assert col in df.columns
+    assert df["seed"].dtype == np.int64
+    assert list(df["condition"].unique()) == [
+        "learned_full", "consolidator_only", "consolidator_only_routing_off", "learned_full_dual"
+    ]
+    assert not df.duplicated(["condition", "seed"]).any()
+    assert math.isnan(df.set_index(["condition", "seed"]).loc[("learned_full", 43), "mean_stm"])
+    failed = df.attrs["failed"]
+    assert [(f["condition"], f["seed"]) for f in failed] == [("memory_consolidator", 42)]
+    assert "out of memory" in failed[0]["error"]
+    # a list of files works the same
+    same = stats.load_results(sorted(FIXTURES.glob("*.json")))
+    pd.testing.assert_frame_equal(df, same)
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_load_results_malformed_json_names_the_file(tmp_path):
+    _write(tmp_path, "good.json", json.dumps({"condition": "a", "seed": 1, "test": {}}))
+    _write(tmp_path, "broken_trial.json", '{"condition": "a", "seed": 2, "test": {')
+    with pytest.raises(ValueError, match="broken_trial.json"):
+        stats.load_results(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ("[1, 2]", "JSON object"),
+        (json.dumps({"seed": 1}), "condition"),
+        (json.dumps({"condition": "a"}), "seed"),
+        (json.dumps({"condition": "a", "seed": "x"}), "seed"),
+        (json.dumps({"condition": "a", "seed": 1, "test": [1]}), "test"),
+    ],
+)
+def test_load_results_schema_errors(tmp_path, payload, message):
+    path = _write(tmp_path, "bad.json", payload)
+    with pytest.raises(ValueError, match=message) as info:
+        stats.load_results(tmp_path)
+    assert str(path) in str(info.value)
+
+
+def test_load_results_duplicates_and_lenient_values(tmp_path):
+    trial = {"condition": "a", "seed": 1, "test": {"updated_ltm": 50, "x": "n/a",
+                                                   "fam": {"add10": 90.0}, "gone": None}}
+    _write(tmp_path, "one.json", json.dumps(trial))
+    df = stats.load_results(tmp_path)
+    assert df.loc[0, "updated_ltm"] == 50.0
+    assert df.loc[0, "fam_add10"] == 90.0
+    assert math.isnan(df.loc[0, "gone"])
+    assert "x" not in df.columns
+    assert any("test.x" in w for w in df.attrs["warnings"])
+    _write(tmp_path, "two.json", json.dumps(trial))
+    with pytest.raises(ValueError, match="duplicate"):
+        stats.load_results(tmp_path)
+
+
+def test_load_results_empty_dir(tmp_path):
+    df = stats.load_results(tmp_path)
+    assert df.empty and "condition" in df.columns
+    assert stats.summarize(df).empty
+    assert stats.paired_comparison(df, "a", "m", "b", "m")["n"] == 0
+
+
+def test_write_tidy_roundtrip(tmp_path):
+    df = stats.load_results(FIXTURES)
+    paths = stats.write_tidy(df, tmp_path / "out")
+    back_csv = pd.read_csv(paths["csv"])
+    back_pq = pd.read_parquet(paths["parquet"])
+    assert len(back_csv) == len(df) == len(back_pq)
+    assert list(back_pq.columns) == list(df.columns)
+    np.testing.assert_allclose(back_pq["updated_ltm"], df["updated_ltm"])
+    assert not list((tmp_path / "out").glob("*.tmp"))
+
+
+def test_load_histories_fixture():
+    h = stats.load_histories(FIXTURES)
+    assert set(h.columns) >= {"phase", "condition", "seed", "epoch", "metric", "value"}
+    assert set(h["phase"]) == {"phase2"}
+    assert set(h["metric"]) == {"train/loss", "val/updated_ltm"}
+    assert len(h) == 11 * 3 * 2
+
+
+def test_curves_from_metrics_csv(tmp_path):
+    path = tmp_path / "phase1" / "metrics.csv"
+    path.parent.mkdir()
+    path.write_text("epoch,step,train/loss,val/stm\n0,10,2.0,\n0,20,1.5,30\n")
+    c = stats.curves_from_metrics_csv(path)
+    assert set(c["phase"]) == {"phase1"}
+    assert len(c) == 3 and set(c["metric"]) == {"train/loss", "val/stm"}
+
+
+def test_add_derived_metrics_does_not_overwrite():
+    df = frame([
+        ("learned_full", 1, {"updated_ltm": 90.0, "mean_stm": 10.0, "forced_identity": 50.0}),
+        ("identity_full", 1, {"updated_ltm": 80.0, "mean_stm": 20.0, "forced_identity": 70.0,
+                              "dual": 1.0, "alternative_mode": 79.0}),
+    ])
+    out = stats.add_derived_metrics(df)
+    assert out.loc[0, "dual"] == 50.0 and out.loc[1, "dual"] == 1.0
+    assert out.loc[0, "alternative_mode"] == 50.0 and out.loc[1, "alternative_mode"] == 79.0
+
+
+# ------------------------------------------------------------------------------------------
+# the paper's own numbers
+# ------------------------------------------------------------------------------------------
+
+
+def _spec() -> Path:
+    try:
+        return stats.spec_dir()
+    except stats.SpecNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+def _paper_long() -> pd.DataFrame:
+    _spec()
+    return stats.paper_per_seed()
+
+
+@pytest.fixture(scope="module")
+def paper_wide() -> pd.DataFrame:
+    return stats.add_derived_metrics(stats.per_seed_frame_from_paper(_paper_long()))
+
+
+@pytest.fixture(scope="module")
+def paper_cmp(paper_wide) -> dict[str, dict]:
+    return {r["label"]: r for r in stats.compare_all(paper_wide).to_dict("records")}
+
+
+@pytest.fixture(scope="module")
+def paper_summary(paper_wide) -> dict[tuple[str, str], dict]:
+    s = stats.summarize(paper_wide)
+    return {(r["condition"], r["metric"]): r for r in s.to_dict("records")}
+
+
+def test_spec_dir_resolution(monkeypatch, tmp_path):
+    monkeypatch.delenv("PMNET_SPEC_DIR", raising=False)
+    default = stats.REPO_ROOT.parent / "shared" / "spec"
+    assert stats.REPO_ROOT == Path(stats.__file__).resolve().parent.parent
+    if default.is_dir():
+        assert stats.spec_dir() == default
+    monkeypatch.setenv("PMNET_SPEC_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(stats.SpecNotFoundError, match="PMNET_SPEC_DIR"):
+        stats.spec_dir()
+    monkeypatch.setenv("PMNET_SPEC_DIR", str(tmp_path))
+    assert stats.spec_dir() == tmp_path
+    with pytest.raises(stats.SpecNotFoundError, match="paper-aggregates.csv"):
+        stats.paper_aggregates()
+
+
+def test_per_seed_frame_layout(paper_wide):
+    raw = stats.per_seed_frame_from_paper(_paper_long())
+    assert list(raw.columns[:3]) == ["condition", "seed", "preset"]
+    assert len(raw) == 30 and not raw.duplicated(["condition", "seed"]).any()
+    assert set(raw["condition"]) == set(stats.CONDITIONS)
+    assert set(raw["seed"]) == set(stats.PAPER_SEEDS)
+    assert {"updated_ltm", "forced_identity", "dual", "val_dual", "best_epoch"} <= set(raw.columns)
+    assert "test_dual" not in raw.columns
+
+
+def test_paper_routing_on_off(paper_cmp):
+    r = paper_cmp["routing on - off: updated_ltm"]
+    assert r["n"] == 5 and r["missing_seeds"] == []
+    assert close2(r["mean_diff"], 42.64) and close2(r["sd_diff"], 1.10)
+    assert close2(r["ci_low"], 41.27) and close2(r["ci_high"], 44.01)
+    assert p3(r["p"]) == 1.07e-7
+
+
+def test_paper_learned_minus_identity(paper_cmp):
+    off = paper_cmp["learned - forced identity, routing off: updated_ltm"]
+    on = paper_cmp["learned - forced identity, routing on: updated_ltm"]
+    assert close2(off["mean_diff"], 21.40) and close2(off["sd_diff"], 1.91)
+    assert close2(on["mean_diff"], 68.70) and close2(on["sd_diff"], 1.76)
+
+
+def test_paper_dual_updated_ltm_and_unpaired_full(paper_cmp):
+    r = paper_cmp["dual - LTM only: updated_ltm"]
+    assert close2(r["mean_diff"], 1.88) and close2(r["sd_diff"], 2.69)
+    assert close2(r["ci_low"], -1.46) and close2(r["ci_high"], 5.22)
+    assert p3(r["p"]) == 0.193
+    r = paper_cmp["learned_full - identity_full: updated_ltm"]
+    assert close2(r["mean_diff"], 2.36) and close2(r["sd_diff"], 3.30)
+    # the mean-STM change is not derivable: learned_full has no per-seed mean_stm
+    r = paper_cmp["dual - LTM only: mean_stm"]
+    assert r["n"] == 0 and "mean_stm not reported by learned_full" in r["note"]
+
+
+#: paper-aggregates.csv rows that paper-per-seed.csv lets us recompute.
+DERIVABLE = {
+    ("consolidator_only routing on - off (paired)", "updated_ltm"),
+    ("consolidator_only_routing_off learned - identity (paired)", "updated_ltm"),
+    ("consolidator_only learned - identity (paired)", "updated_ltm"),
+    ("consolidator_only learned", "updated_ltm"),
+    ("consolidator_only forced identity", "updated_ltm"),
+    ("learned_full", "updated_ltm"),
+    ("identity_full", "updated_ltm"),
+    ("memory_consolidator", "updated_ltm"),
+    ("learned_full - identity_full (unpaired runs)", "updated_ltm"),
+    ("learned_full", "seg2_stm"),
+    ("learned_full_dual", "updated_ltm"),
+    ("learned_full_dual", "mean_stm"),
+    ("learned_full_dual - learned_full (paired)", "updated_ltm"),
+}
+
+
+def test_every_derivable_paper_aggregate(paper_summary, paper_cmp):
+    agg = stats.paper_aggregates(_spec())
+    derivable, not_derivable = set(), set()
+    for row in agg.to_dict("records"):
+        name, metric = row["comparison_or_condition"], row["metric"]
+        key = stats.paper_aggregate_key(name, metric)
+        assert key is not None, f"unmapped paper row {name!r} {metric!r}"
+        if key[0] == "cond":
+            ours = paper_summary.get((key[1], key[2]))
+            if ours is None or ours["n"] < 5:
+                not_derivable.add((name, metric))
+                continue
+            mean, sd = ours["mean"], ours["sd"]
+            ci, p = (math.nan, math.nan), math.nan
+        else:
+            ours = paper_cmp[key[1]]
+            if ours["n"] < 5:
+                not_derivable.add((name, metric))
+                continue
+            mean, sd, ci, p = ours["mean_diff"], ours["sd_diff"], (
+                ours["ci_low"], ours["ci_high"]), ours["p"]
+        derivable.add((name, metric))
+        assert close2(mean, row["mean"]), (name, metric, mean, row["mean"])
+        assert close2(sd, row["sd"]), (name, metric, sd, row["sd"])
+        if not math.isnan(row["ci_low"]):
+            assert close2(ci[0], row["ci_low"]) and close2(ci[1], row["ci_high"]), (name, metric)
+        if not math.isnan(row["p"]):
+            assert p3(p) == pytest.approx(row["p"], rel=1e-9), (name, metric, p, row["p"])
+    assert derivable == DERIVABLE
+    assert len(not_derivable) == len(agg) - len(DERIVABLE) == 14
+
+
+def test_paper_reference_maps_every_row():
+    ref = stats.load_paper_reference(_spec())
+    assert ref.unmapped == []
+    assert ref.condition("consolidator_only", "forced_identity_initial")["mean"] == 86.86
+    assert ref.condition("consolidator_only", "forced_identity_initial")["source"] == stats.PRINTED
+    derived = ref.condition("consolidator_only_routing_off", "updated_ltm")
+    assert derived["source"] == stats.DERIVED and close2(derived["mean"], 44.38)
+    assert ref.comparison("routing on - off: updated_ltm")["p"] == 1.07e-7
+    assert ref.seed_value("learned_full", 44, "updated_ltm") == 96.1
+    assert ref.seed_value("learned_full", 44, "mean_stm") is None
+
+
+# -- the printed LaTeX tables ---------------------------------------------------------------
+
+
+def _clean(cell: str) -> str:
+    cell = cell.replace(r"\(\pm\)", "±").replace("{[}", "[").replace("{]}", "]")
+    cell = re.sub(r"\\\(([\d.]+)\\times10\^\{(-?\d+)\}\\\)", r"\1e\2", cell)
+    cell = re.sub(r"\\textbf\{(.*)\}", r"\1", cell)
+    return cell.strip()
+
+
+def tex_rows(label: str) -> list[list[str]]:
+    tex = (_spec() / "consolidator-paper.tex").read_text(encoding="utf-8")
+    start = tex.index(rf"\label{{{label}}}")
+    body = tex[start : tex.index(r"\end{tabular}", start)]
+    body = body[body.index(r"\midrule") + len(r"\midrule") : body.index(r"\bottomrule")]
+    rows = []
+    for raw in body.split(r"\\"):
+        raw = raw.replace(r"\midrule", "").strip()
+        if raw:
+            rows.append([_clean(c) for c in raw.split("&")])
+    return rows
+
+
+def nums(cell: str) -> list[float]:
+    return [float(x) for x in re.findall(r"[-+]?\d+\.\d+(?:e-?\d+)?", cell)]
+
+
+#: Printed cells that the (1-decimal) per-seed values miss by a hair: the paper's SD of
+#: memory_consolidator mismatched LTM is 0.31, the per-seed values [9.2, 9.1, 9.4, 9.7, 9.8]
+#: give 0.30496 (0.30); presumably computed from unrounded per-seed accuracies.
+PER_SEED_ROUNDING = {("memory_consolidator", "mismatched_ltm", "sd"): 0.0051}
+
+
+def test_tex_core_parameter_isolation(paper_summary):
+    names = {"Learned full": "learned_full", "Identity full": "identity_full",
+             "Consolidator only": "consolidator_only",
+             "Memory + Consolidator": "memory_consolidator"}
+    metrics = ["updated_ltm", "fresh_ltm", "mismatched_ltm", "seg2_stm"]
+    rows = tex_rows("tab:core-parameter-isolation")
+    assert len(rows) == 4
+    for row in rows:
+        condition = names[row[0]]
+        for metric, cell in zip(metrics, row[1:]):
+            mean, sd = nums(cell)
+            ours = paper_summary[(condition, metric)]
+            assert close2(ours["mean"], mean), (condition, metric)
+            tol = PER_SEED_ROUNDING.get((condition, metric, "sd"))
+            if tol is None:
+                assert close2(ours["sd"], sd), (condition, metric)
+            else:
+                assert not close2(ours["sd"], sd) and abs(ours["sd"] - sd) <= tol
+
+
+def test_tex_direct_ltm_routing(paper_summary, paper_cmp):
+    conditions = {"Off": ("consolidator_only_routing_off", "off"),
+                  "On": ("consolidator_only", "on")}
+    rows = tex_rows("tab:direct-ltm-routing")
+    for row in rows:
+        condition, tag = conditions[row[0]]
+        cells = dict(zip(["updated_ltm", "forced_identity", "diff", "seg2_stm",
+                          "mismatched_ltm", "fresh_ltm"], row[1:]))
+        for metric, cell in cells.items():
+            mean, sd = nums(cell)
+            if metric == "diff":
+                r = paper_cmp[f"learned - forced identity, routing {tag}: updated_ltm"]
+                ours_mean, ours_sd = r["mean_diff"], r["sd_diff"]
+            else:
+                ours_mean = paper_summary[(condition, metric)]["mean"]
+                ours_sd = paper_summary[(condition, metric)]["sd"]
+            assert close2(ours_mean, mean) and close2(ours_sd, sd), (row[0], metric)
+
+
+def test_tex_routing_per_seed(paper_wide, paper_summary, paper_cmp):
+    off, on = "consolidator_only_routing_off", "consolidator_only"
+    rows = tex_rows("tab:routing-per-seed")
+    assert [r[0] for r in rows] == ["42", "43", "44", "45", "46", "Mean", "SD"]
+    idx = paper_wide.set_index(["condition", "seed"])
+    for row in rows[:5]:
+        seed = int(row[0])
+        v = nums(" ".join(row[1:]))
+        o = idx.loc[(off, seed)]
+        assert close2(o["updated_ltm"] - o["forced_identity"], v[2])
+        assert close2(idx.loc[(on, seed), "updated_ltm"] - o["updated_ltm"], v[6])
+    metrics = ["updated_ltm", "forced_identity", None, "seg2_stm", "mismatched_ltm", "fresh_ltm"]
+    for row, part in ((rows[5], "mean"), (rows[6], "sd")):
+        values = nums(" ".join(row[1:]))
+        for metric, printed in zip(metrics, values[:6]):
+            if metric is None:
+                r = paper_cmp["learned - forced identity, routing off: updated_ltm"]
+                ours = r["mean_diff" if part == "mean" else "sd_diff"]
+            else:
+                ours = paper_summary[(off, metric)][part]
+            assert close2(ours, printed), (part, metric)
+        r = paper_cmp["routing on - off: updated_ltm"]
+        assert close2(r["mean_diff" if part == "mean" else "sd_diff"], values[6])
+
+
+def test_tex_same_address_update_updated_row(paper_summary):
+    rows = tex_rows("tab:same-address-update")
+    updated = next(r for r in rows if r[0].startswith("Updated"))
+    (lm, ls), (im, isd) = nums(updated[1]), nums(updated[2])
+    ours_l = paper_summary[("consolidator_only", "updated_ltm")]
+    ours_i = paper_summary[("consolidator_only", "forced_identity")]
+    assert close2(ours_l["mean"], lm) and close2(ours_l["sd"], ls)
+    assert close2(ours_i["mean"], im) and close2(ours_i["sd"], isd)
+    # the initial-mapping row is not derivable: no per-seed initial_ltm in the paper
+    assert ("consolidator_only", "initial_ltm") not in paper_summary
+
+
+def test_tex_dual_objective_aggregate(paper_summary, paper_cmp):
+    rows = {r[0]: r[1:] for r in tex_rows("tab:dual-objective-aggregate")}
+    metrics = ["updated_ltm", "mean_stm", "seg2_stm", "mismatched_ltm", "fresh_ltm"]
+    checked = 0
+    for name, condition in (("Updated LTM only", "learned_full"),
+                            ("Updated LTM + STM", "learned_full_dual")):
+        for metric, cell in zip(metrics, rows[name]):
+            ours = paper_summary.get((condition, metric))
+            if ours is None:
+                continue
+            mean, sd = nums(cell)
+            assert close2(ours["mean"], mean) and close2(ours["sd"], sd), (name, metric)
+            checked += 1
+    assert checked == 6  # learned_full: 4 of 5 columns; dual: updated LTM and mean STM
+    r = paper_cmp["dual - LTM only: updated_ltm"]
+    mean, sd = nums(rows["Paired change"][0])
+    assert close2(r["mean_diff"], mean) and close2(r["sd_diff"], sd)
+    lo, hi = nums(rows["95\\% CI"][0])
+    assert close2(r["ci_low"], lo) and close2(r["ci_high"], hi)
+    assert p3(r["p"]) == nums(rows["Paired \\(p\\)"][0])[0]
+
+
+def test_tex_dual_per_seed_test_dual_is_mean(paper_wide):
+    rows = tex_rows("tab:dual-objective-per-seed")
+    idx = paper_wide.set_index(["condition", "seed"])
+    for row in rows:
+        seed = int(row[0])
+        _, test_dual, upd, stm, _ = nums(" ".join(row[2:]))
+        assert close2((upd + stm) / 2, test_dual)
+        t = idx.loc[("learned_full_dual", seed)]
+        assert close2((t["updated_ltm"] + t["mean_stm"]) / 2, test_dual)
+        assert close2(t["dual"], test_dual)
+
+
+def test_tex_core_results_per_seed_match_csv(paper_wide):
+    names = {"Learned full": "learned_full", "Identity full": "identity_full",
+             "Consolidator only": "consolidator_only",
+             "Memory + Consolidator": "memory_consolidator"}
+    idx = paper_wide.set_index(["condition", "seed"])
+    rows = tex_rows("tab:core-results-per-seed")
+    assert len(rows) == 20
+    for row in rows:
+        t = idx.loc[(names[row[0]], int(row[1]))]
+        v = nums(" ".join(row[2:]))
+        ours = [t["updated_ltm"], t["alternative_mode"], t["fresh_ltm"], t["seg2_stm"],
+                t["mismatched_ltm"]]
+        assert all(close2(a, b) for a, b in zip(ours, v)), row
