@@ -1,0 +1,52 @@
+"""The `pmnet` command line: info, episodes and clear errors."""
+
+import json
+
+import pytest
+
+from pmnet.cli import main
+
+
+def test_info_json_has_total_and_subsets(capsys):
+    assert main(["info", "--preset", "paper", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["total"] == 29_946_816
+    assert d["subsets"]["consolidator_only"] == 12_352
+    assert set(d["subsets"]) == {"entire_model", "all_but_consolidator", "consolidator_only",
+                                 "memory_consolidator"}
+
+
+def test_info_table(capsys):
+    assert main(["info", "--preset", "debug"]) == 0
+    out = capsys.readouterr().out
+    assert "consolidator_only" in out and "%" in out
+
+
+def test_episodes_writes_json_lines(tmp_path, capsys):
+    path = tmp_path / "e.jsonl"
+    assert main(["episodes", "--n", "3", "--seed", "7", "--out", str(path)]) == 0
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 3 and {"family", "address", "segments"} <= set(rows[0])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["info", "--preset", "giant"], "unknown model preset"),
+        (["episodes", "--n", "0", "--seed", "1"], "zero episodes"),
+        (["train", "phase2", "--preset", "debug", "--out", "x", "--condition", "nope",
+          "--seed", "1", "--phase1", "x.pt"], "unknown condition"),
+        (["train", "phase2", "--preset", "debug", "--out", "x", "--condition", "learned_full",
+          "--seed", "1", "--phase1", "missing.pt"], "not found"),
+        (["train", "phase1", "--preset", "debug", "--out", "x", "--set", "seeds=[]"],
+         "seeds is empty"),
+    ],
+)
+def test_bad_input_exits_with_a_named_error(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_non_integer_seed_is_rejected_by_the_parser():
+    with pytest.raises(SystemExit):
+        main(["episodes", "--n", "3", "--seed", "abc"])
