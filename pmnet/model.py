@@ -49,9 +49,21 @@ def phasor(x: Tensor) -> Tensor:
     return torch.cat([torch.sin(x), torch.cos(x)], dim=-1)
 
 
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: Tensor) -> Tensor:
+        ctx.save_for_backward(scale)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (scale,) = ctx.saved_tensors
+        return grad * scale, None
+
+
 def scale_grad(x: Tensor, scale: Tensor) -> Tensor:
     """Straight-through gradient scaling: forward value is exactly `x`, gradient is `scale * g`."""
-    return x.detach() + (x - x.detach()) * scale
+    return _ScaleGrad.apply(x, scale)
 
 
 # -----------------------------------------------------------------------------------------
@@ -225,11 +237,8 @@ class MLP(nn.Module):
 
 
 def phase_scores(q: Tensor, k: Tensor, dim: int) -> Tensor:
-    """sum_m cos(q_m - k_m) / sqrt(dim), as a dot product of [cos; sin] phasors.
-
-    q: (..., P) broadcast against k: (..., P) -> (...)
-    """
-    return (torch.cos(q) * torch.cos(k) + torch.sin(q) * torch.sin(k)).sum(-1) / math.sqrt(dim)
+    """sum_m cos(q_m - k_m) / sqrt(dim); q broadcasts against k: (..., P) -> (...)."""
+    return torch.cos(q - k).sum(-1) / math.sqrt(dim)
 
 
 class MemoryWrite(nn.Module):
@@ -281,16 +290,18 @@ class MemoryRead(nn.Module):
         self.w_kv = nn.Linear(2 * P, 2 * Hr * P)
         self.w_out = nn.Linear(Hr * P, cfg.hidden)
 
-    def forward(self, h: Tensor, angle: Tensor) -> Tensor:
-        """h: (B, T, H); angle: (B, T, K, P) = memory state + slot embeddings -> (B, T, H)."""
-        B, T, K, P = angle.shape
-        q = math.pi * torch.tanh(self.w_q(self.norm(h)).float()).view(B, T, 1, self.Hr, P)
-        with torch.autocast(device_type=angle.device.type, enabled=False):
-            kv = self.w_kv(phasor(angle)).view(B, T, K, 2, self.Hr, P)
+    def forward(self, h: Tensor, feat: Tensor) -> Tensor:
+        """h: (B, T, H); feat: (B, T, K, 2P) = [sin; cos] of (memory state + slot
+        embeddings), shared by the layers of a block -> (B, T, H)."""
+        B, T, K, P2 = feat.shape
+        P, Hr = P2 // 2, self.Hr
+        q = math.pi * torch.tanh(self.w_q(self.norm(h)).float()).view(B, T, 1, Hr, P)
+        with torch.autocast(device_type=feat.device.type, enabled=False):
+            kv = self.w_kv(feat).view(B, T, K, 2, Hr, P)
             k = math.pi * torch.tanh(kv[:, :, :, 0])  # (B, T, K, Hr, P)
             p = torch.softmax(phase_scores(q, k, P), dim=2)  # (B, T, K, Hr)
             out = (p[..., None] * kv[:, :, :, 1]).sum(2)  # (B, T, Hr, P)
-        return self.w_out(out.reshape(B, T, self.Hr * P).to(h.dtype))
+        return self.w_out(out.reshape(B, T, Hr * P).to(h.dtype))
 
 
 class Consolidator(nn.Module):
@@ -473,7 +484,7 @@ class PMNet(nn.Module):
             group = torch.zeros(B, T, dtype=torch.long, device=dev)  # visited group, block b
             u = torch.zeros(B, T, K, P, device=dev)  # memory state carried from blocks above
             causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()  # (T, T)
-        angle = None
+        feat = None
         routes = []
         for layer in self.layers:
             a_out, kv[layer.index] = layer.attn(layer.attn_norm(h), cos, sin, kv[layer.index])
@@ -496,9 +507,9 @@ class PMNet(nn.Module):
                 same = (group[:, :, None] == group[:, None, :]) & causal  # (B, T, T)
                 running = torch.bmm(same.to(flat.dtype), flat).view(B, T, K, P)
                 S_tok = _gather_groups(stm[b], group) + running  # STM of the token's group
-                M_tok = wrap(S_tok + L_tok)  # (B, T, K, P)                    Eq. 3
-                u = wrap(u + M_tok)
-                angle = u + e  # read angles for the layers of this block
+                M_tok = S_tok + L_tok  # (B, T, K, P)  Eq. 3; mod 2pi is implicit: M is
+                u = wrap(u + M_tok)  # only seen through sin/cos, u is wrapped to stay small
+                feat = phasor(u + e)  # (B, T, K, 2P) read features for this block's layers
                 total = torch.bmm(onehot.transpose(1, 2), flat).view(B, G, K, P)
                 stm[b] = wrap(stm[b] + total)  # state after the chunk
                 occ[b] = occ[b] | (onehot.sum(1) > 0)  # (B, G)
@@ -507,7 +518,7 @@ class PMNet(nn.Module):
                 if b + 1 == cfg.n_blocks:
                     routes.append(group)
             if layer.read is not None:
-                h = h + layer.read(h, angle)
+                h = h + layer.read(h, feat)
             h = h + layer.mlp(layer.mlp_norm(h))
 
         new_state = replace(state, kv=tuple(kv), stm=tuple(stm), occ=tuple(occ),
