@@ -1,0 +1,203 @@
+"""Storage layout of a pipeline run, trial naming, and the small JSON files on disk.
+
+    <root>/                              storage root (absolute; shared storage on a cluster)
+      mlflow.db  mlartifacts/            embedded MLflow store (all pipelines of this root)
+      LAST                               name of the most recently started pipeline
+      <name>/                            one pipeline run
+        pipeline.json                    what ran: preset, grid, resources, phase1 sha256, ...
+        config.json                      the full TrainConfig (TrainConfig.to_dict())
+        tracking.json                    MLflow experiment id and run ids (parent, stages)
+        timing.json                      wall time vs. the trials' own training time
+        phase1/phase1.pt(.sha256)        Stage 1: the shared Phase-1 checkpoint (read-only)
+        phase1/stage1.json               the config hash it was trained with, its sha256
+        stage2/                          Stage 2: the Tune experiment (Tuner.restore-able)
+        trials/<condition>-s<seed>/      each trial's run_phase2 out_dir + trial.json
+        results/<condition>-s<seed>.json each finished trial's result (Stage 3 input)
+        report/                          Stage 3: tables and figures (pmnet.report)
+        logs/                            driver and MLflow-server logs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+EXPERIMENT_DIRNAME = "stage2"
+# Phase-2-only fields of TrainConfig: changing them does not change the Phase-1 checkpoint.
+PHASE2_ONLY_FIELDS = ("lr", "episodes_per_epoch", "max_epochs", "patience", "seeds",
+                      "conditions", "detach_ltm", "notes", "threads")
+
+
+class PipelineError(RuntimeError):
+    """A pipeline cannot start or continue; the message says why and what to do."""
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise PipelineError(f"invalid pipeline name {name!r}: use letters, digits, '.', '_' "
+                            "and '-' (at most 100 characters, not starting with a dot)")
+    return name
+
+
+def trial_name(condition: str, seed: int) -> str:
+    return f"{condition}-s{int(seed)}"
+
+
+def trial_key(name: str, condition: str, seed: int) -> str:
+    """The MLflow tag that identifies a trial's run across retries and resumes."""
+    return f"{name}/{trial_name(condition, seed)}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+    name: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root).expanduser().absolute())
+        check_name(self.name)
+
+    # per root --------------------------------------------------------------------------
+    @property
+    def mlflow_db(self) -> Path:
+        return self.root / "mlflow.db"
+
+    @property
+    def mlartifacts(self) -> Path:
+        return self.root / "mlartifacts"
+
+    @property
+    def last_file(self) -> Path:
+        return self.root / "LAST"
+
+    # per pipeline -------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def pipeline_json(self) -> Path:
+        return self.run_dir / "pipeline.json"
+
+    @property
+    def config_json(self) -> Path:
+        return self.run_dir / "config.json"
+
+    @property
+    def tracking_json(self) -> Path:
+        return self.run_dir / "tracking.json"
+
+    @property
+    def timing_json(self) -> Path:
+        return self.run_dir / "timing.json"
+
+    @property
+    def phase1_dir(self) -> Path:
+        return self.run_dir / "phase1"
+
+    @property
+    def phase1_ckpt(self) -> Path:
+        return self.phase1_dir / "phase1.pt"
+
+    @property
+    def stage1_json(self) -> Path:
+        return self.phase1_dir / "stage1.json"
+
+    @property
+    def experiment_dir(self) -> Path:
+        return self.run_dir / EXPERIMENT_DIRNAME
+
+    @property
+    def trials_dir(self) -> Path:
+        return self.run_dir / "trials"
+
+    def trial_dir(self, condition: str, seed: int) -> Path:
+        return self.trials_dir / trial_name(condition, seed)
+
+    @property
+    def results_dir(self) -> Path:
+        return self.run_dir / "results"
+
+    def result_path(self, condition: str, seed: int) -> Path:
+        return self.results_dir / f"{trial_name(condition, seed)}.json"
+
+    @property
+    def report_dir(self) -> Path:
+        return self.run_dir / "report"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+
+def list_pipelines(root: str | os.PathLike) -> list[str]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and (p / "pipeline.json").is_file())
+
+
+def last_pipeline(root: str | os.PathLike) -> str:
+    """The name in `<root>/LAST`, or the newest pipeline directory; PipelineError if none."""
+    root = Path(root).expanduser().absolute()
+    last = root / "LAST"
+    if last.is_file():
+        name = last.read_text().strip()
+        if name and (root / name / "pipeline.json").is_file():
+            return name
+    names = list_pipelines(root)
+    if not names:
+        raise PipelineError(f"no pipeline under {root}: start one with `make pipeline` "
+                            "(python -m pipelines.run start)")
+    return max(names, key=lambda n: (root / n / "pipeline.json").stat().st_mtime)
+
+
+# -----------------------------------------------------------------------------------------
+# Small JSON files, written atomically (a crash never leaves half a file)
+# -----------------------------------------------------------------------------------------
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_json(path: str | os.PathLike, default: Any = None) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return default
+
+
+def check_writable(root: str | os.PathLike) -> Path:
+    """Create `root` if needed and prove a file can be written there; PipelineError if not."""
+    root = Path(root).expanduser().absolute()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise PipelineError(f"storage root {root} is not writable ({e.strerror or e}); "
+                            "pass a writable --root (RUNS=... for make)") from e
+    return root

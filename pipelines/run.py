@@ -1,0 +1,215 @@
+"""Command line of the pipeline (the Makefile's pipeline/resume/status/report/ui targets).
+
+    python -m pipelines.run start  [--preset P] [--name N] [--root DIR] [--grid G] ...
+    python -m pipelines.run resume [--name N] [--root DIR]
+    python -m pipelines.run status [--name N] [--root DIR]
+    python -m pipelines.run report [--name N] [--root DIR]
+    python -m pipelines.run ui     [--root DIR] [--port 5000]
+
+Exit codes: 0 success; 1 the pipeline ran but some trials did not finish (`resume`
+continues them); 2 the pipeline could not start or continue (bad configuration, reported
+before any compute, or a failed / refused Stage 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pipelines.layout import PipelineError
+
+DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "runs"
+
+
+def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
+    p.add_argument("--root", default=str(DEFAULT_ROOT),
+                   help="storage root (absolute path; shared storage on a Ray cluster)")
+    if name:
+        p.add_argument("--name", default=None,
+                       help="pipeline name (default: the last one started under --root)")
+
+
+def _compute(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking server (default: MLFLOW_TRACKING_URI, else the "
+                        "embedded store <root>/mlflow.db served locally during the run)")
+    p.add_argument("--ray-address", default=None,
+                   help="a running Ray cluster (default: RAY_ADDRESS, else local Ray)")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="CPUs of the local Ray instance (default: all)")
+    p.add_argument("--stage1-cpus", type=float, default=None,
+                   help="CPUs (and torch threads) of the Stage-1 task (default: every CPU of "
+                        "the largest node)")
+    p.add_argument("--mlflow-host", default="127.0.0.1",
+                   help="interface of the embedded MLflow server (a cluster's workers on "
+                        "other machines need an address they can reach)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("start", help="run a new pipeline (or continue one with the same name "
+                                     "and configuration)")
+    _common(p)
+    p.add_argument("--preset", default=None,
+                   help="paper | cpu | debug (default: paper with a CUDA GPU, cpu otherwise)")
+    p.add_argument("--grid", default="default",
+                   help="grid function in tune_spaces (default, paper, tiny, core)")
+    p.add_argument("--conditions", default=None, help="comma-separated conditions")
+    p.add_argument("--seeds", default=None, help="comma-separated Phase-2 seeds")
+    p.add_argument("--cpus-per-trial", type=float, default=None)
+    p.add_argument("--gpus-per-trial", type=float, default=None,
+                   help="fraction of one GPU per trial (0.25: four trials share a GPU)")
+    p.add_argument("--max-concurrent", type=int, default=None,
+                   help="cap on trials running at once (default: resources decide)")
+    p.add_argument("--max-failures", type=int, default=None,
+                   help="retries of a crashed trial from its last checkpoint (default 2)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="TrainConfig override, e.g. --set max_epochs=3 --set model.hidden=32")
+    _compute(p)
+
+    p = sub.add_parser("resume", help="continue the last (or --name) pipeline")
+    _common(p)
+    p.add_argument("--max-failures", type=int, default=None)
+    _compute(p)
+
+    p = sub.add_parser("status", help="table of a pipeline's trials, read from disk")
+    _common(p)
+
+    p = sub.add_parser("report", help="rebuild the report of a pipeline from its results")
+    _common(p)
+    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--no-mlflow", action="store_true",
+                   help="do not log the report to the pipeline's MLflow run")
+
+    p = sub.add_parser("ui", help="MLflow UI for the embedded store on 127.0.0.1")
+    _common(p, name=False)
+    p.add_argument("--port", type=int, default=int(os.environ.get("MLFLOW_UI_PORT", 5000)))
+    p.add_argument("--host", default="127.0.0.1")
+    return ap
+
+
+def cmd_start(a) -> int:
+    from pipelines import driver
+
+    plan = driver.plan_new(
+        root=a.root, name=a.name, preset=a.preset, grid=a.grid,
+        overrides=driver.parse_overrides(a.set), conditions=a.conditions, seeds=a.seeds,
+        cpus_per_trial=a.cpus_per_trial, gpus_per_trial=a.gpus_per_trial,
+        max_concurrent=a.max_concurrent, max_failures=a.max_failures,
+        tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
+        mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus)
+    print(f"preset: {plan.cfg.preset} ({plan.preset_reason})", flush=True)
+    return driver.execute(plan)
+
+
+def cmd_resume(a) -> int:
+    from pipelines import driver
+
+    plan = driver.plan_resume(root=a.root, name=a.name, tracking_uri=a.tracking_uri,
+                              ray_address=a.ray_address, num_cpus=a.num_cpus,
+                              mlflow_host=a.mlflow_host, max_failures=a.max_failures,
+                              stage1_cpus=a.stage1_cpus)
+    return driver.execute(plan)
+
+
+def cmd_status(a) -> int:
+    from pipelines.layout import Layout, last_pipeline
+    from pipelines.status import status_text
+
+    root = Path(a.root).expanduser().absolute()
+    name = a.name or last_pipeline(root)
+    layout = Layout(root, name)
+    if not layout.pipeline_json.is_file():
+        raise PipelineError(f"no pipeline {name!r} under {root}")
+    print(status_text(layout))
+    return 0
+
+
+def cmd_report(a) -> int:
+    from pipelines import driver
+    from pipelines.layout import last_pipeline, read_json
+    from pipelines.tracking import (
+        EMBEDDED,
+        LocalServer,
+        Tracker,
+        check_tracking_uri,
+        embedded_backend,
+        requested_tracking_uri,
+    )
+
+    root = Path(a.root).expanduser().absolute()
+    name = a.name or last_pipeline(root)
+    plan = driver.plan_resume(root=root, name=name, tracking_uri=a.tracking_uri)
+    lay = plan.layout
+    known = read_json(lay.tracking_json, {}) or {}
+    runs = driver.Runs()
+    server = None
+    try:
+        if not a.no_mlflow and known.get("parent_run_id"):
+            uri = requested_tracking_uri(a.tracking_uri)
+            if uri is None and known.get("tracking_uri") not in (None, EMBEDDED):
+                uri = known["tracking_uri"]
+            if uri is None:
+                server = LocalServer(embedded_backend(root), lay.mlartifacts,
+                                     log_path=lay.logs_dir / "mlflow-server.log")
+                server.start()
+                uri = server.wait_ready()
+            else:
+                check_tracking_uri(uri)
+            runs = driver.Runs(tracker=Tracker(uri), uri=uri,
+                               experiment_id=known.get("experiment_id"),
+                               parent=known.get("parent_run_id"),
+                               stages=dict(known.get("stages", {})))
+        ok = driver.stage3(plan, runs)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0 if ok else 1
+
+
+def cmd_ui(a) -> int:
+    from pipelines.tracking import SERVER_ENV, embedded_backend, server_command
+
+    root = Path(a.root).expanduser().absolute()
+    if not (root / "mlflow.db").is_file():
+        print(f"note: no MLflow store at {root / 'mlflow.db'} yet; the UI starts empty",
+              file=sys.stderr)
+    root.mkdir(parents=True, exist_ok=True)
+    cmd = server_command(embedded_backend(root), root / "mlartifacts", a.host, a.port,
+                         workers=1)
+    shown = "127.0.0.1" if a.host in ("0.0.0.0", "localhost") else a.host
+    print(f"MLflow UI for {root / 'mlflow.db'}: http://{shown}:{a.port}  (Ctrl-C to stop)",
+          flush=True)
+    os.environ.update(SERVER_ENV)
+    os.chdir(root)
+    os.execv(cmd[0], cmd)
+    return 0  # not reached
+
+
+COMMANDS = {"start": cmd_start, "resume": cmd_resume, "status": cmd_status,
+            "report": cmd_report, "ui": cmd_ui}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    from tune_spaces import SpaceError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (PipelineError, SpaceError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: continue with `make resume` (python -m pipelines.run resume)",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

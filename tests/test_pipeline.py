@@ -1,0 +1,454 @@
+"""Reliability tests of the Ray pipeline with real components on loopback only.
+
+Every test runs the `debug` preset on the `tiny` grid (learned_full, consolidator_only x
+seeds 42, 43). The non-slow ones (end to end with the embedded MLflow store; a trial that
+crashes once, logging to an external MLflow server; a tampered Phase-1 checkpoint) take
+about two minutes together on 2 cores; the driver-SIGKILL + resume and the two-node cluster
+tests are `slow`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.layout import Layout, read_json, trial_key, trial_name
+
+REPO = Path(__file__).resolve().parent.parent
+GRID = [(c, s) for s in (42, 43) for c in ("learned_full", "consolidator_only")]
+BASE = ["--preset", "debug", "--grid", "tiny", "--stage1-cpus", "1"]
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "RAY_AUTH_MODE",
+                        "PMNET_TEST_FAULT_ONCE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra or {})
+    return env
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 420) -> tuple[int, str]:
+    """Run `python -m pipelines.run ARGS` in its own process group; return (rc, output)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
+                            env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, _ = proc.communicate()
+        pytest.fail(f"pipeline timed out after {timeout} s:\n{out[-4000:]}")
+    finally:
+        _kill_group(proc.pid)  # anything the driver left in its group (Ray agents)
+    return proc.returncode, out
+
+
+def processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="ignore")
+                stat = (d / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+            except OSError:
+                continue
+            if text in cmd and stat != "Z":
+                pids.append(int(d.name))
+    return pids
+
+
+def wait_gone(text: str, timeout: float = 30) -> list[int]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = processes_mentioning(text)
+        if not left:
+            return []
+        time.sleep(0.5)
+    return processes_mentioning(text)
+
+
+def reference(run_dir: Path, condition: str, seed: int) -> dict:
+    """The same trial trained in-process, uninterrupted, from the pipeline's checkpoint."""
+    from pipelines.trial import quiet_training_logs
+
+    quiet_training_logs()
+    import torch
+
+    from pmnet.train import TrainConfig, run_phase2
+
+    cfg = TrainConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    cfg = dataclasses.replace(cfg, threads=1)  # what a 1-CPU trial uses
+    threads = torch.get_num_threads()
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            return run_phase2(cfg, condition=condition, seed=seed,
+                              phase1_ckpt=run_dir / "phase1" / "phase1.pt", out_dir=out,
+                              progress=False)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def assert_same_training(got: dict, ref: dict) -> None:
+    for key in ("test", "val", "best_epoch", "history", "phase1_sha256", "trainable_params"):
+        assert got[key] == ref[key], f"{key} differs from the uninterrupted run"
+
+
+def attempts(lay: Layout, condition: str, seed: int) -> list[dict]:
+    path = lay.trial_dir(condition, seed) / "attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mlflow_runs(uri: str, name: str) -> tuple:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(f"pmnet/{name}")
+    assert exp is not None, f"no MLflow experiment pmnet/{name} at {uri}"
+    return client, exp, client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def check_trial_runs(client, runs, name: str, lay: Layout) -> dict:
+    """Exactly one FINISHED run per trial, with its tags, params, per-epoch metrics."""
+    by_key: dict[str, list] = {}
+    for r in runs:
+        if "trial_key" in r.data.tags:
+            by_key.setdefault(r.data.tags["trial_key"], []).append(r)
+    assert sorted(by_key) == sorted(trial_key(name, c, s) for c, s in GRID)
+    parents = {r.info.run_id for r in runs if r.data.tags.get("role") == "pipeline"}
+    assert len(parents) == 1
+    for c, s in GRID:
+        found = by_key[trial_key(name, c, s)]
+        assert len(found) == 1, f"{len(found)} MLflow runs for {c}-s{s}"
+        run = found[0]
+        res = read_json(lay.result_path(c, s))
+        assert run.info.status == "FINISHED" and run.info.run_name == trial_name(c, s)
+        tags = run.data.tags
+        assert (tags["condition"], tags["seed"], tags["preset"]) == (c, str(s), "debug")
+        assert tags["phase1_sha256"] == res["phase1_sha256"]
+        assert tags["mlflow.parentRunId"] in parents
+        assert run.data.params["model.hidden"] == "32" and run.data.params["seed"] == str(s)
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "epoch")]
+        assert steps == list(range(len(steps))) and len(steps) >= 1, steps
+        val = client.get_metric_history(run.info.run_id, "val/updated_ltm")
+        assert sorted(m.step for m in val) == steps
+        assert run.data.metrics["test/updated_ltm"] == pytest.approx(res["test"]["updated_ltm"])
+        info = read_json(lay.trial_dir(c, s) / "trial.json")
+        assert info["mlflow_run_id"] == run.info.run_id
+    return by_key
+
+
+# -- end to end, embedded MLflow store (CI) -----------------------------------------------------
+
+
+def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
+    root = tmp_path / "runs"
+    t0 = time.time()
+    rc, out = cli("start", *BASE, "--root", str(root), "--name", "e2e")
+    wall = time.time() - t0
+    assert rc == 0, out[-4000:]
+    lay = Layout(root, "e2e")
+    assert "preset: debug" in out and "[stage 1/3]" in out and "4/4 done" in out
+    assert "[stage 3/3]" in out
+    # results and the shared Phase-1 checkpoint
+    for c, s in GRID:
+        res = read_json(lay.result_path(c, s))
+        assert res["condition"] == c and res["seed"] == s and "updated_ltm" in res["test"]
+        assert len(attempts(lay, c, s)) == 1
+    digest = read_json(lay.pipeline_json)["phase1_sha256"]
+    assert {read_json(lay.result_path(c, s))["phase1_sha256"] for c, s in GRID} == {digest}
+    assert (lay.phase1_ckpt.stat().st_mode & 0o222) == 0  # read-only after Stage 1
+    # the embedded MLflow server is gone, the store holds one run per trial
+    assert wait_gone(str(root)) == []
+    client, exp, runs = mlflow_runs(f"sqlite:///{lay.mlflow_db}", "e2e")
+    by_key = check_trial_runs(client, runs, "e2e", lay)
+    names = {r.info.run_name for r in runs}
+    assert {"e2e", "stage1-phase1", "stage2-phase2", "stage3-report"} <= names
+    parent = next(r for r in runs if r.data.tags.get("role") == "pipeline")
+    assert parent.data.tags["phase1_sha256"] == digest
+    assert parent.data.tags["git_commit"] and parent.data.tags["version.ray"]
+    # artifacts (proxied by the server into <root>/mlartifacts)
+    art = lay.mlartifacts / exp.experiment_id
+    for c, s in GRID:
+        rid = by_key[trial_key("e2e", c, s)][0].info.run_id
+        assert (art / rid / "artifacts" / "result" / f"{trial_name(c, s)}.json").is_file()
+        assert (art / rid / "artifacts" / "checkpoint" / "best_model.pt").is_file()
+    if lay.report_dir.is_dir():  # Stage 3 ran: its tables/figures are on the parent run
+        assert (art / parent.info.run_id / "artifacts" / "report").is_dir()
+    # status from disk
+    rc, text = cli("status", "--root", str(root))
+    assert rc == 0 and text.count("FINISHED") == 4, text
+    timing = read_json(lay.timing_json)
+    assert timing["trials_finished"] == 4 and timing["wall_s"] <= wall
+    assert timing["sum_trial_train_s"] > 0
+
+
+# -- a trial that crashes once; an external MLflow server ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def external_server(tmp_path_factory):
+    from pipelines.tracking import LocalServer
+
+    base = tmp_path_factory.mktemp("external-mlflow")
+    server = LocalServer(f"sqlite:///{base / 'store.db'}", base / "artifacts",
+                         log_path=base / "server.log")
+    server.start()
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def crashed_once(tmp_path_factory, external_server):
+    """One pipeline: learned_full-s42 raises after its first epoch; MLflow is external."""
+    base = tmp_path_factory.mktemp("crash")
+    markers = base / "markers"
+    markers.mkdir()
+    for c, s in GRID:
+        if (c, s) != ("learned_full", 42):
+            (markers / trial_name(c, s)).write_text("no fault for this trial\n")
+    root = base / "runs"
+    rc, out = cli("start", *BASE, "--root", str(root), "--name", "crash", "--max-failures", "1",
+                  env={"PMNET_TEST_FAULT_ONCE": str(markers),
+                       "MLFLOW_TRACKING_URI": external_server})
+    return {"rc": rc, "out": out, "root": root, "lay": Layout(root, "crash"),
+            "marker": markers / "learned_full-s42"}
+
+
+def test_trial_crashing_once_resumes_from_its_checkpoint(crashed_once):
+    assert crashed_once["rc"] == 0, crashed_once["out"][-4000:]
+    lay = crashed_once["lay"]
+    assert crashed_once["marker"].is_file()  # the fault did fire
+    assert "learned_full-s42 crashed" in crashed_once["out"]
+    tries = attempts(lay, "learned_full", 42)
+    assert len(tries) == 2 and tries[0]["resume_from"] is None
+    assert tries[1]["resume_epoch"] == 0 and tries[1]["resume_from"]
+    from pipelines.status import tune_trials
+
+    state = tune_trials(lay.experiment_dir)
+    assert state["learned_full-s42"]["num_failures"] == 1
+    assert all(state[trial_name(c, s)]["num_failures"] == 0 for c, s in GRID[1:])
+    for c, s in GRID:  # every trial, the retried one included, equals an uninterrupted run
+        assert_same_training(read_json(lay.result_path(c, s)), reference(lay.run_dir, c, s))
+
+
+def test_external_mlflow_server_receives_the_runs(crashed_once, external_server):
+    assert crashed_once["rc"] == 0, crashed_once["out"][-4000:]
+    lay = crashed_once["lay"]
+    assert not lay.mlflow_db.exists()  # nothing went to the embedded store
+    client, _, runs = mlflow_runs(external_server, "crash")
+    by_key = check_trial_runs(client, runs, "crash", lay)  # the retry re-attached: 1 run
+    rid = by_key[trial_key("crash", "learned_full", 42)][0].info.run_id
+    assert "injected fault" in client.get_run(rid).data.tags.get("last_error", "")
+
+
+# -- a tampered Phase-1 checkpoint --------------------------------------------------------------
+
+
+def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
+    from pipelines import driver
+    from pipelines.layout import PipelineError, write_json
+    from pipelines.trial import quiet_training_logs
+
+    quiet_training_logs()
+    from pmnet.train import TrainConfig, run_phase1
+
+    plan = driver.plan_new(root=tmp_path / "runs", name="tamper", preset="debug", grid="tiny",
+                           max_failures=0, num_cpus=2)
+    lay = plan.layout
+    import torch
+
+    threads = torch.get_num_threads()
+    res = run_phase1(TrainConfig.from_name("debug", threads=1), lay.phase1_dir, progress=False)
+    torch.set_num_threads(threads)
+    write_json(lay.stage1_json, {"config_hash": driver.phase1_config_hash(plan.cfg),
+                                 "sha256": res["sha256"]})
+    data = bytearray(lay.phase1_ckpt.read_bytes())
+    data[len(data) // 3] ^= 0x5A
+    lay.phase1_ckpt.write_bytes(bytes(data))
+    # the driver refuses it before any trial starts ...
+    with pytest.raises(PipelineError, match="does not match its recorded sha256"):
+        driver.existing_phase1(plan)
+    with pytest.raises(PipelineError, match="does not match its recorded sha256"):
+        driver.stage2(plan, driver.Runs(), res["sha256"])
+    assert not lay.experiment_dir.exists()
+    # ... and so does every trial on its own (driver check bypassed)
+    ray = driver.init_ray(plan)
+    try:
+        out = driver.stage2(plan, driver.Runs(), res["sha256"], precheck=False)
+    finally:
+        ray.shutdown()
+    assert out["errored"] == 4 and out["finished"] == 0
+    for c, s in GRID:
+        info = read_json(lay.trial_dir(c, s) / "trial.json")
+        assert info["state"] == "ERROR"
+        assert "Phase1Refused" in info["error"]
+        assert "does not match its recorded sha256" in info["error"]
+        assert not lay.result_path(c, s).exists()
+        assert not (lay.trial_dir(c, s) / "attempts.jsonl").exists()  # no training began
+
+
+# -- SIGKILL of the driver in the middle of Stage 2, then resume (slow) ---------------------------
+
+
+@pytest.mark.slow
+def test_driver_killed_mid_stage2_then_resumed(tmp_path):
+    root = tmp_path / "runs"
+    lay = Layout(root, "kill")
+    args = ["start", *BASE, "--root", str(root), "--name", "kill", "--max-concurrent", "1",
+            "--set", "max_epochs=4", "--set", "patience=4", "--set", "episodes_per_epoch=256"]
+    log = open(tmp_path / "driver.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
+                            env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            done = list(lay.results_dir.glob("*.json")) if lay.results_dir.is_dir() else []
+            if done:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)  # into the next trial
+        assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only: no cleanup code runs
+        proc.wait(30)
+        # the embedded MLflow server notices the driver is gone and stops
+        assert wait_gone(str(root), timeout=30) == []
+    finally:
+        _kill_group(proc.pid)  # Ray helper processes left in the driver's group
+        log.close()
+    finished = {p.stem: p.read_bytes() for p in lay.results_dir.glob("*.json")}
+    assert 1 <= len(finished) < 4
+    rc, text = cli("status", "--root", str(root))
+    assert "interrupted" in text
+
+    rc, out = cli("resume", "--root", str(root))
+    assert rc == 0, out[-4000:]
+    assert "skipped" in out  # Stage 1 is not redone
+    for name, data in finished.items():  # finished trials were not rerun
+        c, s = name.rsplit("-s", 1)
+        assert lay.result_path(c, int(s)).read_bytes() == data
+        assert [a["kind"] for a in attempts(lay, c, int(s))] == ["train"]
+    for c, s in GRID:
+        assert_same_training(read_json(lay.result_path(c, s)), reference(lay.run_dir, c, s))
+    client, _, runs = mlflow_runs(f"sqlite:///{lay.mlflow_db}", "kill")
+    check_trial_runs(client, runs, "kill", lay)  # one run per trial, no duplicate epochs
+
+
+# -- a two-node Ray cluster on this machine (slow) ----------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_node_cluster_runs_the_debug_pipeline(tmp_path):
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    common = ["--num-cpus", "1", "--block", "--disable-usage-stats"]
+    auth = {"RAY_AUTH_MODE": "token"}  # `ray start` clusters use token auth (Ray >= 2.59)
+    nodes = []
+    # `ray start --block` stays in the foreground; ending its process group stops exactly
+    # the node it started (a global `ray stop` would also hit other Ray users of the box)
+    try:
+        nodes.append(subprocess.Popen(
+            [ray_bin, "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
+             "--include-dashboard=false", *common], env=_env(auth), start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        probe = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+                 "print(sum(n['Alive'] for n in ray.nodes()))")
+        deadline = time.time() + 120
+        n_alive = 0
+        while time.time() < deadline:
+            try:
+                r = subprocess.run([sys.executable, "-c", probe, address], env=_env(auth),
+                                   capture_output=True, text=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                continue
+            if r.returncode == 0 and r.stdout.strip():
+                n_alive = int(r.stdout.strip().splitlines()[-1])
+                if len(nodes) == 1:
+                    nodes.append(subprocess.Popen(
+                        [ray_bin, "start", "--address", address, "--node-ip-address",
+                         "127.0.0.1", *common], env=_env(auth), start_new_session=True,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                elif n_alive >= 2:
+                    break
+            time.sleep(1)
+        assert n_alive >= 2, "the second Ray node did not join"
+
+        root = tmp_path / "runs"
+        # no RAY_AUTH_MODE here: the driver retries with token auth by itself
+        rc, out = cli("start", *BASE, "--root", str(root), "--name", "cluster",
+                      env={"RAY_ADDRESS": address})
+        assert rc == 0, out[-4000:]
+        assert f"Ray cluster {address}" in out
+        lay = Layout(root, "cluster")
+        used = {attempts(lay, c, s)[0]["node_id"] for c, s in GRID}
+        assert len(used) == 2, f"trials ran on {used}"
+        for c, s in GRID:
+            assert_same_training(read_json(lay.result_path(c, s)), reference(lay.run_dir, c, s))
+    finally:
+        for p in nodes:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in nodes:  # a node drains for up to 30 s after SIGTERM
+            try:
+                p.wait(40)
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_group(p.pid)
+
+
+# -- trials sharing one GPU (needs CUDA; skipped elsewhere) ---------------------------------------
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_trials_share_one_gpu_with_fractional_resources(tmp_path):
+    root = tmp_path / "runs"
+    rc, out = cli("start", *BASE, "--root", str(root), "--name", "gpu", "--gpus-per-trial",
+                  "0.5", "--cpus-per-trial", "1")
+    assert rc == 0, out[-4000:]
+    assert "0.5 GPU per trial" in out and "1 GPU)" in out  # Stage 1 takes the whole GPU
+    lay = Layout(root, "gpu")
+    for c, s in GRID:
+        assert read_json(lay.result_path(c, s))["config"]["precision"] == "auto"
+        assert attempts(lay, c, s)[0]["cuda_visible_devices"] not in (None, "")
