@@ -267,9 +267,8 @@ class MemoryWrite(nn.Module):
         x = self.norm(h)
         q = math.pi * torch.tanh(self.w_q(x).float())  # (B, T, P)
         v = math.pi * torch.tanh(self.w_o(self.w_v(x)).float())  # (B, T, P)
-        with torch.autocast(device_type=a.device.type, enabled=False):
-            k = math.pi * torch.tanh(self.w_k(phasor(a)))  # (B, T, K, P)
-            p = torch.softmax(phase_scores(q[:, :, None, :], k, self.P), dim=-1)  # (B, T, K)
+        k = math.pi * torch.tanh(self.w_k(phasor(a)).float())  # (B, T, K, P)
+        p = torch.softmax(phase_scores(q[:, :, None, :], k, self.P), dim=-1)  # (B, T, K)
         delta = p[..., None] * v[:, :, None, :]  # (B, T, K, P)
         return delta, p
 
@@ -296,11 +295,10 @@ class MemoryRead(nn.Module):
         B, T, K, P2 = feat.shape
         P, Hr = P2 // 2, self.Hr
         q = math.pi * torch.tanh(self.w_q(self.norm(h)).float()).view(B, T, 1, Hr, P)
-        with torch.autocast(device_type=feat.device.type, enabled=False):
-            kv = self.w_kv(feat).view(B, T, K, 2, Hr, P)
-            k = math.pi * torch.tanh(kv[:, :, :, 0])  # (B, T, K, Hr, P)
-            p = torch.softmax(phase_scores(q, k, P), dim=2)  # (B, T, K, Hr)
-            out = (p[..., None] * kv[:, :, :, 1]).sum(2)  # (B, T, Hr, P)
+        kv = self.w_kv(feat).float().view(B, T, K, 2, Hr, P)
+        k = math.pi * torch.tanh(kv[:, :, :, 0])  # (B, T, K, Hr, P)
+        p = torch.softmax(phase_scores(q, k, P), dim=2)  # (B, T, K, Hr)
+        out = (p[..., None] * kv[:, :, :, 1]).sum(2)  # (B, T, Hr, P)
         return self.w_out(out.reshape(B, T, Hr * P).to(h.dtype))
 
 
@@ -492,7 +490,8 @@ class PMNet(nn.Module):
             if layer.write is not None:
                 b = layer.block
                 G = cfg.n_groups(b)
-                e = self.slot_emb[b][group]  # (B, T, K, P)  static slot embeddings e_{b,g,j}
+                # static slot embeddings e_{b,g,j} of each token's group: (B, T, K, P)
+                e = F.embedding(group, self.slot_emb[b].view(G, K * P)).view(B, T, K, P)
                 L_tok = _gather_groups(state.ltm[b], group)  # (B, T, K, P)  L_{b,g,j}
                 a = u + e + L_tok if ltm_routing else u + e  # routing state   Eq. 1 / Eq. 9
                 delta, p = layer.write(h, a)  # (B, T, K, P), (B, T, K)        Eq. 2
