@@ -243,12 +243,14 @@ def _cpu() -> TrainConfig:
         preset="cpu", model=ModelConfig.from_name("cpu"), lr=1e-3, warmup_steps=50,
         batch_size=64, episodes_per_epoch=6_400, max_epochs=8, patience=3,
         val_episodes=1000, test_episodes=1000, eval_batch_size=500, threads=0,
-        phase1_lr=1e-3, phase1_max_epochs=30, phase1_episodes_per_epoch=12_800,
-        phase1_patience=30, phase1_curriculum=True, seeds=(42, 43),
+        phase1_lr=1e-3, phase1_max_epochs=40, phase1_episodes_per_epoch=12_800,
+        phase1_patience=40, phase1_curriculum=True, phase1_aux_demo_loss=1.0, seeds=(42, 43),
         notes=(
-            "small model (hidden 64, 4 layers, a write every layer, phase dim 16)",
-            "Phase 1 curriculum: demonstrations per batch drawn from 1..8 (eval at 8)",
-            "lr 1e-3, batch 64, short epochs (6.4K episodes) for a 2-core CPU",
+            "small model (hidden 64, 4 layers, a write every layer, phase dim 16; 0.30M)",
+            "Phase 1 curriculum: demonstrations per batch drawn from 1..8 (evaluation at 8)",
+            "Phase 1 auxiliary loss (weight 1) on the answers of demonstrations 2..k",
+            "Phase 1: 8,000 steps of batch 64 (40 epochs x 12.8K episodes), lr 1e-3",
+            "Phase 2: lr 1e-3, batch 64, 8 epochs x 6.4K episodes, patience 3",
         ),
     )
 
