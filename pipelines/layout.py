@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pmnet.io import atomic_write_json
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 EXPERIMENT_DIRNAME = "stage2"
 # Phase-2-only fields of TrainConfig: changing them does not change the Phase-1 checkpoint.
@@ -165,21 +167,7 @@ def last_pipeline(root: str | os.PathLike) -> str:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write_json(path, obj)
 
 
 def read_json(path: str | os.PathLike, default: Any = None) -> Any:

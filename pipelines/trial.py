@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.layout import Layout, read_json, trial_key, trial_name, write_json
+from pmnet.io import atomic_copy
 
 FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
 SMALL_PRESETS = ("debug", "cpu")  # their selected checkpoint goes into MLflow as an artifact
@@ -154,17 +155,7 @@ def make_report_callback(*, ctx: dict, condition: str, seed: int, select: str,
 
 def copy_atomic(src: Path, dst: Path) -> Path:
     """Byte-identical copy that appears at `dst` in one step."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return dst
+    return atomic_copy(src, dst)
 
 
 def _append_attempt(trial_dir: Path, record: dict) -> None:

@@ -22,13 +22,11 @@ The spec directory is ``$PMNET_SPEC_DIR`` or ``<repo root>/../shared/spec``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,6 +35,8 @@ import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.weightstats import DescrStatsW
+
+from pmnet.io import atomic_path, atomic_write_bytes, atomic_write_text  # noqa: F401
 
 # ------------------------------------------------------------------------------------------
 # vocabulary
@@ -108,47 +108,6 @@ def ordered_conditions(names: Iterable[str]) -> list[str]:
     present = set(names)
     known = [c for c in CONDITIONS if c in present]
     return known + sorted(present - set(CONDITIONS))
-
-
-# ------------------------------------------------------------------------------------------
-# atomic writes
-# ------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically.
-
-    The temporary file lives in the same directory (same filesystem), so ``os.replace`` is
-    atomic: readers see either the old file or the complete new one, never a partial write.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
-    try:
-        yield tmp
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temporary file + fsync + ``os.replace``)."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    return Path(path)
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write UTF-8 ``text`` to ``path`` atomically."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -770,6 +729,9 @@ def compare_all(
 # ------------------------------------------------------------------------------------------
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: a copy of the paper's two CSVs shipped with the package, so reports show the paper's
+#: numbers beside ours on any machine (tests check it equals shared/spec byte for byte)
+PACKAGED_SPEC = Path(__file__).resolve().parent / "paper_data"
 
 
 class SpecNotFoundError(FileNotFoundError):
@@ -777,13 +739,16 @@ class SpecNotFoundError(FileNotFoundError):
 
 
 def spec_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """The spec directory: ``path``, else ``$PMNET_SPEC_DIR``, else ``<repo>/../shared/spec``."""
+    """The spec directory: ``path``, else ``$PMNET_SPEC_DIR``, else ``<repo>/../shared/spec``,
+    else the copy packaged in ``pmnet/paper_data``."""
     if path is not None:
         found, origin = Path(path), "the given path"
     elif os.environ.get("PMNET_SPEC_DIR"):
         found, origin = Path(os.environ["PMNET_SPEC_DIR"]), "$PMNET_SPEC_DIR"
     else:
         found, origin = REPO_ROOT.parent / "shared" / "spec", "the default <repo>/../shared/spec"
+        if not found.is_dir():  # an installed or cloned copy without shared/: packaged CSVs
+            found, origin = PACKAGED_SPEC, "the copy packaged in pmnet/paper_data"
     if not found.is_dir():
         raise SpecNotFoundError(
             f"spec directory not found at {found} ({origin}); set PMNET_SPEC_DIR to the folder "

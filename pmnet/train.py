@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +42,7 @@ from torch.utils.data import DataLoader, Dataset
 from pmnet import task
 from pmnet.config import ModelConfig
 from pmnet.evaluate import episode_outcomes, summarize
+from pmnet.io import atomic_write_bytes, atomic_write_json
 from pmnet.model import PMNet
 from pmnet.runner import RunOptions, run_episodes
 
@@ -381,6 +380,31 @@ class _PhaseModule(L.LightningModule):
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
 
+    # evaluation: per-episode outcomes of every batch, summarised once per epoch --------
+    def _outcomes(self, batch, full: bool) -> dict:
+        """Per-episode outcomes of one evaluation batch (validation: full=False)."""
+        raise NotImplementedError
+
+    def on_validation_epoch_start(self):
+        self._val_chunks, self._val_batches = {}, []
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def _collect(self, batch, full: bool) -> None:
+        for key, v in self._outcomes(batch, full).items():
+            self._val_chunks.setdefault(key, []).append(v.cpu())
+        self._val_batches.append(batch.to("cpu"))
+
+    def validation_step(self, batch, batch_idx):
+        self._collect(batch, full=False)
+
+    def test_step(self, batch, batch_idx):
+        self._collect(batch, full=True)
+
+    def _metrics(self) -> dict[str, float]:
+        stream = _concat_batches(self._val_batches)
+        return summarize({k: torch.cat(v) for k, v in self._val_chunks.items()}, stream)
+
     def _record_epoch(self, metrics: dict[str, float]) -> None:
         row = {"epoch": int(self.current_epoch)}
         if self._train_losses:
@@ -430,27 +454,9 @@ class Phase1Module(_PhaseModule):
         self.log("train/demos", float(k))
         return loss
 
-    def _eval_step(self, batch):
-        res = episode_outcomes(self.model, batch, consolidation="learned", ltm_routing=False,
-                               ltm=False)
-        for key, v in res.items():
-            self._val_chunks.setdefault(key, []).append(v.cpu())
-        self._val_batches.append(batch.to("cpu"))
-
-    def on_validation_epoch_start(self):
-        self._val_chunks, self._val_batches = {}, []
-
-    on_test_epoch_start = on_validation_epoch_start
-
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch)
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch)
-
-    def _metrics(self) -> dict[str, float]:
-        stream = _concat_batches(self._val_batches)
-        return summarize({k: torch.cat(v) for k, v in self._val_chunks.items()}, stream)
+    def _outcomes(self, batch, full: bool) -> dict:
+        return episode_outcomes(self.model, batch, consolidation="learned", ltm_routing=False,
+                                ltm=False)
 
     def on_validation_epoch_end(self):
         if self.trainer.sanity_checking:
@@ -495,29 +501,11 @@ class Phase2Module(_PhaseModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def _eval_step(self, batch, full: bool):
+    def _outcomes(self, batch, full: bool) -> dict:
         c = self.condition
-        res = episode_outcomes(self.model, batch, consolidation=c.consolidation,
-                               ltm_routing=c.ltm_routing, full=full,
-                               stm=full or c.objective == "dual")
-        for key, v in res.items():
-            self._val_chunks.setdefault(key, []).append(v.cpu())
-        self._val_batches.append(batch.to("cpu"))
-
-    def on_validation_epoch_start(self):
-        self._val_chunks, self._val_batches = {}, []
-
-    on_test_epoch_start = on_validation_epoch_start
-
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, full=False)
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch, full=True)
-
-    def _metrics(self) -> dict[str, float]:
-        stream = _concat_batches(self._val_batches)
-        return summarize({k: torch.cat(v) for k, v in self._val_chunks.items()}, stream)
+        return episode_outcomes(self.model, batch, consolidation=c.consolidation,
+                                ltm_routing=c.ltm_routing, full=full,
+                                stm=full or c.objective == "dual")
 
     def on_validation_epoch_end(self):
         if self.trainer.sanity_checking:
@@ -551,25 +539,6 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def save_model_file(path: Path, model: PMNet, *, fmt: str, meta: dict) -> str:

@@ -602,3 +602,13 @@ def test_tex_core_results_per_seed_match_csv(paper_wide):
         ours = [t["updated_ltm"], t["alternative_mode"], t["fresh_ltm"], t["seg2_stm"],
                 t["mismatched_ltm"]]
         assert all(close2(a, b) for a, b in zip(ours, v)), row
+
+
+def test_packaged_paper_data_equals_the_shared_spec():
+    from pmnet.stats import PACKAGED_SPEC, REPO_ROOT
+
+    shared = REPO_ROOT.parent / "shared" / "spec"
+    if not shared.is_dir():
+        pytest.skip("shared/spec not beside the repository")
+    for name in ("paper-aggregates.csv", "paper-per-seed.csv"):
+        assert (PACKAGED_SPEC / name).read_bytes() == (shared / name).read_bytes()

@@ -1,0 +1,61 @@
+"""Atomic file writes: a crash never leaves half a file (temporary file beside the target,
+fsync, `os.replace`). Used by training checkpoints, results, reports and the pipeline."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically.
+
+    The temporary file lives in the same directory (same filesystem), so ``os.replace`` is
+    atomic: readers see either the old file or the complete new one, never a partial write.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temporary file + fsync + ``os.replace``)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Write ``obj`` as indented, key-sorted JSON atomically (non-JSON values via str)."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def atomic_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """Byte-identical copy that appears at ``dst`` in one step."""
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
+    return Path(dst)
