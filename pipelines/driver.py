@@ -124,19 +124,12 @@ def choose_preset(preset: str | None) -> tuple[str, str]:
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     """`KEY=VALUE` strings -> TrainConfig.from_name overrides (VALUE parsed as JSON if it can)."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise PipelineError(f"--set expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        try:
-            val = json.loads(v)
-        except json.JSONDecodeError:
-            val = v
-        if isinstance(val, list):
-            val = tuple(val)
-        out[k.strip()] = val
-    return out
+    from pmnet.train import parse_overrides as train_overrides
+
+    try:
+        return train_overrides(items)
+    except ValueError as e:
+        raise PipelineError(str(e)) from e
 
 
 def _parse_list(value, kind=str) -> tuple | None:

@@ -53,19 +53,9 @@ def cmd_episodes(args) -> int:
 
 
 def _train_cfg(args):
-    from pmnet.train import TrainConfig
+    from pmnet.train import TrainConfig, parse_overrides
 
-    over = {}
-    for item in args.set or []:
-        if "=" not in item:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        try:
-            value = json.loads(v)
-        except json.JSONDecodeError:
-            value = v  # a plain string
-        over[k] = tuple(value) if isinstance(value, list) else value
-    return TrainConfig.from_name(args.preset, **over)
+    return TrainConfig.from_name(args.preset, **parse_overrides(args.set))
 
 
 def cmd_train(args) -> int:

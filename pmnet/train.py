@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import time
@@ -220,6 +221,25 @@ class TrainConfig:
             else:
                 out[k] = v
         return out
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """`KEY=VALUE` strings (the CLIs' `--set`) -> `TrainConfig.from_name` overrides.
+
+    VALUE is parsed as JSON when it can be (numbers, booleans, lists -> tuples), else kept as a
+    string; `model.FIELD` keys override model fields.
+    """
+    out: dict = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        key, text = item.split("=", 1)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text  # a plain string
+        out[key.strip()] = tuple(value) if isinstance(value, list) else value
+    return out
 
 
 def _paper() -> TrainConfig:
