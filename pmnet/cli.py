@@ -59,7 +59,7 @@ def _train_cfg(args):
 
 
 def cmd_train(args) -> int:
-    from pmnet.train import get_condition, run_phase1, run_phase2, verify_phase1
+    from pmnet.train import run_phase1, run_phase2
 
     cfg = _train_cfg(args)
     if args.phase == "phase1":
@@ -72,8 +72,7 @@ def cmd_train(args) -> int:
         return 0
     if args.condition is None or args.phase1 is None or args.seed is None:
         raise ValueError("train phase2 needs --condition, --seed and --phase1")
-    get_condition(args.condition)
-    verify_phase1(args.phase1)
+    # run_phase2 checks condition, seed and the checkpoint's sha256 before any compute
     res = run_phase2(cfg, condition=args.condition, seed=args.seed, phase1_ckpt=args.phase1,
                      out_dir=args.out)
     keys = ("updated_ltm", "initial_ltm", "forced_identity", "fresh_ltm", "mismatched_ltm",

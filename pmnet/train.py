@@ -584,7 +584,8 @@ def verify_phase1(path: str | Path) -> str:
     sidecar = Path(f"{path}.sha256")
     if not sidecar.is_file():
         raise ValueError(f"no recorded sha256 beside the Phase-1 checkpoint: {sidecar}")
-    recorded = sidecar.read_text().split()[0] if sidecar.read_text().split() else ""
+    fields = sidecar.read_text().split()
+    recorded = fields[0] if fields else ""
     actual = sha256_file(path)
     if actual != recorded:
         raise ValueError(f"Phase-1 checkpoint {path} does not match its recorded sha256 "
@@ -598,9 +599,9 @@ def load_model_file(path: str | Path, *, expect_config: ModelConfig | None = Non
     if not isinstance(payload, dict) or "model_config" not in payload:
         raise ValueError(f"{path} is not a pmnet model file")
     mcfg = ModelConfig.from_dict(payload["model_config"])
-    if expect_config is not None and mcfg.to_dict() != expect_config.to_dict():
-        diff = {k: (v, expect_config.to_dict()[k]) for k, v in mcfg.to_dict().items()
-                if expect_config.to_dict()[k] != v and k != "name"}
+    if expect_config is not None:
+        have, want = mcfg.to_dict(), expect_config.to_dict()
+        diff = {k: (v, want[k]) for k, v in have.items() if want[k] != v and k != "name"}
         if diff:
             raise ValueError(f"checkpoint {path} was made with a different model config "
                              f"(field: checkpoint vs requested): {diff}")
