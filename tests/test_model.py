@@ -268,6 +268,18 @@ def test_bad_inputs_raise_clear_errors(bad, match):
         model(bad, model.init_state(3), ltm_routing=True)
 
 
+def test_paper_preset_uses_the_reference_rope_base():
+    """RoPE base 1e6 as in the public PMNet reference configuration; cpu and debug keep 1e4."""
+    assert ModelConfig.from_name("paper").rope_theta == 1_000_000.0
+    assert ModelConfig.from_name("cpu").rope_theta == ModelConfig.from_name("debug").rope_theta
+    assert ModelConfig.from_name("debug").rope_theta == 10_000.0
+    # the model reads the field: the same weights with another base give other outputs
+    x = tokens()
+    a, _ = make().eval()(x, make().init_state(3), ltm_routing=True)
+    b, _ = make(rope_theta=1_000_000.0).eval()(x, make().init_state(3), ltm_routing=True)
+    assert not torch.allclose(a, b)
+
+
 def test_bad_config_and_preset():
     with pytest.raises(ValueError, match="unknown model preset"):
         ModelConfig.from_name("huge")
