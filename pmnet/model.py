@@ -190,7 +190,6 @@ class Attention(nn.Module):
         if cache is not None:
             k = torch.cat([cache[0].to(k.dtype), k], dim=2)
             v = torch.cat([cache[1].to(v.dtype), v], dim=2)
-        n_cached = k.shape[2] - T
         keep = cfg.window - 1  # a query sees itself and the window-1 tokens before it
         new_cache = (k[:, :, -keep:], v[:, :, -keep:]) if keep > 0 else None
         dropout = cfg.attn_dropout if self.training else 0.0
@@ -203,19 +202,36 @@ class Attention(nn.Module):
             ).reshape(B, T, -1)
             return self.o_proj(out), new_cache
 
-        gqa = cfg.n_head != cfg.n_kv_head
-        if n_cached == 0 and T <= cfg.window:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
-                                                 enable_gqa=gqa)
-        else:
-            q_pos = torch.arange(n_cached, n_cached + T, device=x.device)
-            k_pos = torch.arange(0, n_cached + T, device=x.device)
-            rel = q_pos[:, None] - k_pos[None, :]  # (T, T_k)
-            mask = (rel >= 0) & (rel < cfg.window)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
-                                                 enable_gqa=gqa)
-        out = out.transpose(1, 2).reshape(B, T, -1)
+        out = attend(q, k, v, cfg.window, dropout).transpose(1, 2).reshape(B, T, -1)
         return self.o_proj(out), new_cache
+
+
+def attention_mask(n_query: int, n_key: int, window: int | None, device=None) -> Tensor:
+    """Boolean (n_query, n_key) mask, bottom-right aligned: the queries are the last
+    `n_query` of the `n_key` positions, query i (position n_key - n_query + i) sees key j iff
+    0 <= pos_i - j (causal) and, when `window` is given, pos_i - j < window."""
+    q_pos = torch.arange(n_key - n_query, n_key, device=device)
+    rel = q_pos[:, None] - torch.arange(n_key, device=device)[None, :]  # (n_query, n_key)
+    return (rel >= 0) & (rel < window) if window is not None else rel >= 0
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, window: int, dropout: float = 0.0) -> Tensor:
+    """Causal sliding-window SDPA; q: (B, heads, T, D), k/v: (B, kv_heads, n_cached + T, D).
+
+    When the window does not bind (n_cached + T <= window, always the case for this task's
+    segments) it is plain causal attention: SDPA's `is_causal` without a cache (top-left and
+    bottom-right alignment coincide when T_q == T_k), a bottom-right causal mask with one
+    (`is_causal` would be top-left aligned, wrong for T_q < T_k). Longer inputs get the
+    sliding-window mask.
+    """
+    T, n_key = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if n_key == T and T <= window:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                              enable_gqa=gqa)
+    mask = attention_mask(T, n_key, window if n_key > window else None, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                          enable_gqa=gqa)
 
 
 class MLP(nn.Module):

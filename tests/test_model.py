@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from pmnet.config import ModelConfig
-from pmnet.model import TWO_PI, Consolidator, PMNet, wrap
+from pmnet.model import TWO_PI, Consolidator, PMNet, attend, attention_mask, wrap
 
 
 def make(name="debug", seed=0, **kw):
@@ -148,7 +148,8 @@ def test_detach_cuts_the_graph():
 
 
 # ------------------------------------------------------------------ equivalences
-@pytest.mark.parametrize("splits", [[40], [7, 13, 20], [16, 16, 8], [1] * 5 + [35]])
+@pytest.mark.parametrize("splits", [[40], [7, 13, 20], [16, 16, 8], [1] * 5 + [35],
+                                    [3, 5, 6, 26]])
 def test_chunked_equals_whole_segment(splits):
     model = make().eval()
     x = tokens()
@@ -165,6 +166,51 @@ def test_chunked_equals_whole_segment(splits):
     for a, b in zip(st_c.occ, st_w.occ):
         assert torch.equal(a, b)
     assert st_c.pos == st_w.pos == 40
+
+
+def _naive_window_attention(q, k, v, window):
+    """Reference: softmax over keys j with 0 <= pos_i - j < window, bottom-right aligned."""
+    T, n_key = q.shape[2], k.shape[2]
+    pos = torch.arange(n_key - T, n_key)[:, None] - torch.arange(n_key)[None, :]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~((pos >= 0) & (pos < window)), float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+@pytest.mark.parametrize("n_cached, T", [(0, 12), (0, 16), (4, 8), (8, 8), (15, 1),
+                                         (10, 8), (0, 20), (15, 16)])
+def test_plain_causal_path_equals_sliding_window_path(n_cached, T, monkeypatch):
+    """Where the window (16) does not bind, `attend` takes the plain causal path (SDPA's
+    is_causal without a cache, a bottom-right causal mask with one) and gives what the
+    sliding-window mask gives; where it binds, it takes the sliding-window mask."""
+    window = 16
+    g = torch.Generator().manual_seed(n_cached * 100 + T)
+    q = torch.randn(2, 3, T, 8, generator=g)
+    k, v = (torch.randn(2, 3, n_cached + T, 8, generator=g) for _ in range(2))
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        calls.append(kw)
+        return sdpa(*args, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    out = attend(q, k, v, window)
+    windowed = sdpa(q, k, v, attn_mask=attention_mask(T, n_cached + T, window))
+    assert_close(out, windowed, atol=1e-6, rtol=1e-6)
+    assert_close(out, _naive_window_attention(q, k, v, window), atol=1e-5, rtol=1e-5)
+    (kw,) = calls
+    if n_cached + T <= window:  # the window does not bind: plain causal attention
+        if n_cached == 0:
+            assert kw["is_causal"] and kw.get("attn_mask") is None
+        else:
+            assert torch.equal(kw["attn_mask"], attention_mask(T, n_cached + T, None))
+    else:
+        assert torch.equal(kw["attn_mask"], attention_mask(T, n_cached + T, window))
+    # a cached chunk with is_causal would be top-left aligned: a different (wrong) answer
+    if n_cached > 0 and T > 1 and n_cached + T <= window:
+        top_left = sdpa(q, k, v, is_causal=True)
+        assert not torch.allclose(top_left, windowed, atol=1e-3)
 
 
 def test_batched_equals_one_by_one():
