@@ -516,16 +516,18 @@ class PMNet(nn.Module):
                     # gradient of each delta scaled by 1/sqrt(#tokens of this row in its group)
                     count = (onehot.sum(1, keepdim=True) * onehot).sum(-1)  # (B, T)
                     delta = scale_grad(delta, count.rsqrt()[..., None, None])
-                flat = delta.reshape(B, T, K * P)
+                flat = delta.reshape(B, T, K * P).float()
                 # segmented causal prefix sum per (row, group), one batched matmul:
                 # running[t] = sum_{t' <= t, group[t'] == group[t]} delta[t']
+                # and the per-group chunk totals; fp32 under any autocast (bmm would be bf16)
                 same = (group[:, :, None] == group[:, None, :]) & causal  # (B, T, T)
-                running = torch.bmm(same.to(flat.dtype), flat).view(B, T, K, P)
+                with torch.autocast(device_type=dev.type, enabled=False):
+                    running = torch.bmm(same.float(), flat).view(B, T, K, P)
+                    total = torch.bmm(onehot.float().transpose(1, 2), flat).view(B, G, K, P)
                 S_tok = _gather_groups(stm[b], group) + running  # STM of the token's group
                 M_tok = S_tok + L_tok  # (B, T, K, P)  Eq. 3; mod 2pi is implicit: M is
                 u = wrap(u + M_tok)  # only seen through sin/cos, u is wrapped to stay small
                 feat = phasor(u + e)  # (B, T, K, 2P) read features for this block's layers
-                total = torch.bmm(onehot.transpose(1, 2), flat).view(B, G, K, P)
                 stm[b] = wrap(stm[b] + total)  # state after the chunk
                 occ[b] = occ[b] | (onehot.sum(1) > 0)  # (B, G)
                 routes.append(group)

@@ -254,6 +254,63 @@ def test_train_mode_forward_values_equal_eval_mode():
     assert torch.equal(a, b)
 
 
+# ------------------------------------------------------------------ precision
+def test_state_sums_run_in_fp32_under_bf16_autocast():
+    """Under bf16 autocast the Linear projections run in bf16 (so deltas and routes may differ
+    from an fp32 forward), but the segmented accumulation of the deltas that were produced must
+    be fp32: we compare the bf16 forward's STM (chunk totals) and its block-1 routing state
+    (which holds block 0's causal running sum) to an fp64 re-accumulation of the same deltas.
+
+    Tolerance: summing n = 40 terms in fp32 errs by at most n * eps32 * sum|delta|, computed
+    below from the data (~1e-4 rad here; measured ~2e-6). A bf16 bmm rounds its inputs and its
+    output to 8 mantissa bits: errors ~ 2**-9 * |sum|, 1e-2 to 6e-2 rad at these magnitudes
+    (measured on the old code), far above the bound.
+    """
+    model = make().eval()
+    with torch.no_grad():  # trained-size deltas (|delta| up to ~1 rad), not init's ~0.02
+        for layer in model.layers:
+            if layer.write is not None:
+                layer.write.w_v.weight.normal_(0, 0.5)
+                layer.write.w_o.weight.normal_(0, 1.0)
+    B, T, (K, P) = 4, 40, (model.cfg.branch, model.cfg.phase_dim)
+    g = torch.Generator().manual_seed(7)
+    st = random_ltm(model, B)
+    st = type(st)(kv=st.kv, stm=tuple(torch.rand(s.shape, generator=g) * TWO_PI for s in st.stm),
+                  occ=st.occ, ltm=st.ltm)
+    deltas, write_inputs = [], []
+    hooks = [h for layer in model.layers if layer.write is not None for h in (
+        layer.write.register_forward_hook(lambda m, i, o: deltas.append(o[0].double())),
+        layer.write.register_forward_pre_hook(lambda m, i: write_inputs.append(i[1].double())),
+    )]
+    x = tokens(B=B, T=T)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        _, out = model(x, st, ltm_routing=True)
+    for h in hooks:
+        h.remove()
+    eps = torch.finfo(torch.float32).eps
+    for b, delta in enumerate(deltas):
+        G, flat = model.cfg.n_groups(b), delta.reshape(B, T, K * P)
+        idx = out.routes[b][:, :, None].expand(B, T, K * P)
+        total = torch.zeros(B, G, K * P, dtype=torch.float64).scatter_add_(1, idx, flat)
+        bound = T * eps * (torch.zeros_like(total).scatter_add_(1, idx, flat.abs()).max() + TWO_PI)
+        want = wrap(st.stm[b].double() + total.view(B, G, K, P))
+        assert out.stm[b].dtype == torch.float32
+        assert angular_error(out.stm[b].double(), want) <= bound, b
+    # block 0 has one group: its running sum is a cumsum; block 1 routes with
+    # a = wrap(S_0 + L_0) + e_1 + L_1 (u carried from block 0, LTM routing on)
+    S0 = st.stm[0][:, :1].double() + deltas[0].cumsum(1)  # (B, T, K, P)
+    g1 = out.routes[1]
+    e1 = model.slot_emb[1].detach().double()[g1]
+    L1 = torch.stack([st.ltm[1][i, g1[i]] for i in range(B)]).double()
+    want_a = wrap(S0 + st.ltm[0][:, :1].double()) + e1 + L1
+    bound = T * eps * (deltas[0].abs().sum(1).max() + 4 * TWO_PI)
+    assert angular_error(write_inputs[1], want_a) <= bound
+    # smoke check against the fp32 forward: the bf16 projections move a few near-tie routes
+    _, ref = model(x, st, ltm_routing=True)
+    for r16, r32 in zip(out.routes, ref.routes):
+        assert (r16 == r32).float().mean() >= 0.9
+
+
 # ------------------------------------------------------------------ LTM-conditioned routing
 def test_routing_off_ltm_never_changes_block0_routes_but_on_can():
     model = make().eval()
