@@ -243,7 +243,11 @@ def parse_overrides(items: list[str] | None) -> dict:
 
 
 def _paper() -> TrainConfig:
-    return TrainConfig(preset="paper", model=ModelConfig.from_name("paper"))
+    # "Backbone initialization: PMNet copy-task checkpoint, followed by ... Phase 1": that
+    # checkpoint cannot be downloaded, so Phase 0 trains our own copy warm start first
+    # (4,000 steps of batch 256, 16-byte payloads; why this budget: docs/choices.md).
+    return TrainConfig(preset="paper", model=ModelConfig.from_name("paper"),
+                       phase0_steps=4_000, phase0_copy_len=16)
 
 
 def _debug() -> TrainConfig:

@@ -1,7 +1,9 @@
 """Training: every phase and condition runs (fast_dev_run-sized), freezing is real, a killed
 run resumes to the same result, and bad input fails before training starts."""
 
+import functools
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -9,8 +11,11 @@ import lightning as L
 import pytest
 import torch
 
+from pmnet.config import ModelConfig
 from pmnet.train import (
     CONDITIONS,
+    Phase0Module,
+    Phase1Module,
     TrainConfig,
     load_model_file,
     run_phase1,
@@ -145,7 +150,38 @@ def test_paper_preset_is_the_papers_protocol():
         256, 100_000, 60, 6)
     assert (cfg.val_episodes, cfg.test_episodes, cfg.seeds) == (1000, 1000, (42, 43, 44, 45, 46))
     assert cfg.detach_ltm is False and not cfg.phase1_curriculum and cfg.notes == ()
+    # "Backbone initialization: PMNet copy-task checkpoint": Phase 0 is on (docs/choices.md)
+    assert (cfg.phase0_steps, cfg.phase0_copy_len) == (4_000, 16)
+    assert cfg.model.rope_theta == 1_000_000.0
     assert set(cfg.conditions) == set(CONDITIONS) and len(CONDITIONS) == 6
     flat = cfg.flat()
     assert flat["model.hidden"] == 384 and flat["seeds"] == "42,43,44,45,46"
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_paper_preset_runs_phase0_before_phase1(tmp_path, monkeypatch):
+    """PRESET=paper: the copy-task warm start (Phase 0) trains the model Phase 1 starts from."""
+    assert TrainConfig.from_name("paper").phase0_steps > 0
+    cfg = TrainConfig.from_name(  # the paper's protocol on the tiny model with tiny budgets
+        "paper", model=ModelConfig.from_name("debug"), phase0_steps=3, batch_size=16,
+        warmup_steps=2, **TINY)
+    calls, embed = [], {}
+
+    def spy(phase, step):
+        @functools.wraps(step)
+        def wrapped(self, batch, batch_idx):
+            if phase not in embed:  # the weights this phase starts from
+                embed[phase] = self.model.embed.weight.detach().clone()
+            calls.append(phase)
+            return step(self, batch, batch_idx)
+        return wrapped
+
+    monkeypatch.setattr(Phase0Module, "training_step", spy(0, Phase0Module.training_step))
+    monkeypatch.setattr(Phase1Module, "training_step", spy(1, Phase1Module.training_step))
+    run_phase1(cfg, tmp_path, progress=False)
+    assert calls == [0] * 3 + [1] * (TINY["phase1_episodes_per_epoch"] // 16)
+    assert not torch.equal(embed[0], embed[1])  # Phase 1 starts from the Phase-0 weights
+    meta = json.loads((tmp_path / "phase1_metrics.json").read_text())
+    assert math.isfinite(meta["phase0"]["phase0/final_loss"])
+    assert (tmp_path / "phase0_logs").is_dir() and (tmp_path / "phase1_logs").is_dir()
+    assert meta["train_config"]["phase0_steps"] == 3
