@@ -123,7 +123,12 @@ def summarize(outcomes: dict[str, Tensor], stream) -> dict[str, float]:
         masks = {"add10": fam == 0, "affine10": fam == 1, "bijective": bij, "nonbijective": ~bij}
         for split, m in masks.items():
             metrics[f"{name}_{split}"] = 100 * correct[m].mean().item() if m.any() else float("nan")
-        metrics[f"{name}_baseline"] = 100 * stream.baseline_acc[:, seg].float().mean().item()
+        base = stream.baseline_acc[:, seg].float()
+        metrics[f"{name}_baseline"] = 100 * base.mean().item()
+        for split in ("add10", "affine10"):  # the shortcut's level in each rule family
+            m = masks[split]
+            metrics[f"{name}_{split}_baseline"] = (100 * base[m].mean().item() if m.any()
+                                                   else float("nan"))
         metrics[f"{name}_in_unshown"] = 100 * in_unshown.mean().item()
         metrics[f"loss_{name}"] = outcomes[f"loss/{name}"].mean().item()
     if "pred/mismatched_ltm" in outcomes:  # only where the donor's answer differs

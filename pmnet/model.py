@@ -339,6 +339,16 @@ class Consolidator(nn.Module):
         nn.init.zeros_(self.w_d.weight)
         self.w_d.bias.copy_(torch.cat([torch.ones(self.P), torch.zeros(self.P)]))
 
+    @torch.no_grad()
+    def reinit(self, std: float, generator: torch.Generator) -> None:
+        """Fresh W_g, W_u ~ N(0, std) from `generator`, then the identity start (W_d = 0,
+        unit-phasor b_d): C stays exactly the identity whatever `std` is."""
+        if not std > 0:
+            raise ValueError(f"Consolidator init std must be > 0, got {std!r}")
+        for w in (self.w_g.weight, self.w_u.weight):
+            w.copy_(torch.randn(w.shape, generator=generator) * std)
+        self.reset_identity()
+
     def forward(self, S: Tensor) -> Tensor:
         """S: (..., P) phases -> C(S): (..., P) phases in [0, 2pi)."""
         with torch.autocast(device_type=S.device.type, enabled=False):

@@ -870,6 +870,71 @@ def table_headline(ctx: _Context) -> Table:
     return table
 
 
+#: recall a control must stay under to count as "near chance" (10%) in the claims table
+NEAR_CHANCE_MAX = 15.0
+CLAIM_ALPHA = 0.05
+
+
+def _verdict_paired(row: Mapping[str, Any]) -> str:
+    """'reproduces' when the paired mean difference is > 0 with p < CLAIM_ALPHA."""
+    if row["n"] < 2 or not _finite(row["p"]):
+        return "not tested (fewer than two paired seeds)"
+    if row["mean_diff"] > 0 and row["p"] < CLAIM_ALPHA:
+        return "reproduces"
+    if row["mean_diff"] > 0:
+        return f"does not reproduce (> 0 but p = {format_p(row['p'])} >= {CLAIM_ALPHA})"
+    return "does not reproduce (difference <= 0)"
+
+
+def table_claims(ctx: _Context) -> Table:
+    """Which of the paper's claims this run reproduces, each with the test that decides it."""
+    miss = _Missing(ctx)
+    rows = []
+
+    def paired_row(claim: str, label: str, spec: stats.Comparison | None = None) -> None:
+        row = ctx.comparison(label, spec)
+        rows.append([
+            text_cell(claim),
+            ctx.paired(miss, label, "stat", spec=spec, paper=False),
+            Cell("ci", row["ci_low"], hi=row["ci_high"]),
+            Cell("p", row["p"]),
+            ctx.paper_cmp(label) or NA,
+            text_cell(_verdict_paired(row)),
+        ])
+
+    paired_row("Learned > forced identity, routing on (updated LTM, pp)",
+               "learned - forced identity, routing on: updated_ltm")
+    paired_row("Routing on > off (updated LTM, pp)", "routing on - off: updated_ltm")
+    paired_row("Learned > forced identity, routing off (updated LTM, pp)",
+               "learned - forced identity, routing off: updated_ltm")
+    for fam, name in (("add10", "ADD10"), ("affine10", "AFFINE10")):
+        label = f"recall - output-set baseline, {fam}: {ON}"
+        paired_row(f"Routing on: updated LTM above the output-set baseline, {name} (pp)", label)
+    for metric, name in (("fresh_ltm", "Fresh LTM"), ("mismatched_ltm", "Mismatched LTM")):
+        cell = ctx.stat(miss, ON, metric, paper=False)
+        ok = cell.n and _finite(cell.value) and cell.value <= NEAR_CHANCE_MAX
+        verdict = ("reproduces" if ok else
+                   "not tested (no results)" if not cell.n else
+                   f"does not reproduce (mean above {NEAR_CHANCE_MAX:g}%)")
+        rows.append([text_cell(f"{name} near chance (10%), routing on (%)"), cell, NA, NA,
+                     ctx.paper_stat(ON, metric) or NA, text_cell(verdict)])
+    follow = ctx.stat(miss, ON, "mismatched_donor_follow", paper=False)
+    rows.append([text_cell("Mismatched LTM: answers that follow the donor's rule (%)"), follow,
+                 NA, NA, NA, text_cell("reported (not a claim of the paper)")])
+    table = Table(
+        "tab:claims",
+        "Which of the paper's claims this run reproduces. A paired claim reproduces when the "
+        f"paired mean difference over seeds is > 0 with paired t-test p < {CLAIM_ALPHA:g}; a "
+        f"control is near chance when its mean recall is at most {NEAR_CHANCE_MAX:g}%. "
+        "Above-baseline rows pair each seed's recall with the output-set baseline on the same "
+        "test episodes of that family.",
+        ["Claim", "Ours", "95% CI", "p", "Paper", "Verdict"],
+        rows,
+    )
+    table.missing = miss.lines()
+    return table
+
+
 def build_tables(
     df: pd.DataFrame,
     paper: stats.PaperReference | None = None,
@@ -884,6 +949,7 @@ def build_tables(
     ctx = _Context(df, paper, comparisons, seeds)
     return [
         table_headline(ctx),
+        table_claims(ctx),
         table_same_address_update(ctx),
         table_direct_ltm_routing(ctx),
         table_routing_per_seed(ctx),
@@ -1311,6 +1377,9 @@ def _run_facts(df: pd.DataFrame) -> list[tuple[str, str]]:
     return facts
 
 
+FRONT_TABLES = ("tab:headline", "tab:claims")
+
+
 def _html_page(
     meta: Mapping[str, Any],
     facts: Sequence[tuple[str, str]],
@@ -1341,9 +1410,11 @@ def _html_page(
     out.append('<h2 id="headline">Headline numbers</h2>')
     out.append(by_id["tab:headline"].to_html())
     out.append(f'<p class="note"><strong>Statistics.</strong> {esc(DESCRIPTIVE_NOTE)}</p>')
+    out.append('<h2 id="claims">Which claims reproduce</h2>')
+    out.append(by_id["tab:claims"].to_html())
     out.append('<h2 id="tables">Tables</h2>')
     for table in tables:
-        if table.id != "tab:headline":
+        if table.id not in FRONT_TABLES:
             out.append(table.to_html())
     out.append('<h2 id="figures">Figures</h2>')
     for fig in figures:
@@ -1383,9 +1454,10 @@ def _markdown_page(
         out.append(f"- **{key}**: {value}")
     out += [""] + [f"> {n}" for n in notes]
     out += ["", "## Headline numbers", "", by_id["tab:headline"].to_markdown()]
-    out += [f"**Statistics.** {DESCRIPTIVE_NOTE}", "", "## Tables", ""]
+    out += [f"**Statistics.** {DESCRIPTIVE_NOTE}", ""]
+    out += ["## Which claims reproduce", "", by_id["tab:claims"].to_markdown(), "## Tables", ""]
     for table in tables:
-        if table.id != "tab:headline":
+        if table.id not in FRONT_TABLES:
             out += [table.to_markdown()]
     out += ["## Figures", ""]
     for fig in figures:

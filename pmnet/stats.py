@@ -648,6 +648,14 @@ def _build_comparisons() -> tuple[Comparison, ...]:
         )
         for c in CONDITIONS
     ]
+    out += [
+        Comparison(
+            f"recall - output-set baseline, {fam}: {c}", c, f"updated_ltm_{fam}", c,
+            f"updated_ltm_{fam}_baseline", "ours:shortcut-diagnostics",
+        )
+        for fam in ("add10", "affine10")
+        for c in CONDITIONS
+    ]
     return tuple(out)
 
 

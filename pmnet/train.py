@@ -135,6 +135,13 @@ class TrainConfig:
     seeds: tuple[int, ...] = (42, 43, 44, 45, 46)
     conditions: tuple[str, ...] = tuple(CONDITIONS)
     detach_ltm: bool = False  # `detach_long_term_between_sleeps` (False in the paper)
+    # Phase 2: the Consolidator's own recipe -----------------------------------------------
+    # std of W_g / W_u drawn from the Phase-2 seed at the start of Phase 2 (W_d = 0 and the
+    # unit-phasor b_d keep C an exact identity); 0 keeps the checkpoint's Consolidator (the
+    # paper's protocol: every seed starts from the same, Phase-1-initialised Consolidator)
+    consolidator_init_std: float = 0.0
+    consolidator_lr: float = 0.0  # learning rate of the Consolidator's parameters (0: lr)
+    consolidator_weight_decay: float | None = None  # None: weight_decay
     notes: tuple[str, ...] = field(default=(), compare=False)  # how a preset departs
 
     def __post_init__(self):
@@ -151,6 +158,15 @@ class TrainConfig:
         for name in ("lr", "phase1_lr", "grad_clip"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("consolidator_init_std", "consolidator_lr"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"TrainConfig.{name} must be a number >= 0, got {v!r}")
+        cwd = self.consolidator_weight_decay
+        if cwd is not None and (isinstance(cwd, bool) or not isinstance(cwd, (int, float))
+                                or cwd < 0):
+            raise ValueError("TrainConfig.consolidator_weight_decay must be None or a number "
+                             f">= 0, got {cwd!r}")
         if self.weight_decay < 0 or self.phase1_aux_demo_loss < 0:
             raise ValueError("TrainConfig.weight_decay and phase1_aux_demo_loss must be >= 0")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -363,13 +379,20 @@ class _PhaseModule(L.LightningModule):
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if not params:
             raise ValueError("no trainable parameters")
-        decay = [p for n, p in params if p.dim() >= 2]
-        no_decay = [p for n, p in params if p.dim() < 2]
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.cfg.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.lr, betas=tuple(self.cfg.betas),
-        )
+        cfg = self.cfg
+        cons = [(n, p) for n, p in params if n.startswith("consolidator.")]
+        rest = [(n, p) for n, p in params if not n.startswith("consolidator.")]
+        c_lr = cfg.consolidator_lr or self.lr
+        c_wd = cfg.weight_decay if cfg.consolidator_weight_decay is None \
+            else cfg.consolidator_weight_decay
+        groups = [
+            {"params": [p for _, p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for _, p in rest if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [p for _, p in cons if p.dim() >= 2], "weight_decay": c_wd, "lr": c_lr},
+            {"params": [p for _, p in cons if p.dim() < 2], "weight_decay": 0.0, "lr": c_lr},
+        ]
+        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr,
+                                betas=tuple(cfg.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warm = self.cfg.warmup_steps
 
@@ -689,6 +712,15 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
             "train_time_s": train_time}
 
 
+def init_consolidator(model: PMNet, cfg: TrainConfig, seed: int) -> None:
+    """The Consolidator's Phase-2 start: with `consolidator_init_std` > 0, fresh W_g / W_u
+    drawn from the Phase-2 seed (so seeds differ in more than data order) and the exact
+    identity start (W_d = 0, unit-phasor b_d); with 0, the checkpoint's Consolidator as is."""
+    if cfg.consolidator_init_std > 0:
+        model.consolidator.reinit(cfg.consolidator_init_std,
+                                  torch.Generator().manual_seed(seed))
+
+
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
                out_dir: str | Path, callbacks=(), loggers=(), resume_from=None,
                progress: bool | None = None) -> dict:
@@ -704,6 +736,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     t0 = time.time()
     L.seed_everything(seed, workers=True, verbose=False)  # init order, data, dropout
     model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
+    init_consolidator(model, cfg, seed)
     module = Phase2Module(cfg, model, cond)
     data = EpisodeData(cfg, seed, cfg.episodes_per_epoch)
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,

@@ -64,6 +64,16 @@ def test_perfect_predictions_score_100_and_shortcut_sits_at_baseline(stream):
     assert r["updated_ltm_in_unshown"] >= 100 * all_distinct.float().mean().item() - 1e-6
     assert 35 < r["updated_ltm_add10"] < 65  # ~50%: the shortcut, not rule use
     assert r["updated_ltm_baseline"] > 3 * CHANCE
+    # per-family baselines: exactly 50% on ADD10 (two unshown outputs), the mean of the
+    # per-episode baseline over the AFFINE10 episodes, and they average to the overall one
+    assert r["updated_ltm_add10_baseline"] == pytest.approx(50.0)
+    aff = stream.family == 1
+    assert r["updated_ltm_affine10_baseline"] == pytest.approx(
+        100 * stream.baseline_acc[aff, 1].float().mean().item())
+    share = add.float().mean().item()
+    assert r["updated_ltm_baseline"] == pytest.approx(
+        share * r["updated_ltm_add10_baseline"]
+        + (1 - share) * r["updated_ltm_affine10_baseline"], abs=1e-4)
 
 
 def test_bad_batch_size_and_options_fail_before_work(stream):

@@ -28,7 +28,7 @@ PAPER_TABLES = [
     "tab:dual-objective-aggregate",
     "tab:dual-objective-per-seed",
 ]
-ALL_TABLES = ["tab:headline", *PAPER_TABLES, "tab:shortcut-diagnostics", "tab:paired-comparisons"]
+ALL_TABLES = ["tab:headline", "tab:claims", *PAPER_TABLES, "tab:shortcut-diagnostics", "tab:paired-comparisons"]
 
 
 def paper_or_none() -> stats.PaperReference | None:
@@ -424,3 +424,34 @@ def test_grid_from_meta_forms():
     assert grid({"grid": [{"condition": "a", "seed": 3}]}) == (["a"], [3])
     assert grid({"grid": "whatever"}) == (None, None)
     assert grid({}) == (None, None)
+
+
+def _claims(table: report.Table) -> dict[str, str]:
+    return {row[0].text: row[-1].text for row in table.rows}
+
+
+def test_claims_table_reads_the_papers_own_numbers_as_reproducing(paper_tables):
+    claims = _claims(next(t for t in paper_tables if t.id == "tab:claims"))
+    assert claims["Learned > forced identity, routing on (updated LTM, pp)"] == "reproduces"
+    assert claims["Routing on > off (updated LTM, pp)"] == "reproduces"
+    assert claims["Learned > forced identity, routing off (updated LTM, pp)"] == "reproduces"
+    assert claims["Fresh LTM near chance (10%), routing on (%)"] == "reproduces"
+    assert claims["Mismatched LTM near chance (10%), routing on (%)"] == "reproduces"
+    # the paper prints no per-family baseline: that claim cannot be decided from its numbers
+    assert claims["Routing on: updated LTM above the output-set baseline, ADD10 (pp)"
+                  ].startswith("not tested")
+
+
+def test_claims_table_says_when_an_effect_does_not_reproduce():
+    df = stats.per_seed_frame_from_paper()
+    on = df["condition"] == "consolidator_only"
+    off = df["condition"] == "consolidator_only_routing_off"
+    wrong_sign = [3.0, 2.0, 4.0, 3.5, 2.5]  # routing on below off in every seed
+    df.loc[on, "updated_ltm"] = df.loc[off, "updated_ltm"].to_numpy() - wrong_sign
+    df.loc[on, "fresh_ltm"] = 40.0
+    table = next(t for t in report.build_tables(df) if t.id == "tab:claims")
+    claims = _claims(table)
+    assert claims["Routing on > off (updated LTM, pp)"] == (
+        "does not reproduce (difference <= 0)")
+    assert claims["Fresh LTM near chance (10%), routing on (%)"].startswith(
+        "does not reproduce")

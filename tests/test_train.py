@@ -16,7 +16,9 @@ from pmnet.train import (
     CONDITIONS,
     Phase0Module,
     Phase1Module,
+    Phase2Module,
     TrainConfig,
+    init_consolidator,
     load_model_file,
     run_phase1,
     run_phase2,
@@ -123,6 +125,9 @@ def test_checkpoint_from_another_model_config_is_refused(phase1, tmp_path):
         (dict(name="debug", lr=0.0), "TrainConfig.lr"),
         (dict(name="debug", batch_size=0), "TrainConfig.batch_size"),
         (dict(name="debug", precision="fp8"), "TrainConfig.precision"),
+        (dict(name="debug", consolidator_init_std=-0.1), "consolidator_init_std"),
+        (dict(name="debug", consolidator_lr="0.01"), "consolidator_lr"),
+        (dict(name="debug", consolidator_weight_decay=True), "consolidator_weight_decay"),
     ],
 )
 def test_bad_config_fails_clearly(kwargs, match):
@@ -185,3 +190,45 @@ def test_paper_preset_runs_phase0_before_phase1(tmp_path, monkeypatch):
     assert math.isfinite(meta["phase0"]["phase0/final_loss"])
     assert (tmp_path / "phase0_logs").is_dir() and (tmp_path / "phase1_logs").is_dir()
     assert meta["train_config"]["phase0_steps"] == 3
+
+
+def test_phase2_consolidator_start_is_an_identity_drawn_from_the_seed(phase1):
+    cfg, p1 = phase1
+    cfg = TrainConfig.from_name("debug", **TINY, consolidator_init_std=0.3)
+    S = torch.rand(64, cfg.model.phase_dim) * 2 * math.pi
+    weights = {}
+    for seed in (42, 43, 42):
+        model, _ = load_model_file(p1["checkpoint"])
+        init_consolidator(model, cfg, seed)
+        C = model.consolidator
+        # exact identity on the circle whatever the draw (W_d = 0, unit-phasor bias)
+        diff = torch.remainder(C(S) - S + math.pi, 2 * math.pi) - math.pi
+        assert diff.abs().max() < 1e-5
+        assert C.w_g.weight.std().item() == pytest.approx(0.3, rel=0.2)
+        weights.setdefault(seed, []).append(C.w_g.weight.clone())
+    assert torch.equal(weights[42][0], weights[42][1])  # the seed decides the draw
+    assert not torch.equal(weights[42][0], weights[43][0])  # seeds differ
+    # std 0 (the paper preset) keeps the checkpoint's Consolidator untouched
+    model, _ = load_model_file(p1["checkpoint"])
+    before = {k: v.clone() for k, v in model.consolidator.state_dict().items()}
+    init_consolidator(model, TrainConfig.from_name("debug", **TINY), 42)
+    assert all(torch.equal(before[k], v) for k, v in model.consolidator.state_dict().items())
+
+
+def test_consolidator_has_its_own_learning_rate_and_weight_decay(phase1):
+    _, p1 = phase1
+    cfg = TrainConfig.from_name("debug", **TINY, consolidator_lr=0.02,
+                                consolidator_weight_decay=0.0)
+    model, _ = load_model_file(p1["checkpoint"])
+    module = Phase2Module(cfg, model, CONDITIONS["learned_full"])
+    module.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
+    opt = module.configure_optimizers()["optimizer"]
+    cons = {id(p) for p in model.consolidator.parameters()}
+    for group in opt.param_groups:
+        ids = {id(p) for p in group["params"]}
+        if ids & cons:
+            assert ids <= cons
+            assert group["initial_lr"] == 0.02 and group["weight_decay"] == 0.0
+        else:
+            assert group["initial_lr"] == cfg.lr  # before the warmup factor
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
