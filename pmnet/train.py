@@ -142,6 +142,9 @@ class TrainConfig:
     consolidator_init_std: float = 0.0
     consolidator_lr: float = 0.0  # learning rate of the Consolidator's parameters (0: lr)
     consolidator_weight_decay: float | None = None  # None: weight_decay
+    # weight of an auxiliary loss on the initial-mapping query after the first boundary
+    # (`initial_ltm`) added to the Phase-2 objective; 0 in the paper (Eq. 10 / Eq. 11 only)
+    initial_ltm_loss: float = 0.0
     notes: tuple[str, ...] = field(default=(), compare=False)  # how a preset departs
 
     def __post_init__(self):
@@ -158,7 +161,7 @@ class TrainConfig:
         for name in ("lr", "phase1_lr", "grad_clip"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("consolidator_init_std", "consolidator_lr"):
+        for name in ("consolidator_init_std", "consolidator_lr", "initial_ltm_loss"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"TrainConfig.{name} must be a number >= 0, got {v!r}")
@@ -278,18 +281,29 @@ def _debug() -> TrainConfig:
 
 
 def _cpu() -> TrainConfig:
+    """A small-scale reproduction on a 2-core CPU: Phase 1 (~15 min) and the two
+    Consolidator-only arms x five seeds (~50 min, two single-threaded trials at a time).
+    How each departure was chosen (validation stream only): docs/results.md."""
     return TrainConfig(
         preset="cpu", model=ModelConfig.from_name("cpu"), lr=1e-3, warmup_steps=50,
-        batch_size=64, episodes_per_epoch=6_400, max_epochs=8, patience=3,
-        val_episodes=1000, test_episodes=1000, eval_batch_size=500, threads=0,
+        batch_size=64, episodes_per_epoch=12_800, max_epochs=10, patience=10,
+        val_episodes=1000, test_episodes=2000, eval_batch_size=500, threads=0,
         phase1_lr=1e-3, phase1_max_epochs=40, phase1_episodes_per_epoch=12_800,
-        phase1_patience=40, phase1_curriculum=True, phase1_aux_demo_loss=1.0, seeds=(42, 43),
+        phase1_patience=40, phase1_curriculum=True, phase1_aux_demo_loss=1.0,
+        consolidator_init_std=0.18, consolidator_lr=3e-3, consolidator_weight_decay=0.0,
+        seeds=(42, 43, 44, 45, 46),
+        conditions=("consolidator_only", "consolidator_only_routing_off"),
         notes=(
             "small model (hidden 64, 4 layers, a write every layer, phase dim 16; 0.30M)",
             "Phase 1 curriculum: demonstrations per batch drawn from 1..8 (evaluation at 8)",
             "Phase 1 auxiliary loss (weight 1) on the answers of demonstrations 2..k",
             "Phase 1: 8,000 steps of batch 64 (40 epochs x 12.8K episodes), lr 1e-3",
-            "Phase 2: lr 1e-3, batch 64, 8 epochs x 6.4K episodes, patience 3",
+            "Phase 2: 2,000 steps of batch 64 (10 epochs x 12.8K episodes), no early stop",
+            "Consolidator: W_g/W_u ~ N(0, 0.18) drawn from the Phase-2 seed (W_d = 0 keeps the "
+            "identity start), lr 3e-3, no weight decay (paper: N(0, 0.02), lr 5e-4, decay 0.1)",
+            "default grid: the two Consolidator-only arms x seeds 42..46 (GRID=paper runs all "
+            "six conditions)",
+            "test stream of 2,000 episodes (paper: 1,000)",
         ),
     )
 
@@ -534,12 +548,18 @@ class Phase2Module(_PhaseModule):
     def training_step(self, batch, batch_idx):
         c = self.condition
         dual = c.objective == "dual"
-        queries = ("updated_ltm", "seg1_stm", "seg2_stm") if dual else ("updated_ltm",)
+        w_init = self.cfg.initial_ltm_loss
+        queries = ("updated_ltm",) + (("initial_ltm",) if w_init > 0 else ())
+        queries += ("seg1_stm", "seg2_stm") if dual else ()
         opts = RunOptions(c.consolidation, c.ltm_routing, detach_ltm=self.cfg.detach_ltm,
                           queries=queries)
         out = run_episodes(self.model, batch, opts)
         loss = F.cross_entropy(out["updated_ltm"].float(), batch.target[:, 1])  # Eq. 10
         self.log("train/loss_updated", loss)
+        if w_init > 0:  # auxiliary (not in the paper): keep the first mapping readable
+            init = F.cross_entropy(out["initial_ltm"].float(), batch.target[:, 0])
+            self.log("train/loss_initial", init)
+            loss = loss + w_init * init
         if dual:  # Eq. 11: + mean of the two pre-consolidation STM query losses
             stm = (F.cross_entropy(out["seg1_stm"].float(), batch.target[:, 0])
                    + F.cross_entropy(out["seg2_stm"].float(), batch.target[:, 1])) / 2

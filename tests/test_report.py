@@ -28,7 +28,8 @@ PAPER_TABLES = [
     "tab:dual-objective-aggregate",
     "tab:dual-objective-per-seed",
 ]
-ALL_TABLES = ["tab:headline", "tab:claims", *PAPER_TABLES, "tab:shortcut-diagnostics", "tab:paired-comparisons"]
+ALL_TABLES = ["tab:headline", "tab:claims", *PAPER_TABLES, "tab:shortcut-diagnostics",
+              "tab:paired-comparisons"]
 
 
 def paper_or_none() -> stats.PaperReference | None:

@@ -232,3 +232,20 @@ def test_consolidator_has_its_own_learning_rate_and_weight_decay(phase1):
         else:
             assert group["initial_lr"] == cfg.lr  # before the warmup factor
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+def test_cpu_preset_is_a_five_seed_reproduction_of_both_arms():
+    cfg = TrainConfig.from_name("cpu")
+    # both headline arms, paired over five seeds, on a test stream that is not noise-level
+    assert cfg.conditions == ("consolidator_only", "consolidator_only_routing_off")
+    assert len(cfg.seeds) >= 5 and cfg.test_episodes >= 2000
+    # the Consolidator's start is drawn from the Phase-2 seed (seeds differ beyond data)
+    assert cfg.consolidator_init_std > 0
+    # every departure from the paper is named in the notes
+    text = " ".join(cfg.notes)
+    for word in ("0.30M", "curriculum", "auxiliary", "8,000 steps", "2,000 steps",
+                 "N(0, 0.18)", "lr 3e-3", "2,000 episodes"):
+        assert word in text, word
+    paper = TrainConfig.from_name("paper")
+    assert paper.consolidator_init_std == 0 and paper.initial_ltm_loss == 0
+    assert paper.consolidator_lr == 0 and paper.consolidator_weight_decay is None
