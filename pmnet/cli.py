@@ -1,4 +1,5 @@
-"""`pmnet` command line: info, episodes, train (phase1 / phase2), evaluate, report."""
+"""`pmnet` command line: info, episodes, train (phase1 / phase2), evaluate, ltm (save / answer),
+report."""
 
 from __future__ import annotations
 
@@ -98,6 +99,55 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _stream(name: str, n: int):
+    from pmnet import task
+
+    return task.test_stream(n) if name == "test" else task.validation_stream(n)
+
+
+def cmd_ltm(args) -> int:
+    """Save a stream's LTM after both boundaries, or answer its final queries from a file."""
+    import hashlib
+
+    from pmnet import task
+    from pmnet.evaluate import digit_prediction
+    from pmnet.persist import answer_final, consolidate_batch, load_ltm, save_ltm
+    from pmnet.runner import RunOptions
+    from pmnet.train import get_condition, load_model_file
+
+    model, _ = load_model_file(args.model)
+    if args.action == "save":
+        cond = get_condition(args.condition)
+        if args.out is None:
+            raise ValueError("ltm save needs --out FILE")
+        stream = _stream(args.stream, args.n)
+        state = consolidate_batch(model, stream, RunOptions(cond.consolidation,
+                                                            cond.ltm_routing))
+        meta = {"stream": args.stream, "n": args.n, "stream_hash": task.content_hash(stream),
+                "condition": cond.name, "consolidation": cond.consolidation,
+                "ltm_routing": cond.ltm_routing, "model_file": str(args.model)}
+        digest = save_ltm(args.out, model, state, meta=meta)
+        print(json.dumps({"ltm": str(args.out), "content_sha256": digest, **meta}, indent=2))
+        return 0
+    if args.ltm is None:
+        raise ValueError("ltm answer needs --ltm FILE")
+    saved = load_ltm(args.ltm, model)  # refuses another model or a corrupted file
+    meta = saved.meta
+    stream = _stream(meta.get("stream", "test"), int(meta.get("n", saved.n_episodes)))
+    if task.content_hash(stream) != meta.get("stream_hash"):
+        raise ValueError(f"{args.ltm}: its episodes' stream no longer matches the file's "
+                         "recorded stream hash")
+    logits = answer_final(model, stream, saved.state(model),
+                          ltm_routing=bool(meta.get("ltm_routing", True)))
+    pred = digit_prediction(logits)
+    recall = 100 * (pred == stream.target_digit[:, 1]).float().mean().item()
+    out = {"updated_ltm": recall, "n": len(stream), "condition": meta.get("condition"),
+           "logits_sha256": hashlib.sha256(logits.float().contiguous().numpy().tobytes()
+                                           ).hexdigest()}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
 def cmd_report(args) -> int:
     from pmnet.report import main_report
 
@@ -140,6 +190,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stream", default="test", choices=("test", "val"))
     s.add_argument("--n", type=_int, default=1000)
     s.set_defaults(fn=cmd_evaluate)
+
+    s = sub.add_parser("ltm", help="LTM that outlives the process: save a stream's LTM after "
+                                   "both boundaries, or answer its final queries from a file")
+    s.add_argument("action", choices=("save", "answer"))
+    s.add_argument("model", help="a model file (best_model.pt / phase1.pt)")
+    s.add_argument("--out", help="save: the LTM file to write (atomically)")
+    s.add_argument("--ltm", help="answer: the LTM file to read")
+    s.add_argument("--condition", default="consolidator_only",
+                   help="save: consolidation and routing of this condition")
+    s.add_argument("--stream", default="test", choices=("test", "val"))
+    s.add_argument("--n", type=_int, default=1000)
+    s.set_defaults(fn=cmd_ltm)
 
     s = sub.add_parser("report", help="rebuild a pipeline run's report from its results")
     s.add_argument("run_dir")

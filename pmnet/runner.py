@@ -83,6 +83,25 @@ def stm_query(model: PMNet, context: Tensor, query: Tensor) -> Tensor:
     return logits
 
 
+def persistent_state(model: PMNet, batch, opts: RunOptions, on_segment=None):
+    """The persistent trajectory up to the final reset: for each segment of the experience,
+    process it, consolidate (Eq. 8), clear KV and STM (and detach LTM if asked). Returns the
+    state whose LTM answers the final query. `on_segment(d, before, after)` is called with
+    the state before the boundary and after the reset of segment d (0 or 1)."""
+    state = model.init_state(batch.seg_tokens.shape[0], device=batch.seg_tokens.device)
+    if opts.experience == "fresh":
+        return state
+    segments = batch.seg_tokens if opts.experience == "correct" else batch.donor_seg_tokens
+    for d in range(2):
+        _, before = model(segments[:, d], state, ltm_routing=opts.ltm_routing, logits="none")
+        state = model.consolidate(before, mode=opts.consolidation).clear_context()
+        if opts.detach_ltm:
+            state = state.detach_ltm()
+        if on_segment is not None:
+            on_segment(d, before, state)
+    return state
+
+
 def run_episodes(model: PMNet, batch, opts: RunOptions) -> dict[str, Tensor]:
     """Run a batch of episodes (a `pmnet.task.EpisodeBatch`) through the lifecycle.
 
@@ -94,26 +113,21 @@ def run_episodes(model: PMNet, batch, opts: RunOptions) -> dict[str, Tensor]:
             if kind in opts.queries:
                 out[kind] = stm_query(model, batch.seg_tokens[:, d], batch.query_tokens[:, d])
         return out
-    N = batch.seg_tokens.shape[0]
-    dev = batch.seg_tokens.device
     routing = opts.ltm_routing
-    state = model.init_state(N, device=dev)
-    if opts.experience != "fresh":
-        segments = batch.seg_tokens if opts.experience == "correct" else batch.donor_seg_tokens
-        for d in range(2):
-            _, state = model(segments[:, d], state, ltm_routing=routing, logits="none")
-            if d == 0 and "seg1_stm" in opts.queries:  # auxiliary trajectory of segment 1
-                out["seg1_stm"], _ = model(batch.query_tokens[:, 0], state.clear_kv(),
-                                           ltm_routing=routing, logits="last")
-            state = model.consolidate(state, mode=opts.consolidation).clear_context()
-            if opts.detach_ltm:
-                state = state.detach_ltm()
-            if d == 0 and "initial_ltm" in opts.queries:
-                out["initial_ltm"], _ = model(batch.query_tokens[:, 0], state,
-                                              ltm_routing=routing, logits="last")
-    elif "initial_ltm" in opts.queries:
-        out["initial_ltm"], _ = model(batch.query_tokens[:, 0], state, ltm_routing=routing,
-                                      logits="last")
+    q1 = batch.query_tokens[:, 0]
+
+    def after_segment(d: int, before, after) -> None:
+        if d != 0:
+            return
+        if "seg1_stm" in opts.queries:  # auxiliary trajectory of segment 1
+            out["seg1_stm"], _ = model(q1, before.clear_kv(), ltm_routing=routing,
+                                       logits="last")
+        if "initial_ltm" in opts.queries:
+            out["initial_ltm"], _ = model(q1, after, ltm_routing=routing, logits="last")
+
+    state = persistent_state(model, batch, opts, on_segment=after_segment)
+    if opts.experience == "fresh" and "initial_ltm" in opts.queries:
+        out["initial_ltm"], _ = model(q1, state, ltm_routing=routing, logits="last")
     if "updated_ltm" in opts.queries:
         out["updated_ltm"], _ = model(batch.query_tokens[:, 1], state, ltm_routing=routing,
                                       logits="last")

@@ -1,0 +1,170 @@
+"""LTM that outlives the process: save a batch of episodes' long-term memory, restore it in a
+new process, and answer the final queries from it (the paper's Limitations: "persistence
+across unrelated sessions, serialization, and deployment restarts is not evaluated").
+
+A file (`pmnet-ltm/v1`) holds, loadable with `torch.load(weights_only=True)`:
+
+    format          "pmnet-ltm/v1"
+    model_sha256    fingerprint of the model that wrote it (`model_fingerprint`)
+    model_config    that model's ModelConfig as a dict
+    ltm             one (N, G_b, K, P) float32 tensor per block: L after the last boundary
+    content_sha256  sha256 of the LTM tensors' bytes (shapes and dtypes included)
+    meta            free-form provenance (stream, n, its content hash, consolidation, routing)
+
+`load_ltm` refuses, with a message naming the problem and before anything is computed: a file
+that is not a torch file or is truncated, another format or version, a model whose
+fingerprint or config differs, and tensors whose bytes no longer match `content_sha256`.
+Writes are atomic (`pmnet.io`). The episodes themselves are not stored: the queries come from
+the same procedural stream (its content hash is checked when the caller gives one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pmnet.config import ModelConfig
+from pmnet.io import atomic_write_bytes
+from pmnet.model import MemoryState, PMNet
+from pmnet.runner import RunOptions, persistent_state
+
+LTM_FORMAT = "pmnet-ltm/v1"
+
+
+class LTMFileError(ValueError):
+    """An LTM file cannot be used with this model (the message says why)."""
+
+
+def _tensor_digest(h, t: Tensor) -> None:
+    t = t.detach().contiguous().cpu()
+    h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def model_fingerprint(model: PMNet) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, bytes), in name order."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        _tensor_digest(h, t)
+    return h.hexdigest()
+
+
+def ltm_digest(ltm: tuple[Tensor, ...] | list[Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in ltm:
+        _tensor_digest(h, t)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class SavedLTM:
+    """What `load_ltm` returns: the LTM tensors and the file's provenance."""
+
+    ltm: tuple[Tensor, ...]
+    meta: dict
+    model_sha256: str
+
+    @property
+    def n_episodes(self) -> int:
+        return int(self.ltm[0].shape[0]) if self.ltm else 0
+
+    def state(self, model: PMNet) -> MemoryState:
+        """A fresh memory state (empty KV cache and STM) holding this LTM."""
+        state = model.init_state(self.n_episodes, device=model.embed.weight.device)
+        return state.with_ltm(tuple(x.to(model.embed.weight.device) for x in self.ltm))
+
+
+def save_ltm(path: str | Path, model: PMNet, state: MemoryState, *,
+             meta: dict[str, Any] | None = None) -> str:
+    """Write `state.ltm` (after a boundary) with the model's fingerprint; return the file's
+    content digest. The write is atomic: a crash leaves the old file or none."""
+    if not state.ltm:
+        raise LTMFileError("the state holds no LTM (a model built with use_memory=False?)")
+    ltm = tuple(x.detach().float().cpu().contiguous() for x in state.ltm)
+    digest = ltm_digest(ltm)
+    payload = {"format": LTM_FORMAT, "model_sha256": model_fingerprint(model),
+               "model_config": model.cfg.to_dict(), "ltm": list(ltm),
+               "content_sha256": digest, "meta": dict(meta or {})}
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    atomic_write_bytes(Path(path), buf.getvalue())
+    return digest
+
+
+def load_ltm(path: str | Path, model: PMNet) -> SavedLTM:
+    """Read an LTM file written for `model`; refuse anything else with `LTMFileError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise LTMFileError(f"LTM file not found: {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as e:
+        raise LTMFileError(f"{path} is not a readable LTM file (corrupted or truncated?): "
+                           f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    if not isinstance(payload, dict) or payload.get("format") != LTM_FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise LTMFileError(f"{path} is not a {LTM_FORMAT} file (found format {found!r})")
+    want = model.cfg.to_dict()
+    have = payload.get("model_config", {})
+    diff = {k: (have.get(k), v) for k, v in want.items() if k != "name" and have.get(k) != v}
+    if diff:
+        raise LTMFileError(f"{path} was written by a model with another config "
+                           f"(field: file vs this model): {diff}")
+    fp = model_fingerprint(model)
+    if payload.get("model_sha256") != fp:
+        raise LTMFileError(
+            f"{path} was written by another model (its weights' sha256 "
+            f"{str(payload.get('model_sha256'))[:12]}... differs from this model's {fp[:12]}...)"
+            ": LTM is only meaningful to the Consolidator, router and readers that wrote it")
+    ltm = payload.get("ltm")
+    cfg = ModelConfig.from_dict(have)
+    if not isinstance(ltm, (list, tuple)) or len(ltm) != cfg.n_blocks:
+        raise LTMFileError(f"{path}: expected {cfg.n_blocks} LTM tensors, found "
+                           f"{len(ltm) if isinstance(ltm, (list, tuple)) else type(ltm)}")
+    n = None
+    for b, x in enumerate(ltm):
+        shape = (cfg.n_groups(b), cfg.branch, cfg.phase_dim)
+        if not isinstance(x, Tensor) or x.dim() != 4 or tuple(x.shape[1:]) != shape:
+            raise LTMFileError(f"{path}: LTM block {b} has shape "
+                               f"{tuple(getattr(x, 'shape', ()))}, expected (N, *{shape})")
+        if n is not None and x.shape[0] != n:
+            raise LTMFileError(f"{path}: LTM blocks disagree on the number of episodes")
+        n = x.shape[0]
+    if ltm_digest(ltm) != payload.get("content_sha256"):
+        raise LTMFileError(f"{path}: the LTM tensors do not match the content sha256 recorded "
+                           "in the file (corrupted): refusing them")
+    return SavedLTM(ltm=tuple(ltm), meta=dict(payload.get("meta", {})), model_sha256=fp)
+
+
+@torch.no_grad()
+def consolidate_batch(model: PMNet, batch, opts: RunOptions) -> MemoryState:
+    """The persistent trajectory up to the final reset: LTM after both boundaries."""
+    was = model.training
+    model.eval()
+    try:
+        return persistent_state(model, batch, opts)
+    finally:
+        model.train(was)
+
+
+@torch.no_grad()
+def answer_final(model: PMNet, batch, state: MemoryState, *, ltm_routing: bool) -> Tensor:
+    """The final (segment-2) queries asked of `state`: logits (N, V) at the last token."""
+    was = model.training
+    model.eval()
+    try:
+        logits, _ = model(batch.query_tokens[:, 1], state, ltm_routing=ltm_routing,
+                          logits="last")
+        return logits
+    finally:
+        model.train(was)
