@@ -18,6 +18,7 @@ VENV_FLAGS ?=
 endif
 
 PRESET ?=
+GRID ?=
 NAME ?=
 RUNS ?= $(CURDIR)/runs
 
@@ -44,8 +45,8 @@ lint: install ## ruff check
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py
 
-pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, NAME=run name)
-	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(NAME),--name $(NAME)) --root $(RUNS)
+pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, GRID=default|paper|core|tiny, NAME=run name)
+	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(NAME),--name $(NAME)) --root $(RUNS)
 
 resume: install ## resume the last (or NAME=...) pipeline
 	$(PY) -m pipelines.run resume $(if $(NAME),--name $(NAME)) --root $(RUNS)

@@ -26,13 +26,24 @@ def cmd_info(args) -> int:
     with torch.device("meta"):  # counts only: no memory, no init cost
         counts = PMNet(cfg).parameter_counts()
     if args.json:
-        print(json.dumps({"preset": args.preset, "config": cfg.to_dict(), **counts}, indent=2))
+        from pmnet.train import TRAIN_PRESETS
+
+        notes = list(TRAIN_PRESETS[args.preset]().notes) if args.preset in TRAIN_PRESETS else []
+        print(json.dumps({"preset": args.preset, "config": cfg.to_dict(), **counts,
+                          "notes": notes}, indent=2))
         return 0
     print(f"preset {args.preset}")
     for k, v in cfg.to_dict().items():
         print(f"  {k:<22} {v}")
     print(f"  {'n_blocks':<22} {cfg.n_blocks} (groups {cfg.total_groups}, "
           f"slots {cfg.total_slots})")
+    from pmnet.train import TRAIN_PRESETS
+
+    notes = TRAIN_PRESETS[args.preset]().notes if args.preset in TRAIN_PRESETS else ()
+    if notes:
+        print("\nhow this preset departs from the paper:")
+        for note in notes:
+            print(f"  - {note}")
     total = counts["total"]
     print(f"\n{'subset':<24} {'parameters':>12} {'fraction':>10}")
     print(f"{'total':<24} {total:>12,} {100.0:>9.3f}%")

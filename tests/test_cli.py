@@ -50,3 +50,17 @@ def test_bad_input_exits_with_a_named_error(argv, message, capsys):
 def test_non_integer_seed_is_rejected_by_the_parser():
     with pytest.raises(SystemExit):
         main(["episodes", "--n", "3", "--seed", "abc"])
+
+
+def test_info_lists_how_a_preset_departs_from_the_paper(capsys):
+    import json
+
+    from pmnet.train import TrainConfig
+
+    assert main(["info", "--preset", "cpu", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert notes == list(TrainConfig.from_name("cpu").notes) and notes
+    assert main(["info", "--preset", "cpu"]) == 0
+    assert "departs from the paper" in capsys.readouterr().out
+    assert main(["info", "--preset", "paper", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notes"] == []  # the paper's own protocol
