@@ -703,7 +703,13 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
     for n, p in model.named_parameters():  # the Consolidator is frozen in Phases 0 and 1
         p.requires_grad_(not n.startswith("consolidator."))
     phase0 = {}
-    if cfg.phase0_steps > 0:
+    last = out_dir / "phase1_ckpt" / "last.ckpt"
+    phase0_file = out_dir / "phase0_metrics.json"
+    if cfg.phase0_steps > 0 and last.is_file():
+        # resuming Phase 1: its checkpoint (weights, optimiser, RNG) replaces whatever Phase 0
+        # would produce, so Phase 0 is not run again; its recorded metrics are kept
+        phase0 = json.loads(phase0_file.read_text()) if phase0_file.is_file() else {}
+    elif cfg.phase0_steps > 0:
         m0 = Phase0Module(cfg, model, cfg.phase1_lr)
         tr, _ = _trainer(cfg, out_dir, max_epochs=1, monitor=None, patience=1,
                          callbacks=(), loggers=loggers, progress=progress, ckpt_dir=None,
@@ -712,13 +718,13 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
                                    cfg.phase1_seed))
         tr.fit(m0, train_dataloaders=data)
         phase0 = {"phase0/final_loss": float(tr.callback_metrics.get("train/loss", float("nan")))}
+        atomic_write_json(phase0_file, _jsonable(phase0))
     module = Phase1Module(cfg, model, cfg.phase1_lr)
     data = EpisodeData(cfg, cfg.phase1_seed + 1_000_000, cfg.phase1_episodes_per_epoch)
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.phase1_max_epochs,
                              monitor="val/mean_stm", patience=cfg.phase1_patience,
                              callbacks=callbacks, loggers=loggers, progress=progress,
                              ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs")
-    last = out_dir / "phase1_ckpt" / "last.ckpt"
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None)
     trainer.test(module, datamodule=data, ckpt_path="best", verbose=False)
     train_time = time.time() - t0

@@ -190,6 +190,12 @@ def test_paper_preset_runs_phase0_before_phase1(tmp_path, monkeypatch):
     assert math.isfinite(meta["phase0"]["phase0/final_loss"])
     assert (tmp_path / "phase0_logs").is_dir() and (tmp_path / "phase1_logs").is_dir()
     assert meta["train_config"]["phase0_steps"] == 3
+    # resuming Phase 1 (its last.ckpt exists) does not rerun Phase 0 and keeps its metrics
+    calls.clear()
+    run_phase1(cfg, tmp_path, progress=False)
+    assert 0 not in calls
+    again = json.loads((tmp_path / "phase1_metrics.json").read_text())
+    assert again["phase0"] == meta["phase0"]
 
 
 def test_phase2_consolidator_start_is_an_identity_drawn_from_the_seed(phase1):
