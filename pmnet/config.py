@@ -84,6 +84,13 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.write_period ({self.write_period}) exceeds n_layer ({self.n_layer})"
             )
+        for name in ("attn_dropout", "rms_eps", "rope_theta", "init_std"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"ModelConfig.{name} must be a number, got {v!r}")
+        if not isinstance(self.use_memory, bool):
+            raise ValueError(f"ModelConfig.use_memory must be true or false, got "
+                             f"{self.use_memory!r}")
         if not 0.0 <= float(self.attn_dropout) < 1.0:
             raise ValueError(f"ModelConfig.attn_dropout must be in [0, 1), got {self.attn_dropout}")
         for name in ("rms_eps", "rope_theta", "init_std"):

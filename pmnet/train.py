@@ -148,6 +148,17 @@ class TrainConfig:
     notes: tuple[str, ...] = field(default=(), compare=False)  # how a preset departs
 
     def __post_init__(self):
+        for name in ("lr", "phase1_lr", "grad_clip", "weight_decay", "phase1_aux_demo_loss",
+                     "consolidator_init_std", "consolidator_lr", "initial_ltm_loss"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"TrainConfig.{name} must be a number, got {v!r}")
+        for name in ("seeds", "conditions", "betas", "notes"):
+            if not isinstance(getattr(self, name), (tuple, list)):
+                raise ValueError(f"TrainConfig.{name} must be a list, got "
+                                 f"{getattr(self, name)!r}")
+        if any(isinstance(b, bool) or not isinstance(b, (int, float)) for b in self.betas):
+            raise ValueError(f"TrainConfig.betas must be two numbers, got {self.betas!r}")
         for name in ("warmup_steps", "phase0_steps", "threads", "phase1_seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -207,11 +218,19 @@ class TrainConfig:
         if name not in TRAIN_PRESETS:
             raise ValueError(f"unknown preset {name!r}; known presets: "
                              f"{', '.join(sorted(TRAIN_PRESETS))}")
+        if "preset" in overrides:
+            raise ValueError("'preset' cannot be overridden: choose the preset by name "
+                             "(--preset) and change single fields (KEY=VALUE, model.FIELD=...)")
+        if "model" in overrides and not isinstance(overrides["model"], ModelConfig):
+            raise ValueError("'model' takes a ModelConfig; change single model fields with "
+                             "model.FIELD=VALUE")
         model_over = {k[len("model."):]: v for k, v in overrides.items()
                       if k.startswith("model.")}
         rest = {k: v for k, v in overrides.items() if not k.startswith("model.")}
+        _check_keys(cls, rest, "TrainConfig")
         cfg = TRAIN_PRESETS[name]()
         if model_over:
+            _check_keys(ModelConfig, model_over, "ModelConfig", prefix="model.")
             rest["model"] = dataclasses.replace(cfg.model, **model_over)
         return dataclasses.replace(cfg, **rest) if rest else cfg
 
@@ -242,6 +261,17 @@ class TrainConfig:
         return out
 
 
+def _check_keys(cls, overrides: dict, what: str, prefix: str = "") -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} field(s): {', '.join(prefix + k for k in unknown)}")
+
+
+#: TrainConfig fields holding lists: `--set conditions=a,b` gives ("a", "b")
+LIST_FIELDS = ("betas", "seeds", "conditions", "notes")
+
+
 def parse_overrides(items: list[str] | None) -> dict:
     """`KEY=VALUE` strings (the CLIs' `--set`) -> `TrainConfig.from_name` overrides.
 
@@ -257,7 +287,12 @@ def parse_overrides(items: list[str] | None) -> dict:
             value = json.loads(text)
         except json.JSONDecodeError:
             value = text  # a plain string
-        out[key.strip()] = tuple(value) if isinstance(value, list) else value
+        key = key.strip()
+        if key in LIST_FIELDS and not isinstance(value, list):
+            # a bare value is a one-element list; a plain string may list items with commas
+            value = ([v.strip() for v in value.split(",") if v.strip()]
+                     if isinstance(value, str) else [value])
+        out[key] = tuple(value) if isinstance(value, list) else value
     return out
 
 

@@ -255,3 +255,37 @@ def test_cpu_preset_is_a_five_seed_reproduction_of_both_arms():
     paper = TrainConfig.from_name("paper")
     assert paper.consolidator_init_std == 0 and paper.initial_ltm_loss == 0
     assert paper.consolidator_lr == 0 and paper.consolidator_weight_decay is None
+
+
+@pytest.mark.parametrize(
+    "sets, match",
+    [
+        (['lr="0.001"'], "TrainConfig.lr must be a number"),
+        (["lr=true"], "TrainConfig.lr must be a number"),
+        (["consolidator_lr=\"3e-3\""], "TrainConfig.consolidator_lr must be a number"),
+        (["model.rope_theta=\"1e6\""], "ModelConfig.rope_theta must be a number"),
+        (["model.init_std=false"], "ModelConfig.init_std must be a number"),
+        (["preset=paper"], "'preset' cannot be overridden"),
+        (["model=paper"], "'model' takes a ModelConfig"),
+        (["learning_rate=0.1"], "unknown TrainConfig field"),
+        (["model.width=8"], "unknown ModelConfig field"),
+        (["conditions=learned_half"], "unknown condition 'learned_half'"),
+    ],
+)
+def test_bad_set_values_fail_clearly_before_any_work(sets, match):
+    from pmnet.train import parse_overrides
+
+    with pytest.raises(ValueError, match=match):
+        TrainConfig.from_name("debug", **parse_overrides(sets))
+
+
+def test_list_fields_take_one_value_or_comma_separated_values():
+    from pmnet.train import parse_overrides
+
+    cfg = TrainConfig.from_name("debug", **parse_overrides(["conditions=learned_full"]))
+    assert cfg.conditions == ("learned_full",)
+    cfg = TrainConfig.from_name("debug", **parse_overrides(
+        ["conditions=learned_full, consolidator_only", "seeds=7"]))
+    assert cfg.conditions == ("learned_full", "consolidator_only") and cfg.seeds == (7,)
+    cfg = TrainConfig.from_name("debug", **parse_overrides(["seeds=[1, 2]", "lr=0.01"]))
+    assert cfg.seeds == (1, 2) and cfg.lr == 0.01
