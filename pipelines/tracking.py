@@ -32,6 +32,10 @@ from pipelines.layout import PipelineError, check_writable
 log = logging.getLogger("pipelines.tracking")
 
 EMBEDDED = "embedded"
+# the MLflow UI opens an experiment in its training-runs view (not the GenAI traces view)
+# when this tag says so (MLflow 3: "custom_model_development" vs "genai_development")
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN = 6000
 SERVER_ENV = {
     # the server's job runner spawns a handful of huey consumers: not needed here
@@ -230,8 +234,11 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=uri)
 
     def experiment(self, name: str, tags: dict[str, str] | None = None) -> str:
+        """The experiment's id (created, or restored if deleted), tagged as model training so
+        the MLflow UI opens on its runs rather than on its GenAI (traces) view."""
         from mlflow.exceptions import MlflowException
 
+        tags = {**(tags or {}), EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
             try:
@@ -242,6 +249,9 @@ class Tracker:
                     raise
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
+        if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made by an older version
+            self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG,
+                                           EXPERIMENT_KIND)
         return exp.experiment_id
 
     def find_run(self, experiment_id: str, key: str):

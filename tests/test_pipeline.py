@@ -125,6 +125,8 @@ def mlflow_runs(uri: str, name: str) -> tuple:
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(f"pmnet/{name}")
     assert exp is not None, f"no MLflow experiment pmnet/{name} at {uri}"
+    # tagged as model training: the MLflow UI opens its runs, not the GenAI traces view
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
     return client, exp, client.search_runs([exp.experiment_id], max_results=1000)
 
 
