@@ -1398,13 +1398,7 @@ def _html_page(
         f"<style>{_CSS}</style></head><body>",
         "<h1>PMNet Consolidator: reproduction report</h1>",
         f'<p class="note">Generated {esc(_dt.datetime.now().isoformat(timespec="seconds"))}.</p>',
-        '<h2 id="what-ran">What ran</h2><dl class="meta">',
     ]
-    for key, value in meta.items():
-        out.append(f"<dt>{esc(str(key))}</dt><dd>{esc(_meta_value(value))}</dd>")
-    for key, value in facts:
-        out.append(f"<dt>{esc(key)}</dt><dd>{esc(value)}</dd>")
-    out.append("</dl>")
     for note in notes:
         out.append(f'<p class="note">{esc(note)}</p>')
     out.append('<h2 id="headline">Headline numbers</h2>')
@@ -1412,6 +1406,12 @@ def _html_page(
     out.append(f'<p class="note"><strong>Statistics.</strong> {esc(DESCRIPTIVE_NOTE)}</p>')
     out.append('<h2 id="claims">Which claims reproduce</h2>')
     out.append(by_id["tab:claims"].to_html())
+    out.append('<h2 id="what-ran">What ran</h2><dl class="meta">')
+    for key, value in facts:  # the readable facts first, the raw records after them
+        out.append(f"<dt>{esc(key)}</dt><dd>{esc(value)}</dd>")
+    for key, value in meta.items():
+        out.append(f"<dt>{esc(str(key))}</dt><dd>{esc(_meta_value(value))}</dd>")
+    out.append("</dl>")
     out.append('<h2 id="tables">Tables</h2>')
     for table in tables:
         if table.id not in FRONT_TABLES:
@@ -1447,15 +1447,16 @@ def _markdown_page(
     notes: Sequence[str],
 ) -> str:
     by_id = {t.id: t for t in tables}
-    out = ["# PMNet Consolidator: reproduction report", "", "## What ran", ""]
-    for key, value in meta.items():
-        out.append(f"- **{key}**: `{_meta_value(value)}`")
-    for key, value in facts:
-        out.append(f"- **{key}**: {value}")
-    out += [""] + [f"> {n}" for n in notes]
+    out = ["# PMNet Consolidator: reproduction report", ""] + [f"> {n}" for n in notes]
     out += ["", "## Headline numbers", "", by_id["tab:headline"].to_markdown()]
     out += [f"**Statistics.** {DESCRIPTIVE_NOTE}", ""]
-    out += ["## Which claims reproduce", "", by_id["tab:claims"].to_markdown(), "## Tables", ""]
+    out += ["## Which claims reproduce", "", by_id["tab:claims"].to_markdown()]
+    out += ["## What ran", ""]
+    for key, value in facts:  # the readable facts first, the raw records after them
+        out.append(f"- **{key}**: {value}")
+    for key, value in meta.items():
+        out.append(f"- **{key}**: `{_meta_value(value)}`")
+    out += ["", "## Tables", ""]
     for table in tables:
         if table.id not in FRONT_TABLES:
             out += [table.to_markdown()]

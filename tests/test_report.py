@@ -352,6 +352,13 @@ def test_report_html_has_every_table_and_figure(built):
     assert "http://" not in text and "https://" not in text
     for section in ("what-ran", "headline", "tables", "figures", "missing-results"):
         assert section in doc.ids
+    # a researcher reads the headline numbers and the claims first, what ran after them
+    order = [text.index(f'id="{i}"') for i in ("headline", "claims", "what-ran", "tables")]
+    assert order == sorted(order)
+    md = (run / "report" / "report.md").read_text(encoding="utf-8")
+    order = [md.index(h) for h in ("## Headline numbers", "## Which claims reproduce",
+                                   "## What ran", "## Tables")]
+    assert order == sorted(order)
     for key in ("preset", "git_commit", "hardware", "wall_time_s", "grid", "run_dir"):
         assert f"<dt>{key}</dt>" in text
     assert "descriptive" in text
