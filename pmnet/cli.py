@@ -23,12 +23,13 @@ def cmd_info(args) -> int:
     from pmnet.model import PMNet
 
     cfg = ModelConfig.from_name(args.preset)
+    from pmnet.train import TRAIN_PRESETS
+
     with torch.device("meta"):  # counts only: no memory, no init cost
         counts = PMNet(cfg).parameter_counts()
+    # how the preset's training departs from the paper (a model-only preset has no notes)
+    notes = list(TRAIN_PRESETS[args.preset]().notes) if args.preset in TRAIN_PRESETS else []
     if args.json:
-        from pmnet.train import TRAIN_PRESETS
-
-        notes = list(TRAIN_PRESETS[args.preset]().notes) if args.preset in TRAIN_PRESETS else []
         print(json.dumps({"preset": args.preset, "config": cfg.to_dict(), **counts,
                           "notes": notes}, indent=2))
         return 0
@@ -37,9 +38,6 @@ def cmd_info(args) -> int:
         print(f"  {k:<22} {v}")
     print(f"  {'n_blocks':<22} {cfg.n_blocks} (groups {cfg.total_groups}, "
           f"slots {cfg.total_slots})")
-    from pmnet.train import TRAIN_PRESETS
-
-    notes = TRAIN_PRESETS[args.preset]().notes if args.preset in TRAIN_PRESETS else ()
     if notes:
         print("\nhow this preset departs from the paper:")
         for note in notes:
@@ -102,7 +100,7 @@ def cmd_evaluate(args) -> int:
 
     cond = get_condition(args.condition)
     model, payload = load_model_file(args.checkpoint)
-    stream = task.test_stream(args.n) if args.stream == "test" else task.validation_stream(args.n)
+    stream = _stream(args.stream, args.n)
     metrics = evaluate(model, stream, consolidation=cond.consolidation,
                        ltm_routing=cond.ltm_routing, progress=True)
     metrics["stream_hash"] = task.content_hash(stream)

@@ -88,14 +88,13 @@ class ModelConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"ModelConfig.{name} must be a number, got {v!r}")
+            if name != "attn_dropout" and not v > 0:
+                raise ValueError(f"ModelConfig.{name} must be > 0, got {v}")
         if not isinstance(self.use_memory, bool):
             raise ValueError(f"ModelConfig.use_memory must be true or false, got "
                              f"{self.use_memory!r}")
         if not 0.0 <= float(self.attn_dropout) < 1.0:
             raise ValueError(f"ModelConfig.attn_dropout must be in [0, 1), got {self.attn_dropout}")
-        for name in ("rms_eps", "rope_theta", "init_std"):
-            if not float(getattr(self, name)) > 0:
-                raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
 
     # presets ------------------------------------------------------------------------------
     @classmethod
@@ -109,6 +108,11 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def differences(self, other: ModelConfig) -> dict:
+        """{field: (self's value, other's value)} where the two differ (the name aside)."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return {k: (v, theirs[k]) for k, v in mine.items() if k != "name" and theirs[k] != v}
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:

@@ -20,6 +20,7 @@ the same procedural stream (its content hash is checked when the caller gives on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import pickle
@@ -114,9 +115,11 @@ def load_ltm(path: str | Path, model: PMNet) -> SavedLTM:
     if not isinstance(payload, dict) or payload.get("format") != LTM_FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise LTMFileError(f"{path} is not a {LTM_FORMAT} file (found format {found!r})")
-    want = model.cfg.to_dict()
-    have = payload.get("model_config", {})
-    diff = {k: (have.get(k), v) for k, v in want.items() if k != "name" and have.get(k) != v}
+    try:
+        cfg = ModelConfig.from_dict(payload.get("model_config", {}))
+    except (TypeError, ValueError) as e:
+        raise LTMFileError(f"{path}: its model config is unreadable: {e}") from None
+    diff = cfg.differences(model.cfg)
     if diff:
         raise LTMFileError(f"{path} was written by a model with another config "
                            f"(field: file vs this model): {diff}")
@@ -127,7 +130,6 @@ def load_ltm(path: str | Path, model: PMNet) -> SavedLTM:
             f"{str(payload.get('model_sha256'))[:12]}... differs from this model's {fp[:12]}...)"
             ": LTM is only meaningful to the Consolidator, router and readers that wrote it")
     ltm = payload.get("ltm")
-    cfg = ModelConfig.from_dict(have)
     if not isinstance(ltm, (list, tuple)) or len(ltm) != cfg.n_blocks:
         raise LTMFileError(f"{path}: expected {cfg.n_blocks} LTM tensors, found "
                            f"{len(ltm) if isinstance(ltm, (list, tuple)) else type(ltm)}")
@@ -146,25 +148,27 @@ def load_ltm(path: str | Path, model: PMNet) -> SavedLTM:
     return SavedLTM(ltm=tuple(ltm), meta=dict(payload.get("meta", {})), model_sha256=fp)
 
 
-@torch.no_grad()
+@contextlib.contextmanager
+def _inference(model: PMNet):
+    """Evaluation mode and no autograd for the block; the model's mode is restored after."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was)
+
+
 def consolidate_batch(model: PMNet, batch, opts: RunOptions) -> MemoryState:
     """The persistent trajectory up to the final reset: LTM after both boundaries."""
-    was = model.training
-    model.eval()
-    try:
+    with _inference(model):
         return persistent_state(model, batch, opts)
-    finally:
-        model.train(was)
 
 
-@torch.no_grad()
 def answer_final(model: PMNet, batch, state: MemoryState, *, ltm_routing: bool) -> Tensor:
     """The final (segment-2) queries asked of `state`: logits (N, V) at the last token."""
-    was = model.training
-    model.eval()
-    try:
+    with _inference(model):
         logits, _ = model(batch.query_tokens[:, 1], state, ltm_routing=ltm_routing,
                           logits="last")
-        return logits
-    finally:
-        model.train(was)
+    return logits

@@ -891,11 +891,11 @@ def table_claims(ctx: _Context) -> Table:
     miss = _Missing(ctx)
     rows = []
 
-    def paired_row(claim: str, label: str, spec: stats.Comparison | None = None) -> None:
-        row = ctx.comparison(label, spec)
+    def paired_row(claim: str, label: str) -> None:
+        row = ctx.comparison(label)
         rows.append([
             text_cell(claim),
-            ctx.paired(miss, label, "stat", spec=spec, paper=False),
+            ctx.paired(miss, label, "stat", paper=False),
             Cell("ci", row["ci_low"], hi=row["ci_high"]),
             Cell("p", row["p"]),
             ctx.paper_cmp(label) or NA,

@@ -172,17 +172,15 @@ class TrainConfig:
         for name in ("lr", "phase1_lr", "grad_clip"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("consolidator_init_std", "consolidator_lr", "initial_ltm_loss"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"TrainConfig.{name} must be a number >= 0, got {v!r}")
+        for name in ("weight_decay", "phase1_aux_demo_loss", "consolidator_init_std",
+                     "consolidator_lr", "initial_ltm_loss"):  # numbers, checked above
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         cwd = self.consolidator_weight_decay
         if cwd is not None and (isinstance(cwd, bool) or not isinstance(cwd, (int, float))
                                 or cwd < 0):
             raise ValueError("TrainConfig.consolidator_weight_decay must be None or a number "
                              f">= 0, got {cwd!r}")
-        if self.weight_decay < 0 or self.phase1_aux_demo_loss < 0:
-            raise ValueError("TrainConfig.weight_decay and phase1_aux_demo_loss must be >= 0")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas}")
         if self.precision not in PRECISIONS:
@@ -682,8 +680,7 @@ def load_model_file(path: str | Path, *, expect_config: ModelConfig | None = Non
         raise ValueError(f"{path} is not a pmnet model file")
     mcfg = ModelConfig.from_dict(payload["model_config"])
     if expect_config is not None:
-        have, want = mcfg.to_dict(), expect_config.to_dict()
-        diff = {k: (v, want[k]) for k, v in have.items() if want[k] != v and k != "name"}
+        diff = mcfg.differences(expect_config)
         if diff:
             raise ValueError(f"checkpoint {path} was made with a different model config "
                              f"(field: checkpoint vs requested): {diff}")
