@@ -95,10 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_start(a) -> int:
     from pipelines import driver
+    from pipelines import plan as planning
 
-    plan = driver.plan_new(
+    plan = planning.plan_new(
         root=a.root, name=a.name, preset=a.preset, grid=a.grid,
-        overrides=driver.parse_overrides(a.set), conditions=a.conditions, seeds=a.seeds,
+        overrides=planning.parse_overrides(a.set), conditions=a.conditions, seeds=a.seeds,
         cpus_per_trial=a.cpus_per_trial, gpus_per_trial=a.gpus_per_trial,
         max_concurrent=a.max_concurrent, max_failures=a.max_failures,
         tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
@@ -109,8 +110,9 @@ def cmd_start(a) -> int:
 
 def cmd_resume(a) -> int:
     from pipelines import driver
+    from pipelines.plan import plan_resume
 
-    plan = driver.plan_resume(root=a.root, name=a.name, tracking_uri=a.tracking_uri,
+    plan = plan_resume(root=a.root, name=a.name, tracking_uri=a.tracking_uri,
                               ray_address=a.ray_address, num_cpus=a.num_cpus,
                               mlflow_host=a.mlflow_host, max_failures=a.max_failures,
                               stage1_cpus=a.stage1_cpus)
@@ -131,23 +133,24 @@ def cmd_status(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from pipelines import driver
     from pipelines.layout import last_pipeline, read_json
+    from pipelines.mlflow_server import LocalServer, embedded_backend
+    from pipelines.plan import plan_resume
+    from pipelines.stages import stage3
     from pipelines.tracking import (
         EMBEDDED,
-        LocalServer,
+        Runs,
         Tracker,
         check_tracking_uri,
-        embedded_backend,
         requested_tracking_uri,
     )
 
     root = Path(a.root).expanduser().absolute()
     name = a.name or last_pipeline(root)
-    plan = driver.plan_resume(root=root, name=name, tracking_uri=a.tracking_uri)
+    plan = plan_resume(root=root, name=name, tracking_uri=a.tracking_uri)
     lay = plan.layout
     known = read_json(lay.tracking_json, {}) or {}
-    runs = driver.Runs()
+    runs = Runs()
     server = None
     try:
         if not a.no_mlflow and known.get("parent_run_id"):
@@ -161,11 +164,11 @@ def cmd_report(a) -> int:
                 uri = server.wait_ready()
             else:
                 check_tracking_uri(uri)
-            runs = driver.Runs(tracker=Tracker(uri), uri=uri,
+            runs = Runs(tracker=Tracker(uri), uri=uri,
                                experiment_id=known.get("experiment_id"),
                                parent=known.get("parent_run_id"),
                                stages=dict(known.get("stages", {})))
-        ok = driver.stage3(plan, runs)
+        ok = stage3(plan, runs)
     finally:
         if server is not None:
             server.stop()
@@ -173,7 +176,7 @@ def cmd_report(a) -> int:
 
 
 def cmd_ui(a) -> int:
-    from pipelines.tracking import SERVER_ENV, embedded_backend, server_command
+    from pipelines.mlflow_server import SERVER_ENV, embedded_backend, server_command
 
     root = Path(a.root).expanduser().absolute()
     if not (root / "mlflow.db").is_file():

@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from pipelines.layout import PipelineError, check_writable
+from pipelines.console import say
+from pipelines.layout import PipelineError, check_writable, read_json, write_json
+from pipelines.provenance import git_commit, package_versions
+
+if TYPE_CHECKING:
+    from pipelines.plan import Plan
 
 log = logging.getLogger("pipelines.tracking")
 
@@ -37,10 +39,6 @@ EMBEDDED = "embedded"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN = 6000
-SERVER_ENV = {
-    # the server's job runner spawns a handful of huey consumers: not needed here
-    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-}
 
 
 def requested_tracking_uri(arg: str | None = None) -> str | None:
@@ -85,122 +83,6 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
         return
     # databricks, postgresql, ...: left to MLflow
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def routable_ip() -> str:
-    """This machine's address on its default route (no packet is sent); 127.0.0.1 if none."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("10.254.254.254", 1))
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
-
-
-def server_command(backend_uri: str, artifacts_dir: Path, host: str, port: int,
-                   workers: int = 1) -> list[str]:
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
-           "--artifacts-destination", str(artifacts_dir), "--host", host, "--port", str(port),
-           "--workers", str(workers)]
-    if host not in ("127.0.0.1", "localhost"):
-        # MLflow's security middleware only admits localhost Host headers by default
-        names = {host, routable_ip()} - {"0.0.0.0"}
-        allowed = [f"{n}:{port}" for n in sorted(names)] + ["localhost:*", "127.0.0.1:*"]
-        cmd += ["--allowed-hosts", ",".join(allowed)]
-    return cmd
-
-
-def embedded_backend(root: Path) -> str:
-    return f"sqlite:///{Path(root).absolute() / 'mlflow.db'}"
-
-
-class LocalServer:
-    """An `mlflow server` child process for the embedded store, stopped with the driver."""
-
-    def __init__(self, backend_uri: str, artifacts_dir: Path, *, host: str = "127.0.0.1",
-                 port: int = 0, log_path: Path | None = None):
-        self.backend_uri, self.artifacts_dir = backend_uri, Path(artifacts_dir)
-        self.host, self.port = host, port or free_port("" if host == "0.0.0.0" else host)
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-        self._log = None
-
-    @property
-    def uri(self) -> str:
-        host = self.host
-        if host == "localhost":
-            host = "127.0.0.1"
-        elif host == "0.0.0.0":  # all interfaces: give the trials an address they can reach
-            host = routable_ip()
-        return f"http://{host}:{self.port}"
-
-    def start(self) -> LocalServer:
-        self.artifacts_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pipelines.mlflow_guard", "--parent", str(os.getpid()),
-               "--", *server_command(self.backend_uri, self.artifacts_dir, self.host,
-                                     self.port)]
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.log_path, "ab")
-        env = {**os.environ, **SERVER_ENV, "PYTHONPATH": _pythonpath()}
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, env=env,
-            cwd=str(self.artifacts_dir.parent))
-        return self
-
-    def wait_ready(self, timeout: float = 240.0) -> str:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise PipelineError(f"the local MLflow server exited with code "
-                                    f"{self.proc.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self.uri
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise PipelineError(f"the local MLflow server did not answer within {timeout:.0f} s; "
-                            f"see {self.log_path}")
-
-    def stop(self, timeout: float = 20.0) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # the guard stops its whole process group
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> LocalServer:
-        self.start()
-        self.wait_ready()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def _pythonpath() -> str:
-    """The project root first, so child processes import this checkout's packages."""
-    here = str(Path(__file__).resolve().parent.parent)
-    rest = os.environ.get("PYTHONPATH", "")
-    return here + (os.pathsep + rest if rest else "")
 
 
 # -----------------------------------------------------------------------------------------
@@ -341,3 +223,70 @@ class Tracker:
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
+
+
+@dataclass
+class Runs:
+    """MLflow handles of this pipeline (all None when tracking is off)."""
+
+    tracker: Tracker | None = None
+    uri: str | None = None
+    experiment_id: str | None = None
+    parent: str | None = None
+    stages: dict[str, str] = field(default_factory=dict)
+
+    def safe(self, what: str, fn, *args, **kwargs):
+        if self.tracker is None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # tracking must never lose the pipeline's results
+            say(f"[mlflow] {what} failed: {type(e).__name__}: {e}")
+            return None
+
+def experiment_name(plan: Plan) -> str:
+    return f"pmnet/{plan.name}"
+
+
+def open_tracking(plan: Plan, uri: str, embedded: bool) -> Runs:
+    tracker = Tracker(uri)
+    lay = plan.layout
+    exp_id = tracker.experiment(experiment_name(plan), tags={"pipeline": plan.name,
+                                                            "storage_root": str(lay.root)})
+    known = read_json(lay.tracking_json, {}) or {}
+    tags = {"pipeline": plan.name, "role": "pipeline", "preset": plan.cfg.preset,
+            "preset_reason": plan.preset_reason, "grid": plan.space.name,
+            "run_dir": str(lay.run_dir), **git_commit(),
+            **{f"version.{k}": v for k, v in package_versions().items()}}
+    parent, _ = tracker.attach_run(exp_id, plan.name, run_name=plan.name, tags=tags,
+                                   run_id=known.get("parent_run_id"))
+    sp = plan.space
+    tracker.log_params_once(parent, {
+        **plan.cfg.flat(), "grid.name": sp.name, "grid.conditions": ",".join(sp.conditions),
+        "grid.seeds": ",".join(map(str, sp.seeds)), "grid.n_trials": sp.n_trials,
+        "resources.cpus_per_trial": sp.cpus_per_trial,
+        "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
+    runs = Runs(tracker=tracker, uri=uri, experiment_id=exp_id, parent=parent,
+                stages=dict(known.get("stages", {})))
+    write_json(lay.tracking_json, {"tracking_uri": EMBEDDED if embedded else uri,
+                                   "experiment_name": experiment_name(plan),
+                                   "experiment_id": exp_id, "parent_run_id": parent,
+                                   "stages": runs.stages})
+    say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent} "
+        f"at {'the embedded store ' + str(lay.mlflow_db) if embedded else uri}")
+    return runs
+
+
+def stage_run(plan: Plan, runs: Runs, stage: str) -> str | None:
+    if runs.tracker is None:
+        return None
+    rid, _ = runs.tracker.attach_run(
+        runs.experiment_id, f"{plan.name}/{stage}", run_name=stage, parent_run_id=runs.parent,
+        tags={"pipeline": plan.name, "stage": stage, "preset": plan.cfg.preset},
+        run_id=runs.stages.get(stage))
+    runs.stages[stage] = rid
+    known = read_json(plan.layout.tracking_json, {}) or {}
+    known["stages"] = runs.stages
+    write_json(plan.layout.tracking_json, known)
+    return rid
+

@@ -28,7 +28,6 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 from pipelines.layout import Layout, read_json, trial_key, trial_name, write_json
 from pmnet.io import atomic_copy
@@ -326,7 +325,3 @@ def trial_dirname(trial) -> str:
 def trial_str(trial) -> str:
     return trial_name(trial.config["condition"], trial.config["seed"])
 
-
-def summary_of(result: dict[str, Any]) -> str:
-    t = (result.get("test") or {}).get("updated_ltm")
-    return f"test updated_ltm {t:.2f}" if isinstance(t, (int, float)) else "no test metric"

@@ -36,30 +36,17 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.weightstats import DescrStatsW
 
-from pmnet.io import atomic_path, atomic_write_bytes, atomic_write_text  # noqa: F401
+from pmnet.conditions import CONDITIONS as _CONDITIONS
+from pmnet.conditions import PAPER_SEEDS
+from pmnet.io import atomic_path, atomic_write_text
 
 # ------------------------------------------------------------------------------------------
 # vocabulary
 # ------------------------------------------------------------------------------------------
 
-CONDITIONS: tuple[str, ...] = (
-    "learned_full",
-    "identity_full",
-    "consolidator_only",
-    "consolidator_only_routing_off",
-    "memory_consolidator",
-    "learned_full_dual",
-)
-CONDITION_LABELS: dict[str, str] = {
-    "learned_full": "Learned full",
-    "identity_full": "Identity full",
-    "consolidator_only": "Consolidator only",
-    "consolidator_only_routing_off": "Consolidator only, routing off",
-    "memory_consolidator": "Memory + Consolidator",
-    "learned_full_dual": "Learned full, dual objective",
-}
-#: Phase-2 seeds of the paper (Appendix "Hyperparameters and Architecture").
-PAPER_SEEDS: tuple[int, ...] = (42, 43, 44, 45, 46)
+#: Condition names in the paper's order, and their table labels (from pmnet.conditions).
+CONDITIONS: tuple[str, ...] = tuple(_CONDITIONS)
+CONDITION_LABELS: dict[str, str] = {n: c.label for n, c in _CONDITIONS.items()}
 
 #: Per-trial provenance columns of the tidy table, in order.
 META_COLUMNS: tuple[str, ...] = (

@@ -41,6 +41,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
 from pmnet import task
+from pmnet.conditions import CONDITIONS, PAPER_SEEDS, Condition, get_condition  # noqa: F401
 from pmnet.config import ModelConfig
 from pmnet.evaluate import episode_outcomes, summarize
 from pmnet.io import atomic_write_bytes, atomic_write_json
@@ -56,42 +57,7 @@ MODEL_FORMAT = "pmnet-model/v1"
 # -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Condition:
-    name: str
-    consolidation: str  # "learned" or "identity" (raw STM accumulation)
-    subset: str  # a PMNet.trainable_subset name
-    ltm_routing: bool  # direct LTM term of Eq. 9
-    objective: str  # "updated" (Eq. 10) or "dual" (Eq. 11)
-    select: str  # validation metric that selects the checkpoint
-    description: str
-
-
-CONDITIONS: dict[str, Condition] = {
-    c.name: c
-    for c in (
-        Condition("learned_full", "learned", "entire_model", True, "updated", "updated_ltm",
-                  "Learned full: entire model trainable, learned consolidation"),
-        Condition("identity_full", "identity", "all_but_consolidator", True, "updated",
-                  "updated_ltm",
-                  "Identity full: all but the Consolidator, raw STM accumulation"),
-        Condition("consolidator_only", "learned", "consolidator_only", True, "updated",
-                  "updated_ltm", "Consolidator only (12.35K parameters), LTM routing on"),
-        Condition("consolidator_only_routing_off", "learned", "consolidator_only", False,
-                  "updated", "updated_ltm",
-                  "Consolidator only, direct LTM routing term of Eq. 9 removed"),
-        Condition("memory_consolidator", "learned", "memory_consolidator", True, "updated",
-                  "updated_ltm", "Memory read/write/routing + Consolidator"),
-        Condition("learned_full_dual", "learned", "entire_model", True, "dual", "dual",
-                  "Learned full with the dual objective L_updated + L_STM (Eq. 11)"),
-    )
-}
-
-
-def get_condition(name: str) -> Condition:
-    if name not in CONDITIONS:
-        raise ValueError(f"unknown condition {name!r}; known: {', '.join(CONDITIONS)}")
-    return CONDITIONS[name]
+# `Condition`, `CONDITIONS`, `get_condition` and `PAPER_SEEDS` live in pmnet.conditions.
 
 
 # -----------------------------------------------------------------------------------------
@@ -132,7 +98,7 @@ class TrainConfig:
     phase1_curriculum: bool = False  # demos per batch ~ U{1..8} (evaluation always at 8)
     phase1_aux_demo_loss: float = 0.0  # weight of a loss on the answers of demos 2..k
     # Phase 2: grid and lifecycle -----------------------------------------------------------
-    seeds: tuple[int, ...] = (42, 43, 44, 45, 46)
+    seeds: tuple[int, ...] = PAPER_SEEDS
     conditions: tuple[str, ...] = tuple(CONDITIONS)
     detach_ltm: bool = False  # `detach_long_term_between_sleeps` (False in the paper)
     # Phase 2: the Consolidator's own recipe -----------------------------------------------
@@ -324,7 +290,7 @@ def _cpu() -> TrainConfig:
         phase1_lr=1e-3, phase1_max_epochs=40, phase1_episodes_per_epoch=12_800,
         phase1_patience=40, phase1_curriculum=True, phase1_aux_demo_loss=1.0,
         consolidator_init_std=0.18, consolidator_lr=3e-3, consolidator_weight_decay=0.0,
-        seeds=(42, 43, 44, 45, 46),
+        seeds=PAPER_SEEDS,
         conditions=("consolidator_only", "consolidator_only_routing_off"),
         notes=(
             "small model (hidden 64, 4 layers, a write every layer, phase dim 16; 0.30M)",

@@ -210,7 +210,7 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
 
 @pytest.fixture(scope="module")
 def external_server(tmp_path_factory):
-    from pipelines.tracking import LocalServer
+    from pipelines.mlflow_server import LocalServer
 
     base = tmp_path_factory.mktemp("external-mlflow")
     server = LocalServer(f"sqlite:///{base / 'store.db'}", base / "artifacts",
@@ -270,14 +270,15 @@ def test_external_mlflow_server_receives_the_runs(crashed_once, external_server)
 
 
 def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
-    from pipelines import driver
+    from pipelines import cluster, stages, tracking
+    from pipelines import plan as planning
     from pipelines.layout import PipelineError, write_json
     from pipelines.trial import quiet_training_logs
 
     quiet_training_logs()
     from pmnet.train import TrainConfig, run_phase1
 
-    plan = driver.plan_new(root=tmp_path / "runs", name="tamper", preset="debug", grid="tiny",
+    plan = planning.plan_new(root=tmp_path / "runs", name="tamper", preset="debug", grid="tiny",
                            max_failures=0, num_cpus=2)
     lay = plan.layout
     import torch
@@ -285,21 +286,21 @@ def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
     threads = torch.get_num_threads()
     res = run_phase1(TrainConfig.from_name("debug", threads=1), lay.phase1_dir, progress=False)
     torch.set_num_threads(threads)
-    write_json(lay.stage1_json, {"config_hash": driver.phase1_config_hash(plan.cfg),
+    write_json(lay.stage1_json, {"config_hash": planning.phase1_config_hash(plan.cfg),
                                  "sha256": res["sha256"]})
     data = bytearray(lay.phase1_ckpt.read_bytes())
     data[len(data) // 3] ^= 0x5A
     lay.phase1_ckpt.write_bytes(bytes(data))
     # the driver refuses it before any trial starts ...
     with pytest.raises(PipelineError, match="does not match its recorded sha256"):
-        driver.existing_phase1(plan)
+        stages.existing_phase1(plan)
     with pytest.raises(PipelineError, match="does not match its recorded sha256"):
-        driver.stage2(plan, driver.Runs(), res["sha256"])
+        stages.stage2(plan, tracking.Runs(), res["sha256"])
     assert not lay.experiment_dir.exists()
     # ... and so does every trial on its own (driver check bypassed)
-    ray = driver.init_ray(plan)
+    ray = cluster.init_ray(plan)
     try:
-        out = driver.stage2(plan, driver.Runs(), res["sha256"], precheck=False)
+        out = stages.stage2(plan, tracking.Runs(), res["sha256"], precheck=False)
     finally:
         ray.shutdown()
     assert out["errored"] == 4 and out["finished"] == 0

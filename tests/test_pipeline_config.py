@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import driver, run
+from pipelines import plan as planning
+from pipelines import run, stages
 from pipelines.layout import Layout, PipelineError, trial_key, trial_name, write_json
 from pipelines.status import status_text, trial_rows
 from pipelines.tracking import Tracker, check_tracking_uri
@@ -21,7 +22,7 @@ from tune_spaces import SpaceError
 def _plan(tmp_path, **kw):
     kw.setdefault("preset", "debug")
     kw.setdefault("grid", "tiny")
-    return driver.plan_new(root=tmp_path / "runs", name=kw.pop("name", "p"), **kw)
+    return planning.plan_new(root=tmp_path / "runs", name=kw.pop("name", "p"), **kw)
 
 
 def _closed_port() -> int:
@@ -54,7 +55,7 @@ def test_storage_root_that_is_not_writable(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with pytest.raises(PipelineError, match="not writable"):
-        driver.plan_new(root=blocker / "runs", preset="debug", grid="tiny")
+        planning.plan_new(root=blocker / "runs", preset="debug", grid="tiny")
 
 
 def test_unreachable_tracking_server_fails_fast(tmp_path, monkeypatch):
@@ -82,33 +83,33 @@ def test_cli_reports_configuration_errors_with_exit_code_2(tmp_path, capsys):
 
 
 def test_preset_choice_follows_the_gpu(monkeypatch):
-    monkeypatch.setattr(driver, "cuda_available", lambda: False)
-    assert driver.choose_preset(None)[0] == "cpu"
-    monkeypatch.setattr(driver, "cuda_available", lambda: True)
-    preset, why = driver.choose_preset(None)
+    monkeypatch.setattr(planning, "cuda_available", lambda: False)
+    assert planning.choose_preset(None)[0] == "cpu"
+    monkeypatch.setattr(planning, "cuda_available", lambda: True)
+    preset, why = planning.choose_preset(None)
     assert preset == "paper" and "CUDA" in why
-    assert driver.choose_preset("debug") == ("debug", "given with --preset / PRESET=")
+    assert planning.choose_preset("debug") == ("debug", "given with --preset / PRESET=")
 
 
 def test_overrides_and_lists_are_parsed():
-    assert driver.parse_overrides(["max_epochs=3", "model.hidden=32", "precision=32-true",
+    assert planning.parse_overrides(["max_epochs=3", "model.hidden=32", "precision=32-true",
                                    "betas=[0.9, 0.99]"]) == {
         "max_epochs": 3, "model.hidden": 32, "precision": "32-true", "betas": (0.9, 0.99)}
     with pytest.raises(PipelineError, match="KEY=VALUE"):
-        driver.parse_overrides(["oops"])
+        planning.parse_overrides(["oops"])
 
 
 def test_same_name_same_config_continues_different_config_refuses(tmp_path):
     plan = _plan(tmp_path)
     assert not plan.resumed
-    driver._write_meta(plan, status="finished")
+    stages.write_meta(plan, status="finished")
     again = _plan(tmp_path)
     assert again.resumed
     with pytest.raises(PipelineError, match="different configuration.*max_epochs"):
         _plan(tmp_path, overrides={"max_epochs": 5})
     with pytest.raises(PipelineError, match="grid"):
         _plan(tmp_path, seeds="42")
-    resumed = driver.plan_resume(root=tmp_path / "runs")
+    resumed = planning.plan_resume(root=tmp_path / "runs")
     assert resumed.name == "p" and resumed.cfg == plan.cfg and resumed.space == plan.space
 
 
@@ -153,24 +154,24 @@ def test_phase1_gate_refuses_tampered_or_foreign_checkpoints(tmp_path, phase1):
 def test_stage1_is_idempotent_and_never_retrains_over_a_tampered_checkpoint(tmp_path, phase1):
     plan = _plan(tmp_path)
     lay = plan.layout
-    assert driver.existing_phase1(plan) is None  # nothing yet: Stage 1 must run
+    assert stages.existing_phase1(plan) is None  # nothing yet: Stage 1 must run
     lay.phase1_dir.mkdir(parents=True)
     src = Path(phase1["checkpoint"])
     lay.phase1_ckpt.write_bytes(src.read_bytes())
     Path(f"{lay.phase1_ckpt}.sha256").write_bytes(Path(f"{src}.sha256").read_bytes())
-    assert driver.existing_phase1(plan) is None  # no record of the config it was made for
-    write_json(lay.stage1_json, {"config_hash": driver.phase1_config_hash(plan.cfg),
+    assert stages.existing_phase1(plan) is None  # no record of the config it was made for
+    write_json(lay.stage1_json, {"config_hash": planning.phase1_config_hash(plan.cfg),
                                  "sha256": phase1["sha256"]})
-    assert driver.existing_phase1(plan) == phase1["sha256"]  # valid: Stage 1 is skipped
+    assert stages.existing_phase1(plan) == phase1["sha256"]  # valid: Stage 1 is skipped
     other = _plan(tmp_path, name="q", overrides={"phase1_lr": 1e-2})
-    assert driver.phase1_config_hash(other.cfg) != driver.phase1_config_hash(plan.cfg)
+    assert planning.phase1_config_hash(other.cfg) != planning.phase1_config_hash(plan.cfg)
     same_p1 = _plan(tmp_path, name="r", overrides={"max_epochs": 3})  # Phase-2-only change
-    assert driver.phase1_config_hash(same_p1.cfg) == driver.phase1_config_hash(plan.cfg)
+    assert planning.phase1_config_hash(same_p1.cfg) == planning.phase1_config_hash(plan.cfg)
     data = bytearray(lay.phase1_ckpt.read_bytes())
     data[-10] ^= 0x01
     lay.phase1_ckpt.write_bytes(bytes(data))
     with pytest.raises(PipelineError, match="does not match its recorded sha256.*Delete"):
-        driver.existing_phase1(plan)
+        stages.existing_phase1(plan)
 
 
 # -- MLflow naming and re-attachment ----------------------------------------------------------
@@ -221,7 +222,7 @@ def test_trial_runs_are_named_and_reattached(tracker):
 def test_status_reads_results_and_tune_state_from_disk(tmp_path):
     plan = _plan(tmp_path)
     lay: Layout = plan.layout
-    driver._write_meta(plan, status="running", driver={"pid": 2 ** 22 + 12345,
+    stages.write_meta(plan, status="running", driver={"pid": 2 ** 22 + 12345,
                                                        "host": socket.gethostname()})
     write_json(lay.result_path("learned_full", 42), {
         "condition": "learned_full", "seed": 42, "val": {"updated_ltm": 55.0},

@@ -19,13 +19,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pmnet.conditions import CONDITIONS, PAPER_SEEDS
+
 # the paper's Phase-2 grid (Section 6.2, Table "Parameter-isolation conditions"; Appendix
 # "Hyperparameters": seeds 42..46)
-PAPER_CONDITIONS = (
-    "learned_full", "identity_full", "consolidator_only", "consolidator_only_routing_off",
-    "memory_consolidator", "learned_full_dual",
-)
-PAPER_SEEDS = (42, 43, 44, 45, 46)
+PAPER_CONDITIONS: tuple[str, ...] = tuple(CONDITIONS)
 
 
 class SpaceError(ValueError):

@@ -1,0 +1,35 @@
+"""What ran: the code's git commit and the versions of the packages that matter."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> dict[str, str]:
+    def run(*args):
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = run("rev-parse", "HEAD")
+    dirty = bool(run("status", "--porcelain", "--untracked-files=no"))
+    return {"git_commit": commit or "unknown", "git_dirty": str(dirty).lower()}
+
+
+def package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "lightning", "ray", "mlflow", "numpy", "pandas"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+

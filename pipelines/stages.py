@@ -1,0 +1,372 @@
+"""The pipeline's three stages, each one function the driver calls in order.
+
+Stage 1  a Ray task runs `pmnet.train.run_phase1` into `<run>/phase1/` unless a checkpoint
+         with a valid sha256 for the same Phase-1 config is already there (idempotent).
+Stage 2  a `ray.tune.Tuner` over the grid; each trial is `pipelines.trial.train_trial` with
+         `tune.with_resources`; an existing experiment is continued with `Tuner.restore`
+         (finished trials are kept, unfinished and errored ones resume from checkpoints).
+Stage 3  `pmnet.report.main_report(<run>)`; a failure there is logged, results are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import stat
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.console import say
+from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, trial_name, write_json
+from pipelines.plan import Plan, canon, phase1_config_hash
+from pipelines.provenance import git_commit, package_versions
+from pipelines.tracking import EMBEDDED, Runs, stage_run
+
+
+def write_meta(plan: Plan, **extra) -> dict:
+    lay = plan.layout
+    meta = read_json(lay.pipeline_json, {}) or {}
+    if not meta:
+        meta = {
+            "name": plan.name, "preset": plan.cfg.preset, "preset_reason": plan.preset_reason,
+            "grid": {"conditions": list(plan.space.conditions),
+                     "seeds": list(plan.space.seeds)},
+            "n_trials": plan.space.n_trials, "space": plan.space.to_dict(),
+            "overrides": canon(plan.overrides), "root": str(lay.root),
+            "run_dir": str(lay.run_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "tracking": plan.tracking_uri or EMBEDDED, **git_commit(),
+            "versions": package_versions(),
+        }
+        write_json(lay.config_json, canon(plan.cfg.to_dict()))
+    meta.update(extra)
+    write_json(lay.pipeline_json, meta)
+    return meta
+
+# -- Stage 1 ---------------------------------------------------------------------------------
+
+
+def _phase1_task(cfg_dict: dict, out_dir: str, threads: int) -> dict:
+    from pipelines.trial import quiet_training_logs
+
+    quiet_training_logs()
+    from pmnet.train import TrainConfig, run_phase1
+
+    cfg = TrainConfig.from_dict(cfg_dict)
+    if not cfg.threads:
+        cfg = dataclasses.replace(cfg, threads=max(1, int(threads)))
+    return run_phase1(cfg, out_dir, progress=False)
+
+
+def existing_phase1(plan: Plan) -> str | None:
+    """sha256 of a finished Phase-1 checkpoint for this config, None if there is none.
+    PipelineError when one is there but fails its hash check (tampered: never retrained over
+    silently)."""
+    from pmnet.train import verify_phase1
+
+    lay = plan.layout
+    ckpt, sidecar = lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")
+    if not ckpt.is_file() or not sidecar.is_file():
+        return None
+    try:
+        digest = verify_phase1(ckpt)
+    except ValueError as e:
+        raise PipelineError(f"Stage 1: {e}. Delete {lay.phase1_dir} to train Phase 1 again."
+                            ) from e
+    info = read_json(lay.stage1_json, {}) or {}
+    if info.get("config_hash") != phase1_config_hash(plan.cfg):
+        return None
+    if info.get("sha256") != digest:
+        raise PipelineError(f"Stage 1: {ckpt} has sha256 {digest[:12]}... but Stage 1 "
+                            f"recorded {str(info.get('sha256'))[:12]}...; refusing it. "
+                            f"Delete {lay.phase1_dir} to train Phase 1 again.")
+    return digest
+
+
+@dataclass
+class Stage1Job:
+    digest: str | None = None  # set when a valid checkpoint was already there
+    ref: Any = None  # the Ray ObjectRef of the running Phase-1 task
+    t0: float = 0.0
+
+
+def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> Stage1Job:
+    """Skip (valid checkpoint for this config) or submit the Phase-1 task; don't wait."""
+    lay = plan.layout
+    digest = existing_phase1(plan)
+    if digest is not None:
+        say(f"[stage 1/3] skipped: {lay.phase1_ckpt} exists with a valid sha256 "
+            f"{digest[:12]}... for this config")
+        return Stage1Job(digest=digest)
+    phases = "Phase 0 + Phase 1" if plan.cfg.phase0_steps > 0 else "Phase 1"
+    n_cpu = max(1.0, min(cpus, float(plan.stage1_cpus or plan.num_cpus or cpus)))
+    n_gpu = 1 if gpus >= 1 and plan.space.gpus_per_trial > 0 else 0
+    say(f"[stage 1/3] {phases} as a Ray task ({n_cpu:g} CPU, {n_gpu} GPU) -> {lay.phase1_dir}")
+    for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):  # a retrain replaces them
+        if p.exists():
+            p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
+    task = ray.remote(num_cpus=n_cpu, num_gpus=n_gpu, max_retries=1)(_phase1_task)
+    return Stage1Job(ref=task.remote(plan.cfg.to_dict(), str(lay.phase1_dir), int(n_cpu)),
+                     t0=time.time())
+
+
+def stage1_finish(plan: Plan, ray, job: Stage1Job, runs: Runs) -> tuple[str, float]:
+    """Wait for the Phase-1 task, record the checkpoint's hash, log Stage 1 to MLflow."""
+    lay = plan.layout
+    rid = stage_run(plan, runs, "stage1-phase1")
+    if job.digest is not None:
+        if rid:
+            runs.safe("stage1 tags", runs.tracker.set_tags, rid,
+                      {"skipped": "true", "phase1_sha256": job.digest})
+            runs.safe("stage1 finish", runs.tracker.finish, rid)
+        if runs.parent:
+            runs.safe("parent tags", runs.tracker.set_tags, runs.parent,
+                      {"phase1_sha256": job.digest})
+        return job.digest, 0.0
+    try:
+        res = ray.get(job.ref)
+    except Exception as e:
+        if rid:
+            runs.safe("stage1 finish", runs.tracker.finish, rid, "FAILED")
+        raise PipelineError(f"Stage 1 (Phase 1) failed: {e}") from e
+    digest = res["sha256"]
+    for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):  # read-only from now on
+        p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    wall = time.time() - job.t0
+    info = {"config_hash": phase1_config_hash(plan.cfg), "sha256": digest,
+            "checkpoint": str(lay.phase1_ckpt), "train_time_s": res.get("train_time_s"),
+            "wall_s": wall, "metrics": res.get("metrics", {})}
+    write_json(lay.stage1_json, canon(info))
+    write_meta(plan, phase1_sha256=digest)
+    say(f"[stage 1/3] done in {wall:.1f} s (training {res['train_time_s']:.1f} s); "
+        f"sha256 {digest[:12]}...; test mean_stm "
+        f"{res.get('metrics', {}).get('mean_stm', float('nan')):.2f}")
+    if rid:
+        tr = runs.tracker
+        runs.safe("stage1 params", tr.log_params_once, rid,
+                  {k: v for k, v in plan.cfg.flat().items()
+                   if k.split(".")[0] not in PHASE2_ONLY_FIELDS})
+        runs.safe("stage1 tags", tr.set_tags, rid, {"phase1_sha256": digest, "skipped": "false",
+                                                     "checkpoint_path": str(lay.phase1_ckpt)})
+        hist = (read_json(lay.phase1_dir / "phase1_metrics.json", {}) or {}).get("history", [])
+        for row in hist:
+            runs.safe("stage1 metrics", tr.log_metrics, rid,
+                      {k: v for k, v in row.items() if k != "epoch"}, step=row.get("epoch", 0))
+        runs.safe("stage1 metrics", tr.log_metrics, rid,
+                  {**{f"test/{k}": v for k, v in res.get("metrics", {}).items()},
+                   "train_time_s": res.get("train_time_s", 0)})
+        if (lay.phase1_dir / "phase1_metrics.json").is_file():
+            runs.safe("stage1 artifact", tr.log_artifact, rid,
+                      lay.phase1_dir / "phase1_metrics.json")
+        if plan.cfg.preset in ("debug", "cpu"):
+            runs.safe("stage1 artifact", tr.log_artifact, rid, lay.phase1_ckpt, "checkpoint")
+            runs.safe("stage1 artifact", tr.log_artifact, rid,
+                      f"{lay.phase1_ckpt}.sha256", "checkpoint")
+        runs.safe("stage1 finish", tr.finish, rid)
+    if runs.parent:
+        runs.safe("parent tags", runs.tracker.set_tags, runs.parent, {"phase1_sha256": digest})
+    return digest, float(res.get("train_time_s") or 0.0)
+
+
+# -- Stage 2 ---------------------------------------------------------------------------------
+
+
+def _progress_callback_class():
+    from ray import tune
+
+    class ConsoleProgress(tune.Callback):
+        """One line per finished, failed or retried trial, with the best result so far."""
+
+        def __init__(self, total: int, trials_dir: str):
+            self.total, self.trials_dir = total, trials_dir
+
+        def _best(self, trials, current=None):
+            best = None
+            for t in trials:
+                v = (t.last_result or {}).get("test/updated_ltm")
+                ok = t.status == "TERMINATED" or t is current
+                if ok and isinstance(v, (int, float)) and v == v:
+                    if best is None or v > best[1]:
+                        best = (t, v)
+            return best
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            n_run = 1 + sum(t.status == "RUNNING" for t in trials if t is not trial)
+            say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            done = {t.trial_id for t in trials if t.status == "TERMINATED"} | {trial.trial_id}
+            r = trial.last_result or {}
+            v, sel = r.get("test/updated_ltm"), r.get("best/select")
+            best = self._best(list(trials), trial) or (trial, v)
+            best_s = (f"{best[1]:.2f} ({_tname(best[0])})"
+                      if isinstance(best[1], (int, float)) else "n/a")
+            say(f"[stage 2/3] {len(done)}/{self.total} done: {_tname(trial)} "
+                f"test updated_ltm {_fmt(v)}, best val select {_fmt(sel)}, "
+                f"train {_fmt(r.get('train_time_s'), 1)} s; best so far {best_s}")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            err = _first_error_line(trial, self.trials_dir)
+            say(f"[stage 2/3] {_tname(trial)} failed for good: {err}")
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            err = _first_error_line(trial, self.trials_dir)
+            say(f"[stage 2/3] {_tname(trial)} crashed ({err}); retrying from its last checkpoint")
+
+    return ConsoleProgress
+
+
+def _tname(trial) -> str:
+    try:
+        return trial_name(trial.config["condition"], trial.config["seed"])
+    except Exception:
+        return str(trial)
+
+
+def _fmt(v, nd: int = 2) -> str:
+    return f"{v:.{nd}f}" if isinstance(v, (int, float)) and v == v else "n/a"
+
+
+def _first_error_line(trial, trials_dir: str) -> str:
+    """The error the trial recorded in its trial.json, else the end of Tune's error.txt."""
+    info = read_json(Path(trials_dir) / _tname(trial) / "trial.json", {}) or {}
+    if info.get("state") == "ERROR" and info.get("error"):
+        return str(info["error"]).splitlines()[0][:300]
+    try:
+        path = Path(trial.path) / "error.txt"
+        if path.is_file():
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            return lines[-1].strip()[:300] if lines else "unknown error"
+    except Exception:
+        pass
+    return "see the trial's error.txt"
+
+
+def trial_context(plan: Plan, runs: Runs, digest: str) -> dict:
+    return {"root": str(plan.layout.root), "name": plan.name,
+            "train_config": canon(plan.cfg.to_dict()), "phase1_sha256": digest,
+            "tracking_uri": runs.uri, "experiment_id": runs.experiment_id,
+            "parent_run_id": runs.parent, "cpus_per_trial": plan.space.cpus_per_trial}
+
+
+def make_trainable(plan: Plan, ctx: dict):
+    from ray import tune
+
+    from pipelines.trial import train_trial
+
+    return tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
+                               plan.space.resources())
+
+
+def stage2(plan: Plan, runs: Runs, digest: str, *, precheck: bool = True) -> dict:
+    from ray import tune
+
+    from pipelines.trial import check_phase1, trial_dirname, trial_str
+
+    lay, sp = plan.layout, plan.space
+    if precheck:  # fail fast in the driver; every trial checks again before training
+        try:
+            check_phase1(lay.phase1_ckpt, digest)
+        except Exception as e:
+            raise PipelineError(str(e)) from e
+    rid = stage_run(plan, runs, "stage2-phase2")
+    ctx = trial_context(plan, runs, digest)
+    trainable = make_trainable(plan, ctx)
+    exp_dir = lay.experiment_dir
+    t0 = time.time()
+    if tune.Tuner.can_restore(str(exp_dir)):
+        n_done = sum(1 for c, s in sp.trials if lay.result_path(c, s).is_file())
+        say(f"[stage 2/3] continuing the Tune experiment {exp_dir}: {n_done}/{sp.n_trials} "
+            "results on disk; finished trials are kept, unfinished and errored ones resume "
+            "from their last checkpoints")
+        tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
+                                   resume_errored=True)
+    else:
+        say(f"[stage 2/3] {sp.n_trials} trials -> {exp_dir}")
+        tuner = tune.Tuner(
+            trainable, param_space=sp.param_space(),
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True,
+                trial_name_creator=trial_str, trial_dirname_creator=trial_dirname),
+            run_config=tune.RunConfig(
+                name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
+                failure_config=tune.FailureConfig(max_failures=sp.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                callbacks=[_progress_callback_class()(sp.n_trials, str(lay.trials_dir))]))
+    grid = tuner.fit()
+    wall = time.time() - t0
+    finished = errored = 0
+    train_times = []
+    for r in grid:
+        c, s = r.config.get("condition"), r.config.get("seed")
+        if r.error is None and lay.result_path(c, s).is_file():
+            finished += 1
+            t = (read_json(lay.result_path(c, s), {}) or {}).get("train_time_s")
+            if isinstance(t, (int, float)):
+                train_times.append(float(t))
+        else:
+            errored += 1
+    out = {"wall_s": wall, "finished": finished, "errored": errored,
+           "sum_trial_train_s": sum(train_times), "n_trials": sp.n_trials}
+    say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored in {wall:.1f} s")
+    if rid:
+        runs.safe("stage2 metrics", runs.tracker.log_metrics, rid,
+                  {"trials_finished": finished, "trials_errored": errored, "wall_s": wall,
+                   "sum_trial_train_s": sum(train_times)})
+        runs.safe("stage2 finish", runs.tracker.finish, rid,
+                  "FINISHED" if errored == 0 else "FAILED")
+    return out
+
+
+# -- Stage 3 ---------------------------------------------------------------------------------
+
+
+def stage3(plan: Plan, runs: Runs) -> bool:
+    lay = plan.layout
+    rid = stage_run(plan, runs, "stage3-report")
+    n = len(list(lay.results_dir.glob("*.json"))) if lay.results_dir.is_dir() else 0
+    say(f"[stage 3/3] statistics and report from {n} result file(s) -> {lay.report_dir}")
+    t0 = time.time()
+    try:
+        from pmnet.report import main_report
+
+        written = main_report(lay.run_dir)
+    except Exception as e:
+        msg = f"{type(e).__name__}: {e}"
+        lay.logs_dir.mkdir(parents=True, exist_ok=True)
+        (lay.logs_dir / "report-error.txt").write_text(traceback.format_exc())
+        say(f"[stage 3/3] report failed ({msg}); the results are kept in {lay.results_dir}; "
+            f"traceback in {lay.logs_dir / 'report-error.txt'}")
+        if rid:
+            runs.safe("stage3 tags", runs.tracker.set_tags, rid, {"error": msg[:5000]})
+            runs.safe("stage3 finish", runs.tracker.finish, rid, "FAILED")
+        return False
+    say(f"[stage 3/3] report written in {time.time() - t0:.1f} s: "
+        f"{', '.join(sorted(str(k) for k in (written or {}))[:6])}")
+    if runs.parent and lay.report_dir.is_dir():
+        runs.safe("report artifacts", runs.tracker.log_artifacts, runs.parent, lay.report_dir,
+                  "report")
+    if rid:
+        runs.safe("stage3 finish", runs.tracker.finish, rid)
+    return True
+
+
+def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float) -> dict:
+    wall = time.time() - t_start
+    sum_train = s2["sum_trial_train_s"]
+    conc = plan.space.max_concurrent or None
+    timing = {
+        "wall_s": wall, "stage2_wall_s": s2["wall_s"], "phase1_train_s": p1_time,
+        "sum_trial_train_s": sum_train, "trials_finished": s2["finished"],
+        "overhead_s": wall - p1_time - sum_train,
+        "overhead_ratio": wall / max(1e-9, p1_time + sum_train),
+        "max_concurrent": conc or 0, "resumed": plan.resumed,
+        "host": socket.gethostname(), "cpus": os.cpu_count(),
+    }
+    history = (read_json(plan.layout.timing_json, {}) or {}).get("invocations", [])
+    write_json(plan.layout.timing_json, {**timing, "invocations": history + [timing]})
+    return timing
+
