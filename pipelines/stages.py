@@ -245,14 +245,16 @@ def _first_error_line(trial, trials_dir: str) -> str:
     return "see the trial's error.txt"
 
 
-def trial_context(plan: Plan, runs: Runs, digest: str) -> dict:
-    return {"root": str(plan.layout.root), "name": plan.name,
-            "train_config": canon(plan.cfg.to_dict()), "phase1_sha256": digest,
-            "tracking_uri": runs.uri, "experiment_id": runs.experiment_id,
-            "parent_run_id": runs.parent, "cpus_per_trial": plan.space.cpus_per_trial}
+def trial_context(plan: Plan, runs: Runs, digest: str):
+    from pipelines.trial import TrialContext
+
+    return TrialContext(root=str(plan.layout.root), name=plan.name,
+                        train_config=canon(plan.cfg.to_dict()), phase1_sha256=digest,
+                        cpus_per_trial=plan.space.cpus_per_trial, tracking_uri=runs.uri,
+                        experiment_id=runs.experiment_id, parent_run_id=runs.parent)
 
 
-def make_trainable(plan: Plan, ctx: dict):
+def make_trainable(plan: Plan, ctx):
     from ray import tune
 
     from pipelines.trial import train_trial

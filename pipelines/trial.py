@@ -27,15 +27,63 @@ import socket
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.layout import Layout, read_json, trial_key, trial_name, write_json
+from pipelines.layout import Layout, check_name, read_json, trial_key, trial_name, write_json
 from pmnet.io import atomic_copy
 
 FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
 SMALL_PRESETS = ("debug", "cpu")  # their selected checkpoint goes into MLflow as an artifact
 
 log = logging.getLogger("pipelines.trial")
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What the driver hands every Stage-2 trial (pickled once by `tune.with_parameters`).
+
+    root, name: the pipeline's storage root and name (`Layout(root, name)`).
+    train_config: `TrainConfig.to_dict()` of the pipeline (read back with `from_dict`).
+    phase1_sha256: the hash Stage 1 recorded; the trial refuses any other checkpoint.
+    cpus_per_trial: the trial's CPU reservation, also its torch thread count.
+    tracking_uri, experiment_id, parent_run_id: MLflow, or all None when tracking is off.
+    """
+
+    root: str
+    name: str
+    train_config: dict
+    phase1_sha256: str
+    cpus_per_trial: float = 1.0
+    tracking_uri: str | None = None
+    experiment_id: str | None = None
+    parent_run_id: str | None = None
+
+    def __post_init__(self):
+        check_name(self.name)
+        if not Path(self.root).is_absolute():
+            raise ValueError(f"TrialContext.root must be absolute, got {self.root!r}")
+        if not isinstance(self.train_config, dict) or "preset" not in self.train_config:
+            raise ValueError("TrialContext.train_config must be a TrainConfig.to_dict()")
+        if not (isinstance(self.phase1_sha256, str) and len(self.phase1_sha256) == 64):
+            raise ValueError(f"TrialContext.phase1_sha256 must be a sha256 hex digest, got "
+                             f"{self.phase1_sha256!r}")
+        if self.cpus_per_trial <= 0:
+            raise ValueError(f"TrialContext.cpus_per_trial must be > 0, got {self.cpus_per_trial}")
+        if bool(self.tracking_uri) != bool(self.experiment_id):
+            raise ValueError("TrialContext: tracking_uri and experiment_id go together")
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.root, self.name)
+
+    @property
+    def threads(self) -> int:
+        return max(1, int(self.cpus_per_trial))
+
+    @property
+    def tracking(self) -> bool:
+        return bool(self.tracking_uri and self.experiment_id)
 
 
 class Phase1Refused(RuntimeError):
@@ -80,7 +128,7 @@ def _scalar_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
-def make_report_callback(*, ctx: dict, condition: str, seed: int, select: str,
+def make_report_callback(*, trial_dir: Path, condition: str, seed: int, select: str,
                          tracker, run_id: str | None, skip_steps: set[int],
                          resume_final: bool = False):
     """The Lightning callback that reports each epoch to Tune (and MLflow)."""
@@ -134,7 +182,7 @@ def make_report_callback(*, ctx: dict, condition: str, seed: int, select: str,
                 except Exception as e:  # tracking trouble must not kill training
                     log.warning("MLflow metric logging failed at epoch %d: %s", epoch, e)
             final = bool(trainer.should_stop) or epoch + 1 >= int(trainer.max_epochs or 0)
-            base = Path(ctx["trial_dir"]) / ".tune_ckpt"
+            base = Path(trial_dir) / ".tune_ckpt"
             base.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=base) as tmp:
                 trainer.save_checkpoint(str(Path(tmp) / "checkpoint.ckpt"))
@@ -172,7 +220,7 @@ def _result_matches(path: Path, digest: str, cfg) -> dict | None:
     return res
 
 
-def train_trial(config: dict, ctx: dict) -> None:
+def train_trial(config: dict, ctx: TrialContext) -> None:
     """The Tune trainable. `config`: {"condition", "seed"}; `ctx`: set by the driver."""
     t_enter = time.time()
     from ray import tune
@@ -184,32 +232,30 @@ def train_trial(config: dict, ctx: dict) -> None:
     t_imported = time.time()
 
     condition, seed = str(config["condition"]), int(config["seed"])
-    layout = Layout(ctx["root"], ctx["name"])
+    layout = ctx.layout
     tdir = layout.trial_dir(condition, seed)
-    ctx = {**ctx, "trial_dir": str(tdir)}
-    cfg = TrainConfig.from_dict(ctx["train_config"])
-    threads = max(1, int(ctx.get("cpus_per_trial") or 1))
+    cfg = TrainConfig.from_dict(ctx.train_config)
     if not cfg.threads:
-        cfg = dataclasses.replace(cfg, threads=threads)
+        cfg = dataclasses.replace(cfg, threads=ctx.threads)
     cond = get_condition(condition)
     key = trial_key(layout.name, condition, seed)
 
     trial_info = {"condition": condition, "seed": seed, "trial_key": key,
-                  "tracking_uri": ctx.get("tracking_uri")}
+                  "tracking_uri": ctx.tracking_uri}
     result_path = layout.result_path(condition, seed)
     tracker = run_id = None
     try:
         # 1. the Phase-1 checkpoint, before anything else
-        digest = check_phase1(layout.phase1_ckpt, ctx.get("phase1_sha256"))
+        digest = check_phase1(layout.phase1_ckpt, ctx.phase1_sha256)
 
         # 2. MLflow: one run per trial, re-attached on retries and resumes
         skip_steps: set[int] = set()
-        if ctx.get("tracking_uri") and ctx.get("experiment_id"):
-            tracker = Tracker(ctx["tracking_uri"])
+        if ctx.tracking:
+            tracker = Tracker(ctx.tracking_uri)
             known = read_json(tdir / "trial.json", {}) or {}
             run_id, created = tracker.attach_run(
-                ctx["experiment_id"], key, run_name=trial_name(condition, seed),
-                parent_run_id=ctx.get("parent_run_id"), run_id=known.get("mlflow_run_id"),
+                ctx.experiment_id, key, run_name=trial_name(condition, seed),
+                parent_run_id=ctx.parent_run_id, run_id=known.get("mlflow_run_id"),
                 tags={"trial_key": key, "pipeline": layout.name, "stage": "phase2",
                       "condition": condition, "seed": seed, "phase1_sha256": digest,
                       "preset": cfg.preset, "select_metric": cond.select})
@@ -223,7 +269,7 @@ def train_trial(config: dict, ctx: dict) -> None:
                                          **trial_info, "state": "RUNNING"})
 
         # 3. + 4. train (or reuse a finished result) and record
-        final = _train_and_record(ctx, layout, cfg, cond, condition, seed, digest, tracker,
+        final = _train_and_record(layout, cfg, cond, condition, seed, digest, tracker,
                                   run_id, skip_steps, result_path, setup)
     except BaseException as e:
         write_json(tdir / "trial.json", {**(read_json(tdir / "trial.json", {}) or {}),
@@ -244,7 +290,7 @@ def train_trial(config: dict, ctx: dict) -> None:
                 | {"condition": condition, "seed": seed})
 
 
-def _train_and_record(ctx, layout, cfg, cond, condition, seed, digest, tracker, run_id,
+def _train_and_record(layout, cfg, cond, condition, seed, digest, tracker, run_id,
                       skip_steps, result_path, setup) -> dict:
     from ray import tune
 
@@ -267,7 +313,7 @@ def _train_and_record(ctx, layout, cfg, cond, condition, seed, digest, tracker, 
                 attempt["resume_from"] = resume_from
                 attempt["resume_epoch"] = meta.get("epoch")
             _append_attempt(tdir, attempt)
-            cb = make_report_callback(ctx=ctx, condition=condition, seed=seed,
+            cb = make_report_callback(trial_dir=tdir, condition=condition, seed=seed,
                                       select=cond.select, tracker=tracker, run_id=run_id,
                                       skip_steps=skip_steps,
                                       resume_final=bool(meta.get("final")))

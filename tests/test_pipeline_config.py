@@ -244,3 +244,23 @@ def test_status_reads_results_and_tune_state_from_disk(tmp_path):
     text = status_text(lay)
     assert "interrupted" in text and "learned_full-s" not in text.split("\n")[0]
     assert len(rows) == 4
+
+
+def test_trial_context_is_typed_and_validated(tmp_path):
+    from pipelines.trial import TrialContext
+    from pmnet.train import TrainConfig
+
+    cfg = TrainConfig.from_name("debug").to_dict()
+    ok = TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="a" * 64,
+                      cpus_per_trial=2.0)
+    assert ok.layout.phase1_ckpt == tmp_path / "p" / "phase1" / "phase1.pt"
+    assert ok.threads == 2 and not ok.tracking
+    with pytest.raises(ValueError, match="absolute"):
+        TrialContext(root="runs", name="p", train_config=cfg, phase1_sha256="a" * 64)
+    with pytest.raises(ValueError, match="sha256"):
+        TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="abc")
+    with pytest.raises(ValueError, match="go together"):
+        TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="a" * 64,
+                     tracking_uri="http://127.0.0.1:5000")
+    with pytest.raises(PipelineError, match="invalid pipeline name"):
+        TrialContext(root=str(tmp_path), name="../x", train_config=cfg, phase1_sha256="a" * 64)
