@@ -14,6 +14,7 @@ import time
 
 from pipelines.cluster import check_cluster, init_ray
 from pipelines.console import say
+from pipelines.lock import RunLock
 from pipelines.mlflow_server import LocalServer, embedded_backend
 from pipelines.plan import Plan
 from pipelines.stages import stage1_finish, stage1_start, stage2, stage3, timing_record, write_meta
@@ -21,7 +22,16 @@ from pipelines.tracking import Runs, experiment_name, open_tracking
 
 
 def execute(plan: Plan) -> int:
-    """Run (or continue) the pipeline. Returns 0 when every trial finished, 1 otherwise."""
+    """Run (or continue) the pipeline under its run lock. Returns 0 when every trial
+    finished, 1 otherwise; DriverRunning (nothing written) when another driver holds it."""
+    lock = RunLock(plan.layout.run_dir, plan.name).acquire()
+    try:
+        return _execute(plan)
+    finally:
+        lock.release()
+
+
+def _execute(plan: Plan) -> int:
     t_start = time.time()
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     lay = plan.layout

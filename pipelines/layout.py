@@ -179,14 +179,29 @@ def read_json(path: str | os.PathLike, default: Any = None) -> Any:
 
 
 def check_writable(root: str | os.PathLike) -> Path:
-    """Create `root` if needed and prove a file can be written there; PipelineError if not."""
+    """Prove `root` can hold a pipeline without creating it; PipelineError if it cannot.
+
+    An existing root must be a directory where a file can be written (a temporary file is
+    made and removed); a missing root needs its nearest existing ancestor to be a writable
+    directory (the driver creates the root later, after validation).
+    """
     root = Path(root).expanduser().absolute()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=".write-test-")
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as e:
-        raise PipelineError(f"storage root {root} is not writable ({e.strerror or e}); "
-                            "pass a writable --root (RUNS=... for make)") from e
+    hint = "pass a writable --root (RUNS=... for make)"
+    if root.exists():
+        if not root.is_dir():
+            raise PipelineError(f"storage root {root} is not a directory; {hint}")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=root, prefix=".write-test-")
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as e:
+            raise PipelineError(f"storage root {root} is not writable ({e.strerror or e}); "
+                                f"{hint}") from e
+        return root
+    parent = root.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PipelineError(f"storage root {root} cannot be created: {parent} is not a "
+                            f"writable directory; {hint}")
     return root

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,19 +130,16 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     space = build_space(cfg, grid=grid, gpu=gpu, conditions=conditions, seeds=seeds,
                         cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
                         max_concurrent=max_concurrent, max_failures=max_failures)
-    if num_cpus is not None and (isinstance(num_cpus, bool) or int(num_cpus) < 1):
-        raise PipelineError(f"--num-cpus must be a positive integer, got {num_cpus!r}")
     root = check_writable(root)
     name = check_name(name or default_name(cfg.preset))
     uri = requested_tracking_uri(tracking_uri)
     if uri and check_tracking:
         check_tracking_uri(uri)
-    address = ray_address or os.environ.get("RAY_ADDRESS") or None
     plan = Plan(layout=Layout(root, name), cfg=cfg, space=space, preset_reason=reason,
-                overrides=overrides, tracking_uri=uri, ray_address=address,
+                overrides=overrides, tracking_uri=uri, ray_address=ray_address,
                 num_cpus=num_cpus, mlflow_host=mlflow_host, stage1_cpus=stage1_cpus)
     _check_existing(plan)
-    return plan
+    return _check_resources(plan)
 
 
 def _stored_identity(plan: Plan) -> dict:
@@ -182,38 +180,146 @@ def _check_existing(plan: Plan) -> None:
 def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 tracking_uri: str | None = None, ray_address: str | None = None,
                 num_cpus: int | None = None, mlflow_host: str = "127.0.0.1",
-                max_failures: int | None = None, stage1_cpus: float | None = None) -> Plan:
-    """The plan of an existing pipeline, read back from its pipeline.json/config.json."""
+                stage1_cpus: float | None = None) -> Plan:
+    """The plan of an existing pipeline, read back from its pipeline.json/config.json.
+
+    The grid, its resources and `max_failures` are the stored ones: Tune restores its own
+    run configuration, so a resume cannot change them (errored trials get a new round of
+    retries on every resume)."""
     from pipelines.layout import last_pipeline
     from pmnet.train import CONDITIONS, TrainConfig
 
     root = Path(root).expanduser().absolute()
-    name = name or last_pipeline(root)
+    name = check_name(name) if name else last_pipeline(root)
     lay = Layout(root, name)
-    meta = read_json(lay.pipeline_json)
-    cfg_d = read_json(lay.config_json)
-    if not isinstance(meta, dict) or not isinstance(cfg_d, dict):
-        raise PipelineError(f"no pipeline {name!r} under {root} (missing or unreadable "
-                            f"{lay.pipeline_json.name} / {lay.config_json.name})")
+    meta, cfg_d = read_json(lay.pipeline_json), read_json(lay.config_json)
+    if not lay.pipeline_json.is_file():
+        raise PipelineError(f"no pipeline {name!r} under {root} (no {lay.pipeline_json})")
+    for path, obj in ((lay.pipeline_json, meta), (lay.config_json, cfg_d)):
+        if not isinstance(obj, dict):
+            raise PipelineError(f"{path} is missing or not a JSON object; the pipeline's "
+                                "record is damaged (restore it, or start a new --name)")
     check_writable(root)
-    cfg = TrainConfig.from_dict(cfg_d)
-    space = Space.from_dict(meta["space"])
-    if max_failures is not None:
-        space = space.derive(max_failures=max_failures)
-    space.validate(CONDITIONS)
+    try:
+        cfg = TrainConfig.from_dict(cfg_d)
+    except (TypeError, ValueError, KeyError) as e:
+        raise PipelineError(f"{lay.config_json} is not a valid TrainConfig ({e}); restore "
+                            "it, or start a new --name") from e
+    if not isinstance(meta.get("space"), dict):
+        raise PipelineError(f"{lay.pipeline_json} has no 'space' record (the grid and its "
+                            "resources); restore it, or start a new --name")
+    try:
+        space = Space.from_dict(meta["space"]).validate(CONDITIONS)
+    except (TypeError, ValueError, KeyError) as e:
+        raise PipelineError(f"{lay.pipeline_json}: its 'space' record is not valid ({e})"
+                            ) from e
     stored_uri = meta.get("tracking")
     uri = requested_tracking_uri(tracking_uri)
     if uri is None and stored_uri not in (None, EMBEDDED):
         uri = stored_uri
     if uri:
         check_tracking_uri(uri)
-    address = ray_address or os.environ.get("RAY_ADDRESS") or None
-    return Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.get("preset_reason", ""),
-                overrides=meta.get("overrides", {}), tracking_uri=uri, ray_address=address,
-                num_cpus=num_cpus, mlflow_host=mlflow_host, stage1_cpus=stage1_cpus,
-                resumed=True)
+    plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.get("preset_reason", ""),
+                overrides=meta.get("overrides", {}), tracking_uri=uri,
+                ray_address=ray_address, num_cpus=num_cpus, mlflow_host=mlflow_host,
+                stage1_cpus=stage1_cpus, resumed=True)
+    return _check_resources(plan)
+
+
+def _check_resources(plan: Plan) -> Plan:
+    """The compute-side inputs: Ray address, CPU counts, the MLflow host, and a Phase-1
+    checkpoint already on disk. Reads only; nothing is started or written."""
+    if plan.num_cpus is not None and (isinstance(plan.num_cpus, bool)
+                                      or not isinstance(plan.num_cpus, int)
+                                      or plan.num_cpus < 1):
+        raise PipelineError(f"--num-cpus must be a positive integer, got {plan.num_cpus!r}")
+    if plan.stage1_cpus is not None and not plan.stage1_cpus > 0:
+        raise PipelineError(f"--stage1-cpus must be > 0, got {plan.stage1_cpus!r}")
+    check_host(plan.mlflow_host)
+    plan.ray_address = check_ray_address(plan.ray_address or os.environ.get("RAY_ADDRESS"))
+    existing_phase1(plan)
+    return plan
+
+
+def check_host(host: str) -> str:
+    """An interface name/address the embedded MLflow server can bind (resolvable)."""
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError, ValueError) as e:
+        raise PipelineError(f"--mlflow-host {host!r} does not resolve ({e}); use 127.0.0.1, "
+                            "this machine's address, or 0.0.0.0") from e
+    return host
+
+
+def check_ray_address(address: str | None, timeout: float = 3.0) -> str | None:
+    """None/'' (local Ray), 'auto', or HOST:PORT / ray://HOST:PORT that accepts a TCP
+    connection within `timeout` seconds (Ray itself waits minutes on a dead address)."""
+    if not address:
+        return None
+    address = address.strip()
+    if address in ("auto", "local"):
+        return address
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PipelineError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT, "
+                            "auto); check --ray-address / RAY_ADDRESS")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise PipelineError(f"no Ray cluster answers at {address} ({e.strerror or e}); start "
+                            "it (`ray start --head`), fix --ray-address / RAY_ADDRESS, or "
+                            "unset RAY_ADDRESS to run on local Ray") from e
+    return address
+
+
+def existing_phase1(plan: Plan, *, repair: bool = False) -> str | None:
+    """sha256 of a finished Phase-1 checkpoint for this config, None if there is none.
+
+    PipelineError when one is there but cannot be used: it fails its sha256 (tampered), or
+    its bytes pass the hash but do not load as a weights-only pmnet model file of this
+    model config (garbage with a matching sidecar). Never retrained over silently. A missing
+    sidecar whose checkpoint matches the sha256 Stage 1 recorded is rewritten (`repair`,
+    the driver) or accepted as rewritable (planning), rather than retraining Phase 1.
+    """
+    from pmnet.train import load_model_file, sha256_file, verify_phase1
+
+    lay = plan.layout
+    ckpt, sidecar = lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")
+    if not ckpt.is_file():
+        return None
+    hint = f"Delete {lay.phase1_dir} to train Phase 1 again."
+    digest = None
+    if sidecar.is_file():
+        try:
+            digest = verify_phase1(ckpt)
+        except ValueError as e:
+            raise PipelineError(f"Stage 1: {e}. {hint}") from e
+    info = read_json(lay.stage1_json, {}) or {}
+    if info.get("config_hash") != phase1_config_hash(plan.cfg):
+        return None
+    if digest is None:  # the sidecar is gone: the record of Stage 1 vouches for the file
+        digest = sha256_file(ckpt)
+        if digest != info.get("sha256"):
+            return None  # not the checkpoint Stage 1 finished: it runs again
+        if repair:
+            from pmnet.io import atomic_write_bytes
+
+            atomic_write_bytes(sidecar, f"{digest}  {ckpt.name}\n".encode())
+    elif info.get("sha256") != digest:
+        raise PipelineError(f"Stage 1: {ckpt} has sha256 {digest[:12]}... but Stage 1 "
+                            f"recorded {str(info.get('sha256'))[:12]}...; refusing it. {hint}")
+    try:
+        load_model_file(ckpt, expect_config=plan.cfg.model)
+    except Exception as e:
+        raise PipelineError(f"Stage 1: {ckpt} matches its sha256 but is not a loadable "
+                            f"Phase-1 model file for this config ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else ''}). {hint}") from e
+    return digest
+
 
 def phase1_config_hash(cfg) -> str:
+    """sha256 of the Phase-1 part of a TrainConfig (Phase-2-only fields left out)."""
     d = {k: v for k, v in cfg.to_dict().items() if k not in PHASE2_ONLY_FIELDS}
     return hashlib.sha256(json.dumps(canon(d), sort_keys=True).encode()).hexdigest()
-

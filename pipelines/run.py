@@ -6,21 +6,39 @@
     python -m pipelines.run report [--name N] [--root DIR]
     python -m pipelines.run ui     [--root DIR] [--port 5000]
 
-Exit codes: 0 success; 1 the pipeline ran but some trials did not finish (`resume`
-continues them); 2 the pipeline could not start or continue (bad configuration, reported
-before any compute, or a failed / refused Stage 1).
+Exit codes (`Exit`): 0 every trial finished; 1 the pipeline ran but some trials did not
+finish (`resume` continues them); 2 bad input, refused before any compute and before
+anything is written (flags, --set values, environment, paths, damaged records of a pipeline);
+3 the pipeline started and failed (Stage 1 failed, disk full, an internal error: the message
+and `<run>/logs/driver-error.txt` say why; fix it, then `resume`); 4 another driver is
+running this pipeline (nothing was done); 130 interrupted (Ctrl-C; `resume` continues).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
+import time
+import traceback
+from enum import IntEnum
 from pathlib import Path
 
 from pipelines.layout import PipelineError
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "runs"
+
+
+class Exit(IntEnum):
+    """Exit codes of `python -m pipelines.run` (a wrapper may resume on UNFINISHED only)."""
+
+    DONE = 0
+    UNFINISHED = 1
+    BAD_INPUT = 2
+    FAILED = 3
+    BUSY = 4
+    INTERRUPTED = 130
 
 
 def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
@@ -72,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TrainConfig override, e.g. --set max_epochs=3 --set model.hidden=32")
     _compute(p)
 
-    p = sub.add_parser("resume", help="continue the last (or --name) pipeline")
+    p = sub.add_parser("resume", help="continue the last (or --name) pipeline (its grid, "
+                                      "resources and max_failures are the stored ones)")
     _common(p)
-    p.add_argument("--max-failures", type=int, default=None)
     _compute(p)
 
     p = sub.add_parser("status", help="table of a pipeline's trials, read from disk")
@@ -94,7 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_start(a) -> int:
-    from pipelines import driver
     from pipelines import plan as planning
 
     plan = planning.plan_new(
@@ -105,18 +122,54 @@ def cmd_start(a) -> int:
         tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
         mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus)
     print(f"preset: {plan.cfg.preset} ({plan.preset_reason})", flush=True)
-    return driver.execute(plan)
+    return run_plan(plan)
 
 
 def cmd_resume(a) -> int:
-    from pipelines import driver
     from pipelines.plan import plan_resume
 
     plan = plan_resume(root=a.root, name=a.name, tracking_uri=a.tracking_uri,
-                              ray_address=a.ray_address, num_cpus=a.num_cpus,
-                              mlflow_host=a.mlflow_host, max_failures=a.max_failures,
-                              stage1_cpus=a.stage1_cpus)
-    return driver.execute(plan)
+                       ray_address=a.ray_address, num_cpus=a.num_cpus,
+                       mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus)
+    return run_plan(plan)
+
+
+def run_plan(plan) -> int:
+    """Execute a validated plan; map what can go wrong after the start to an exit code."""
+    from pipelines import driver
+    from pipelines.lock import DriverRunning
+
+    try:
+        return Exit.DONE if driver.execute(plan) == 0 else Exit.UNFINISHED
+    except DriverRunning as e:
+        print(f"error: {e}", file=sys.stderr)
+        return Exit.BUSY
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return Exit.FAILED
+    except Exception as e:
+        where = _save_traceback(plan.layout.logs_dir / "driver-error.txt")
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            where_full = getattr(e, "filename", None) or plan.layout.root
+            print(f"error: no space left on the device of {where_full} ({e.strerror}). "
+                  f"Free space, then `make resume NAME={plan.name}`: finished trials are "
+                  f"kept.{where}", file=sys.stderr)
+        else:
+            print(f"internal error: {type(e).__name__}: {e}.{where} Results that finished "
+                  f"are kept; `make resume NAME={plan.name}` continues once the cause is "
+                  "fixed.", file=sys.stderr)
+        return Exit.FAILED
+
+
+def _save_traceback(path: Path) -> str:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n{traceback.format_exc()}")
+        return f" Traceback in {path}."
+    except OSError:
+        traceback.print_exc()
+        return ""
 
 
 def cmd_status(a) -> int:
@@ -129,7 +182,7 @@ def cmd_status(a) -> int:
     if not layout.pipeline_json.is_file():
         raise PipelineError(f"no pipeline {name!r} under {root}")
     print(status_text(layout))
-    return 0
+    return Exit.DONE
 
 
 def cmd_report(a) -> int:
@@ -172,7 +225,7 @@ def cmd_report(a) -> int:
     finally:
         if server is not None:
             server.stop()
-    return 0 if ok else 1
+    return Exit.DONE if ok else Exit.FAILED
 
 
 def cmd_ui(a) -> int:
@@ -204,14 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     from tune_spaces import SpaceError
 
     try:
-        return COMMANDS[args.command](args)
-    except (PipelineError, SpaceError) as e:
+        return int(COMMANDS[args.command](args))
+    except (PipelineError, SpaceError) as e:  # raised while planning: nothing has started
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted: continue with `make resume` (python -m pipelines.run resume)",
               file=sys.stderr)
-        return 130
+        return Exit.INTERRUPTED
 
 
 if __name__ == "__main__":

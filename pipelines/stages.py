@@ -22,7 +22,7 @@ from typing import Any
 
 from pipelines.console import say
 from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, trial_name, write_json
-from pipelines.plan import Plan, canon, phase1_config_hash
+from pipelines.plan import Plan, canon, existing_phase1, phase1_config_hash
 from pipelines.provenance import git_commit, package_versions
 from pipelines.tracking import EMBEDDED, Runs, stage_run
 
@@ -61,31 +61,6 @@ def _phase1_task(cfg_dict: dict, out_dir: str, threads: int) -> dict:
     return run_phase1(cfg, out_dir, progress=False)
 
 
-def existing_phase1(plan: Plan) -> str | None:
-    """sha256 of a finished Phase-1 checkpoint for this config, None if there is none.
-    PipelineError when one is there but fails its hash check (tampered: never retrained over
-    silently)."""
-    from pmnet.train import verify_phase1
-
-    lay = plan.layout
-    ckpt, sidecar = lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")
-    if not ckpt.is_file() or not sidecar.is_file():
-        return None
-    try:
-        digest = verify_phase1(ckpt)
-    except ValueError as e:
-        raise PipelineError(f"Stage 1: {e}. Delete {lay.phase1_dir} to train Phase 1 again."
-                            ) from e
-    info = read_json(lay.stage1_json, {}) or {}
-    if info.get("config_hash") != phase1_config_hash(plan.cfg):
-        return None
-    if info.get("sha256") != digest:
-        raise PipelineError(f"Stage 1: {ckpt} has sha256 {digest[:12]}... but Stage 1 "
-                            f"recorded {str(info.get('sha256'))[:12]}...; refusing it. "
-                            f"Delete {lay.phase1_dir} to train Phase 1 again.")
-    return digest
-
-
 @dataclass
 class Stage1Job:
     digest: str | None = None  # set when a valid checkpoint was already there
@@ -96,7 +71,7 @@ class Stage1Job:
 def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> Stage1Job:
     """Skip (valid checkpoint for this config) or submit the Phase-1 task; don't wait."""
     lay = plan.layout
-    digest = existing_phase1(plan)
+    digest = existing_phase1(plan, repair=True)
     if digest is not None:
         say(f"[stage 1/3] skipped: {lay.phase1_ckpt} exists with a valid sha256 "
             f"{digest[:12]}... for this config")

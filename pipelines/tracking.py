@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from pipelines.console import say
-from pipelines.layout import PipelineError, check_writable, read_json, write_json
+from pipelines.layout import PipelineError, read_json, write_json
 from pipelines.provenance import git_commit, package_versions
 
 if TYPE_CHECKING:
@@ -47,41 +47,66 @@ def requested_tracking_uri(arg: str | None = None) -> str | None:
     return uri.strip() if uri else None
 
 
-def _is_http(uri: str) -> bool:
-    return urlparse(uri).scheme in ("http", "https")
-
-
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast (PipelineError) when a tracking URI cannot be used."""
+    """Fail fast (PipelineError) when a tracking URI cannot be used; create nothing.
+
+    http(s): the server must answer (`/health`, else its REST API). Other schemes must be one
+    MLflow's own store registry knows (so a typo such as "not a uri" is refused, not taken
+    as a directory). `file:` stores and bare paths are refused as MLflow 3 refuses them (the
+    file backend is in maintenance mode) - before Ray starts rather than after. A `sqlite:`
+    database must be an absolute path whose directory exists and is writable.
+    """
     parsed = urlparse(uri)
     if parsed.scheme in ("http", "https"):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
-                if r.status == 200:
-                    return
-        except urllib.error.HTTPError as e:  # a server answered: try the REST API itself
-            try:
-                url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
-                with urllib.request.urlopen(url, timeout=timeout):
-                    return
-            except (OSError, urllib.error.URLError) as e2:
-                raise PipelineError(f"MLflow tracking server {uri} answered /health with "
-                                    f"HTTP {e.code} and its API failed ({e2})") from e2
-        except (OSError, urllib.error.URLError) as e:
-            reason = getattr(e, "reason", e)
-            raise PipelineError(
-                f"MLflow tracking server {uri} is unreachable ({reason}). Start it, fix "
-                "MLFLOW_TRACKING_URI / --tracking-uri, or unset it to use the embedded store "
-                "under the storage root.") from e
-        return
-    if parsed.scheme == "sqlite":
-        path = uri.split("sqlite:///", 1)[-1]
-        check_writable(Path(path).expanduser().absolute().parent)
+        if not parsed.netloc:
+            raise PipelineError(f"tracking URI {uri!r} has no host: use http://HOST:PORT")
+        _check_server(uri, timeout)
         return
     if parsed.scheme in ("", "file"):
-        check_writable(Path(parsed.path if parsed.scheme else uri).expanduser().absolute())
-        return
-    # databricks, postgresql, ...: left to MLflow
+        raise PipelineError(
+            f"tracking URI {uri!r} is a path / file: store, which MLflow 3 no longer accepts "
+            "for tracking (its file backend is in maintenance mode). Use an MLflow server "
+            "(http://HOST:PORT), a database (sqlite:////abs/path/mlflow.db), or unset "
+            "MLFLOW_TRACKING_URI / --tracking-uri for the embedded store under the root.")
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        _tracking_store_registry.get_store_builder(uri)
+    except Exception as e:
+        raise PipelineError(f"tracking URI {uri!r} is not one MLflow can use "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+    if parsed.scheme == "sqlite":
+        raw = uri.split("sqlite:///", 1)[-1] if uri.startswith("sqlite:///") else ""
+        path = Path("/" + raw.lstrip("/")) if uri.startswith("sqlite:////") else Path(raw)
+        if not raw or not path.is_absolute():
+            raise PipelineError(f"tracking URI {uri!r}: give the database as an absolute "
+                                "path, sqlite:////abs/path/mlflow.db (four slashes)")
+        parent = path.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise PipelineError(f"tracking URI {uri!r}: directory {parent} does not exist "
+                                "or is not writable")
+    # postgresql, mysql, databricks, ...: MLflow knows the scheme; its server checks the rest
+
+
+def _check_server(uri: str, timeout: float) -> None:
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
+            if r.status == 200:
+                return
+    except urllib.error.HTTPError as e:  # a server answered: try the REST API itself
+        try:
+            url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
+            with urllib.request.urlopen(url, timeout=timeout):
+                return
+        except (OSError, urllib.error.URLError) as e2:
+            raise PipelineError(f"MLflow tracking server {uri} answered /health with "
+                                f"HTTP {e.code} and its API failed ({e2})") from e2
+    except (OSError, ValueError, urllib.error.URLError) as e:
+        reason = getattr(e, "reason", e)
+        raise PipelineError(
+            f"MLflow tracking server {uri} is unreachable ({reason}). Start it, fix "
+            "MLFLOW_TRACKING_URI / --tracking-uri, or unset it to use the embedded store "
+            "under the storage root.") from e
 
 
 

@@ -54,7 +54,7 @@ def test_bad_configuration_fails_before_anything_starts(tmp_path, kw, error, mes
 def test_storage_root_that_is_not_writable(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    with pytest.raises(PipelineError, match="not writable"):
+    with pytest.raises(PipelineError, match="not a writable directory"):
         planning.plan_new(root=blocker / "runs", preset="debug", grid="tiny")
 
 

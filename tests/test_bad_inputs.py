@@ -1,0 +1,289 @@
+"""Bad input to `python -m pipelines.run`: a clear error and exit code 2, before any compute
+and before anything is written.
+
+`CASES` is the table of docs/pipeline.md ("Bad input"): each row is a command line, an
+environment, and a prepared storage root; the test runs `pipelines.run.main` in-process and
+checks the exit code, the message, that no Ray / MLflow / training started (the run takes a
+few seconds at most) and that the storage root is byte-for-byte as before (nothing created,
+nothing changed). `python -m tests.test_bad_inputs` prints the table as markdown from the
+observed messages; `test_docs_table_is_current` keeps docs/pipeline.md equal to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pipelines import run
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs" / "pipeline.md"
+BEGIN, END = "<!-- bad-inputs:begin -->", "<!-- bad-inputs:end -->"
+CLEAN_ENV = ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- prepared storage roots -----------------------------------------------------------------
+
+
+def _existing(root: Path) -> None:
+    """A pipeline `p` (debug preset, tiny grid) that has been planned and recorded."""
+    from pipelines.plan import plan_new
+    from pipelines.stages import write_meta
+
+    write_meta(plan_new(root=root, name="p", preset="debug", grid="tiny"), status="finished")
+
+
+def _edit_json(path: Path, fn: Callable[[dict], None]) -> None:
+    obj = json.loads(path.read_text())
+    fn(obj)
+    path.write_text(json.dumps(obj))
+
+
+def _unknown_config_key(root: Path) -> None:
+    _existing(root)
+    _edit_json(root / "p" / "config.json", lambda d: d.update(not_a_field=1))
+
+
+def _no_space_record(root: Path) -> None:
+    _existing(root)
+    _edit_json(root / "p" / "pipeline.json", lambda d: d.pop("space"))
+
+
+def _broken_pipeline_json(root: Path) -> None:
+    _existing(root)
+    (root / "p" / "pipeline.json").write_text("{not json")
+
+
+def _phase1(root: Path, garbage: bool) -> None:
+    """A finished Stage 1 of `p`: checkpoint, sidecar and stage1.json. `garbage`: the
+    checkpoint's bytes are random but its sidecar and record match them; else the sidecar
+    and record are right and the file was altered afterwards."""
+    import hashlib
+
+    from pipelines.layout import Layout
+    from pipelines.plan import phase1_config_hash
+    from pmnet.train import TrainConfig
+
+    _existing(root)
+    lay = Layout(root, "p")
+    lay.phase1_dir.mkdir(parents=True)
+    data = os.urandom(4096) if garbage else b"PK\x03\x04 a real checkpoint would be here"
+    digest = hashlib.sha256(data).hexdigest()
+    lay.phase1_ckpt.write_bytes(data if garbage else data + b"altered")
+    Path(f"{lay.phase1_ckpt}.sha256").write_text(f"{digest}  phase1.pt\n")
+    cfg = TrainConfig.from_name("debug")
+    lay.stage1_json.write_text(json.dumps({"config_hash": phase1_config_hash(cfg),
+                                             "sha256": digest}))
+
+
+def _a_file(root: Path) -> None:
+    root.mkdir(parents=True)
+    (root / "a-file").write_text("not a directory")
+
+
+# -- the table ------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    what: str  # the row's first column
+    argv: list[str]  # after `python -m pipelines.run`; ROOT is replaced by the root
+    message: str  # regex the error must match
+    env: dict[str, str] = field(default_factory=dict)
+    setup: Callable[[Path], None] | None = None
+    kind: str = "flag"  # flag | --set | environment | path | record
+
+    def args(self, root: Path) -> list[str]:
+        return [a.replace("ROOT", str(root)) for a in self.argv]
+
+
+S = ["start", "--preset", "debug", "--grid", "tiny", "--root", "ROOT"]
+CASES = [
+    Case("unknown preset", ["start", "--preset", "huge", "--root", "ROOT"], "unknown preset"),
+    Case("unknown grid", [*S, "--grid", "nope"], "unknown grid"),
+    Case("unknown condition", [*S, "--conditions", "learned_full,bogus"],
+         r"unknown condition\(s\) \['bogus'\]"),
+    Case("seed that is not a number", [*S, "--seeds", "42,x"], "list of int"),
+    Case("empty seed list", [*S, "--seeds", ""], "seed list is empty"),
+    Case("zero CPUs per trial", [*S, "--cpus-per-trial", "0"], "cpus_per_trial"),
+    Case("more than one GPU per trial", [*S, "--gpus-per-trial", "1.5"], "fraction of one GPU"),
+    Case("negative retries", [*S, "--max-failures", "-1"], "max_failures"),
+    Case("pipeline name with a path", [*S, "--name", "../escape"], "invalid pipeline name"),
+    Case("zero local CPUs", [*S, "--num-cpus", "0"], "--num-cpus must be a positive integer"),
+    Case("zero Stage-1 CPUs", [*S, "--stage1-cpus", "0"], "--stage1-cpus must be > 0"),
+    Case("MLflow host that does not resolve", [*S, "--mlflow-host", "no host!"],
+         "--mlflow-host 'no host!' does not resolve"),
+    Case("unknown flag", [*S, "--epochs", "3"], "unrecognized arguments: --epochs"),
+    Case("--max-failures on resume (stored with the run)",
+         ["resume", "--root", "ROOT", "--max-failures", "3"],
+         "unrecognized arguments: --max-failures", setup=_existing),
+    Case("a number given as a string", [*S, "--set", 'lr="0.001"'],
+         "lr must be a number, got '0.001'", kind="--set"),
+    Case("a number given as a boolean", [*S, "--set", "lr=true"],
+         "lr must be a number, got True", kind="--set"),
+    Case("overriding the preset's name", [*S, "--set", "preset=paper"], "preset", kind="--set"),
+    Case("unknown key", [*S, "--set", "no_such_key=1"], "no_such_key", kind="--set"),
+    Case("unknown model key", [*S, "--set", "model.widht=4"], "widht", kind="--set"),
+    Case("out-of-range value", [*S, "--set", "max_epochs=0"], "max_epochs", kind="--set"),
+    Case("unknown condition in a list", [*S, "--set", "conditions=learned_full,nope"],
+         "unknown condition 'nope'", kind="--set"),
+    Case("no '='", [*S, "--set", "oops"], "KEY=VALUE", kind="--set"),
+    Case("MLFLOW_TRACKING_URI that is not a URI", S, "path / file: store",
+         env={"MLFLOW_TRACKING_URI": "not a uri"}, kind="environment"),
+    Case("MLFLOW_TRACKING_URI file: store (refused by MLflow 3)", S, "file: store",
+         env={"MLFLOW_TRACKING_URI": "file:///tmp/mlruns"}, kind="environment"),
+    Case("MLFLOW_TRACKING_URI unknown scheme", S, "not one MLflow can use",
+         env={"MLFLOW_TRACKING_URI": "foo://bar"}, kind="environment"),
+    Case("MLFLOW_TRACKING_URI relative sqlite path", S, "absolute",
+         env={"MLFLOW_TRACKING_URI": "sqlite:///mlflow.db"}, kind="environment"),
+    Case("MLFLOW_TRACKING_URI server that is down", S, "unreachable",
+         env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:CLOSED"}, kind="environment"),
+    Case("RAY_ADDRESS with nothing listening", S, "no Ray cluster answers at 127.0.0.1:1",
+         env={"RAY_ADDRESS": "127.0.0.1:1"}, kind="environment"),
+    Case("RAY_ADDRESS that is not HOST:PORT", S, "is not HOST:PORT",
+         env={"RAY_ADDRESS": "my-cluster"}, kind="environment"),
+    Case("--root below a file", ["start", "--preset", "debug", "--root", "ROOT/a-file/runs"],
+         "not a writable directory", setup=_a_file, kind="path"),
+    Case("resume with no pipeline", ["resume", "--root", "ROOT"], "no pipeline under",
+         kind="path"),
+    Case("resume of an unknown name", ["resume", "--root", "ROOT", "--name", "q"],
+         "no pipeline 'q'", setup=_existing, kind="path"),
+    Case("status of an unknown name", ["status", "--root", "ROOT", "--name", "q"],
+         "no pipeline 'q'", setup=_existing, kind="path"),
+    Case("same name, different configuration", [*S, "--name", "p", "--set", "max_epochs=3"],
+         "different configuration", setup=_existing, kind="record"),
+    Case("config.json with an unknown key", ["resume", "--root", "ROOT"],
+         "not a valid TrainConfig", setup=_unknown_config_key, kind="record"),
+    Case("pipeline.json without its space", ["resume", "--root", "ROOT", "--name", "p"],
+         "no 'space' record", setup=_no_space_record, kind="record"),
+    Case("pipeline.json that is not JSON", ["resume", "--root", "ROOT", "--name", "p"],
+         "not a JSON object", setup=_broken_pipeline_json, kind="record"),
+    Case("Phase-1 checkpoint altered after Stage 1", ["resume", "--root", "ROOT", "--name", "p"],
+         "does not match its recorded sha256", setup=lambda r: _phase1(r, False),
+         kind="record"),
+    Case("garbage Phase-1 checkpoint with a matching sidecar",
+         ["resume", "--root", "ROOT", "--name", "p"], "not a loadable Phase-1 model file",
+         setup=lambda r: _phase1(r, True), kind="record"),
+]
+
+
+def _snapshot(root: Path) -> dict[str, tuple]:
+    if not root.exists():
+        return {}
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(root))] = (p.is_dir(), st.st_size, st.st_mtime_ns)
+    return out
+
+
+def run_case(case: Case, root: Path) -> tuple[int, str, float]:
+    """(exit code, stderr+stdout, seconds) of `main(case.argv)` in this process."""
+    if case.setup is not None:
+        case.setup(root)
+    env = {k: v.replace("CLOSED", str(_closed_port())) for k, v in case.env.items()}
+    saved = {k: os.environ.get(k) for k in (*CLEAN_ENV, *env)}
+    for k in CLEAN_ENV:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    t0 = time.time()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = run.main(case.args(root))
+            except SystemExit as e:  # argparse
+                rc = int(e.code or 0)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return rc, err.getvalue() + out.getvalue(), time.time() - t0
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.what for c in CASES])
+def test_bad_input_fails_before_any_compute_or_write(case, tmp_path):
+    root = tmp_path / "root"
+    if case.setup is not None:
+        case.setup(root)
+        case = Case(**{**case.__dict__, "setup": None})
+    before = _snapshot(root)
+    rc, text, seconds = run_case(case, root)
+    assert rc == run.Exit.BAD_INPUT, text
+    assert re.search(case.message, text), text
+    assert _snapshot(root) == before, "the storage root changed"
+    assert not (Path.cwd() / "not a uri").exists()
+    assert seconds < 15, f"took {seconds:.1f} s: something started"
+
+
+def test_there_are_at_least_25_cases_of_every_kind():
+    kinds = {c.kind for c in CASES}
+    assert len(CASES) >= 25 and kinds == {"flag", "--set", "environment", "path", "record"}
+
+
+def render_table() -> str:
+    import tempfile
+
+    rows = ["| kind | bad input | command (after `python -m pipelines.run`) | exit | message |",
+            "|---|---|---|---|---|"]
+    for case in CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "root"
+            rc, text, _ = run_case(case, root)
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            msg = next((ln for ln in lines if "error" in ln), lines[-1] if lines else "")
+            msg = msg.replace(str(root), "ROOT").replace(tmp, "TMP")
+            msg = re.sub(r"127\.0\.0\.1:\d{4,5}", "127.0.0.1:PORT", msg)
+        cmd = shlex.join(case.argv)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in case.env.items())
+        cmd = f"{env} {cmd}".strip().replace("|", "\\|")
+        msg = msg[:240].replace("|", "\\|")
+        rows.append(f"| {case.kind} | {case.what} | `{cmd}` | {rc} | {msg} |")
+    return "\n".join(rows)
+
+
+def _docs_block() -> str:
+    text = DOCS.read_text()
+    if BEGIN not in text:
+        return ""
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+
+
+def test_docs_table_is_current():
+    """docs/pipeline.md lists every case with its exit code (regenerate with
+    `python -m tests.test_bad_inputs --write-docs`)."""
+    block = _docs_block()
+    for case in CASES:
+        row = next((ln for ln in block.splitlines() if f"| {case.what} |" in ln), None)
+        assert row is not None, f"docs/pipeline.md lacks the row {case.what!r}"
+        assert f"| {int(run.Exit.BAD_INPUT)} |" in row, row
+
+
+if __name__ == "__main__":
+    table = render_table()
+    if "--write-docs" in sys.argv:
+        text = DOCS.read_text()
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        DOCS.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    print(table)
