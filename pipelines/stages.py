@@ -16,7 +16,7 @@ import socket
 import stat
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ def write_meta(plan: Plan, **extra) -> dict:
 
 
 def _phase1_task(cfg_dict: dict, out_dir: str, threads: int) -> dict:
+    from pipelines.progress import PROGRESS_FILE, Phase1Progress
     from pipelines.trial import quiet_training_logs
 
     quiet_training_logs()
@@ -58,7 +59,54 @@ def _phase1_task(cfg_dict: dict, out_dir: str, threads: int) -> dict:
     cfg = TrainConfig.from_dict(cfg_dict)
     if not cfg.threads:
         cfg = dataclasses.replace(cfg, threads=max(1, int(threads)))
-    return run_phase1(cfg, out_dir, progress=False)
+    return run_phase1(cfg, out_dir, progress=False,
+                      callbacks=[Phase1Progress(Path(out_dir) / PROGRESS_FILE)])
+
+
+def progress_every_s() -> float:
+    """Seconds between the driver's Stage-1 progress lines (PMNET_PROGRESS_EVERY_S)."""
+    try:
+        return max(0.5, float(os.environ.get("PMNET_PROGRESS_EVERY_S", 60)))
+    except ValueError:
+        return 60.0
+
+
+def _wait_phase1(plan: Plan, ray, job: Stage1Job, runs: Runs, rid: str | None) -> dict:
+    """ray.get of the Phase-1 task, printing progress at a steady rate and logging each new
+    epoch's validation metrics to the Stage-1 MLflow run while Phase 1 trains."""
+    from pipelines.progress import PROGRESS_FILE, describe
+
+    path = plan.layout.phase1_dir / PROGRESS_FILE
+    logged = job.logged
+    if rid:
+        logged |= runs.safe("stage1 logged epochs", runs.tracker.logged_steps, rid,
+                            "val/mean_stm") or set()
+    every = progress_every_s()
+    while True:
+        ready, _ = ray.wait([job.ref], timeout=every)
+        info = read_json(path)
+        if isinstance(info, dict) and info.get("time", 0) < job.t0:
+            info = None  # left by an earlier attempt
+        if rid:
+            _log_epochs(runs, rid, (info or {}).get("history", []), logged)
+        if ready:
+            return ray.get(job.ref)
+        say(describe(info, time.time() - job.t0))
+
+
+def _log_epochs(runs: Runs, rid: str, history: list[dict], logged: set[int]) -> None:
+    """Log the epochs of `history` not yet in `logged` (their step is the epoch)."""
+    for row in history:
+        epoch = row.get("epoch")
+        if not isinstance(epoch, int) or epoch in logged:
+            continue
+        try:
+            runs.tracker.log_metrics(rid, {k: v for k, v in row.items() if k != "epoch"},
+                                     step=epoch)
+        except Exception as e:  # tracking never stops Stage 1; the next poll tries again
+            say(f"[mlflow] stage1 metrics failed: {type(e).__name__}: {e}")
+            return
+        logged.add(epoch)
 
 
 @dataclass
@@ -66,6 +114,7 @@ class Stage1Job:
     digest: str | None = None  # set when a valid checkpoint was already there
     ref: Any = None  # the Ray ObjectRef of the running Phase-1 task
     t0: float = 0.0
+    logged: set = field(default_factory=set)  # epochs already in the Stage-1 MLflow run
 
 
 def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> Stage1Job:
@@ -102,7 +151,7 @@ def stage1_finish(plan: Plan, ray, job: Stage1Job, runs: Runs) -> tuple[str, flo
                       {"phase1_sha256": job.digest})
         return job.digest, 0.0
     try:
-        res = ray.get(job.ref)
+        res = _wait_phase1(plan, ray, job, runs, rid)
     except Exception as e:
         if rid:
             runs.safe("stage1 finish", runs.tracker.finish, rid, "FAILED")
@@ -127,9 +176,7 @@ def stage1_finish(plan: Plan, ray, job: Stage1Job, runs: Runs) -> tuple[str, flo
         runs.safe("stage1 tags", tr.set_tags, rid, {"phase1_sha256": digest, "skipped": "false",
                                                      "checkpoint_path": str(lay.phase1_ckpt)})
         hist = (read_json(lay.phase1_dir / "phase1_metrics.json", {}) or {}).get("history", [])
-        for row in hist:
-            runs.safe("stage1 metrics", tr.log_metrics, rid,
-                      {k: v for k, v in row.items() if k != "epoch"}, step=row.get("epoch", 0))
+        _log_epochs(runs, rid, hist, job.logged)
         runs.safe("stage1 metrics", tr.log_metrics, rid,
                   {**{f"test/{k}": v for k, v in res.get("metrics", {}).items()},
                    "train_time_s": res.get("train_time_s", 0)})

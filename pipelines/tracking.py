@@ -269,6 +269,7 @@ class Runs:
             say(f"[mlflow] {what} failed: {type(e).__name__}: {e}")
             return None
 
+
 def experiment_name(plan: Plan) -> str:
     return f"pmnet/{plan.name}"
 

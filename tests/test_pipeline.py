@@ -188,6 +188,11 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
     assert {"e2e", "stage1-phase1", "stage2-phase2", "stage3-report"} <= names
     parent = next(r for r in runs if r.data.tags.get("role") == "pipeline")
     assert parent.data.tags["phase1_sha256"] == digest
+    # Phase-1 validation metrics in the Stage-1 run: one point per epoch, no duplicates
+    stage1 = next(r for r in runs if r.info.run_name == "stage1-phase1")
+    p1_hist = read_json(lay.phase1_dir / "phase1_metrics.json")["history"]
+    steps = [m.step for m in client.get_metric_history(stage1.info.run_id, "val/mean_stm")]
+    assert sorted(steps) == [row["epoch"] for row in p1_hist]
     assert parent.data.tags["git_commit"] and parent.data.tags["version.ray"]
     # artifacts (proxied by the server into <root>/mlartifacts)
     art = lay.mlartifacts / exp.experiment_id

@@ -167,6 +167,14 @@ def test_stage1_is_idempotent_and_never_retrains_over_a_tampered_checkpoint(tmp_
     assert planning.phase1_config_hash(other.cfg) != planning.phase1_config_hash(plan.cfg)
     same_p1 = _plan(tmp_path, name="r", overrides={"max_epochs": 3})  # Phase-2-only change
     assert planning.phase1_config_hash(same_p1.cfg) == planning.phase1_config_hash(plan.cfg)
+    # a lost sidecar: the checkpoint still matches what Stage 1 recorded, so the driver
+    # rewrites the sidecar instead of retraining Phase 1 (planning only reads)
+    sidecar = Path(f"{lay.phase1_ckpt}.sha256")
+    text = sidecar.read_text()
+    sidecar.unlink()
+    assert stages.existing_phase1(plan) == phase1["sha256"] and not sidecar.exists()
+    assert stages.existing_phase1(plan, repair=True) == phase1["sha256"]
+    assert sidecar.read_text() == text
     data = bytearray(lay.phase1_ckpt.read_bytes())
     data[-10] ^= 0x01
     lay.phase1_ckpt.write_bytes(bytes(data))

@@ -1,0 +1,91 @@
+"""Stage-1 progress: the Phase-1 task writes `phase1/progress.json`, the driver reads it.
+
+Phase 1 runs as a Ray task whose output stays in Ray's logs (`log_to_driver=False`), and it
+takes 16 minutes on the `cpu` preset and hours at paper scale. `Phase1Progress` (a Lightning
+callback added to the Phase-1 trainer by the task) writes, atomically and at most every
+`every_s` seconds plus at every validation, the step, the epoch, the elapsed time, an
+estimate of the time left and the per-epoch validation history. The driver polls the file
+while it waits for the task (`pipelines.stages.stage1_finish`), prints one line at a steady
+rate, and logs each new epoch's metrics to the Stage-1 MLflow run as it appears.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+from pmnet.io import atomic_write_json
+
+PROGRESS_FILE = "progress.json"
+
+
+def _plain(v):
+    try:
+        f = float(v.item() if hasattr(v, "item") else v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+class Phase1Progress(Callback):
+    """Write Phase-1 progress to `path` (JSON) at a bounded rate."""
+
+    def __init__(self, path: str | Path, every_s: float = 10.0):
+        self.path, self.every_s = Path(path), float(every_s)
+        self._t0 = time.time()
+        self._last = 0.0
+        self._start_step = 0
+
+    def on_train_start(self, trainer, pl_module):
+        self._t0 = time.time()
+        self._start_step = int(trainer.global_step)  # a resumed run: rate of this attempt
+        self._write(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if time.time() - self._last >= self.every_s:
+            self._write(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self._write(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module):
+        self._write(trainer, pl_module, done=True)
+
+    def _write(self, trainer, pl_module, done: bool = False) -> None:
+        now = time.time()
+        step = int(trainer.global_step)
+        total = trainer.estimated_stepping_batches
+        total = int(total) if isinstance(total, (int, float)) and math.isfinite(total) else None
+        elapsed = now - self._t0
+        done_here = step - self._start_step
+        eta = (elapsed / done_here * (total - step)) if total and done_here > 0 else None
+        history = [{k: _plain(v) for k, v in row.items()}
+                   for row in getattr(pl_module, "history", [])]
+        atomic_write_json(self.path, {
+            "phase": 1, "step": step, "total_steps": total,
+            "epoch": int(trainer.current_epoch), "max_epochs": trainer.max_epochs,
+            "elapsed_s": elapsed, "eta_s": eta, "done": done, "time": now,
+            "history": history})
+        self._last = now
+
+
+def describe(progress: dict | None, waited_s: float) -> str:
+    """One console line from a progress record (or the time waited when there is none)."""
+    if not progress:
+        return (f"[stage 1/3] running for {waited_s / 60:.1f} min (Phase 0 / set-up; no "
+                "Phase-1 step yet)")
+    step, total = progress.get("step", 0), progress.get("total_steps")
+    frac = f" ({100 * step / total:.0f}%)" if total else ""
+    hist = progress.get("history") or []
+    val = hist[-1].get("val/mean_stm") if hist else None
+    val_s = f", val mean_stm {val:.2f}" if isinstance(val, (int, float)) else ""
+    eta = progress.get("eta_s")
+    eta_s = (f", ~{eta / 60:.1f} min left at most (early stopping may end it sooner)"
+             if isinstance(eta, (int, float)) else "")
+    return (f"[stage 1/3] Phase 1 epoch {progress.get('epoch', 0) + 1}/"
+            f"{progress.get('max_epochs', '?')}, step {step}/{total or '?'}{frac}{val_s}; "
+            f"{waited_s / 60:.1f} min so far{eta_s}")
