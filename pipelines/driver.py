@@ -69,10 +69,10 @@ def _execute(plan: Plan) -> int:
         runs = open_tracking(plan, uri, server is not None)
         digest, p1_time = stage1_finish(plan, ray, job, runs)
         s2 = stage2(plan, runs, digest)
-        stage3(plan, runs)
-        timing = timing_record(plan, t_start, s2, p1_time)
         status = "finished" if s2["errored"] == 0 and s2["finished"] == sp.n_trials else "failed"
+        timing = timing_record(plan, t_start, s2, p1_time)  # the report reads both records
         write_meta(plan, status=status, phase1_sha256=digest)
+        stage3(plan, runs)
         if runs.parent:
             runs.safe("timing", runs.tracker.log_metrics, runs.parent,
                       {f"pipeline/{k}": v for k, v in timing.items()

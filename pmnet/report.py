@@ -1256,6 +1256,7 @@ figure{margin:1.5em 0}figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.85em;color:#444}
 code{background:#f4f4f4;padding:0 .2em}
 dl.meta dt{font-weight:600}dl.meta dd{margin:0 0 .4em 1.2em;font-family:monospace}
+table.facts th{text-align:left;padding-right:1em;white-space:nowrap}
 """
 
 
@@ -1335,6 +1336,62 @@ def missing_results(
     return lines
 
 
+def _minutes(seconds: Any) -> str | None:
+    return f"{float(seconds) / 60:.1f} min" if isinstance(seconds, (int, float)) else None
+
+
+def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What ran, readable: preset, grid, code, Phase-1 checkpoint, wall times, status (from
+    the pipeline's records; every key that is there, none invented)."""
+    facts: list[tuple[str, str]] = []
+    if meta.get("status"):
+        facts.append(("status", str(meta["status"])))
+    if meta.get("preset"):
+        why = f" ({meta['preset_reason']})" if meta.get("preset_reason") else ""
+        facts.append(("preset", f"{meta['preset']}{why}"))
+    space = meta.get("space") if isinstance(meta.get("space"), Mapping) else {}
+    grid = meta.get("grid") if isinstance(meta.get("grid"), Mapping) else space
+    if grid.get("conditions") and grid.get("seeds"):
+        n_c, n_s = len(grid["conditions"]), len(grid["seeds"])
+        text = (f"{space.get('name', 'grid')}: {n_c} conditions x {n_s} seeds = "
+                f"{n_c * n_s} trials")
+        if space:
+            gpu = f" + {space['gpus_per_trial']:g} GPU" if space.get("gpus_per_trial") else ""
+            text += (f"; {space.get('cpus_per_trial', 1):g} CPU{gpu} per trial, "
+                     f"max_failures {space.get('max_failures', '?')}")
+        facts.append(("grid", text))
+    if meta.get("overrides"):
+        facts.append(("overrides (--set)", _meta_value(meta["overrides"])))
+    if meta.get("git_commit"):
+        dirty = " (with uncommitted changes)" if str(meta.get("git_dirty")) == "true" else ""
+        facts.append(("code", f"git {str(meta['git_commit'])[:12]}{dirty}"))
+    p1 = meta.get("phase1") if isinstance(meta.get("phase1"), Mapping) else {}
+    sha = p1.get("sha256") or meta.get("phase1_sha256")
+    if sha:
+        text = f"sha256 {str(sha)[:12]}..."
+        stm = (p1.get("metrics") or {}).get("mean_stm")
+        if isinstance(stm, (int, float)):
+            text += f"; test mean STM recall {stm:.2f}%"
+        if _minutes(p1.get("train_time_s")):
+            text += f"; trained in {_minutes(p1['train_time_s'])}"
+        facts.append(("Phase-1 checkpoint", text))
+    timing = meta.get("timing") if isinstance(meta.get("timing"), Mapping) else {}
+    parts = [f"{label} {_minutes(timing.get(key))}" for key, label in (
+        ("wall_s", "pipeline"), ("phase1_train_s", "Phase-1 training"),
+        ("stage2_wall_s", "Stage 2"), ("sum_trial_train_s", "summed trial training"))
+        if _minutes(timing.get(key))]
+    if parts:
+        runs = len(timing.get("invocations") or [])
+        facts.append(("wall time" + (f" (last of {runs} invocations)" if runs > 1 else ""),
+                      ", ".join(parts)))
+    versions = meta.get("versions") if isinstance(meta.get("versions"), Mapping) else {}
+    if versions:
+        facts.append(("versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))))
+    if meta.get("tracking"):
+        facts.append(("MLflow", str(meta["tracking"])))
+    return facts
+
+
 def _run_facts(df: pd.DataFrame) -> list[tuple[str, str]]:
     facts = [("trials loaded", str(len(df)))]
     if df.empty:
@@ -1399,12 +1456,10 @@ def _html_page(
     out.append(f'<p class="note"><strong>Statistics.</strong> {esc(DESCRIPTIVE_NOTE)}</p>')
     out.append('<h2 id="claims">Which claims reproduce</h2>')
     out.append(by_id["tab:claims"].to_html())
-    out.append('<h2 id="what-ran">What ran</h2><dl class="meta">')
-    for key, value in facts:  # the readable facts first, the raw records after them
-        out.append(f"<dt>{esc(key)}</dt><dd>{esc(value)}</dd>")
-    for key, value in meta.items():
-        out.append(f"<dt>{esc(str(key))}</dt><dd>{esc(_meta_value(value))}</dd>")
-    out.append("</dl>")
+    out.append('<h2 id="what-ran">What ran</h2><table class="facts"><tbody>')
+    for key, value in facts:
+        out.append(f"<tr><th>{esc(key)}</th><td>{esc(value)}</td></tr>")
+    out.append("</tbody></table>")
     out.append('<h2 id="tables">Tables</h2>')
     for table in tables:
         if table.id not in FRONT_TABLES:
@@ -1426,6 +1481,11 @@ def _html_page(
         out.append("<ul>" + "".join(f"<li>{esc(m)}</li>" for m in missing) + "</ul>")
     else:
         out.append("<p>None: every expected trial and key metric is present.</p>")
+    out.append('<h2 id="raw-records">Raw records</h2>')
+    out.append(f'<p class="note">Also in <code>data/{RAW_RECORDS}</code>.</p><dl class="meta">')
+    for key, value in meta.items():
+        out.append(f"<dt>{esc(str(key))}</dt><dd>{esc(_meta_value(value))}</dd>")
+    out.append("</dl>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 
@@ -1444,11 +1504,8 @@ def _markdown_page(
     out += ["", "## Headline numbers", "", by_id["tab:headline"].to_markdown()]
     out += [f"**Statistics.** {DESCRIPTIVE_NOTE}", ""]
     out += ["## Which claims reproduce", "", by_id["tab:claims"].to_markdown()]
-    out += ["## What ran", ""]
-    for key, value in facts:  # the readable facts first, the raw records after them
-        out.append(f"- **{key}**: {value}")
-    for key, value in meta.items():
-        out.append(f"- **{key}**: `{_meta_value(value)}`")
+    out += ["## What ran", "", "| | |", "|---|---|"]
+    out += [f"| {key} | {str(value).replace('|', '/')} |" for key, value in facts]
     out += ["", "## Tables", ""]
     for table in tables:
         if table.id not in FRONT_TABLES:
@@ -1465,6 +1522,8 @@ def _markdown_page(
     out += ["## Missing results", ""]
     out += [f"- {m}" for m in missing] if missing else [
         "None: every expected trial and key metric is present."]
+    out += ["", "## Raw records", "",
+            f"The pipeline's records as they are on disk: `data/{RAW_RECORDS}`."]
     return "\n".join(out) + "\n"
 
 
@@ -1561,7 +1620,9 @@ def build_report(
         data_dir / "comparisons.csv", flat.to_csv(index=False)
     )
 
-    facts = _run_facts(df)
+    paths[RAW_RECORDS] = atomic_write_text(
+        data_dir / RAW_RECORDS, json.dumps(dict(meta), indent=1, sort_keys=True, default=str))
+    facts = _pipeline_facts(meta) + _run_facts(df)
     paths["markdown"] = atomic_write_text(
         out / "report.md",
         _markdown_page(meta, facts, tables, figures, figure_files, missing, notes),
@@ -1575,6 +1636,9 @@ def build_report(
             fig.figure.clear()
     return paths
 
+
+#: The pipeline's raw records (pipeline.json, timing, Stage 1), under the report's data/.
+RAW_RECORDS = "run_records.json"
 
 #: Run-directory JSON files whose keys go into the report's "What ran" section (first wins
 #: per key), and files nested under their own key.

@@ -269,9 +269,11 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
     columns += [f"val_{m}" for m in _metric_order(val_names)]
     df = pd.DataFrame(rows, columns=columns)
     df["seed"] = df["seed"].astype("int64")
-    for name in df.columns:
-        if name not in ("condition", "seed", "source_file") + _STRING_META:
-            df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
+    keep = ("condition", "seed", "source_file") + _STRING_META
+    numeric = [n for n in df.columns if n not in keep]
+    df = pd.concat([df.drop(columns=numeric),  # one block per dtype, not one insert per column
+                    df[numeric].apply(pd.to_numeric, errors="coerce").astype("float64")],
+                   axis=1)[list(df.columns)]
     df = _sort_trials(df)
     df.attrs["failed"] = failed
     df.attrs["warnings"] = warnings

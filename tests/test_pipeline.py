@@ -200,8 +200,10 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
         rid = by_key[trial_key("e2e", c, s)][0].info.run_id
         assert (art / rid / "artifacts" / "result" / f"{trial_name(c, s)}.json").is_file()
         assert (art / rid / "artifacts" / "checkpoint" / "best_model.pt").is_file()
-    if lay.report_dir.is_dir():  # Stage 3 ran: its tables/figures are on the parent run
-        assert (art / parent.info.run_id / "artifacts" / "report").is_dir()
+    assert (art / parent.info.run_id / "artifacts" / "report").is_dir()  # Stage 3's output
+    md = (lay.report_dir / "report.md").read_text()
+    assert "| status | finished |" in md and "| preset | debug (given with --preset" in md
+    assert md.index("## Headline numbers") < md.index("## What ran") < md.index("## Raw records")
     # status from disk
     rc, text = cli("status", "--root", str(root))
     assert rc == 0 and text.count("FINISHED") == 4, text

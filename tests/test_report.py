@@ -359,8 +359,16 @@ def test_report_html_has_every_table_and_figure(built):
     order = [md.index(h) for h in ("## Headline numbers", "## Which claims reproduce",
                                    "## What ran", "## Tables")]
     assert order == sorted(order)
+    # what ran as a short readable table; the raw records last (and in data/)
+    what = text[text.index('id="what-ran"'):text.index('id="tables"')]
+    assert "<th>preset</th><td>debug</td>" in what and "<th>code</th><td>git 0123abc" in what
+    assert "3 seeds" in what and "sha256 3f2a9c..." in what and "<dt>" not in what
+    raw = text[text.index('id="raw-records"'):]
+    assert text.index('id="missing-results"') < text.index('id="raw-records"')
     for key in ("preset", "git_commit", "hardware", "wall_time_s", "grid", "run_dir"):
-        assert f"<dt>{key}</dt>" in text
+        assert f"<dt>{key}</dt>" in raw
+    records = json.loads((run / "report" / "data" / "run_records.json").read_text())
+    assert records["hardware"] == "2 CPU cores" and records["grid"]["seeds"] == [42, 43, 44]
     assert "descriptive" in text
 
 
