@@ -14,6 +14,7 @@ import time
 
 from pipelines.cluster import check_cluster, init_ray
 from pipelines.console import say
+from pipelines.faults import kill_point
 from pipelines.lock import RunLock
 from pipelines.mlflow_server import LocalServer, embedded_backend
 from pipelines.plan import Plan
@@ -43,6 +44,7 @@ def _execute(plan: Plan) -> int:
                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     lay.last_file.write_text(plan.name + "\n")
     sp = plan.space
+    kill_point("start")
     say(f"[pipeline] {plan.name}: preset {plan.cfg.preset} ({plan.preset_reason}); "
         f"{'continuing' if plan.resumed else 'new'} run in {lay.run_dir}")
     say(f"[pipeline] grid {sp.name}: {len(sp.conditions)} conditions x {len(sp.seeds)} seeds "
@@ -65,13 +67,16 @@ def _execute(plan: Plan) -> int:
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s "
             f"(largest node: {cpus:g} CPU, {gpus:g} GPU)")
         job = stage1_start(plan, ray, cpus, gpus)  # runs while the MLflow server starts
+        kill_point("stage1-submitted")
         uri = server.wait_ready() if server is not None else plan.tracking_uri
         runs = open_tracking(plan, uri, server is not None)
         digest, p1_time = stage1_finish(plan, ray, job, runs)
         s2 = stage2(plan, runs, digest)
+        kill_point("stage2-done")
         status = "finished" if s2["errored"] == 0 and s2["finished"] == sp.n_trials else "failed"
         timing = timing_record(plan, t_start, s2, p1_time)  # the report reads both records
         write_meta(plan, status=status, phase1_sha256=digest)
+        kill_point("stage3-start")
         stage3(plan, runs)
         if runs.parent:
             runs.safe("timing", runs.tracker.log_metrics, runs.parent,
@@ -90,6 +95,7 @@ def _execute(plan: Plan) -> int:
         if plan.tracking_uri is None:
             say(f"[pipeline] MLflow: `make ui RUNS={lay.root}` then open the experiment "
                 f"'{experiment_name(plan)}'")
+        kill_point("end")
         return 0 if status == "finished" else 1
     except BaseException:
         write_meta(plan, status="interrupted")

@@ -11,6 +11,7 @@
         phase1/phase1.pt(.sha256)        Stage 1: the shared Phase-1 checkpoint (read-only)
         phase1/stage1.json               the config hash it was trained with, its sha256
         stage2/                          Stage 2: the Tune experiment (Tuner.restore-able)
+        stage2.json                      the Phase-1 sha256 its trials were trained from
         trials/<condition>-s<seed>/      each trial's run_phase2 out_dir + trial.json
         results/<condition>-s<seed>.json each finished trial's result (Stage 3 input)
         report/                          Stage 3: tables and figures (pmnet.report)
@@ -115,6 +116,11 @@ class Layout:
     @property
     def experiment_dir(self) -> Path:
         return self.run_dir / EXPERIMENT_DIRNAME
+
+    @property
+    def stage2_json(self) -> Path:
+        """The Phase-1 sha256 the Tune experiment's trials were trained from."""
+        return self.run_dir / "stage2.json"
 
     @property
     def trials_dir(self) -> Path:

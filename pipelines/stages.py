@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.console import say
+from pipelines.faults import kill_point
 from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, trial_name, write_json
 from pipelines.plan import Plan, canon, existing_phase1, phase1_config_hash
 from pipelines.provenance import git_commit, package_versions
@@ -164,6 +165,7 @@ def stage1_finish(plan: Plan, ray, job: Stage1Job, runs: Runs) -> tuple[str, flo
             "checkpoint": str(lay.phase1_ckpt), "train_time_s": res.get("train_time_s"),
             "wall_s": wall, "metrics": res.get("metrics", {})}
     write_json(lay.stage1_json, canon(info))
+    kill_point("stage1-recorded")
     write_meta(plan, phase1_sha256=digest)
     say(f"[stage 1/3] done in {wall:.1f} s (training {res['train_time_s']:.1f} s); "
         f"sha256 {digest[:12]}...; test mean_stm "
@@ -216,6 +218,7 @@ def _progress_callback_class():
             return best
 
         def on_trial_start(self, iteration, trials, trial, **info):
+            kill_point("stage2-trial-started")
             n_run = 1 + sum(t.status == "RUNNING" for t in trials if t is not trial)
             say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
 
@@ -229,6 +232,8 @@ def _progress_callback_class():
             say(f"[stage 2/3] {len(done)}/{self.total} done: {_tname(trial)} "
                 f"test updated_ltm {_fmt(v)}, best val select {_fmt(sel)}, "
                 f"train {_fmt(r.get('train_time_s'), 1)} s; best so far {best_s}")
+            kill_point("stage2-first-result" if len(done) == 1 else "stage2-last-result"
+                       if len(done) == self.total else "")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             err = _first_error_line(trial, self.trials_dir)
@@ -285,6 +290,17 @@ def make_trainable(plan: Plan, ctx):
                                plan.space.resources())
 
 
+def _retire_stale_experiment(lay, digest: str) -> None:
+    """A Tune experiment trained from another Phase-1 checkpoint (Phase 1 was retrained) is
+    moved aside: its trial checkpoints must not seed trials of the new checkpoint."""
+    known = (read_json(lay.stage2_json, {}) or {}).get("phase1_sha256")
+    if known and known != digest and lay.experiment_dir.exists():
+        aside = lay.run_dir / f"{lay.experiment_dir.name}-phase1-{known[:12]}"
+        lay.experiment_dir.rename(aside)
+        say(f"[stage 2/3] the Tune experiment was trained from Phase-1 checkpoint "
+            f"{known[:12]}..., not {digest[:12]}...; moved to {aside.name}, trials restart")
+
+
 def stage2(plan: Plan, runs: Runs, digest: str, *, precheck: bool = True) -> dict:
     from ray import tune
 
@@ -301,6 +317,7 @@ def stage2(plan: Plan, runs: Runs, digest: str, *, precheck: bool = True) -> dic
     trainable = make_trainable(plan, ctx)
     exp_dir = lay.experiment_dir
     t0 = time.time()
+    _retire_stale_experiment(lay, digest)
     if tune.Tuner.can_restore(str(exp_dir)):
         n_done = sum(1 for c, s in sp.trials if lay.result_path(c, s).is_file())
         say(f"[stage 2/3] continuing the Tune experiment {exp_dir}: {n_done}/{sp.n_trials} "
@@ -320,6 +337,7 @@ def stage2(plan: Plan, runs: Runs, digest: str, *, precheck: bool = True) -> dic
                 failure_config=tune.FailureConfig(max_failures=sp.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=[_progress_callback_class()(sp.n_trials, str(lay.trials_dir))]))
+    write_json(lay.stage2_json, {"phase1_sha256": digest})
     grid = tuner.fit()
     wall = time.time() - t0
     finished = errored = 0
@@ -368,6 +386,7 @@ def stage3(plan: Plan, runs: Runs) -> bool:
             runs.safe("stage3 tags", runs.tracker.set_tags, rid, {"error": msg[:5000]})
             runs.safe("stage3 finish", runs.tracker.finish, rid, "FAILED")
         return False
+    kill_point("stage3-report-written")
     say(f"[stage 3/3] report written in {time.time() - t0:.1f} s: "
         f"{', '.join(sorted(str(k) for k in (written or {}))[:6])}")
     if runs.parent and lay.report_dir.is_dir():
