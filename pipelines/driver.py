@@ -17,7 +17,7 @@ from pipelines.console import say
 from pipelines.mlflow_server import LocalServer, embedded_backend
 from pipelines.plan import Plan
 from pipelines.stages import stage1_finish, stage1_start, stage2, stage3, timing_record, write_meta
-from pipelines.tracking import Runs, experiment_name, open_tracking
+from pipelines.tracking import Runs, backfill_results, experiment_name, open_tracking
 
 
 def execute(plan: Plan) -> int:
@@ -59,6 +59,7 @@ def execute(plan: Plan) -> int:
         runs = open_tracking(plan, uri, server is not None)
         digest, p1_time = stage1_finish(plan, ray, job, runs)
         s2 = stage2(plan, runs, digest)
+        backfill_results(lay, runs)  # what trials could not log to MLflow, from their results
         stage3(plan, runs)
         timing = timing_record(plan, t_start, s2, p1_time)
         status = "finished" if s2["errored"] == 0 and s2["finished"] == sp.n_trials else "failed"
