@@ -67,7 +67,7 @@ class HttpLimits:
     (`mlflow.utils.rest_utils.http_request`, mlflow 3.17). Its defaults, 7 retries with
     backoff factor 2 and a 120 s timeout per attempt, keep one call against a dead or hung
     server busy for minutes, and a trial logs every epoch. Here one call takes at most
-    `worst_case_s()` (about 33 s against a server that accepts but never answers, about 2 s
+    `worst_case_s()` (32.5 s against a server that accepts but never answers, about 3 s
     against a refused connection).
 
     max_retries: retries after the first attempt (urllib3 `Retry(total=...)`: refused
