@@ -49,7 +49,6 @@ from pmnet.io import atomic_copy
 
 FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
 
-log = logging.getLogger("pipelines.trial")
 
 
 @dataclass(frozen=True)
