@@ -50,7 +50,6 @@ from pmnet.io import atomic_copy
 FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
 
 
-
 @dataclass(frozen=True)
 class TrialContext:
     """What the driver hands every Stage-2 trial (pickled once by `tune.with_parameters`).
