@@ -19,7 +19,7 @@ from pipelines.lock import RunLock
 from pipelines.mlflow_server import LocalServer, embedded_backend
 from pipelines.plan import Plan
 from pipelines.stages import stage1_finish, stage1_start, stage2, stage3, timing_record, write_meta
-from pipelines.tracking import Runs, experiment_name, open_tracking
+from pipelines.tracking import Runs, backfill_results, experiment_name, open_tracking
 
 
 def execute(plan: Plan) -> int:
@@ -73,6 +73,7 @@ def _execute(plan: Plan) -> int:
         digest, p1_time = stage1_finish(plan, ray, job, runs)
         s2 = stage2(plan, runs, digest)
         kill_point("stage2-done")
+        backfill_results(lay, runs)  # what trials could not log to MLflow, from their results
         status = "finished" if s2["errored"] == 0 and s2["finished"] == sp.n_trials else "failed"
         timing = timing_record(plan, t_start, s2, p1_time)  # the report reads both records
         write_meta(plan, status=status, phase1_sha256=digest)

@@ -177,6 +177,19 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_json(path, obj)
 
 
+def update_json(path: str | os.PathLike, fields: dict[str, Any]) -> Path:
+    """Merge `fields` into the JSON object at `path` (a missing or unreadable file counts as
+    {}); a None value removes its key. Written atomically like write_json."""
+    obj = read_json(path, {})
+    obj = dict(obj) if isinstance(obj, dict) else {}
+    for k, v in fields.items():
+        if v is None:
+            obj.pop(k, None)
+        else:
+            obj[k] = v
+    return write_json(path, obj)
+
+
 def read_json(path: str | os.PathLike, default: Any = None) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))

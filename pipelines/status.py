@@ -100,7 +100,9 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
                 "condition": cond, "seed": seed, "state": state,
                 "failures": t.get("num_failures", 0),
                 "best val (select)": _num(best), "select": select,
-                "test updated_ltm": _num(test), "mlflow run": info.get("mlflow_run_id") or "-",
+                "test updated_ltm": _num(test),
+                "mlflow run": (info.get("mlflow_run_id") or "-")
+                + (" (pending)" if info.get("mlflow_pending") else ""),
                 "error": info.get("error") if state == "ERROR" else None,
                 "epoch": (t.get("last_result") or {}).get("epoch"),
             })

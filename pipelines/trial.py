@@ -3,10 +3,14 @@
 The trial
 1. verifies the shared Phase-1 checkpoint (its sha256 sidecar and the hash the driver
    recorded in Stage 1) before anything else, and refuses it with a clear error otherwise;
-2. re-attaches to (or creates) its MLflow run, found by the tag `trial_key`;
-3. trains with `pmnet.train.run_phase2`, continuing from `tune.get_checkpoint()` after a
-   crash or a resume; a Lightning callback saves a checkpoint at every epoch end and sends
-   it with the epoch's metrics through `tune.report(metrics, checkpoint=...)`;
+2. re-attaches to (or creates) its MLflow run, found by the tag `trial_key`, through a
+   `TrialTracking` that is bounded and never fatal (what fails is marked pending in
+   trial.json and logged later from the result file);
+3. trains with `pmnet.train.run_phase2`, continuing after a crash or a resume from the
+   trial directory's `ckpt/last.ckpt` (on the shared storage), which Lightning writes once
+   per epoch; a callback sends each epoch's metrics through `tune.report` with a tiny
+   checkpoint directory holding only `meta.json` (epoch, final flag, which last.ckpt), so no
+   weights are copied through Tune;
 4. copies result.json to `<run>/results/<condition>-s<seed>.json` and logs it to MLflow.
 
 A trial whose result file already exists (finished before the driver died, so Tune did not
@@ -27,16 +31,23 @@ import socket
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pipelines.layout import Layout, check_name, read_json, trial_key, trial_name, write_json
+from pipelines.layout import (
+    Layout,
+    check_name,
+    read_json,
+    trial_key,
+    trial_name,
+    update_json,
+    write_json,
+)
 from pmnet.io import atomic_copy
 
 FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
-SMALL_PRESETS = ("debug", "cpu")  # their selected checkpoint goes into MLflow as an artifact
-
-log = logging.getLogger("pipelines.trial")
 
 
 @dataclass(frozen=True)
@@ -128,41 +139,65 @@ def _scalar_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
+def _is_final(trainer) -> bool:
+    """No epoch follows this one: EarlyStopping decided to stop, or max_epochs is reached."""
+    return bool(trainer.should_stop) or trainer.current_epoch + 1 >= int(trainer.max_epochs or 0)
+
+
 def make_report_callback(*, trial_dir: Path, condition: str, seed: int, select: str,
-                         tracker, run_id: str | None, skip_steps: set[int],
+                         log_epoch: Callable[[dict[str, Any], int], None] | None = None,
                          resume_final: bool = False):
-    """The Lightning callback that reports each epoch to Tune (and MLflow)."""
+    """The Lightning callback that reports each epoch to Tune (and through `log_epoch`, a
+    non-fatal `TrialTracking.log_epoch`, to MLflow). `resume_final`: the attempt resumes a
+    checkpoint of the previous version whose Tune meta.json marked its epoch final."""
     from lightning.pytorch.callbacks import Checkpoint
     from ray import tune
 
     class TuneReport(Checkpoint):
-        """At each epoch end: save a full Lightning checkpoint, `tune.report` the epoch's
-        metrics with it, and log the metrics to the trial's MLflow run at step=epoch.
+        """At each train-epoch end: log the epoch's metrics to the trial's MLflow run at
+        step=epoch and `tune.report` them with a checkpoint directory holding only
+        `meta.json`, which names the trial's `ckpt/last.ckpt` (with its size and mtime).
+        The weights are written once, by `pmnet.train.LastCheckpoint`, never copied to Tune.
 
-        It is a `Checkpoint` callback placed last, so Lightning calls it after EarlyStopping
-        and ModelCheckpoint have updated their state for the epoch (both act at train epoch
-        end when validation runs every epoch): the saved state is the one an uninterrupted
-        run carries into the next epoch, so a resumed trial selects the same checkpoint.
+        Its own state (`best` so far, `final`) travels inside last.ckpt, which is dumped at
+        train-epoch end before this callback's hook runs (it is a `Checkpoint` callback
+        placed last, after EarlyStopping, ModelCheckpoint and LastCheckpoint). So `best` is
+        updated earlier, at validation end, and `final` is read from the trainer when the
+        checkpoint is dumped, after EarlyStopping decided. A resumed trial thus carries the
+        state an uninterrupted one carries into the next epoch (and selects the same
+        checkpoint), and one resumed from its final epoch goes straight to testing.
         """
 
         def __init__(self):
             self.best = float("-inf")
+            self._trainer = None
+            self._resume_final = resume_final
 
         def setup(self, trainer, pl_module, stage):
+            self._trainer = trainer
             cbs = trainer.callbacks
             if self in cbs:
                 cbs.remove(self)
                 cbs.append(self)
 
         def state_dict(self):
-            return {"best": self.best}
+            final = self._trainer is not None and _is_final(self._trainer)
+            return {"best": self.best, "final": final}
 
         def load_state_dict(self, state_dict):
             self.best = float(state_dict.get("best", self.best))
+            self._resume_final = bool(state_dict.get("final", self._resume_final))
 
         def on_train_start(self, trainer, pl_module):
-            if resume_final:  # the last epoch was already reported: go straight to testing
+            if self._resume_final:  # the last epoch was already reported: go straight to testing
                 trainer.should_stop = True
+
+        def on_validation_end(self, trainer, pl_module):
+            if trainer.sanity_checking:
+                return
+            sel = _scalar_metrics(trainer.callback_metrics).get(f"val/{select}")
+            if sel is not None and sel > self.best:
+                self.best = sel
 
         def on_train_epoch_end(self, trainer, pl_module):
             if trainer.sanity_checking:
@@ -170,24 +205,17 @@ def make_report_callback(*, trial_dir: Path, condition: str, seed: int, select: 
             epoch = int(trainer.current_epoch)
             metrics = _scalar_metrics(trainer.callback_metrics)
             metrics = {k: v for k, v in metrics.items() if not k.startswith("test/")}
-            sel = metrics.get(f"val/{select}")
-            if sel is not None and sel > self.best:
-                self.best = sel
             metrics["epoch"] = epoch
             if self.best > float("-inf"):
                 metrics["best/select"] = self.best
-            if tracker is not None and run_id is not None and epoch not in skip_steps:
-                try:
-                    tracker.log_metrics(run_id, metrics, step=epoch)
-                except Exception as e:  # tracking trouble must not kill training
-                    log.warning("MLflow metric logging failed at epoch %d: %s", epoch, e)
-            final = bool(trainer.should_stop) or epoch + 1 >= int(trainer.max_epochs or 0)
+            if log_epoch is not None:
+                log_epoch(metrics, epoch)
             base = Path(trial_dir) / ".tune_ckpt"
             base.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=base) as tmp:
-                trainer.save_checkpoint(str(Path(tmp) / "checkpoint.ckpt"))
-                write_json(Path(tmp) / "meta.json", {"epoch": epoch, "final": final,
-                                                     "condition": condition, "seed": seed})
+                write_json(Path(tmp) / "meta.json", _checkpoint_meta(
+                    Path(trial_dir) / "ckpt" / "last.ckpt", epoch=epoch,
+                    final=_is_final(trainer), condition=condition, seed=seed))
                 tune.report({**metrics, "condition": condition, "seed": seed},
                             checkpoint=tune.Checkpoint.from_directory(tmp))
             marker = _fault_marker(condition, seed)
@@ -198,6 +226,19 @@ def make_report_callback(*, trial_dir: Path, condition: str, seed: int, select: 
                                    f"of {trial_name(condition, seed)}")
 
     return TuneReport()
+
+
+def _checkpoint_meta(last: Path, *, epoch: int, final: bool, condition: str, seed: int) -> dict:
+    """What Tune keeps of an epoch: which last.ckpt holds it (and its size and mtime, to see
+    whether a later epoch has replaced it since), not the weights."""
+    info: dict[str, Any] = {"epoch": epoch, "final": final, "condition": condition,
+                            "seed": seed, "last_ckpt": str(last)}
+    try:
+        st = last.stat()
+        info |= {"last_ckpt_size": st.st_size, "last_ckpt_mtime_ns": st.st_mtime_ns}
+    except FileNotFoundError:
+        info["last_ckpt"] = None
+    return info
 
 
 def copy_atomic(src: Path, dst: Path) -> Path:
@@ -226,7 +267,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     from ray import tune
 
     quiet_training_logs()
-    from pipelines.tracking import Tracker
+    from pipelines.tracking import TrialTracking, trial_run_tags
     from pmnet.train import TrainConfig, get_condition
 
     t_imported = time.time()
@@ -234,6 +275,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     condition, seed = str(config["condition"]), int(config["seed"])
     layout = ctx.layout
     tdir = layout.trial_dir(condition, seed)
+    info_path = tdir / "trial.json"
     cfg = TrainConfig.from_dict(ctx.train_config)
     if not cfg.threads:
         cfg = dataclasses.replace(cfg, threads=ctx.threads)
@@ -243,58 +285,58 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     trial_info = {"condition": condition, "seed": seed, "trial_key": key,
                   "tracking_uri": ctx.tracking_uri}
     result_path = layout.result_path(condition, seed)
-    tracker = run_id = None
+    tracking = None
     try:
         # 1. the Phase-1 checkpoint, before anything else
         digest = check_phase1(layout.phase1_ckpt, ctx.phase1_sha256)
 
-        # 2. MLflow: one run per trial, re-attached on retries and resumes
-        skip_steps: set[int] = set()
+        # 2. MLflow: one run per trial, re-attached on retries and resumes; never fatal
         if ctx.tracking:
-            tracker = Tracker(ctx.tracking_uri)
-            known = read_json(tdir / "trial.json", {}) or {}
-            run_id, created = tracker.attach_run(
-                ctx.experiment_id, key, run_name=trial_name(condition, seed),
-                parent_run_id=ctx.parent_run_id, run_id=known.get("mlflow_run_id"),
-                tags={"trial_key": key, "pipeline": layout.name, "stage": "phase2",
-                      "condition": condition, "seed": seed, "phase1_sha256": digest,
-                      "preset": cfg.preset, "select_metric": cond.select})
-            trial_info["mlflow_run_id"] = run_id
-            tracker.log_params_once(run_id, {**cfg.flat(), "condition": condition,
-                                             "seed": seed})
-            if not created:
-                skip_steps = tracker.logged_steps(run_id, "epoch")
+            tracking = TrialTracking(
+                ctx.tracking_uri, ctx.experiment_id, key=key,
+                run_name=trial_name(condition, seed), parent_run_id=ctx.parent_run_id,
+                tags=trial_run_tags(layout.name, condition, seed, digest, cfg.preset,
+                                    cond.select),
+                params={**cfg.flat(), "condition": condition, "seed": seed},
+                trial_json=info_path)
+            tracking.attach()
         setup = {"imports_s": t_imported - t_enter, "setup_s": time.time() - t_enter}
-        write_json(tdir / "trial.json", {**(read_json(tdir / "trial.json", {}) or {}),
-                                         **trial_info, "state": "RUNNING"})
+        update_json(info_path, {**trial_info, "state": "RUNNING"})
 
         # 3. + 4. train (or reuse a finished result) and record
-        final = _train_and_record(layout, cfg, cond, condition, seed, digest, tracker,
-                                  run_id, skip_steps, result_path, setup)
+        final = _train_and_record(layout, cfg, cond, condition, seed, digest, tracking,
+                                  result_path, setup)
     except BaseException as e:
-        write_json(tdir / "trial.json", {**(read_json(tdir / "trial.json", {}) or {}),
-                                         **trial_info, "state": "ERROR",
-                                         "error": f"{type(e).__name__}: {e}"[:2000]})
-        if tracker is not None and run_id is not None:
-            try:
-                tracker.set_tags(run_id, {"last_error": f"{type(e).__name__}: {e}"[:5000]})
-                tracker.finish(run_id, "FAILED")
-            except Exception as e2:  # keep the original error
-                log.warning("could not mark MLflow run %s failed: %s", run_id, e2)
+        error = f"{type(e).__name__}: {e}"
+        update_json(info_path, {**trial_info, "state": "ERROR", "error": error[:2000]})
+        if tracking is not None:
+            tracking.fail(error)
         raise
-    write_json(tdir / "trial.json", {**(read_json(tdir / "trial.json", {}) or {}),
-                                     **trial_info, "state": "FINISHED",
-                                     "result": str(result_path)})
+    update_json(info_path, {**trial_info, "state": "FINISHED", "result": str(result_path)})
     shutil.rmtree(tdir / ".tune_ckpt", ignore_errors=True)
     tune.report({k: (float("nan") if v is None else v) for k, v in final.items()}
                 | {"condition": condition, "seed": seed})
 
 
-def _train_and_record(layout, cfg, cond, condition, seed, digest, tracker, run_id,
-                      skip_steps, result_path, setup) -> dict:
+def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, bool, dict]:
+    """(checkpoint to resume from, whether its epoch was final, Tune's meta.json).
+
+    The trial directory's last.ckpt is the truth (Tune's checkpoint only names it, and
+    last.ckpt may be an epoch newer); its own callback state says whether it was final. A
+    Tune checkpoint of the previous version still holding `checkpoint.ckpt` is used as is.
+    """
+    meta = (read_json(Path(ckdir) / "meta.json", {}) or {}) if ckdir else {}
+    legacy = Path(ckdir) / "checkpoint.ckpt" if ckdir else None
+    if legacy is not None and legacy.is_file():
+        return legacy, bool(meta.get("final")), meta
+    return (last if last.is_file() else None), False, meta
+
+
+def _train_and_record(layout, cfg, cond, condition, seed, digest, tracking, result_path,
+                      setup) -> dict:
     from ray import tune
 
-    from pmnet.train import run_phase2
+    from pmnet.train import checkpoint_epoch, run_phase2
 
     tdir = layout.trial_dir(condition, seed)
     # 3. already finished (driver died before Tune recorded it)? then report, don't retrain
@@ -306,17 +348,17 @@ def _train_and_record(layout, cfg, cond, condition, seed, digest, tracker, run_i
                "resume_from": None, "kind": "reuse" if done else "train", **setup}
     if done is None:
         with (ckpt.as_directory() if ckpt else _nulldir()) as ckdir:
-            resume_from, meta = None, {}
-            if ckdir is not None and (Path(ckdir) / "checkpoint.ckpt").is_file():
-                resume_from = str(Path(ckdir) / "checkpoint.ckpt")
-                meta = read_json(Path(ckdir) / "meta.json", {}) or {}
-                attempt["resume_from"] = resume_from
-                attempt["resume_epoch"] = meta.get("epoch")
+            resume_from, resume_final, meta = _resume_point(ckdir, tdir / "ckpt" / "last.ckpt")
+            if resume_from is not None:
+                attempt["resume_from"] = str(resume_from)
+                attempt["resume_epoch"] = checkpoint_epoch(resume_from)
+            if meta:
+                attempt["tune_checkpoint_epoch"] = meta.get("epoch")
             _append_attempt(tdir, attempt)
-            cb = make_report_callback(trial_dir=tdir, condition=condition, seed=seed,
-                                      select=cond.select, tracker=tracker, run_id=run_id,
-                                      skip_steps=skip_steps,
-                                      resume_final=bool(meta.get("final")))
+            cb = make_report_callback(
+                trial_dir=tdir, condition=condition, seed=seed, select=cond.select,
+                log_epoch=tracking.log_epoch if tracking is not None else None,
+                resume_final=resume_final)
             result = run_phase2(cfg, condition=condition, seed=seed,
                                 phase1_ckpt=layout.phase1_ckpt, out_dir=tdir, callbacks=[cb],
                                 resume_from=resume_from, progress=False)
@@ -325,25 +367,14 @@ def _train_and_record(layout, cfg, cond, condition, seed, digest, tracker, run_i
         _append_attempt(tdir, attempt)
         result = done
 
-    # 4. the result into MLflow, the final metrics into Tune
-    test = {f"test/{k}": v for k, v in (result.get("test") or {}).items()
-            if isinstance(v, (int, float))}
-    val_sel = (result.get("val") or {}).get(cond.select)
-    final = {"test/updated_ltm": test.get("test/updated_ltm"),
-             "best/select": val_sel, "train_time_s": result.get("train_time_s"),
-             "best_epoch": result.get("best_epoch"), "finished": 1}
-    if tracker is not None:
-        tracker.log_metrics(run_id, {**test, "train_time_s": result.get("train_time_s") or 0,
-                                     "trainable_params": result.get("trainable_params") or 0},
-                            step=int(result.get("best_epoch") or 0))
-        tracker.log_artifact(run_id, result_path, "result")
-        best_model = result.get("best_model")
-        if best_model and Path(best_model).is_file():
-            if cfg.preset in SMALL_PRESETS:
-                tracker.log_artifact(run_id, best_model, "checkpoint")
-            tracker.set_tags(run_id, {"best_model_path": best_model})
-        tracker.finish(run_id, "FINISHED")
-    return final
+    # 4. the result into MLflow (or marked pending), the final metrics into Tune
+    if tracking is not None:
+        tracking.record(result, result_path)
+    test = result.get("test") or {}
+    return {"test/updated_ltm": test.get("updated_ltm"),
+            "best/select": (result.get("val") or {}).get(cond.select),
+            "train_time_s": result.get("train_time_s"),
+            "best_epoch": result.get("best_epoch"), "finished": 1}
 
 
 def _node_id() -> str | None:

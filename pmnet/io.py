@@ -1,5 +1,6 @@
 """Atomic file writes: a crash never leaves half a file (temporary file beside the target,
-fsync, `os.replace`). Used by training checkpoints, results, reports and the pipeline."""
+fsync, `os.replace`), and hard links made the same way. Used by training checkpoints, results,
+reports and the pipeline."""
 
 from __future__ import annotations
 
@@ -59,3 +60,24 @@ def atomic_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Pat
     with atomic_path(dst) as tmp:
         shutil.copyfile(src, tmp)
     return Path(dst)
+
+
+def atomic_link(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> bool:
+    """Make ``dst`` a hard link to ``src`` in one step (a link under a temporary name, then
+    ``os.replace``): the same bytes under a second name without writing them again. False,
+    with ``dst`` untouched, where the filesystem has no hard links."""
+    target = Path(dst)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.link")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(src, tmp)
+    except OSError:
+        return False
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    return True

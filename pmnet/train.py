@@ -36,15 +36,16 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, Dataset
 
 from pmnet import task
 from pmnet.conditions import CONDITIONS, PAPER_SEEDS, Condition, get_condition  # noqa: F401
 from pmnet.config import ModelConfig
 from pmnet.evaluate import episode_outcomes, summarize
-from pmnet.io import atomic_write_bytes, atomic_write_json
+from pmnet.io import atomic_link, atomic_path, atomic_write_bytes, atomic_write_json
 from pmnet.model import PMNet
 from pmnet.runner import RunOptions, run_episodes
 
@@ -665,21 +666,94 @@ def _setup_threads(cfg: TrainConfig) -> None:
         torch.set_num_threads(cfg.threads)
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, made atomic.
+
+    `TorchCheckpointIO` writes the bytes straight into the target, so a crash or a full disk
+    in the middle leaves a torn `last.ckpt` that the next resume cannot load. Here
+    `torch.save` streams into a temporary file in the same directory, which is fsynced and
+    then `os.replace`d onto the target: a reader or a resume sees the old checkpoint or the
+    new one, never half of one. Every write also makes a new inode, so a hard link to an
+    older checkpoint (see `LastCheckpoint`) is never written through.
+    """
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError("AtomicCheckpointIO.save_checkpoint takes no storage_options")
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as fh:
+                torch.save(checkpoint, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+
+def _file_identity(path: str | Path) -> tuple[int, int, int, int] | None:
+    """(device, inode, mtime_ns, size) of a file, None if there is none: a new atomic write
+    always changes it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+class LastCheckpoint(Checkpoint):
+    """Writes `<dirpath>/last.ckpt`, the state a resume continues from, once per epoch.
+
+    Lightning 2.6's `ModelCheckpoint(save_last=True)` writes last.ckpt only in epochs whose
+    top-k checkpoint was saved, and then writes the same state a second time: a resume would
+    restart from the best epoch rather than the last, and improving epochs cost two writes.
+    This callback runs right after the selecting `ModelCheckpoint` at train-epoch end (both
+    after EarlyStopping): if that callback has just written best.ckpt, last.ckpt becomes a
+    hard link to it (the same state, no bytes written); otherwise the trainer saves
+    last.ckpt (atomically, through `AtomicCheckpointIO`). So each epoch's state is written
+    exactly once; only a filesystem without hard links costs a second write.
+    """
+
+    def __init__(self, best: ModelCheckpoint, dirpath: str | Path):
+        self.best, self.path = best, Path(dirpath) / "last.ckpt"
+        self._seen: tuple | None = None
+
+    def _best_identity(self) -> tuple | None:
+        return _file_identity(self.best.best_model_path) if self.best.best_model_path else None
+
+    def on_train_start(self, trainer, pl_module):
+        self._seen = self._best_identity()  # best.ckpt as it was when this fit (re)started
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        now = self._best_identity()
+        if now is not None and now != self._seen:  # best.ckpt was written in this epoch
+            self._seen = now
+            if atomic_link(self.best.best_model_path, self.path):
+                return
+        trainer.save_checkpoint(str(self.path))
+
+
 def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str | None,
              patience: int, callbacks, loggers, progress, ckpt_dir: Path | None,
              max_steps: int = -1, name: str = "logs") -> tuple[L.Trainer, ModelCheckpoint | None]:
-    cbs = list(callbacks)
+    """The Lightning trainer of a phase. With a monitored metric: best.ckpt (written when the
+    metric improves), last.ckpt (every epoch, see LastCheckpoint) and early stopping, all
+    acting at train-epoch end in this order; the caller's callbacks come after them, so the
+    selecting ModelCheckpoint is the trainer's `checkpoint_callback` ("best")."""
+    cbs = []
     ckpt = None
     if monitor is not None:
         ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor, mode="max",
-                               save_top_k=1, save_last=True, enable_version_counter=False)
-        cbs += [ckpt, EarlyStopping(monitor=monitor, mode="max", patience=patience)]
+                               save_top_k=1, save_last=False, enable_version_counter=False,
+                               save_on_train_epoch_end=True)
+        cbs += [EarlyStopping(monitor=monitor, mode="max", patience=patience,
+                              check_on_train_epoch_end=True),
+                ckpt, LastCheckpoint(ckpt, ckpt_dir)]
+    cbs += list(callbacks)
     if progress is None:
         progress = os.isatty(2)
     trainer = L.Trainer(
         max_epochs=max_epochs, max_steps=max_steps, accelerator="auto", devices=1,
         precision=cfg.resolved_precision(), gradient_clip_val=cfg.grad_clip,
-        gradient_clip_algorithm="norm", callbacks=cbs,
+        gradient_clip_algorithm="norm", callbacks=cbs, plugins=[AtomicCheckpointIO()],
         logger=[CSVLogger(str(out_dir), name=name, version="")] + list(loggers),
         enable_progress_bar=bool(progress), enable_model_summary=False,
         num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1,
@@ -723,8 +797,9 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
                              monitor="val/mean_stm", patience=cfg.phase1_patience,
                              callbacks=callbacks, loggers=loggers, progress=progress,
                              ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs")
-    trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None)
-    trainer.test(module, datamodule=data, ckpt_path="best", verbose=False)
+    trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None,
+                weights_only=True)
+    trainer.test(module, datamodule=data, ckpt_path="best", verbose=False, weights_only=True)
     train_time = time.time() - t0
     meta = {"phase": 1, "train_config": cfg.to_dict(), "test": module.test_metrics,
             "history": module.history, "phase0": phase0, "train_time_s": train_time,
@@ -770,8 +845,11 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     last = out_dir / "ckpt" / "last.ckpt"
     if resume_from is None and last.is_file():
         resume_from = last
-    trainer.fit(module, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
-    trainer.test(module, datamodule=data, ckpt_path="best", verbose=False)
+    # weights_only=True: a checkpoint is data, never code, whatever torch's default or
+    # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says (everything saved is tensors and plain types)
+    trainer.fit(module, datamodule=data, ckpt_path=str(resume_from) if resume_from else None,
+                weights_only=True)
+    trainer.test(module, datamodule=data, ckpt_path="best", verbose=False, weights_only=True)
     counts = model.parameter_counts()
     trainable = sum(p.numel() for _, p in model.trainable_subset(cond.subset))
     best_model = out_dir / "best_model.pt"
@@ -800,6 +878,16 @@ def _best_index(history: list[dict], cond: Condition) -> int:
     key = f"val/{cond.select}"
     vals = [h.get(key, float("-inf")) for h in history]
     return max(range(len(vals)), key=lambda i: vals[i])
+
+
+def checkpoint_epoch(path: str | Path) -> int | None:
+    """The epoch stored in a Lightning checkpoint, read weights-only and memory-mapped, so its
+    tensors are not read (cheap even for a paper-size checkpoint); None if unreadable."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(ckpt["epoch"])
+    except Exception:
+        return None
 
 
 def _best_epoch(ckpt: ModelCheckpoint | None) -> int | None:

@@ -204,6 +204,12 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
     md = (lay.report_dir / "report.md").read_text()
     assert "| status | finished |" in md and "| preset | debug (given with --preset" in md
     assert md.index("## Headline numbers") < md.index("## What ran") < md.index("## Raw records")
+    # Tune keeps only meta.json per reported epoch; the weights are the trial's last.ckpt
+    for c, s in GRID:
+        kept = list((lay.experiment_dir / trial_name(c, s)).glob("checkpoint_*"))
+        assert kept and all(sorted(os.listdir(d)) == ["meta.json"] for d in kept), kept
+        meta = read_json(kept[-1] / "meta.json")
+        assert meta["final"] and meta["last_ckpt"] == str(lay.trial_dir(c, s) / "ckpt/last.ckpt")
     # status from disk
     rc, text = cli("status", "--root", str(root))
     assert rc == 0 and text.count("FINISHED") == 4, text
@@ -365,6 +371,67 @@ def test_driver_killed_mid_stage2_then_resumed(tmp_path):
         assert_same_training(read_json(lay.result_path(c, s)), reference(lay.run_dir, c, s))
     client, _, runs = mlflow_runs(f"sqlite:///{lay.mlflow_db}", "kill")
     check_trial_runs(client, runs, "kill", lay)  # one run per trial, no duplicate epochs
+
+
+# -- the MLflow server dies in the middle of Stage 2 (slow) ----------------------------------------
+
+
+@pytest.mark.slow
+def test_mlflow_server_killed_mid_stage2_trials_finish_and_resume_logs_them(tmp_path):
+    from pipelines.mlflow_server import LocalServer
+
+    store = tmp_path / "mlflow"
+    backend = f"sqlite:///{store / 'store.db'}"
+
+    def serve():
+        server = LocalServer(backend, store / "artifacts", log_path=store / "server.log")
+        return server.start(), server.wait_ready
+
+    root = tmp_path / "runs"
+    lay = Layout(root, "dead")
+    args = ["start", *BASE, "--root", str(root), "--name", "dead", "--max-concurrent", "1",
+            "--set", "max_epochs=4", "--set", "patience=4", "--set", "episodes_per_epoch=256"]
+    server, ready = serve()
+    log = open(tmp_path / "driver.log", "w")
+    proc = None
+    try:
+        uri = ready()
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
+                                env=_env({"MLFLOW_TRACKING_URI": uri}), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if lay.results_dir.is_dir() and list(lay.results_dir.glob("*.json")):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        server.stop()  # the tracking server dies; three trials are still to train
+        rc = proc.wait(420)
+    finally:
+        if proc is not None:
+            _kill_group(proc.pid)
+        log.close()
+        server.stop()
+    out = (tmp_path / "driver.log").read_text()
+    assert rc == 0, out[-4000:]  # every trial finished although tracking was gone
+    for c, s in GRID:
+        assert read_json(lay.result_path(c, s))["condition"] == c
+    pending = [(c, s) for c, s in GRID
+               if read_json(lay.trial_dir(c, s) / "trial.json").get("mlflow_pending")]
+    assert len(pending) >= 3, pending
+    assert "the next `make resume` logs them" in out
+
+    server, ready = serve()  # back, on the same store; resume logs what is pending
+    try:
+        rc, out = cli("resume", "--root", str(root), env={"MLFLOW_TRACKING_URI": ready()})
+    finally:
+        server.stop()
+    assert rc == 0, out[-4000:]
+    assert "from their result files" in out
+    client, _, runs = mlflow_runs(backend, "dead")
+    check_trial_runs(client, runs, "dead", lay)  # one FINISHED run per trial, every epoch
+    assert not any(read_json(lay.trial_dir(c, s) / "trial.json").get("mlflow_pending")
+                   for c, s in GRID)
 
 
 # -- a two-node Ray cluster on this machine (slow) ----------------------------------------------

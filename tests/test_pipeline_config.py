@@ -4,6 +4,7 @@ MLflow run naming and re-attachment, the Phase-1 hash gate, the on-disk status t
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -12,7 +13,14 @@ import pytest
 
 from pipelines import plan as planning
 from pipelines import run, stages
-from pipelines.layout import Layout, PipelineError, trial_key, trial_name, write_json
+from pipelines.layout import (
+    Layout,
+    PipelineError,
+    read_json,
+    trial_key,
+    trial_name,
+    write_json,
+)
 from pipelines.status import status_text, trial_rows
 from pipelines.tracking import Tracker, check_tracking_uri
 from pipelines.trial import Phase1Refused, check_phase1
@@ -272,3 +280,256 @@ def test_trial_context_is_typed_and_validated(tmp_path):
                      tracking_uri="http://127.0.0.1:5000")
     with pytest.raises(PipelineError, match="invalid pipeline name"):
         TrialContext(root=str(tmp_path), name="../x", train_config=cfg, phase1_sha256="a" * 64)
+
+
+# -- tracking never stalls or kills a trial; what it missed is logged from the results --------
+
+
+class FakeTune:
+    """`tune.report` / `tune.get_checkpoint` for a trial run in this process, doing what
+    Tune does with a reported checkpoint: copy its directory into storage (here, a list of
+    {file name: size}) and hand the latest one to a retried attempt."""
+
+    def __init__(self, storage: Path):
+        self.storage, self.reports, self.latest = storage, [], None
+
+    def report(self, metrics, checkpoint=None):
+        import shutil
+
+        from ray import tune
+
+        files = None
+        if checkpoint is not None:
+            dest = self.storage / f"checkpoint_{len(self.reports):06d}"
+            shutil.copytree(checkpoint.path, dest)
+            files = {p.name: p.stat().st_size for p in dest.rglob("*") if p.is_file()}
+            self.latest = tune.Checkpoint.from_directory(str(dest))
+        self.reports.append({"metrics": dict(metrics), "files": files})
+
+    def get_checkpoint(self):
+        return self.latest
+
+
+def run_trial_here(ctx, condition: str, seed: int, fake: FakeTune) -> float:
+    """pipelines.trial.train_trial in this process with FakeTune; the seconds it took."""
+    import pipelines.trial as trial_mod
+
+    fake.storage.mkdir(parents=True, exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        from ray import tune
+
+        mp.setattr(tune, "report", fake.report)
+        mp.setattr(tune, "get_checkpoint", fake.get_checkpoint)
+        mp.setattr(trial_mod, "_node_id", lambda: None)  # would start a Ray instance
+        import torch
+
+        threads = torch.get_num_threads()
+        t0 = time.time()
+        try:
+            trial_mod.train_trial({"condition": condition, "seed": seed}, ctx)
+        finally:
+            torch.set_num_threads(threads)
+    return time.time() - t0
+
+
+def _trial_ctx(root: Path, phase1: dict, tracking_uri: str | None = None,
+               experiment_id: str | None = None, **overrides):
+    from pipelines.trial import TrialContext
+    from pmnet.train import TrainConfig
+
+    lay = Layout(root, "t")
+    lay.phase1_dir.mkdir(parents=True, exist_ok=True)
+    src = Path(phase1["checkpoint"])
+    lay.phase1_ckpt.write_bytes(src.read_bytes())
+    Path(f"{lay.phase1_ckpt}.sha256").write_bytes(Path(f"{src}.sha256").read_bytes())
+    cfg = TrainConfig.from_name("debug", threads=1, **overrides).to_dict()
+    return TrialContext(root=str(root), name="t", train_config=cfg,
+                        phase1_sha256=phase1["sha256"], tracking_uri=tracking_uri,
+                        experiment_id=experiment_id)
+
+
+DEAD_TRIALS = (("consolidator_only", 42), ("learned_full", 43))
+
+
+@pytest.fixture(scope="module")
+def dead_server_trials(tmp_path_factory, phase1):
+    """Two trials trained in this process while their tracking server is unreachable, with
+    MLflow's own (minutes-long) retry settings in the environment."""
+    root = tmp_path_factory.mktemp("dead") / "runs"
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    ctx = _trial_ctx(root, phase1, tracking_uri=uri, experiment_id="1")
+    out = {"root": root, "uri": uri, "lay": ctx.layout, "trials": {}}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "7",
+                     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
+                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "120"}.items():
+            mp.setenv(k, v)
+        for c, s in DEAD_TRIALS:
+            fake = FakeTune(root.parent / "tune" / trial_name(c, s))
+            out["trials"][(c, s)] = {"fake": fake, "wall": run_trial_here(ctx, c, s, fake)}
+        out["env_after"] = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+    return out
+
+
+def test_a_dead_tracking_server_neither_stalls_nor_kills_a_trial(dead_server_trials):
+    from pipelines.tracking import TRACKING_LIMITS
+
+    lay = dead_server_trials["lay"]
+    for (c, s), t in dead_server_trials["trials"].items():
+        # trained to the end: result on disk, final report to Tune
+        res = read_json(lay.result_path(c, s))
+        assert res["condition"] == c and "updated_ltm" in res["test"]
+        assert t["fake"].reports[-1]["metrics"]["finished"] == 1
+        # bounded: one failing call (refused: ~2 s) and then nothing waits for the server;
+        # with MLflow's defaults (7 retries, backoff 2) the first call alone takes minutes
+        assert t["wall"] < 60, t["wall"]
+        info = read_json(lay.trial_dir(c, s) / "trial.json")
+        assert info["state"] == "FINISHED"
+        assert info["mlflow_pending"] is True
+        assert "attaching" in info["mlflow_pending_reason"]
+        assert dead_server_trials["uri"].split("//")[1] in info["mlflow_pending_reason"]
+        assert "mlflow_run_id" not in info
+    # the limits applied to the trial's calls only; the environment is left as it was
+    assert dead_server_trials["env_after"] == "7"
+    assert TRACKING_LIMITS.worst_case_s() < 40
+
+
+def test_tune_checkpoints_carry_no_weights_and_name_the_trials_last_ckpt(dead_server_trials):
+    lay = dead_server_trials["lay"]
+    for (c, s), t in dead_server_trials["trials"].items():
+        epochs = [r for r in t["fake"].reports if r["files"] is not None]
+        assert len(epochs) == len(read_json(lay.result_path(c, s))["history"]) >= 1
+        for r in epochs:  # only meta.json goes through Tune: no weights copied per epoch
+            assert set(r["files"]) == {"meta.json"} and r["files"]["meta.json"] < 1024
+        last = t["fake"].latest
+        meta = json.loads((Path(last.path) / "meta.json").read_text())
+        assert meta["last_ckpt"] == str(lay.trial_dir(c, s) / "ckpt" / "last.ckpt")
+        assert meta["final"] is True and meta["epoch"] == epochs[-1]["metrics"]["epoch"]
+        assert meta["last_ckpt_size"] == Path(meta["last_ckpt"]).stat().st_size
+
+
+def test_tracking_limits_bound_a_server_that_never_answers(tmp_path):
+    """MLflow applies the timeout and retry variables: a server that accepts connections
+    but never answers costs (retries + 1) x timeout, not MLflow's 8 x 120 s."""
+    from pipelines.tracking import HttpLimits, TrialTracking
+
+    with socket.socket() as hung:  # listening, never accepting: connects, never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        limits = HttpLimits(max_retries=1, backoff_factor=0, backoff_jitter=0.0, timeout_s=1,
+                            cooldown_s=3600)
+        tt = TrialTracking(uri, "1", key="t/x-s1", run_name="x-s1", parent_run_id=None,
+                           tags={}, params={"lr": 1}, trial_json=tmp_path / "trial.json",
+                           limits=limits)
+        t0 = time.time()
+        assert tt.attach() is False
+        first = time.time() - t0
+        for epoch in range(5):  # cooling down: skipped at once, not retried per epoch
+            tt.log_epoch({"val/x": 1.0}, epoch)
+        assert tt.record({"condition": "x", "seed": 1}, tmp_path / "r.json") is False
+        total = time.time() - t0
+    assert 1.5 < first < 10, first
+    assert total - first < 1, total
+    info = read_json(tmp_path / "trial.json")
+    assert info["mlflow_pending"] is True and "Timeout" in info["mlflow_pending_reason"]
+
+
+def test_backfill_logs_what_trials_could_not_from_their_result_files(dead_server_trials,
+                                                                      tmp_path):
+    from mlflow import MlflowClient
+
+    from pipelines.tracking import Runs, Tracker, backfill_results
+
+    lay = dead_server_trials["lay"]
+    # still down: bounded, non-fatal, everything stays pending
+    dead = Runs(tracker=Tracker(dead_server_trials["uri"]), uri=dead_server_trials["uri"],
+                experiment_id="1")
+    t0 = time.time()
+    assert backfill_results(lay, dead) == {"logged": 0, "pending": 2}
+    assert time.time() - t0 < 20
+    assert all(read_json(lay.trial_dir(c, s) / "trial.json")["mlflow_pending"]
+               for c, s in DEAD_TRIALS)
+
+    # a real store; one trial already has a RUNNING run with epoch 0 logged (it died
+    # during its final logging): that run is completed, not duplicated
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri)
+    exp = tracker.experiment("pmnet/t")
+    parent, _ = tracker.attach_run(exp, "t", run_name="t")
+    c1, s1 = DEAD_TRIALS[1]
+    early, _ = tracker.attach_run(exp, trial_key("t", c1, s1), run_name=trial_name(c1, s1),
+                                  parent_run_id=parent)
+    tracker.log_metrics(early, {"epoch": 0, "val/updated_ltm": 1.0}, step=0)
+    runs = Runs(tracker=tracker, uri=uri, experiment_id=exp, parent=parent)
+    assert backfill_results(lay, runs) == {"logged": 2, "pending": 0}
+
+    client = MlflowClient(uri)
+    for c, s in DEAD_TRIALS:
+        res = read_json(lay.result_path(c, s))
+        found = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', c, s)}'")
+        assert len(found) == 1
+        run = found[0]
+        assert run.info.status == "FINISHED" and run.info.run_name == trial_name(c, s)
+        assert run.data.tags["mlflow.parentRunId"] == parent
+        assert run.data.tags["phase1_sha256"] == res["phase1_sha256"]
+        assert run.data.params["model.hidden"] == "32" and run.data.params["seed"] == str(s)
+        assert run.data.metrics["test/updated_ltm"] == pytest.approx(res["test"]["updated_ltm"])
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch"))
+        assert steps == [h["epoch"] for h in res["history"]]  # each epoch once
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "result")] == [
+            f"result/{trial_name(c, s)}.json"]
+        info = read_json(lay.trial_dir(c, s) / "trial.json")
+        assert info["mlflow_run_id"] == run.info.run_id and info["mlflow_pending"] is False
+        assert "mlflow_pending_reason" not in info
+    assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', c1, s1)}'")[
+        0].info.run_id == early
+    # nothing left: a second pass logs nothing and duplicates nothing
+    assert backfill_results(lay, runs) == {"logged": 0, "pending": 0}
+    assert len(client.get_metric_history(early, "epoch")) == len(
+        read_json(lay.result_path(c1, s1))["history"])
+
+
+def _report_state(ckpt: Path) -> dict:
+    import torch
+
+    states = torch.load(ckpt, weights_only=True)["callbacks"]
+    return next(v for k, v in states.items() if "TuneReport" in k)
+
+
+def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
+        tmp_path, phase1, dead_server_trials, monkeypatch):
+    """The retry resumes from the trial directory's last.ckpt (Tune holds only meta.json),
+    with the report callback's and EarlyStopping's state: same result, same reported best."""
+    from pipelines.trial import FAULT_ENV
+
+    c, s = DEAD_TRIALS[0]
+    ref = dead_server_trials["trials"][(c, s)]["fake"].reports  # uninterrupted, same config
+    ref_result = read_json(dead_server_trials["lay"].result_path(c, s))
+    ctx = _trial_ctx(tmp_path / "runs", phase1)
+    monkeypatch.setenv(FAULT_ENV, str(tmp_path / "markers"))
+    fake = FakeTune(tmp_path / "tune")
+    with pytest.raises(RuntimeError, match="injected fault after epoch 0"):
+        run_trial_here(ctx, c, s, fake)
+    lay = ctx.layout
+    last = lay.trial_dir(c, s) / "ckpt" / "last.ckpt"
+    # last.ckpt holds the report callback's state after epoch 0, although it is written
+    # before that callback's epoch-end hook runs
+    assert _report_state(last) == {"best": pytest.approx(
+        ref_result["history"][0][f"val/{ref_result['select']}"], rel=1e-6), "final": False}
+    run_trial_here(ctx, c, s, fake)  # the retry, handed Tune's latest checkpoint
+    assert _report_state(last)["final"] is True
+    tries = [json.loads(line) for line in
+             (lay.trial_dir(c, s) / "attempts.jsonl").read_text().splitlines()]
+    assert len(tries) == 2 and tries[0]["resume_from"] is None
+    assert tries[1]["resume_from"] == str(lay.trial_dir(c, s) / "ckpt" / "last.ckpt")
+    assert tries[1]["resume_epoch"] == 0 and tries[1]["tune_checkpoint_epoch"] == 0
+    got = read_json(lay.result_path(c, s))
+    for key in ("test", "val", "best_epoch", "history"):
+        assert got[key] == ref_result[key], key
+
+    def per_epoch(reports):
+        return [(r["metrics"]["epoch"], r["metrics"].get("best/select"), set(r["files"]))
+                for r in reports if r["files"] is not None]
+
+    assert per_epoch(fake.reports) == per_epoch(ref)  # epoch 0, then 1 after the resume

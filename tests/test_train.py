@@ -1,23 +1,30 @@
 """Training: every phase and condition runs (fast_dev_run-sized), freezing is real, a killed
 run resumes to the same result, and bad input fails before training starts."""
 
+import errno
 import functools
 import json
 import math
+import os
+import pickle
 import shutil
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import Checkpoint
 
 from pmnet.config import ModelConfig
+from pmnet.io import atomic_link
 from pmnet.train import (
     CONDITIONS,
+    AtomicCheckpointIO,
     Phase0Module,
     Phase1Module,
     Phase2Module,
     TrainConfig,
+    checkpoint_epoch,
     init_consolidator,
     load_model_file,
     run_phase1,
@@ -91,6 +98,109 @@ def test_killed_run_resumes_to_the_same_result(phase1, tmp_path):
                          progress=False)
     assert resumed["test"] == full["test"]
     assert len(resumed["history"]) == len(full["history"]) == 2
+
+
+def test_each_epoch_writes_its_checkpoint_once(phase1, tmp_path, monkeypatch):
+    """One checkpoint write per epoch: last.ckpt, or best.ckpt when the metric improved
+    (last.ckpt is then a hard link to it); last.ckpt always holds the epoch just ended."""
+    _, p1 = phase1
+    cfg = TrainConfig.from_name("debug", **{**TINY, "max_epochs": 3, "patience": 3})
+    writes = []
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def counting(self, checkpoint, path, storage_options=None):
+        writes.append((Path(path).name, checkpoint["epoch"]))
+        return save(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", counting)
+    ckdir = tmp_path / "ckpt"
+
+    seen = []
+
+    class Probe(Checkpoint):  # a Checkpoint callback: runs after ModelCheckpoint and last.ckpt
+        def on_train_epoch_end(self, trainer, module):
+            seen.append((trainer.current_epoch, checkpoint_epoch(ckdir / "last.ckpt"),
+                         (ckdir / "last.ckpt").samefile(ckdir / "best.ckpt")))
+
+    res = run_phase2(cfg, condition="consolidator_only", seed=42, phase1_ckpt=p1["checkpoint"],
+                     out_dir=tmp_path, callbacks=[Probe()], progress=False)
+    n = len(res["history"])
+    assert n == 3
+    assert [epoch for _, epoch in writes] == list(range(n))  # exactly one write per epoch
+    assert [(e, e) for e, _, _ in seen] == [(e, got) for e, got, _ in seen]
+    linked = [same for _, _, same in seen]
+    assert linked == [name == "best.ckpt" for name, _ in writes]
+    assert writes[0][0] == "best.ckpt"  # the first epoch always improves
+    assert sorted(os.listdir(ckdir)) == ["best.ckpt", "last.ckpt"]  # no temporary files left
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("cannot pickle this")
+
+
+def test_atomic_checkpoint_write_keeps_the_old_file_when_saving_fails(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "ckpt" / "last.ckpt"
+    io.save_checkpoint({"epoch": 1, "w": torch.ones(3)}, path)
+    before = path.read_bytes()
+    with pytest.raises(RuntimeError, match="cannot pickle"):  # fails while serialising
+        io.save_checkpoint({"epoch": 2, "w": torch.zeros(3), "bad": _Unpicklable()}, path)
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as mp:  # fails after the bytes went out, before the rename
+        mp.setattr(os, "fsync", disk_full)
+        with pytest.raises(OSError, match="No space"):
+            io.save_checkpoint({"epoch": 3, "w": torch.zeros(1000)}, path)
+    assert path.read_bytes() == before and os.listdir(path.parent) == ["last.ckpt"]
+    assert torch.load(path, weights_only=True)["epoch"] == 1
+    # a hard link to it (last.ckpt as best.ckpt) is never written through
+    assert atomic_link(path, path.parent / "best.ckpt")
+    io.save_checkpoint({"epoch": 4}, path)
+    assert torch.load(path.parent / "best.ckpt", weights_only=True)["epoch"] == 1
+    assert torch.load(path, weights_only=True)["epoch"] == 4
+
+
+class _Payload:
+    """Unpickling this calls Path.write_text: proof that pickled code ran."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.write_text, (self.marker, "code from a checkpoint ran\n")
+
+
+def test_resume_refuses_a_checkpoint_that_carries_code(phase1, tmp_path, monkeypatch):
+    """Checkpoints are loaded weights-only, whatever torch's default: a pickled payload in
+    last.ckpt is refused at resume, not executed."""
+    _, p1 = phase1
+    cfg = TrainConfig.from_name("debug", **{**TINY, "max_epochs": 2})
+
+    class Crash(L.Callback):
+        def on_train_epoch_start(self, trainer, module):
+            if trainer.current_epoch == 1:
+                raise RuntimeError("injected crash in epoch 1")
+
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected"):
+        run_phase2(cfg, condition="consolidator_only", seed=43, phase1_ckpt=p1["checkpoint"],
+                   out_dir=out, callbacks=[Crash()], progress=False)
+    last = out / "ckpt" / "last.ckpt"
+    state = torch.load(last, weights_only=True)
+    marker = tmp_path / "pwned"
+    state["pmnet_history"].append({"epoch": 99, "note": _Payload(marker)})
+    last.unlink()  # last.ckpt is a hard link to best.ckpt here: replace, don't write through
+    torch.save(state, last)
+    # torch < 2.6 (the project allows >= 2.4) unpickles anything by default; this variable
+    # restores that default on newer torch, for any load that does not say weights_only
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        run_phase2(cfg, condition="consolidator_only", seed=43, phase1_ckpt=p1["checkpoint"],
+                   out_dir=out, progress=False)
+    assert not marker.exists()
 
 
 def test_tampered_or_missing_checkpoint_is_refused(phase1, tmp_path):
