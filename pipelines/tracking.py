@@ -3,7 +3,8 @@
 Embedded default: `<root>/mlflow.db` (SQLite) + `<root>/mlartifacts`. During a pipeline the
 driver serves that store with a local `mlflow server` on 127.0.0.1 and a free port, so the
 driver and every trial talk HTTP to one process instead of fighting over one SQLite file.
-`MLFLOW_TRACKING_URI` (or `--tracking-uri`) points at a server of your own instead.
+`MLFLOW_TRACKING_URI` (or `--tracking-uri`) points at a server of your own instead; a
+`sqlite:` URI is served like the embedded store (pipelines.mlflow_server).
 
 Runs are found again by the tag `run_key` (`<name>` for the pipeline's parent run,
 `<name>/stage1-phase1` ... for the stages, `<name>/<condition>-s<seed>` for trials, which
@@ -26,6 +27,7 @@ from urllib.parse import urlparse
 
 from pipelines.console import say
 from pipelines.layout import PipelineError, check_writable, read_json, write_json
+from pipelines.mlflow_server import absolute_sqlite_uri, sqlite_path
 from pipelines.provenance import git_commit, package_versions
 
 if TYPE_CHECKING:
@@ -42,9 +44,11 @@ MAX_PARAM_LEN = 6000
 
 
 def requested_tracking_uri(arg: str | None = None) -> str | None:
-    """`--tracking-uri`, else MLFLOW_TRACKING_URI, else None (the embedded store)."""
+    """`--tracking-uri`, else MLFLOW_TRACKING_URI, else None (the embedded store). A
+    relative `sqlite:` path is made absolute here, so the URI recorded for `resume` and
+    `report` names the same file from any directory."""
     uri = arg or os.environ.get("MLFLOW_TRACKING_URI") or None
-    return uri.strip() if uri else None
+    return absolute_sqlite_uri(uri.strip()) if uri else None
 
 
 def _is_http(uri: str) -> bool:
@@ -75,8 +79,7 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
                 "under the storage root.") from e
         return
     if parsed.scheme == "sqlite":
-        path = uri.split("sqlite:///", 1)[-1]
-        check_writable(Path(path).expanduser().absolute().parent)
+        check_writable(sqlite_path(uri).parent)
         return
     if parsed.scheme in ("", "file"):
         check_writable(Path(parsed.path if parsed.scheme else uri).expanduser().absolute())
@@ -248,7 +251,10 @@ def experiment_name(plan: Plan) -> str:
     return f"pmnet/{plan.name}"
 
 
-def open_tracking(plan: Plan, uri: str, embedded: bool) -> Runs:
+def open_tracking(plan: Plan, uri: str) -> Runs:
+    """Attach the pipeline's experiment and parent run at `uri` (where the driver and the
+    trials log: an http URI for a served store). tracking.json records the store the user
+    asked for (`embedded`, a `sqlite:` URI or a server), which `resume` and `report` use."""
     tracker = Tracker(uri)
     lay = plan.layout
     exp_id = tracker.experiment(experiment_name(plan), tags={"pipeline": plan.name,
@@ -268,12 +274,18 @@ def open_tracking(plan: Plan, uri: str, embedded: bool) -> Runs:
         "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
     runs = Runs(tracker=tracker, uri=uri, experiment_id=exp_id, parent=parent,
                 stages=dict(known.get("stages", {})))
-    write_json(lay.tracking_json, {"tracking_uri": EMBEDDED if embedded else uri,
+    write_json(lay.tracking_json, {"tracking_uri": plan.tracking_uri or EMBEDDED,
                                    "experiment_name": experiment_name(plan),
                                    "experiment_id": exp_id, "parent_run_id": parent,
                                    "stages": runs.stages})
+    if plan.tracking_uri is None:
+        where = f"the embedded store {lay.mlflow_db}, served at {uri}"
+    elif plan.tracking_uri != uri:
+        where = f"{plan.tracking_uri}, served at {uri}"
+    else:
+        where = uri
     say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent} "
-        f"at {'the embedded store ' + str(lay.mlflow_db) if embedded else uri}")
+        f"at {where}")
     return runs
 
 

@@ -4,6 +4,7 @@ MLflow run naming and re-attachment, the Phase-1 hash gate, the on-disk status t
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -264,3 +265,50 @@ def test_trial_context_is_typed_and_validated(tmp_path):
                      tracking_uri="http://127.0.0.1:5000")
     with pytest.raises(PipelineError, match="invalid pipeline name"):
         TrialContext(root=str(tmp_path), name="../x", train_config=cfg, phase1_sha256="a" * 64)
+
+
+# -- services: sqlite: URIs, the per-store server registry ------------------------------------
+
+
+def test_sqlite_tracking_uri_is_made_absolute_and_recorded_for_resume(tmp_path, monkeypatch):
+    from pipelines.mlflow_server import served_backend
+
+    monkeypatch.chdir(tmp_path)
+    plan = _plan(tmp_path, tracking_uri="sqlite:///store/user.db")
+    absolute = f"sqlite:///{tmp_path / 'store' / 'user.db'}"
+    assert plan.tracking_uri == absolute  # the same file from any directory
+    assert served_backend(plan.tracking_uri, plan.layout.root) == absolute  # served, not shared
+    assert served_backend(None, plan.layout.root) == f"sqlite:///{plan.layout.mlflow_db}"
+    assert served_backend("http://127.0.0.1:5000", plan.layout.root) is None
+    stages.write_meta(plan, status="running")
+    monkeypatch.chdir(tmp_path / "runs")
+    assert planning.plan_resume(root=tmp_path / "runs").tracking_uri == absolute
+    with pytest.raises(PipelineError, match="in-memory"):
+        _plan(tmp_path, name="mem", tracking_uri="sqlite://")
+
+
+def test_store_registry_counts_only_live_clients(tmp_path):
+    import subprocess
+    import sys
+
+    from pipelines.mlflow_guard import (
+        StoreFiles,
+        add_client,
+        live_clients,
+        registered_guard_alive,
+        remove_client,
+    )
+
+    store = StoreFiles(tmp_path / "mlflow.db")
+    mine = add_client(store)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = add_client(store, dead.pid)
+    assert live_clients(store) == [os.getpid()]
+    assert not gone.exists()  # a dead client's file is dropped
+    remove_client(mine)
+    assert live_clients(store) == []
+    assert registered_guard_alive({"pid": os.getpid(), "hostname": socket.gethostname(),
+                                   "start": None})
+    assert not registered_guard_alive({"pid": dead.pid, "hostname": socket.gethostname()})
+    assert not registered_guard_alive({"pid": os.getpid(), "hostname": "another-host"})
