@@ -1,9 +1,15 @@
-"""Ray for the pipeline: a local instance by default, or a cluster (RAY_ADDRESS / --ray-address)."""
+"""Ray for the pipeline: a local instance by default, or a cluster (RAY_ADDRESS / --ray-address).
+
+The local instance listens on 127.0.0.1 only (GCS, raylet, object manager, workers, agents):
+nothing of it is reachable from the network.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +20,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 PASS_ENV = ("PMNET_TEST_FAULT_ONCE",)  # test hooks forwarded to the Ray workers
+LOOPBACK = "127.0.0.1"
 
 
 def _ray_env() -> dict[str, str]:
@@ -25,8 +32,29 @@ def _ray_env() -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def _loopback_node_ip() -> Iterator[None]:
+    """Let `ray.init(_node_ip_address="127.0.0.1")` keep the loopback address.
+
+    A new local Ray node listens on all interfaces unless its node IP is 127.0.0.1, and
+    ray.init replaces a loopback `_node_ip_address` by the routable address
+    (`services.resolve_ip_for_localhost`) unless multi-node support is off, as it is on
+    macOS and Windows (`ray_constants.ENABLE_RAY_CLUSTER`). Ray has no public option for
+    this, so it is switched off for the one call that starts the local node and put back
+    afterwards; connecting to a cluster never goes through here."""
+    from ray._private import ray_constants as constants
+
+    before = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before
+
+
 def init_ray(plan: Plan):
-    """Local Ray by default (dashboard off, quiet); RAY_ADDRESS / --ray-address: a cluster."""
+    """Local Ray by default (loopback only, dashboard off, quiet); RAY_ADDRESS /
+    --ray-address: a cluster."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter: silent at 0
     if plan.ray_address:
         # Ray >= 2.59 starts clusters with token authentication, and a client connecting to
@@ -49,8 +77,10 @@ def init_ray(plan: Plan):
         ncpu = plan.num_cpus or os.cpu_count() or 1
         # address="local": always a new local instance, never another `ray start` cluster
         # that happens to run on this machine
-        ray.init(address="local", num_cpus=ncpu,
-                 object_store_memory=min(2 << 30, (512 << 20) + ncpu * (128 << 20)), **kwargs)
+        with _loopback_node_ip():
+            ray.init(address="local", num_cpus=ncpu, _node_ip_address=LOOPBACK,
+                     object_store_memory=min(2 << 30, (512 << 20) + ncpu * (128 << 20)),
+                     **kwargs)
     return ray
 
 

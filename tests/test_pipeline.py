@@ -457,7 +457,7 @@ def test_trials_share_one_gpu_with_fractional_resources(tmp_path):
         assert attempts(lay, c, s)[0]["cuda_visible_devices"] not in (None, "")
 
 
-# -- services: one MLflow server per store -------------------------------------------------------
+# -- services: one MLflow server per store, loopback-only local Ray ---------------------------------
 
 
 def _is_loopback(ip: str) -> bool:
@@ -569,3 +569,42 @@ def test_sqlite_tracking_uri_is_served_over_http_to_the_trials(tmp_path, monkeyp
     run = MlflowClient(plan.tracking_uri).get_run(runs.parent)  # the runs are in that file
     assert run.data.tags["run_key"] == "sq"
     assert (tmp_path / "mlartifacts").is_dir()  # artifacts beside the database
+
+
+class TestLocalRay:
+    """One local Ray instance (as the pipeline starts it) for the checks below."""
+
+    @pytest.fixture(scope="class")
+    def local_ray(self, tmp_path_factory):
+        from pipelines import cluster
+        from pipelines import plan as planning
+
+        root = tmp_path_factory.mktemp("local-ray") / "runs"
+        plan = planning.plan_new(root=root, name="local", preset="debug", grid="tiny",
+                                 num_cpus=1)
+        ray = cluster.init_ray(plan)
+        try:
+            yield plan, ray
+        finally:
+            ray.shutdown()
+
+    def test_listens_on_loopback_only(self, local_ray):
+        _, ray = local_ray
+
+        @ray.remote(num_cpus=0)
+        def worker_pid() -> int:
+            return os.getpid()
+
+        ray.get(worker_pid.remote())  # a worker process listens too
+        session = Path(ray._private.worker._global_node.get_session_dir_path()).name
+        pids = {os.getpid(), *processes_mentioning(session)}
+        for pid in list(pids):  # workers are the raylet's children, renamed ray::...
+            try:
+                pids |= {int(c) for c in
+                         Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+            except OSError:
+                pass
+        listening = _listening(pids)
+        names = {Path(_argv(pid)[0]).name for _, _, pid in listening}
+        assert {"gcs_server", "raylet"} <= names, listening  # not vacuous
+        assert [x for x in listening if not _is_loopback(x[0])] == []
