@@ -457,7 +457,7 @@ def test_trials_share_one_gpu_with_fractional_resources(tmp_path):
         assert attempts(lay, c, s)[0]["cuda_visible_devices"] not in (None, "")
 
 
-# -- services: one MLflow server per store, loopback-only local Ray ---------------------------------
+# -- services: one MLflow server per store, loopback-only local Ray, code shipping, storage -----
 
 
 def _is_loopback(ip: str) -> bool:
@@ -608,3 +608,55 @@ class TestLocalRay:
         names = {Path(_argv(pid)[0]).name for _, _, pid in listening}
         assert {"gcs_server", "raylet"} <= names, listening  # not vacuous
         assert [x for x in listening if not _is_loopback(x[0])] == []
+
+    def test_storage_check_passes_and_names_the_nodes_that_do_not_see_the_root(
+            self, local_ray, monkeypatch):
+        from pipelines.cluster import check_cluster, check_storage, probe_nodes
+        from pipelines.layout import PipelineError
+
+        plan, ray = local_ray
+        root = plan.layout.root
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        assert len(check_storage(root, ray)) == 1
+        assert not list(root.glob(".storage-check*"))  # the token is removed
+        # a node with its own disk at that path reads no token there
+        (root / "elsewhere").mkdir()
+        failed = probe_nodes(ray, nodes, str(root / "elsewhere"), ".token", "t\n")
+        assert list(failed.values()) and "cannot read" in next(iter(failed.values()))
+        # a node that cannot run the check (here: one that is not really there) is named,
+        # and the driver stops before Stage 1 with what to configure
+        lost = {**nodes[0], "NodeID": "ab" * 28, "NodeName": "10.9.9.9"}
+        monkeypatch.setattr(ray, "nodes", lambda: [*nodes, lost])
+        with pytest.raises(PipelineError) as err:
+            check_cluster(plan, ray)
+        text = str(err.value)
+        assert f"1 of 2 Ray nodes do not see the storage root {root}" in text
+        assert "10.9.9.9 (node abababababab)" in text and nodes[0]["NodeID"][:12] not in text
+        assert "shared filesystem" in text and "same path on every node" in text
+
+
+SHIPPED = """
+import sys, types
+sys.path.insert(0, sys.argv[1])  # the driver finds the code; nothing tells the workers
+from pipelines.cluster import init_ray
+ray = init_ray(types.SimpleNamespace(ray_address=None, num_cpus=1))
+
+@ray.remote(num_cpus=0)
+def where():
+    import pipelines.cluster, pmnet, tune_spaces
+    return [pipelines.cluster.__file__, pmnet.__file__, tune_spaces.__file__]
+
+print(*ray.get(where.remote()))
+ray.shutdown()
+"""
+
+
+def test_workers_get_the_code_from_the_runtime_env(tmp_path):
+    env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", SHIPPED, str(REPO)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    files = r.stdout.split()
+    assert len(files) == 3
+    # unpacked from the job's py_modules, not imported from this checkout or the venv
+    assert all("/runtime_resources/py_modules_files/" in f for f in files), files

@@ -267,7 +267,7 @@ def test_trial_context_is_typed_and_validated(tmp_path):
         TrialContext(root=str(tmp_path), name="../x", train_config=cfg, phase1_sha256="a" * 64)
 
 
-# -- services: sqlite: URIs, the per-store server registry ------------------------------------
+# -- services: sqlite: URIs, the per-store server registry, the storage probe ----------------
 
 
 def test_sqlite_tracking_uri_is_made_absolute_and_recorded_for_resume(tmp_path, monkeypatch):
@@ -312,3 +312,19 @@ def test_store_registry_counts_only_live_clients(tmp_path):
                                    "start": None})
     assert not registered_guard_alive({"pid": dead.pid, "hostname": socket.gethostname()})
     assert not registered_guard_alive({"pid": os.getpid(), "hostname": "another-host"})
+
+
+def test_storage_probe_says_why_a_node_does_not_see_the_root(tmp_path):
+    from pipelines.cluster import probe_storage
+
+    root = tmp_path / "shared"
+    root.mkdir()
+    (root / ".token").write_text("abc\n")
+    assert probe_storage(str(root), ".token", "abc\n") is None
+    assert sorted(p.name for p in root.iterdir()) == [".token"]  # its own write is removed
+    local = tmp_path / "local-disk"  # what a node without the shared mount has at that path
+    local.mkdir()
+    assert "cannot read" in probe_storage(str(local), ".token", "abc\n")
+    (local / ".token").write_text("another driver's token\n")
+    assert "different filesystem" in probe_storage(str(local), ".token", "abc\n")
+    assert "cannot read" in probe_storage(str(tmp_path / "not-mounted"), ".token", "abc\n")
