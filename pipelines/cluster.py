@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipelines.console import say
 from pipelines.layout import PipelineError
 
 if TYPE_CHECKING:
@@ -121,7 +122,9 @@ def check_cluster(plan: Plan, ray) -> tuple[float, float]:
     if sp.cpus_per_trial > cpus:
         raise PipelineError(f"the grid asks {sp.cpus_per_trial:g} CPUs per trial but the "
                             f"largest Ray node has {cpus:g}; lower --cpus-per-trial")
-    check_storage(plan.layout.root, ray)
+    checked = check_storage(plan.layout.root, ray)
+    if plan.ray_address:
+        say(f"[pipeline] all {len(checked)} Ray nodes see the storage root {plan.layout.root}")
     return cpus, gpus
 
 

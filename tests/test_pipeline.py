@@ -412,6 +412,7 @@ def test_two_node_cluster_runs_the_debug_pipeline(tmp_path):
                       env={"RAY_ADDRESS": address})
         assert rc == 0, out[-4000:]
         assert f"Ray cluster {address}" in out
+        assert f"all 2 Ray nodes see the storage root {root}" in out  # checked before Stage 1
         lay = Layout(root, "cluster")
         used = {attempts(lay, c, s)[0]["node_id"] for c, s in GRID}
         assert len(used) == 2, f"trials ran on {used}"
