@@ -16,7 +16,7 @@ from pipelines.cluster import check_cluster, init_ray
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.lock import RunLock
-from pipelines.mlflow_server import LocalServer, embedded_backend
+from pipelines.mlflow_server import server_for
 from pipelines.plan import Plan
 from pipelines.stages import stage1_finish, stage1_start, stage2, stage3, timing_record, write_meta
 from pipelines.tracking import Runs, backfill_results, experiment_name, open_tracking
@@ -52,14 +52,12 @@ def _execute(plan: Plan) -> int:
         f"{f' + {sp.gpus_per_trial:g} GPU' if sp.gpus_per_trial else ''} per trial, "
         f"max_failures {sp.max_failures}")
 
-    server = None
     runs = Runs()
-    if plan.tracking_uri is None:  # embedded store: serve it while the pipeline runs
-        server = LocalServer(embedded_backend(lay.root), lay.mlartifacts,
-                             host=plan.mlflow_host, log_path=lay.logs_dir / "mlflow-server.log")
-        server.start()
+    server = server_for(plan)  # a SQLite store (embedded or sqlite:) is served, shared per store
     ray = None
     try:
+        if server is not None:
+            server.start()
         t_ray = time.time()
         ray = init_ray(plan)
         cpus, gpus = check_cluster(plan, ray)
@@ -69,7 +67,7 @@ def _execute(plan: Plan) -> int:
         job = stage1_start(plan, ray, cpus, gpus)  # runs while the MLflow server starts
         kill_point("stage1-submitted")
         uri = server.wait_ready() if server is not None else plan.tracking_uri
-        runs = open_tracking(plan, uri, server is not None)
+        runs = open_tracking(plan, uri)
         digest, p1_time = stage1_finish(plan, ray, job, runs)
         s2 = stage2(plan, runs, digest)
         kill_point("stage2-done")

@@ -2,6 +2,7 @@
 
     <root>/                              storage root (absolute; shared storage on a cluster)
       mlflow.db  mlartifacts/            embedded MLflow store (all pipelines of this root)
+      mlflow.db.server.json/.server.lock/.clients/   its one server (pipelines.mlflow_guard)
       LAST                               name of the most recently started pipeline
       <name>/                            one pipeline run
         pipeline.json                    what ran: preset, grid, resources, phase1 sha256, ...

@@ -187,19 +187,14 @@ def cmd_status(a) -> int:
 
 def cmd_report(a) -> int:
     from pipelines.layout import last_pipeline, read_json
-    from pipelines.mlflow_server import LocalServer, embedded_backend
+    from pipelines.mlflow_server import server_for
     from pipelines.plan import plan_resume
     from pipelines.stages import stage3
-    from pipelines.tracking import (
-        EMBEDDED,
-        Runs,
-        Tracker,
-        check_tracking_uri,
-        requested_tracking_uri,
-    )
+    from pipelines.tracking import Runs, Tracker
 
     root = Path(a.root).expanduser().absolute()
     name = a.name or last_pipeline(root)
+    # the store the pipeline recorded (or --tracking-uri): a SQLite one is served again
     plan = plan_resume(root=root, name=name, tracking_uri=a.tracking_uri)
     lay = plan.layout
     known = read_json(lay.tracking_json, {}) or {}
@@ -207,20 +202,12 @@ def cmd_report(a) -> int:
     server = None
     try:
         if not a.no_mlflow and known.get("parent_run_id"):
-            uri = requested_tracking_uri(a.tracking_uri)
-            if uri is None and known.get("tracking_uri") not in (None, EMBEDDED):
-                uri = known["tracking_uri"]
-            if uri is None:
-                server = LocalServer(embedded_backend(root), lay.mlartifacts,
-                                     log_path=lay.logs_dir / "mlflow-server.log")
-                server.start()
-                uri = server.wait_ready()
-            else:
-                check_tracking_uri(uri)
+            server = server_for(plan)
+            uri = server.start().wait_ready() if server is not None else plan.tracking_uri
             runs = Runs(tracker=Tracker(uri), uri=uri,
-                               experiment_id=known.get("experiment_id"),
-                               parent=known.get("parent_run_id"),
-                               stages=dict(known.get("stages", {})))
+                        experiment_id=known.get("experiment_id"),
+                        parent=known.get("parent_run_id"),
+                        stages=dict(known.get("stages", {})))
         ok = stage3(plan, runs)
     finally:
         if server is not None:

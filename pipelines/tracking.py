@@ -3,7 +3,8 @@
 Embedded default: `<root>/mlflow.db` (SQLite) + `<root>/mlartifacts`. During a pipeline the
 driver serves that store with a local `mlflow server` on 127.0.0.1 and a free port, so the
 driver and every trial talk HTTP to one process instead of fighting over one SQLite file.
-`MLFLOW_TRACKING_URI` (or `--tracking-uri`) points at a server of your own instead.
+`MLFLOW_TRACKING_URI` (or `--tracking-uri`) points at a server of your own instead; a
+`sqlite:` URI is served like the embedded store (pipelines.mlflow_server).
 
 Runs are found again by the tag `run_key` (`<name>` for the pipeline's parent run,
 `<name>/stage1-phase1` ... for the stages, `<name>/<condition>-s<seed>` for trials, which
@@ -42,6 +43,7 @@ from pipelines.layout import (
     update_json,
     write_json,
 )
+from pipelines.mlflow_server import absolute_sqlite_uri, sqlite_path
 from pipelines.provenance import git_commit, package_versions
 
 if TYPE_CHECKING:
@@ -154,9 +156,11 @@ class TrackingGuard:
 
 
 def requested_tracking_uri(arg: str | None = None) -> str | None:
-    """`--tracking-uri`, else MLFLOW_TRACKING_URI, else None (the embedded store)."""
+    """`--tracking-uri`, else MLFLOW_TRACKING_URI, else None (the embedded store). A
+    relative `sqlite:` path is made absolute here, so the URI recorded for `resume` and
+    `report` names the same file from any directory."""
     uri = arg or os.environ.get("MLFLOW_TRACKING_URI") or None
-    return uri.strip() if uri else None
+    return absolute_sqlite_uri(uri.strip()) if uri else None
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
@@ -166,7 +170,8 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     MLflow's own store registry knows (so a typo such as "not a uri" is refused, not taken
     as a directory). `file:` stores and bare paths are refused as MLflow 3 refuses them (the
     file backend is in maintenance mode) - before Ray starts rather than after. A `sqlite:`
-    database must be an absolute path whose directory exists and is writable.
+    database's directory must exist and be writable (a relative path is taken from the
+    current directory by `requested_tracking_uri`).
     """
     parsed = urlparse(uri)
     if parsed.scheme in ("http", "https"):
@@ -188,12 +193,7 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
         raise PipelineError(f"tracking URI {uri!r} is not one MLflow can use "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
     if parsed.scheme == "sqlite":
-        raw = uri.split("sqlite:///", 1)[-1] if uri.startswith("sqlite:///") else ""
-        path = Path("/" + raw.lstrip("/")) if uri.startswith("sqlite:////") else Path(raw)
-        if not raw or not path.is_absolute():
-            raise PipelineError(f"tracking URI {uri!r}: give the database as an absolute "
-                                "path, sqlite:////abs/path/mlflow.db (four slashes)")
-        parent = path.parent
+        parent = sqlite_path(uri).parent  # relative paths were made absolute already
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
             raise PipelineError(f"tracking URI {uri!r}: directory {parent} does not exist "
                                 "or is not writable")
@@ -397,14 +397,17 @@ def experiment_name(plan: Plan) -> str:
     return f"pmnet/{plan.name}"
 
 
-def open_tracking(plan: Plan, uri: str, embedded: bool) -> Runs:
-    """The experiment and the parent run. Bounded by TRACKING_LIMITS but fatal: the driver
-    calls it before any trial starts, and the server was checked reachable when planning."""
+def open_tracking(plan: Plan, uri: str) -> Runs:
+    """Attach the pipeline's experiment and parent run at `uri` (where the driver and the
+    trials log: an http URI for a served store). tracking.json records the store the user
+    asked for (`embedded`, a `sqlite:` URI or a server), which `resume` and `report` use.
+    Bounded by TRACKING_LIMITS but fatal: the driver calls it before any trial starts, and
+    the server was checked reachable when planning."""
     with TRACKING_LIMITS.applied():
-        return _open_tracking(plan, uri, embedded)
+        return _open_tracking(plan, uri)
 
 
-def _open_tracking(plan: Plan, uri: str, embedded: bool) -> Runs:
+def _open_tracking(plan: Plan, uri: str) -> Runs:
     tracker = Tracker(uri)
     lay = plan.layout
     exp_id = tracker.experiment(experiment_name(plan), tags={"pipeline": plan.name,
@@ -424,12 +427,18 @@ def _open_tracking(plan: Plan, uri: str, embedded: bool) -> Runs:
         "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
     runs = Runs(tracker=tracker, uri=uri, experiment_id=exp_id, parent=parent,
                 stages=dict(known.get("stages", {})))
-    write_json(lay.tracking_json, {"tracking_uri": EMBEDDED if embedded else uri,
+    write_json(lay.tracking_json, {"tracking_uri": plan.tracking_uri or EMBEDDED,
                                    "experiment_name": experiment_name(plan),
                                    "experiment_id": exp_id, "parent_run_id": parent,
                                    "stages": runs.stages})
+    if plan.tracking_uri is None:
+        where = f"the embedded store {lay.mlflow_db}, served at {uri}"
+    elif plan.tracking_uri != uri:
+        where = f"{plan.tracking_uri}, served at {uri}"
+    else:
+        where = uri
     say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent} "
-        f"at {'the embedded store ' + str(lay.mlflow_db) if embedded else uri}")
+        f"at {where}")
     return runs
 
 

@@ -486,6 +486,7 @@ def test_two_node_cluster_runs_the_debug_pipeline(tmp_path):
                       env={"RAY_ADDRESS": address})
         assert rc == 0, out[-4000:]
         assert f"Ray cluster {address}" in out
+        assert f"all 2 Ray nodes see the storage root {root}" in out  # checked before Stage 1
         lay = Layout(root, "cluster")
         used = {attempts(lay, c, s)[0]["node_id"] for c, s in GRID}
         assert len(used) == 2, f"trials ran on {used}"
@@ -529,3 +530,208 @@ def test_trials_share_one_gpu_with_fractional_resources(tmp_path):
     for c, s in GRID:
         assert read_json(lay.result_path(c, s))["config"]["precision"] == "auto"
         assert attempts(lay, c, s)[0]["cuda_visible_devices"] not in (None, "")
+
+
+# -- services: one MLflow server per store, loopback-only local Ray, code shipping, storage -----
+
+
+def _is_loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip == "::1" or ip.startswith("::ffff:127.")
+
+
+def _listening(pids: set[int]) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every TCP socket listening in one of `pids`."""
+    import importlib
+
+    import ray  # noqa: F401  (puts Ray's bundled psutil on sys.path)
+
+    psutil = importlib.import_module("psutil")
+    return [(c.laddr.ip, c.laddr.port, c.pid) for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids]
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="ignore").split("\0")
+    except OSError:
+        return []
+
+
+CLIENT = """
+import sys
+from pathlib import Path
+from pipelines.mlflow_server import LocalServer
+db = Path(sys.argv[1])
+server = LocalServer(f"sqlite:///{db}", db.parent / "mlartifacts")
+print(server.start().wait_ready(), flush=True)
+sys.stdin.read()  # a pipeline runs until its driver leaves (EOF) or is killed
+server.stop()
+"""
+
+
+def test_two_drivers_on_one_store_share_one_mlflow_server(tmp_path):
+    import urllib.request
+
+    db = tmp_path / "runs" / "mlflow.db"
+    db.parent.mkdir()
+    clients, urls = [], []
+    try:
+        for _ in range(2):
+            clients.append(subprocess.Popen(
+                [sys.executable, "-c", CLIENT, str(db)], cwd=REPO, env=_env(),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                start_new_session=True))
+            urls.append(clients[-1].stdout.readline().strip())
+        url_a, url_b = urls
+        assert url_a.startswith("http://127.0.0.1:") and url_b == url_a
+        servers = [p for p in processes_mentioning(str(db)) if _argv(p)[1:4] == ["-m", "mlflow",
+                                                                                 "server"]]
+        guards = [p for p in processes_mentioning(str(db)) if "pipelines.mlflow_guard" in _argv(p)]
+        assert len(servers) == 1 and len(guards) == 1, (servers, guards)
+        tree = {*servers, *guards}
+        for pid in list(tree):  # the uvicorn process the CLI spawns listens
+            tree |= {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+        listening = _listening(tree)
+        assert listening and all(_is_loopback(ip) for ip, _, _ in listening), listening
+        # the first driver leaves: the server stays for the second
+        clients[0].stdin.close()
+        assert clients[0].wait(30) == 0
+        with urllib.request.urlopen(url_a + "/health", timeout=10) as r:
+            assert r.status == 200
+        assert [p for p in guards if processes_mentioning(str(db)).count(p)] == guards
+        # the second driver dies without cleanup: the guard stops the server
+        os.kill(clients[1].pid, signal.SIGKILL)
+        clients[1].wait(10)
+        assert wait_gone(str(db), timeout=30) == []
+        assert not db.with_name("mlflow.db.server.json").exists()
+    finally:
+        for c in clients:
+            _kill_group(c.pid)
+        for pid in processes_mentioning(str(db)):
+            _kill_group(pid)
+
+
+def test_sqlite_tracking_uri_is_served_over_http_to_the_trials(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from pipelines import plan as planning
+    from pipelines.mlflow_server import server_for
+    from pipelines.stages import trial_context, write_meta
+    from pipelines.tracking import open_tracking
+
+    monkeypatch.chdir(tmp_path)
+    plan = planning.plan_new(root=tmp_path / "runs", name="sq", preset="debug", grid="tiny",
+                             tracking_uri="sqlite:///user.db")
+    write_meta(plan, status="running")
+    server = server_for(plan)
+    again = None
+    try:
+        uri = server.start().wait_ready()
+        assert uri.startswith("http://127.0.0.1:")
+        runs = open_tracking(plan, uri)
+        ctx = trial_context(plan, runs, "0" * 64)
+        assert ctx.tracking_uri == uri  # trials log over HTTP, never to the SQLite file
+        recorded = read_json(plan.layout.tracking_json)["tracking_uri"]
+        assert recorded == plan.tracking_uri == f"sqlite:///{tmp_path / 'user.db'}"
+        # `resume` serves the same store again: here it joins the running server
+        again = server_for(planning.plan_resume(root=tmp_path / "runs", name="sq"))
+        assert again.start().wait_ready() == uri and again.reused
+    finally:
+        if again is not None:
+            again.stop()
+        server.stop()
+    assert wait_gone(str(tmp_path / "user.db")) == []
+    run = MlflowClient(plan.tracking_uri).get_run(runs.parent)  # the runs are in that file
+    assert run.data.tags["run_key"] == "sq"
+    assert (tmp_path / "mlartifacts").is_dir()  # artifacts beside the database
+
+
+class TestLocalRay:
+    """One local Ray instance (as the pipeline starts it) for the checks below."""
+
+    @pytest.fixture(scope="class")
+    def local_ray(self, tmp_path_factory):
+        from pipelines import cluster
+        from pipelines import plan as planning
+
+        root = tmp_path_factory.mktemp("local-ray") / "runs"
+        plan = planning.plan_new(root=root, name="local", preset="debug", grid="tiny",
+                                 num_cpus=1)
+        ray = cluster.init_ray(plan)
+        try:
+            yield plan, ray
+        finally:
+            ray.shutdown()
+
+    def test_listens_on_loopback_only(self, local_ray):
+        _, ray = local_ray
+
+        @ray.remote(num_cpus=0)
+        def worker_pid() -> int:
+            return os.getpid()
+
+        ray.get(worker_pid.remote())  # a worker process listens too
+        session = Path(ray._private.worker._global_node.get_session_dir_path()).name
+        pids = {os.getpid(), *processes_mentioning(session)}
+        for pid in list(pids):  # workers are the raylet's children, renamed ray::...
+            try:
+                pids |= {int(c) for c in
+                         Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+            except OSError:
+                pass
+        listening = _listening(pids)
+        names = {Path(_argv(pid)[0]).name for _, _, pid in listening}
+        assert {"gcs_server", "raylet"} <= names, listening  # not vacuous
+        assert [x for x in listening if not _is_loopback(x[0])] == []
+
+    def test_storage_check_passes_and_names_the_nodes_that_do_not_see_the_root(
+            self, local_ray, monkeypatch):
+        from pipelines.cluster import check_cluster, check_storage, probe_nodes
+        from pipelines.layout import PipelineError
+
+        plan, ray = local_ray
+        root = plan.layout.root
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        assert len(check_storage(root, ray)) == 1
+        assert not list(root.glob(".storage-check*"))  # the token is removed
+        # a node with its own disk at that path reads no token there
+        (root / "elsewhere").mkdir()
+        failed = probe_nodes(ray, nodes, str(root / "elsewhere"), ".token", "t\n")
+        assert list(failed.values()) and "cannot read" in next(iter(failed.values()))
+        # a node that cannot run the check (here: one that is not really there) is named,
+        # and the driver stops before Stage 1 with what to configure
+        lost = {**nodes[0], "NodeID": "ab" * 28, "NodeName": "10.9.9.9"}
+        monkeypatch.setattr(ray, "nodes", lambda: [*nodes, lost])
+        with pytest.raises(PipelineError) as err:
+            check_cluster(plan, ray)
+        text = str(err.value)
+        assert f"1 of 2 Ray nodes do not see the storage root {root}" in text
+        assert "10.9.9.9 (node abababababab)" in text and nodes[0]["NodeID"][:12] not in text
+        assert "shared filesystem" in text and "same path on every node" in text
+
+
+SHIPPED = """
+import sys, types
+sys.path.insert(0, sys.argv[1])  # the driver finds the code; nothing tells the workers
+from pipelines.cluster import init_ray
+ray = init_ray(types.SimpleNamespace(ray_address=None, num_cpus=1))
+
+@ray.remote(num_cpus=0)
+def where():
+    import pipelines.cluster, pmnet, tune_spaces
+    return [pipelines.cluster.__file__, pmnet.__file__, tune_spaces.__file__]
+
+print(*ray.get(where.remote()))
+ray.shutdown()
+"""
+
+
+def test_workers_get_the_code_from_the_runtime_env(tmp_path):
+    env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", SHIPPED, str(REPO)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    files = r.stdout.split()
+    assert len(files) == 3
+    # unpacked from the job's py_modules, not imported from this checkout or the venv
+    assert all("/runtime_resources/py_modules_files/" in f for f in files), files

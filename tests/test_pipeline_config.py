@@ -533,3 +533,66 @@ def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
                 for r in reports if r["files"] is not None]
 
     assert per_epoch(fake.reports) == per_epoch(ref)  # epoch 0, then 1 after the resume
+
+
+# -- services: sqlite: URIs, the per-store server registry, the storage probe ----------------
+
+
+def test_sqlite_tracking_uri_is_made_absolute_and_recorded_for_resume(tmp_path, monkeypatch):
+    from pipelines.mlflow_server import served_backend
+
+    monkeypatch.chdir(tmp_path)
+    plan = _plan(tmp_path, tracking_uri="sqlite:///store/user.db")
+    absolute = f"sqlite:///{tmp_path / 'store' / 'user.db'}"
+    assert plan.tracking_uri == absolute  # the same file from any directory
+    assert served_backend(plan.tracking_uri, plan.layout.root) == absolute  # served, not shared
+    assert served_backend(None, plan.layout.root) == f"sqlite:///{plan.layout.mlflow_db}"
+    assert served_backend("http://127.0.0.1:5000", plan.layout.root) is None
+    stages.write_meta(plan, status="running")
+    monkeypatch.chdir(tmp_path / "runs")
+    assert planning.plan_resume(root=tmp_path / "runs").tracking_uri == absolute
+    with pytest.raises(PipelineError, match="in-memory"):
+        _plan(tmp_path, name="mem", tracking_uri="sqlite://")
+
+
+def test_store_registry_counts_only_live_clients(tmp_path):
+    import subprocess
+    import sys
+
+    from pipelines.mlflow_guard import (
+        StoreFiles,
+        add_client,
+        live_clients,
+        registered_guard_alive,
+        remove_client,
+    )
+
+    store = StoreFiles(tmp_path / "mlflow.db")
+    mine = add_client(store)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = add_client(store, dead.pid)
+    assert live_clients(store) == [os.getpid()]
+    assert not gone.exists()  # a dead client's file is dropped
+    remove_client(mine)
+    assert live_clients(store) == []
+    assert registered_guard_alive({"pid": os.getpid(), "hostname": socket.gethostname(),
+                                   "start": None})
+    assert not registered_guard_alive({"pid": dead.pid, "hostname": socket.gethostname()})
+    assert not registered_guard_alive({"pid": os.getpid(), "hostname": "another-host"})
+
+
+def test_storage_probe_says_why_a_node_does_not_see_the_root(tmp_path):
+    from pipelines.cluster import probe_storage
+
+    root = tmp_path / "shared"
+    root.mkdir()
+    (root / ".token").write_text("abc\n")
+    assert probe_storage(str(root), ".token", "abc\n") is None
+    assert sorted(p.name for p in root.iterdir()) == [".token"]  # its own write is removed
+    local = tmp_path / "local-disk"  # what a node without the shared mount has at that path
+    local.mkdir()
+    assert "cannot read" in probe_storage(str(local), ".token", "abc\n")
+    (local / ".token").write_text("another driver's token\n")
+    assert "different filesystem" in probe_storage(str(local), ".token", "abc\n")
+    assert "cannot read" in probe_storage(str(tmp_path / "not-mounted"), ".token", "abc\n")
