@@ -191,6 +191,7 @@ def check_storage(root: Path, ray, timeout: float = STORAGE_CHECK_TIMEOUT_S) -> 
     token_name = f".storage-check-{secrets.token_hex(8)}"
     token = f"{socket.gethostname()} {os.getpid()} {time.time()} {secrets.token_hex(16)}\n"
     token_path = Path(root) / token_name
+    token_path.parent.mkdir(parents=True, exist_ok=True)
     token_path.write_text(token)
     try:
         failures = probe_nodes(ray, nodes, str(root), token_name, token, timeout)

@@ -542,6 +542,10 @@ def test_sqlite_tracking_uri_is_made_absolute_and_recorded_for_resume(tmp_path, 
     from pipelines.mlflow_server import served_backend
 
     monkeypatch.chdir(tmp_path)
+    with pytest.raises(PipelineError, match="does not exist"):  # nothing is created
+        _plan(tmp_path, tracking_uri="sqlite:///store/user.db")
+    assert not (tmp_path / "store").exists()
+    (tmp_path / "store").mkdir()
     plan = _plan(tmp_path, tracking_uri="sqlite:///store/user.db")
     absolute = f"sqlite:///{tmp_path / 'store' / 'user.db'}"
     assert plan.tracking_uri == absolute  # the same file from any directory
