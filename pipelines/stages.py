@@ -318,14 +318,22 @@ def stage2(plan: Plan, runs: Runs, digest: str, *, precheck: bool = True) -> dic
     exp_dir = lay.experiment_dir
     t0 = time.time()
     _retire_stale_experiment(lay, digest)
+    tuner = None
     if tune.Tuner.can_restore(str(exp_dir)):
         n_done = sum(1 for c, s in sp.trials if lay.result_path(c, s).is_file())
-        say(f"[stage 2/3] continuing the Tune experiment {exp_dir}: {n_done}/{sp.n_trials} "
-            "results on disk; finished trials are kept, unfinished and errored ones resume "
-            "from their last checkpoints")
-        tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
-                                   resume_errored=True)
-    else:
+        try:
+            tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable,
+                                       resume_unfinished=True, resume_errored=True)
+            say(f"[stage 2/3] continuing the Tune experiment {exp_dir}: {n_done}/"
+                f"{sp.n_trials} results on disk; finished trials are kept, unfinished and "
+                "errored ones resume from their last checkpoints")
+        except Exception as e:  # e.g. a tuner.pkl truncated by a full disk
+            aside = lay.run_dir / f"{exp_dir.name}-damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+            exp_dir.rename(aside)
+            say(f"[stage 2/3] the Tune experiment's state cannot be read ({type(e).__name__}: "
+                f"{e}); moved to {aside.name}. A new experiment starts: the {n_done} finished "
+                "results are kept, unfinished trials restart their training")
+    if tuner is None:
         say(f"[stage 2/3] {sp.n_trials} trials -> {exp_dir}")
         tuner = tune.Tuner(
             trainable, param_space=sp.param_space(),

@@ -267,7 +267,8 @@ def test_disk_full_during_stage2_then_freed_and_resumed(tmp_path, reference):
         sees = first_error(out)
         filler.unlink()
         rc, out2 = cli("resume", "--root", str(root), "--name", "d")
-        assert rc == 0, out2[-3000:]
+        err = root / "d" / "logs" / "driver-error.txt"
+        assert rc == 0, out2[-3000:] + (err.read_text()[-3000:] if err.is_file() else "")
         assert_nothing_lost(root / "d", reference)
         record("disk-full", code=f"{proc.returncode}, then 0 after freeing space", sees=sees)
     finally:
