@@ -47,6 +47,7 @@ from pipelines.layout import (
 )
 from pmnet.io import atomic_copy
 
+log = logging.getLogger("pipelines.trial")
 FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
 
 
@@ -318,6 +319,27 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
                 | {"condition": condition, "seed": seed})
 
 
+CKPT_ORIGIN = "ckpt_origin.json"  # the Phase-1 sha256 the trial's ckpt/ descends from
+
+
+def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
+    """Make the trial's `ckpt/` belong to Phase-1 checkpoint `digest`: Lightning checkpoints
+    trained from another Phase-1 checkpoint (Phase 1 was retrained), or of unknown origin,
+    are removed so the trial cannot resume from them. Returns why something was removed."""
+    trial_dir = Path(trial_dir)
+    ckpt_dir, origin = trial_dir / "ckpt", trial_dir / CKPT_ORIGIN
+    known = (read_json(origin, {}) or {}).get("phase1_sha256")
+    why = None
+    if known != digest and ckpt_dir.is_dir() and any(ckpt_dir.iterdir()):
+        why = (f"checkpoints trained from Phase-1 {known[:12]}..." if known else
+               "checkpoints of unknown Phase-1 origin") + f", not {digest[:12]}..."
+        shutil.rmtree(ckpt_dir)
+        log.warning("trial %s: removed %s", trial_dir.name, why)
+    if known != digest:
+        write_json(origin, {"phase1_sha256": digest})
+    return why
+
+
 def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, bool, dict]:
     """(checkpoint to resume from, whether its epoch was final, Tune's meta.json).
 
@@ -347,6 +369,9 @@ def _train_and_record(layout, cfg, cond, condition, seed, digest, tracking, resu
                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                "resume_from": None, "kind": "reuse" if done else "train", **setup}
     if done is None:
+        discarded = discard_foreign_checkpoints(tdir, digest)
+        if discarded:
+            attempt["discarded"] = discarded
         with (ckpt.as_directory() if ckpt else _nulldir()) as ckdir:
             resume_from, resume_final, meta = _resume_point(ckdir, tdir / "ckpt" / "last.ckpt")
             if resume_from is not None:

@@ -311,6 +311,7 @@ def test_bad_phase1_checkpoint_is_refused_then_retrained(kind, tmp_path, referen
     rc, out2 = cli("resume", "--root", str(root), "--name", kind)
     assert rc == 0, out2[-3000:]
     assert "moved to stage2-phase1-" in out2  # trials of the old checkpoint are not reused
+    assert any("discarded" in a for c, s in GRID for a in _attempts(lay, c, s))
     assert_nothing_lost(lay.run_dir, reference)
     record(f"{kind}-checkpoint", code="2, then 0 after `rm -r phase1`", sees=first_error(out))
 
