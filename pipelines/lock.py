@@ -125,9 +125,3 @@ class RunLock:
             except OSError:
                 pass
             os.close(fd)
-
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
