@@ -36,7 +36,8 @@ EXPERIMENT_DIRNAME = "stage2"
 # Phase-2-only fields of TrainConfig: changing them does not change the Phase-1 checkpoint.
 PHASE2_ONLY_FIELDS = ("lr", "episodes_per_epoch", "max_epochs", "patience", "seeds",
                       "conditions", "detach_ltm", "notes", "threads", "consolidator_init_std",
-                      "consolidator_lr", "consolidator_weight_decay", "initial_ltm_loss")
+                      "consolidator_lr", "consolidator_weight_decay", "initial_ltm_loss",
+                      "segments", "ltm_graph")
 
 
 class PipelineError(RuntimeError):

@@ -6,7 +6,8 @@ the training objective. All recall metrics are percentages.
 
 Metric names (used everywhere: logs, MLflow, result JSON, CSV):
 
-    updated_ltm              updated mapping after both consolidations and the final reset
+    updated_ltm              updated (last) mapping after every consolidation and the final
+                             reset: segment T's query (T = 2 in the paper)
     initial_ltm              initial mapping after the first consolidation and reset
     forced_identity          updated_ltm of the same checkpoint with identity consolidation
     forced_identity_initial  initial_ltm likewise
@@ -18,8 +19,19 @@ Metric names (used everywhere: logs, MLflow, result JSON, CSV):
     mismatched_donor_follow  how often that answer follows the donor's rule (episodes where
                              the donor's answer differs from the episode's)
     seg1_stm, seg2_stm       immediate STM recall on the auxiliary trajectories
-    mean_stm                 mean of seg1_stm and seg2_stm
+                             (seg3_stm ... seg{T}_stm for episodes of T > 2 segments)
+    mean_stm                 mean of seg1_stm .. seg{T}_stm
     dual                     mean of updated_ltm and mean_stm (dual-objective selection)
+
+Episodes of T segments (issue 11; computed by default when T > 2, on request for T = 2 with
+`positions=True`), all after the last consolidation and reset, i.e. from the final LTM:
+
+    final_ltm_seg{t}           recall of segment t's mapping: segment t's query, scored
+                               against theta_t (t = 1..T; final_ltm_seg{T} == updated_ltm)
+    final_ltm_seg{t}_distinct  the same over the episodes where theta_t and theta_T answer
+                               segment t's query differently (t < T; NaN if none)
+    updated_ltm_follow_seg{t}  how often the final query's answer is theta_t's instead of
+                               theta_T's, over the episodes where they differ (t < T)
 
 Every recall metric M also has M_add10, M_affine10 (rule family), M_bijective,
 M_nonbijective (rule of the queried segment), M_baseline (accuracy of the output-set
@@ -37,16 +49,30 @@ from torch import Tensor
 
 from pmnet import task
 from pmnet.model import PMNet
-from pmnet.runner import RunOptions, run_episodes
+from pmnet.runner import RunOptions, query_segment, run_episodes
 
 CHANCE = 10.0
 DIGIT_IDS = torch.tensor(task.DIGIT_TOKENS, dtype=torch.long)
-# which segment's query each recall metric asks (0: segment 1, 1: segment 2)
+# which segment's query each recall metric asks (0: segment 1, 1: segment 2, -1: the last
+# segment, whose query is the final one; the same as 1 for the paper's two segments)
 QUERY_SEGMENT = {
-    "updated_ltm": 1, "initial_ltm": 0, "forced_identity": 1, "forced_identity_initial": 0,
-    "alternative_mode": 1, "fresh_ltm": 1, "mismatched_ltm": 1, "seg1_stm": 0, "seg2_stm": 1,
+    "updated_ltm": -1, "initial_ltm": 0, "forced_identity": -1, "forced_identity_initial": 0,
+    "alternative_mode": -1, "fresh_ltm": -1, "mismatched_ltm": -1, "seg1_stm": 0,
+    "seg2_stm": 1,
 }
 RECALL_METRICS = tuple(QUERY_SEGMENT)
+
+
+def segment_index(name: str) -> int | None:
+    """Index into a segment axis of the segment whose query recall metric (or query kind)
+    `name` asks; None for a name that is not one. The alternative pass's
+    `alternative_mode_initial` asks segment 1's query, like `initial_ltm`."""
+    if name in QUERY_SEGMENT:
+        return QUERY_SEGMENT[name]
+    if name == "alternative_mode_initial":
+        return 0
+    t = query_segment(name)
+    return None if t is None else t - 1
 
 
 def digit_prediction(logits: Tensor) -> Tensor:
@@ -54,17 +80,20 @@ def digit_prediction(logits: Tensor) -> Tensor:
     return logits.index_select(-1, DIGIT_IDS.to(logits.device)).argmax(-1)
 
 
-def _passes(consolidation: str, ltm_routing: bool, full: bool, stm: bool, ltm: bool = True):
+def _passes(consolidation: str, ltm_routing: bool, full: bool, stm: bool, ltm: bool = True,
+            n_seg: int = task.N_SEGMENTS, positions: bool = False):
     """(name, RunOptions, {query kind: metric name}) of each forward pass to run."""
+    stm_q = {f"seg{t}_stm": f"seg{t}_stm" for t in range(1, n_seg + 1)}
     if not ltm:  # STM recall only (Phase 1)
-        q = {"seg1_stm": "seg1_stm", "seg2_stm": "seg2_stm"}
-        return [("stm", RunOptions(consolidation, ltm_routing, queries=tuple(q)), q)]
+        return [("stm", RunOptions(consolidation, ltm_routing, queries=tuple(stm_q)), stm_q)]
     other = "identity" if consolidation == "learned" else "learned"
     main_q = {"updated_ltm": "updated_ltm"}
     if full:
         main_q["initial_ltm"] = "initial_ltm"
     if full or stm:
-        main_q.update(seg1_stm="seg1_stm", seg2_stm="seg2_stm")
+        main_q.update(stm_q)
+    if positions:
+        main_q.update({f"final_ltm_seg{t}": f"final_ltm_seg{t}" for t in range(1, n_seg + 1)})
     passes = [("main", RunOptions(consolidation, ltm_routing, queries=tuple(main_q)), main_q)]
     if full:
         alt_q = {"updated_ltm": "alternative_mode", "initial_ltm": "alternative_mode_initial"}
@@ -80,22 +109,28 @@ def _passes(consolidation: str, ltm_routing: bool, full: bool, stm: bool, ltm: b
 
 @torch.no_grad()
 def episode_outcomes(model: PMNet, batch, *, consolidation: str, ltm_routing: bool,
-                     full: bool = True, stm: bool = True, ltm: bool = True
-                     ) -> dict[str, Tensor]:
+                     full: bool = True, stm: bool = True, ltm: bool = True,
+                     positions: bool | None = None) -> dict[str, Tensor]:
     """Per-episode predictions (digit) and losses for every metric, one batch.
 
-    full: also the alternative-mode, fresh and mismatched passes; stm: the STM queries;
-    ltm=False: only the STM queries (Phase 1).
+    full: also the alternative-mode, fresh and mismatched passes; stm: the STM queries (of
+    every segment); ltm=False: only the STM queries (Phase 1); positions: the per-segment
+    queries of the final LTM (`final_ltm_seg{t}`; None: when full and the episodes have more
+    than two segments).
     """
     out: dict[str, Tensor] = {}
     full = full and ltm
-    for _, opts, names in _passes(consolidation, ltm_routing, full, stm, ltm):
+    n_seg = batch.seg_tokens.shape[1]
+    if positions is None:
+        positions = full and n_seg > task.N_SEGMENTS
+    for _, opts, names in _passes(consolidation, ltm_routing, full, stm, ltm, n_seg,
+                                  positions and ltm):
         logits = run_episodes(model, batch, opts)
         for kind, name in names.items():
             lg = logits[kind].float()
-            seg = 0 if kind in ("initial_ltm", "seg1_stm") else 1
             out[f"pred/{name}"] = digit_prediction(lg)
-            out[f"loss/{name}"] = F.cross_entropy(lg, batch.target[:, seg], reduction="none")
+            out[f"loss/{name}"] = F.cross_entropy(lg, batch.target[:, segment_index(kind)],
+                                                  reduction="none")
     if full:  # forced identity is whichever pass used identity consolidation
         src = "alternative_mode" if consolidation == "learned" else "updated_ltm"
         src_init = "alternative_mode_initial" if consolidation == "learned" else "initial_ltm"
@@ -105,15 +140,20 @@ def episode_outcomes(model: PMNet, batch, *, consolidation: str, ltm_routing: bo
     return out
 
 
+def _pct(hit: Tensor, mask: Tensor) -> float:
+    return 100 * hit[mask].float().mean().item() if mask.any() else float("nan")
+
+
 def summarize(outcomes: dict[str, Tensor], stream) -> dict[str, float]:
     """Turn per-episode outcomes over a whole stream into the named metrics."""
     metrics: dict[str, float] = {}
     fam = stream.family
+    n_seg = stream.seg_tokens.shape[1]
     for key in sorted(outcomes):
         kind, name = key.split("/", 1)
-        if kind != "pred" or name not in QUERY_SEGMENT:
+        seg = segment_index(name)
+        if kind != "pred" or seg is None or name == "alternative_mode_initial":
             continue
-        seg = QUERY_SEGMENT[name]
         pred = outcomes[key]
         correct = (pred == stream.target_digit[:, seg]).float()
         bij = stream.bijective[:, seg]
@@ -132,14 +172,28 @@ def summarize(outcomes: dict[str, Tensor], stream) -> dict[str, float]:
         metrics[f"{name}_in_unshown"] = 100 * in_unshown.mean().item()
         metrics[f"loss_{name}"] = outcomes[f"loss/{name}"].mean().item()
     if "pred/mismatched_ltm" in outcomes:  # only where the donor's answer differs
-        differs = stream.donor_target_digit != stream.target_digit[:, 1]
+        differs = stream.donor_target_digit != stream.target_digit[:, -1]
         follow = outcomes["pred/mismatched_ltm"][differs] == stream.donor_target_digit[differs]
         metrics["mismatched_donor_follow"] = 100 * follow.float().mean().item()
-    if "seg1_stm" in metrics and "seg2_stm" in metrics:
-        metrics["mean_stm"] = (metrics["seg1_stm"] + metrics["seg2_stm"]) / 2
+    if "pred/final_ltm_seg1" in outcomes:  # the per-segment metrics of the final LTM
+        last = stream.theta[:, -1]
+        for t in range(1, n_seg):
+            qx = stream.query_x[:, t - 1]
+            differs = task.answer(stream.theta[:, t - 1], qx) != task.answer(last, qx)
+            hit = outcomes[f"pred/final_ltm_seg{t}"] == stream.target_digit[:, t - 1]
+            metrics[f"final_ltm_seg{t}_distinct"] = _pct(hit, differs)
+        if "pred/updated_ltm" in outcomes:
+            final = stream.final_answers()  # (N, T): every rule at the final query
+            for t in range(1, n_seg):
+                differs = final[:, t - 1] != final[:, -1]
+                hit = outcomes["pred/updated_ltm"] == final[:, t - 1]
+                metrics[f"updated_ltm_follow_seg{t}"] = _pct(hit, differs)
+    stm_names = [f"seg{t}_stm" for t in range(1, n_seg + 1)]
+    if all(name in metrics for name in stm_names):
+        metrics["mean_stm"] = sum(metrics[name] for name in stm_names) / n_seg
         for split in ("add10", "affine10"):
-            metrics[f"mean_stm_{split}"] = (metrics[f"seg1_stm_{split}"]
-                                            + metrics[f"seg2_stm_{split}"]) / 2
+            metrics[f"mean_stm_{split}"] = sum(metrics[f"{name}_{split}"]
+                                               for name in stm_names) / n_seg
         if "updated_ltm" in metrics:
             metrics["dual"] = (metrics["updated_ltm"] + metrics["mean_stm"]) / 2
     return metrics
@@ -147,9 +201,10 @@ def summarize(outcomes: dict[str, Tensor], stream) -> dict[str, float]:
 
 def evaluate(model: PMNet, stream, *, consolidation: str, ltm_routing: bool,
              batch_size: int = 250, full: bool = True, stm: bool = True, ltm: bool = True,
-             progress: bool = False, autocast_dtype: torch.dtype | None = None
-             ) -> dict[str, float]:
-    """Every metric on a stream (an EpisodeBatch), in batches, on the model's device."""
+             progress: bool = False, autocast_dtype: torch.dtype | None = None,
+             positions: bool | None = None) -> dict[str, float]:
+    """Every metric on a stream (an EpisodeBatch of any number of segments), in batches, on
+    the model's device."""
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     RunOptions(consolidation, ltm_routing)  # validates both before any work
@@ -168,7 +223,8 @@ def evaluate(model: PMNet, stream, *, consolidation: str, ltm_routing: bool,
             with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
                                 enabled=autocast_dtype is not None):
                 res = episode_outcomes(model, batch, consolidation=consolidation,
-                                       ltm_routing=ltm_routing, full=full, stm=stm, ltm=ltm)
+                                       ltm_routing=ltm_routing, full=full, stm=stm, ltm=ltm,
+                                       positions=positions)
             for k, v in res.items():
                 chunks.setdefault(k, []).append(v.cpu())
     finally:

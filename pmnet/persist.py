@@ -161,14 +161,15 @@ def _inference(model: PMNet):
 
 
 def consolidate_batch(model: PMNet, batch, opts: RunOptions) -> MemoryState:
-    """The persistent trajectory up to the final reset: LTM after both boundaries."""
+    """The persistent trajectory up to the final reset: LTM after every boundary."""
     with _inference(model):
         return persistent_state(model, batch, opts)
 
 
 def answer_final(model: PMNet, batch, state: MemoryState, *, ltm_routing: bool) -> Tensor:
-    """The final (segment-2) queries asked of `state`: logits (N, V) at the last token."""
+    """The final (last segment's) queries asked of `state`: logits (N, V) at the last
+    token."""
     with _inference(model):
-        logits, _ = model(batch.query_tokens[:, 1], state, ltm_routing=ltm_routing,
+        logits, _ = model(batch.query_tokens[:, -1], state, ltm_routing=ltm_routing,
                           logits="last")
     return logits

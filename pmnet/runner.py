@@ -3,52 +3,89 @@
 One function, `run_episodes`, serves training (Phase 1 and Phase 2 losses) and evaluation
 (every metric of the paper), so every condition is scored by one code path.
 
-Persistent trajectory (Appendix "Exact Memory-Episode Procedure"):
+Persistent trajectory (Appendix "Exact Memory-Episode Procedure"), for an episode of T
+segments (T = 2 in the paper; `pmnet.task` makes T = 2..8):
 
-    for segment d in (1, 2):
+    for segment d in (1, ..., T):
         process the 40-token demonstration context (routed STM writes, LTM reads)
         consolidate occupied STM groups into LTM (Eq. 8, learned or forced identity)
         clear KV cache and STM; keep LTM
         [initial_ltm: after d = 1, ask segment 1's query on a branch of the state]
-    updated_ltm: ask segment 2's query with no demonstrations            (Eq. 10 target)
+    updated_ltm: ask segment T's query with no demonstrations           (Eq. 10 target)
+    final_ltm_seg{t}: ask segment t's query of that same final state   (t = 1..T)
 
-Immediate STM queries (`seg1_stm`, `seg2_stm`) run on separate auxiliary trajectories:
+`final_ltm_seg{t}` is recall of segment t's mapping after the last consolidation; for t = T
+it is `updated_ltm` itself (the same logits).
+
+Immediate STM queries (`seg1_stm`, ..., `seg{T}_stm`) run on separate auxiliary trajectories:
 segment d's context alone from an empty memory (no LTM), clear the KV cache, ask the query.
 They never feed the persistent trajectory (every state operation returns a new state).
 Because the persistent trajectory's first segment also starts from an empty memory with the
 same tokens, the auxiliary trajectory of segment 1 is that very state, branched before the
-first consolidation (identical values, one forward pass saved); segment 2's auxiliary
-trajectory is a separate forward pass from an empty memory. The Consolidator therefore
-cannot influence STM recall, as in the paper (89.90 for every Consolidator-only seed).
+first consolidation (identical values, one forward pass saved); every later segment's
+auxiliary trajectory is a separate forward pass from an empty memory. The Consolidator
+therefore cannot influence STM recall, as in the paper (89.90 for every Consolidator-only seed).
 
 Experience: "correct" (the episode's own segments), "mismatched" (the donor's segments,
 same family, other parameters, recipient's address token; Section 5.3), or "fresh" (no
 segment is processed: LTM stays at the zero phase vector).
+
+Gradient through the boundaries (`ltm_graph`; the forward values never change):
+
+    full       the graph is kept across every boundary (the paper's setting): the final
+               loss reaches every consolidation and, through LTM-conditioned routing and
+               reads, every earlier segment
+    truncated  truncated BPTT: LTM is detached after every boundary except the last, so a
+               query's loss reaches only the last consolidation before it (the final query:
+               boundary T; `initial_ltm`: boundary 1), never an earlier one
+    detached   LTM is detached after every boundary, the last included: no query's loss
+               reaches any consolidation (`detach_ltm=True`, the older spelling)
+
+Clearing KV and STM at a boundary leaves LTM as the only path between segments, so
+detaching LTM cuts every gradient path across that boundary.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from torch import Tensor
 
 from pmnet.model import PMNet
+from pmnet.task import MAX_SEGMENTS
 
-QUERY_KINDS = ("updated_ltm", "initial_ltm", "seg1_stm", "seg2_stm")
+STM_KINDS = tuple(f"seg{t}_stm" for t in range(1, MAX_SEGMENTS + 1))
+FINAL_KINDS = tuple(f"final_ltm_seg{t}" for t in range(1, MAX_SEGMENTS + 1))
+QUERY_KINDS = ("updated_ltm", "initial_ltm") + STM_KINDS + FINAL_KINDS
 EXPERIENCES = ("correct", "mismatched", "fresh")
 MODES = ("learned", "identity")
+LTM_GRAPHS = ("full", "truncated", "detached")
+
+
+_SEGMENT_KIND = re.compile(r"^(?:seg(\d+)_stm|final_ltm_seg(\d+))$")
+
+
+def query_segment(kind: str) -> int | None:
+    """The segment (1-based) whose query and mapping a `seg{t}_stm` or `final_ltm_seg{t}`
+    kind names; None for any other kind."""
+    m = _SEGMENT_KIND.match(kind)
+    return int(m.group(1) or m.group(2)) if m else None
 
 
 @dataclass(frozen=True)
 class RunOptions:
     """How one pass through a batch of episodes is run.
 
-    consolidation: "learned" (C_psi) or "identity" (raw S accumulation) at both boundaries.
+    consolidation: "learned" (C_psi) or "identity" (raw S accumulation) at every boundary.
     ltm_routing: the direct L term of Eq. 9 on (True) or off (False).
     experience: which experience fills LTM: "correct", "mismatched" or "fresh".
-    detach_ltm: detach LTM after each boundary (`detach_long_term_between_sleeps`; the
-        paper's reported runs use False: the graph is kept across both boundaries).
-    queries: which of QUERY_KINDS to ask.
+    detach_ltm: detach LTM after each boundary, the last included (`ltm_graph="detached"`;
+        the paper's reported runs use False: the graph is kept across both boundaries).
+    queries: which of QUERY_KINDS to ask (`seg{t}_stm` and `final_ltm_seg{t}` up to the
+        episodes' number of segments).
+    ltm_graph: "full", "truncated" or "detached" (see the module docstring); detach_ltm=True
+        means "detached" and cannot be combined with "truncated".
     """
 
     consolidation: str
@@ -56,6 +93,7 @@ class RunOptions:
     experience: str = "correct"
     detach_ltm: bool = False
     queries: tuple[str, ...] = ("updated_ltm",)
+    ltm_graph: str = "full"
 
     def __post_init__(self):
         if self.consolidation not in MODES:
@@ -69,9 +107,21 @@ class RunOptions:
         unknown = [q for q in self.queries if q not in QUERY_KINDS]
         if unknown:
             raise ValueError(f"unknown query kind(s) {unknown}; known: {QUERY_KINDS}")
-        stm = {"seg1_stm", "seg2_stm"} & set(self.queries)
+        stm = set(STM_KINDS) & set(self.queries)
         if stm and self.experience != "correct":
             raise ValueError(f"STM queries {sorted(stm)} need experience='correct'")
+        if not isinstance(self.detach_ltm, bool):
+            raise ValueError(f"detach_ltm must be a bool, got {self.detach_ltm!r}")
+        if self.ltm_graph not in LTM_GRAPHS:
+            raise ValueError(f"ltm_graph must be one of {LTM_GRAPHS}, got {self.ltm_graph!r}")
+        if self.detach_ltm and self.ltm_graph == "truncated":
+            raise ValueError("detach_ltm=True detaches LTM after every boundary (ltm_graph="
+                             "'detached'); it cannot be combined with ltm_graph='truncated'")
+
+    @property
+    def graph(self) -> str:
+        """The effective gradient mode: "detached" when detach_ltm, else `ltm_graph`."""
+        return "detached" if self.detach_ltm else self.ltm_graph
 
 
 def stm_query(model: PMNet, context: Tensor, query: Tensor) -> Tensor:
@@ -84,35 +134,52 @@ def stm_query(model: PMNet, context: Tensor, query: Tensor) -> Tensor:
 
 
 def persistent_state(model: PMNet, batch, opts: RunOptions, on_segment=None):
-    """The persistent trajectory up to the final reset: for each segment of the experience,
-    process it, consolidate (Eq. 8), clear KV and STM (and detach LTM if asked). Returns the
-    state whose LTM answers the final query. `on_segment(d, before, after)` is called with
-    the state before the boundary and after the reset of segment d (0 or 1)."""
+    """The persistent trajectory up to the final reset: for each of the T segments of the
+    experience, process it, consolidate (Eq. 8), clear KV and STM, and detach LTM as
+    `opts.graph` says. Returns the state whose LTM answers the final query.
+    `on_segment(d, before, after)` is called with the state before the boundary and after the
+    reset of segment d (0-based); `after` carries the graph a query asked right there may
+    use (under "truncated", through boundary d only; the trajectory goes on detached)."""
     state = model.init_state(batch.seg_tokens.shape[0], device=batch.seg_tokens.device)
     if opts.experience == "fresh":
         return state
     segments = batch.seg_tokens if opts.experience == "correct" else batch.donor_seg_tokens
-    for d in range(2):
+    n_seg = segments.shape[1]
+    graph = opts.graph
+    for d in range(n_seg):
         _, before = model(segments[:, d], state, ltm_routing=opts.ltm_routing, logits="none")
         state = model.consolidate(before, mode=opts.consolidation).clear_context()
-        if opts.detach_ltm:
+        if graph == "detached":
             state = state.detach_ltm()
         if on_segment is not None:
             on_segment(d, before, state)
+        if graph == "truncated" and d < n_seg - 1:
+            state = state.detach_ltm()
     return state
 
 
-def run_episodes(model: PMNet, batch, opts: RunOptions) -> dict[str, Tensor]:
-    """Run a batch of episodes (a `pmnet.task.EpisodeBatch`) through the lifecycle.
+def _ordered(out: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: out[k] for k in QUERY_KINDS if k in out}
 
-    Returns {query kind: logits (N, V) at the query's last (delimiter) position}.
+
+def run_episodes(model: PMNet, batch, opts: RunOptions) -> dict[str, Tensor]:
+    """Run a batch of episodes (a `pmnet.task.EpisodeBatch` of T segments) through the
+    lifecycle.
+
+    Returns {query kind: logits (N, V) at the query's last (delimiter) position}. A
+    `seg{t}_stm` or `final_ltm_seg{t}` kind with t > T is refused (ValueError).
     """
+    n_seg = batch.seg_tokens.shape[1]
+    beyond = [q for q in opts.queries if (query_segment(q) or 0) > n_seg]
+    if beyond:
+        raise ValueError(f"queries {beyond} name a segment beyond the episodes' {n_seg}")
     out: dict[str, Tensor] = {}
-    if not {"updated_ltm", "initial_ltm"} & set(opts.queries):  # STM queries only
-        for d, kind in enumerate(("seg1_stm", "seg2_stm")):
+    final_kinds = set(FINAL_KINDS[:n_seg]) & set(opts.queries)
+    if not ({"updated_ltm", "initial_ltm"} & set(opts.queries) or final_kinds):
+        for d, kind in enumerate(STM_KINDS[:n_seg]):  # STM queries only
             if kind in opts.queries:
                 out[kind] = stm_query(model, batch.seg_tokens[:, d], batch.query_tokens[:, d])
-        return out
+        return _ordered(out)
     routing = opts.ltm_routing
     q1 = batch.query_tokens[:, 0]
 
@@ -128,9 +195,20 @@ def run_episodes(model: PMNet, batch, opts: RunOptions) -> dict[str, Tensor]:
     state = persistent_state(model, batch, opts, on_segment=after_segment)
     if opts.experience == "fresh" and "initial_ltm" in opts.queries:
         out["initial_ltm"], _ = model(q1, state, ltm_routing=routing, logits="last")
-    if "updated_ltm" in opts.queries:
-        out["updated_ltm"], _ = model(batch.query_tokens[:, 1], state, ltm_routing=routing,
+    last = FINAL_KINDS[n_seg - 1]
+    if "updated_ltm" in opts.queries or last in final_kinds:
+        out["updated_ltm"], _ = model(batch.query_tokens[:, -1], state, ltm_routing=routing,
                                       logits="last")
-    if "seg2_stm" in opts.queries:
-        out["seg2_stm"] = stm_query(model, batch.seg_tokens[:, 1], batch.query_tokens[:, 1])
-    return {k: out[k] for k in QUERY_KINDS if k in out}
+        if last in final_kinds:
+            out[last] = out["updated_ltm"]  # segment T's query of the final state
+            if "updated_ltm" not in opts.queries:
+                del out["updated_ltm"]
+    for d, kind in enumerate(FINAL_KINDS[: n_seg - 1]):
+        if kind in final_kinds:
+            out[kind], _ = model(batch.query_tokens[:, d], state, ltm_routing=routing,
+                                 logits="last")
+    for d in range(1, n_seg):
+        if STM_KINDS[d] in opts.queries:
+            out[STM_KINDS[d]] = stm_query(model, batch.seg_tokens[:, d],
+                                          batch.query_tokens[:, d])
+    return _ordered(out)

@@ -65,6 +65,26 @@ donor's rule may agree with the recipient's at that input (then following the do
 answering correctly are indistinguishable); analyses may want to restrict to
 ``donor_target_digit != target_digit[:, 1]``.
 
+Longer memory episodes (T segments; issue 11)
+---------------------------------------------
+``segments=T`` (2..8, default 2) gives episodes of T segments at the same address and in the
+same family; every later segment updates the mapping, as segment 2 does:
+
+* ``theta_1`` is uniform over the family's rules and each ``theta_t`` uniform over the rules
+  not used by segments 1..t-1, so the T rules of an episode all differ (feasible up to T = 9:
+  ADD10 has 9 rules). For T = 2 this is exactly ``theta_2 != theta_1``.
+* Each segment has 8 distinct demonstrations and a held-out query not among them; the query of
+  every segment t >= 2 separates the previous rule from the new one,
+  ``f_theta_{t-1}(q_t) != f_theta_t(q_t)`` (same sampler as above). The final query is the
+  last segment's: it separates the last two rules. Earlier rules may agree with the last one
+  at that input; `EpisodeBatch.final_answers()` gives every rule's answer there.
+* The output-set baseline is computed per segment, as above.
+* The donor has T segments: ``donor theta_t != theta_t`` for every t and its T rules all
+  differ; `donor_target_digit` is the donor's ``theta_T`` at the final query.
+* T = 2 consumes the random stream exactly as before (bit-for-bit the same batches and content
+  hashes); T > 2 appends T to the seed sequence, so each T has its own independent streams
+  (a T = 3 batch does not extend the T = 2 batch of the same seed).
+
 Output-set shortcut baseline
 ----------------------------
 The 8 demonstrations show 8 of the 10 inputs, so for a bijective rule the query's answer is one
@@ -85,8 +105,9 @@ answers always repeat and the guesser picks among the shown outputs.
 
 Streams and determinism
 -----------------------
-Each call builds ``np.random.default_rng([seed, stream_code, epoch])`` from non-negative
-integers, so results depend only on ``(n, seed, stream, epoch, families)`` (not on the platform:
+Each call builds ``np.random.default_rng([seed, stream_code, epoch])`` (``[..., T]`` for
+T > 2 segments) from non-negative integers, so results depend only on
+``(n, seed, stream, epoch, families, segments)`` (not on the platform:
 numpy's PCG64 and the operations used here are exact integer/float computations that NumPy
 documents as stable). A batch of ``n`` episodes is not a prefix of a batch of ``n + 1``: draws are
 made field by field over the whole batch. `make_episodes(n, seed, stream="train")` is epoch 0 of
@@ -128,6 +149,8 @@ __all__ = [
     "IGNORE_INDEX",
     "N_DEMOS",
     "N_SEGMENTS",
+    "MAX_SEGMENTS",
+    "MIN_SEGMENTS",
     "PARAM_SETS",
     "PAYLOAD_TOKENS",
     "QUERY_LEN",
@@ -164,7 +187,9 @@ COPY_TOKEN = ord("#")
 PAYLOAD_TOKENS = tuple(range(ord("a"), ord("z") + 1))
 IGNORE_INDEX = -100
 
-N_SEGMENTS = 2
+N_SEGMENTS = 2  # the paper's episodes; the default of every generator
+MIN_SEGMENTS = 2
+MAX_SEGMENTS = 8  # longer memory episodes (issue 11): segments = 2..8
 N_DEMOS = 8
 DEMO_LEN = 5  # [address, family, x, '=', y]
 SEG_LEN = N_DEMOS * DEMO_LEN  # 40
@@ -293,24 +318,39 @@ class _TensorBatch:
 
 @dataclass(eq=False)
 class EpisodeBatch(_TensorBatch):
-    """N memory episodes (see the module docstring for every field's meaning)."""
+    """N memory episodes of T segments (see the module docstring for every field's meaning).
+
+    T is `n_segments` (2 for the paper's episodes); index -1 of a segment axis is the last
+    segment, whose query is the final (post-reset) LTM query.
+    """
 
     family: Tensor  # (N,) int64, 0 = add10, 1 = affine10
     address: Tensor  # (N,) int64, 0..3
-    theta: Tensor  # (N, 2, 2) int64, [segment, (a, b)]
-    seg_tokens: Tensor  # (N, 2, 40) int64, demonstration contexts of segments 1 and 2
-    demo_x: Tensor  # (N, 2, 8) int64
-    query_tokens: Tensor  # (N, 2, 4) int64, query of segment d
-    query_x: Tensor  # (N, 2) int64
-    target: Tensor  # (N, 2) int64, answer digit tokens
-    target_digit: Tensor  # (N, 2) int64, 0..9
-    shown_outputs: Tensor  # (N, 2, 10) bool
-    bijective: Tensor  # (N, 2) bool
-    baseline_acc: Tensor  # (N, 2) float32
-    donor_theta: Tensor  # (N, 2, 2) int64
-    donor_demo_x: Tensor  # (N, 2, 8) int64
-    donor_seg_tokens: Tensor  # (N, 2, 40) int64, donor contexts with the recipient's address
-    donor_target_digit: Tensor  # (N,) int64, donor theta_2 at the recipient's segment-2 query
+    theta: Tensor  # (N, T, 2) int64, [segment, (a, b)]
+    seg_tokens: Tensor  # (N, T, 40) int64, demonstration contexts of segments 1..T
+    demo_x: Tensor  # (N, T, 8) int64
+    query_tokens: Tensor  # (N, T, 4) int64, query of segment d
+    query_x: Tensor  # (N, T) int64
+    target: Tensor  # (N, T) int64, answer digit tokens
+    target_digit: Tensor  # (N, T) int64, 0..9
+    shown_outputs: Tensor  # (N, T, 10) bool
+    bijective: Tensor  # (N, T) bool
+    baseline_acc: Tensor  # (N, T) float32
+    donor_theta: Tensor  # (N, T, 2) int64
+    donor_demo_x: Tensor  # (N, T, 8) int64
+    donor_seg_tokens: Tensor  # (N, T, 40) int64, donor contexts with the recipient's address
+    donor_target_digit: Tensor  # (N,) int64, donor theta_T at the recipient's final query
+
+    @property
+    def n_segments(self) -> int:
+        """T, the number of segments of every episode in the batch."""
+        return int(self.seg_tokens.shape[1])
+
+    def final_answers(self) -> Tensor:
+        """(N, T) digits: segment t's rule applied to the final query's input,
+        ``f_theta_t(query_x[:, -1])``. Column -1 is `target_digit[:, -1]`; column -2 always
+        differs from it (the final query separates the last two rules)."""
+        return answer(self.theta, self.query_x[:, -1:])
 
     def demos(self, k: int) -> Tensor:
         """The first `k` demonstrations of each segment: ``seg_tokens[:, :, :5 * k]``."""
@@ -369,6 +409,28 @@ def _check_families(families: Any) -> np.ndarray:
     return np.array(sorted(FAMILIES.index(n) for n in names), dtype=np.int64)
 
 
+def _check_segments(segments: Any) -> int:
+    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)):
+        raise ValueError(f"segments must be an int in {MIN_SEGMENTS}..{MAX_SEGMENTS}, got "
+                         f"{segments!r} ({type(segments).__name__})")
+    if segments < MIN_SEGMENTS:
+        raise ValueError(f"segments = {segments}: a memory episode needs at least "
+                         f"{MIN_SEGMENTS} segments (one rule and at least one update)")
+    if segments > MAX_SEGMENTS:
+        raise ValueError(f"segments = {segments}: at most {MAX_SEGMENTS} segments are supported "
+                         f"(every segment's rule differs from all the others, and ADD10 has "
+                         f"only {len(PARAM_SETS['add10'])} rules)")
+    return int(segments)
+
+
+def _entropy(seed: int, stream_code: int, epoch: int, segments: int) -> tuple[int, ...]:
+    """The seed sequence of one call. Two-segment episodes keep the original entropy (so
+    they are bit-for-bit the paper-task streams); T > 2 appends T, so each T has its own
+    independent streams."""
+    base = (seed, stream_code, epoch)
+    return base if segments == N_SEGMENTS else base + (segments,)
+
+
 def _check_stream(stream: Any) -> int:
     if not isinstance(stream, str) or stream not in _STREAM_CODES:
         raise ValueError(f"unknown stream {stream!r}; known streams: {STREAMS}")
@@ -382,6 +444,16 @@ def _draw_other(rng: np.random.Generator, n_params: np.ndarray, exclude: np.ndar
     """Per row, a parameter index uniform over ``range(n_params) minus {exclude}``."""
     j = rng.integers(0, n_params - 1)
     return j + (j >= exclude)
+
+
+def _draw_new(rng: np.random.Generator, n_params: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """Per row, a parameter index uniform over ``range(n_params)`` minus the row's `used`
+    indices (N, k), which are distinct. One draw of ``rng.integers(0, n_params - k)``, then
+    the j-th unused index; with k = 1 this is exactly `_draw_other` (same draw, same value)."""
+    j = rng.integers(0, n_params - used.shape[1])
+    for e in np.sort(used, axis=1).T:  # ascending: skip over each used index in turn
+        j = j + (j >= e)
+    return j
 
 
 def _draw_segment_inputs(
@@ -404,67 +476,82 @@ def _draw_segment_inputs(
 
 def _context_tokens(address: np.ndarray, family: np.ndarray, demo_x: np.ndarray,
                     demo_y: np.ndarray) -> np.ndarray:
-    """(N, 2, 8) inputs/answers -> (N, 2, 40) demonstration contexts."""
-    n = demo_x.shape[0]
-    tok = np.empty((n, N_SEGMENTS, N_DEMOS, DEMO_LEN), dtype=np.int64)
+    """(N, T, 8) inputs/answers -> (N, T, 40) demonstration contexts."""
+    n, t = demo_x.shape[:2]
+    tok = np.empty((n, t, N_DEMOS, DEMO_LEN), dtype=np.int64)
     tok[..., 0] = np.asarray(ADDRESS_TOKENS)[address][:, None, None]
     tok[..., 1] = np.asarray(FAMILY_TOKENS)[family][:, None, None]
     tok[..., 2] = demo_x + _DIGIT0
     tok[..., 3] = DELIM_TOKEN
     tok[..., 4] = demo_y + _DIGIT0
-    return tok.reshape(n, N_SEGMENTS, SEG_LEN)
+    return tok.reshape(n, t, SEG_LEN)
 
 
-def _generate(n: int, entropy: Sequence[int], family_codes: np.ndarray) -> EpisodeBatch:
+def _repeats(idx: np.ndarray) -> np.ndarray:
+    """(N, T) indices -> (N,) bool: whether a row holds some index twice."""
+    s = np.sort(idx, axis=1)
+    return (s[:, 1:] == s[:, :-1]).any(axis=1)
+
+
+def _generate(n: int, entropy: Sequence[int], family_codes: np.ndarray,
+              segments: int = N_SEGMENTS) -> EpisodeBatch:
+    """`n` episodes of `segments` segments. Every draw is made in the same order as for the
+    paper's two segments, and the extra draws of T > 2 come where T = 2 makes none, so T = 2
+    consumes the generator exactly as it always did (same tokens, same content hash)."""
     rng = np.random.default_rng(list(entropy))
     xs = np.arange(10)
+    T = segments
 
-    # family, address, parameters --------------------------------------------------------------
+    # family, address, parameters: theta_1 uniform, each later theta_t uniform over the
+    # family's rules not used by an earlier segment (all T rules of an episode differ) -------
     family = family_codes[rng.integers(0, len(family_codes), size=n)]
     address = rng.integers(0, len(ADDRESS_TOKENS), size=n)
     n_params = _N_PARAMS[family]
-    i1 = rng.integers(0, n_params)
-    i2 = _draw_other(rng, n_params, i1)
-    theta = _PARAM_TABLE[family[:, None], np.stack([i1, i2], axis=1)]  # (N, 2, 2)
+    idx = [rng.integers(0, n_params)]
+    for _ in range(1, T):
+        idx.append(_draw_new(rng, n_params, np.stack(idx, axis=1)))
+    idx = np.stack(idx, axis=1)  # (N, T)
+    theta = _PARAM_TABLE[family[:, None], idx]  # (N, T, 2)
 
-    # inputs: segment 1 unconstrained, segment 2's query must separate theta_1 and theta_2 ----
-    y1 = answer(theta[:, 0, None, :], xs)  # (N, 10)
-    y2 = answer(theta[:, 1, None, :], xs)
-    valid = np.stack([np.ones_like(y1, dtype=bool), y1 != y2], axis=1)  # (N, 2, 10)
-    if not valid[:, 1].any(axis=-1).all():  # impossible for distinct rules; kept as a guard
-        raise AssertionError("a segment-2 rule pair agrees on every input")
+    # inputs: segment 1 unconstrained; the query of each later segment t must separate
+    # theta_{t-1} and theta_t (so the final query separates the last two rules) ----------------
+    y_all = answer(theta[:, :, None, :], xs)  # (N, T, 10)
+    valid = np.concatenate([np.ones_like(y_all[:, :1], dtype=bool),
+                            y_all[:, :-1] != y_all[:, 1:]], axis=1)  # (N, T, 10)
+    if not valid.any(axis=-1).all():  # impossible for distinct rules; kept as a guard
+        raise AssertionError("two consecutive rules agree on every input")
     demo_x, query_x = _draw_segment_inputs(rng, valid)
-    demo_y = answer(theta[:, :, None, :], demo_x)  # (N, 2, 8)
-    target_digit = answer(theta, query_x)  # (N, 2)
+    demo_y = answer(theta[:, :, None, :], demo_x)  # (N, T, 8)
+    target_digit = answer(theta, query_x)  # (N, T)
 
     seg_tokens = _context_tokens(address, family, demo_x, demo_y)
-    query_tokens = np.empty((n, N_SEGMENTS, QUERY_LEN), dtype=np.int64)
+    query_tokens = np.empty((n, T, QUERY_LEN), dtype=np.int64)
     query_tokens[..., 0] = np.asarray(ADDRESS_TOKENS)[address][:, None]
     query_tokens[..., 1] = np.asarray(FAMILY_TOKENS)[family][:, None]
     query_tokens[..., 2] = query_x + _DIGIT0
     query_tokens[..., 3] = DELIM_TOKEN
 
     # output-set shortcut baseline ---------------------------------------------------------------
-    shown = (demo_y[..., None] == xs).any(axis=-2)  # (N, 2, 10)
+    shown = (demo_y[..., None] == xs).any(axis=-2)  # (N, T, 10)
     n_shown = shown.sum(axis=-1)
     candidates = np.where((n_shown == N_DEMOS)[..., None], ~shown, shown)
     hit = np.take_along_axis(candidates, target_digit[..., None], axis=-1)[..., 0]
     baseline_acc = np.where(hit, 1.0 / candidates.sum(axis=-1), 0.0).astype(np.float32)
     bijective = is_bijective(theta[..., 0])
 
-    # mismatched donor: same family, both parameters differ, donor theta_1 != donor theta_2 -------
-    d1 = _draw_other(rng, n_params, i1)
-    d2 = _draw_other(rng, n_params, i2)
-    bad = np.flatnonzero(d1 == d2)
+    # mismatched donor: same family, donor theta_t != theta_t for every t, and the donor's T
+    # rules all differ (as the recipient's do); uniform over such tuples by rejection -----------
+    d = np.stack([_draw_other(rng, n_params, idx[:, t]) for t in range(T)], axis=1)
+    bad = np.flatnonzero(_repeats(d))
     while bad.size:  # rejection rounds over the failing rows only
-        d1[bad] = _draw_other(rng, n_params[bad], i1[bad])
-        d2[bad] = _draw_other(rng, n_params[bad], i2[bad])
-        bad = bad[d1[bad] == d2[bad]]
-    donor_theta = _PARAM_TABLE[family[:, None], np.stack([d1, d2], axis=1)]
-    donor_demo_x = np.argsort(rng.random((n, N_SEGMENTS, 10)), axis=-1)[..., :N_DEMOS]
+        for t in range(T):
+            d[bad, t] = _draw_other(rng, n_params[bad], idx[bad, t])
+        bad = bad[_repeats(d[bad])]
+    donor_theta = _PARAM_TABLE[family[:, None], d]
+    donor_demo_x = np.argsort(rng.random((n, T, 10)), axis=-1)[..., :N_DEMOS]
     donor_demo_y = answer(donor_theta[:, :, None, :], donor_demo_x)
     donor_seg_tokens = _context_tokens(address, family, donor_demo_x, donor_demo_y)
-    donor_target_digit = answer(donor_theta[:, 1], query_x[:, 1])
+    donor_target_digit = answer(donor_theta[:, -1], query_x[:, -1])
 
     t = torch.from_numpy
     return EpisodeBatch(
@@ -493,42 +580,51 @@ def make_episodes(
     *,
     families: Iterable[str] = FAMILIES,
     stream: str = "train",
+    segments: int = N_SEGMENTS,
 ) -> EpisodeBatch:
-    """`n` memory episodes, deterministic in ``(n, seed, stream, families)``.
+    """`n` memory episodes of `segments` segments, deterministic in
+    ``(n, seed, stream, families, segments)``.
 
     Raises ValueError (before doing any work) for a non-positive or non-int `n`, a seed that is
-    not a non-negative int, an unknown or duplicated family, or an unknown stream.
+    not a non-negative int, an unknown or duplicated family, an unknown stream, or `segments`
+    outside 2..8.
     """
     n = _check_count(n, "episodes", "n")
     seed = _check_seed(seed)
     codes = _check_families(families)
     stream_code = _check_stream(stream)
-    return _generate(n, (seed, stream_code, 0), codes)
+    segments = _check_segments(segments)
+    return _generate(n, _entropy(seed, stream_code, 0, segments), codes, segments)
 
 
 def train_episodes(
-    seed: int, epoch: int, n: int, *, families: Iterable[str] = FAMILIES
+    seed: int, epoch: int, n: int, *, families: Iterable[str] = FAMILIES,
+    segments: int = N_SEGMENTS,
 ) -> EpisodeBatch:
     """Training episodes of run seed `seed`, epoch `epoch`.
 
     Every condition trained with the same seed sees the same episodes (paired comparisons).
-    Epoch 0 equals ``make_episodes(n, seed, stream="train")``.
+    Epoch 0 equals ``make_episodes(n, seed, stream="train", segments=segments)``.
     """
     n = _check_count(n, "episodes", "n")
     seed = _check_seed(seed)
     epoch = _check_seed(epoch, "epoch")
     codes = _check_families(families)
-    return _generate(n, (seed, _STREAM_CODES["train"], epoch), codes)
+    segments = _check_segments(segments)
+    return _generate(n, _entropy(seed, _STREAM_CODES["train"], epoch, segments), codes,
+                     segments)
 
 
-def validation_stream(n: int = 1000) -> EpisodeBatch:
-    """The fixed validation episodes (seed `VAL_SEED`), identical for every condition and seed."""
-    return make_episodes(n, VAL_SEED, stream="val")
+def validation_stream(n: int = 1000, *, segments: int = N_SEGMENTS) -> EpisodeBatch:
+    """The fixed validation episodes (seed `VAL_SEED`), identical for every condition and seed
+    (one stream per number of segments)."""
+    return make_episodes(n, VAL_SEED, stream="val", segments=segments)
 
 
-def test_stream(n: int = 1000) -> EpisodeBatch:
-    """The fixed test episodes (seed `TEST_SEED`), identical for every condition and seed."""
-    return make_episodes(n, TEST_SEED, stream="test")
+def test_stream(n: int = 1000, *, segments: int = N_SEGMENTS) -> EpisodeBatch:
+    """The fixed test episodes (seed `TEST_SEED`), identical for every condition and seed
+    (one stream per number of segments)."""
+    return make_episodes(n, TEST_SEED, stream="test", segments=segments)
 
 
 test_stream.__test__ = False  # not a pytest test, despite the name
@@ -579,7 +675,7 @@ def episode_records(batch: EpisodeBatch) -> list[dict]:
     records = []
     for i in range(len(batch)):
         segments = []
-        for d in range(N_SEGMENTS):
+        for d in range(batch.n_segments):
             q_ids = b["query_tokens"][i][d]
             segments.append({
                 "ids": b["seg_tokens"][i][d],
@@ -600,10 +696,10 @@ def episode_records(batch: EpisodeBatch) -> list[dict]:
             "index": i,
             "family": FAMILIES[b["family"][i]],
             "address": ADDRESS_LETTERS[b["address"][i]],
-            "theta": [_params(b["theta"][i][d]) for d in range(N_SEGMENTS)],
+            "theta": [_params(ab) for ab in b["theta"][i]],
             "segments": segments,
             "donor": {
-                "theta": [_params(b["donor_theta"][i][d]) for d in range(N_SEGMENTS)],
+                "theta": [_params(ab) for ab in b["donor_theta"][i]],
                 "segments": [
                     {"ids": ids, "text": decode(ids)} for ids in b["donor_seg_tokens"][i]
                 ],

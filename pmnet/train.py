@@ -6,7 +6,9 @@ Phase 1 (STM pretraining): same-segment rule induction from routed STM: process 
     demonstrations, clear the KV cache, answer the held-out query; the Consolidator is frozen.
     Output: one checkpoint `phase1.pt` (weights-only loadable) with its sha256 beside it.
 Phase 2 (consolidation training): the two-segment protocol from that checkpoint, for one of
-    the conditions of Table "Parameter-isolation conditions" (`CONDITIONS`).
+    the conditions of Table "Parameter-isolation conditions" (`CONDITIONS`); `segments` > 2
+    trains on memory episodes of that many segments, and `ltm_graph` chooses full or
+    truncated backpropagation through the boundaries (issue 11; docs/choices.md).
 
 One LightningModule per phase wraps the plain `PMNet`; the loop, clipping, precision,
 checkpointing and early stopping are Lightning's. Metrics are named `train/...`,
@@ -25,9 +27,11 @@ Choices the paper leaves open (see docs/choices.md):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
+import operator
 import os
 import time
 from dataclasses import dataclass, field
@@ -47,7 +51,7 @@ from pmnet.config import ModelConfig
 from pmnet.evaluate import episode_outcomes, summarize
 from pmnet.io import atomic_link, atomic_path, atomic_write_bytes, atomic_write_json
 from pmnet.model import PMNet
-from pmnet.runner import RunOptions, run_episodes
+from pmnet.runner import LTM_GRAPHS, RunOptions, run_episodes
 
 PHASE1_FORMAT = "pmnet-phase1/v1"
 MODEL_FORMAT = "pmnet-model/v1"
@@ -102,6 +106,12 @@ class TrainConfig:
     seeds: tuple[int, ...] = PAPER_SEEDS
     conditions: tuple[str, ...] = tuple(CONDITIONS)
     detach_ltm: bool = False  # `detach_long_term_between_sleeps` (False in the paper)
+    # Phase 2: memory episodes of `segments` segments (2 in the paper; 2..8), and which
+    # boundaries the final loss backpropagates through: "full" (every one, the paper),
+    # "truncated" (LTM detached after every boundary but the last: truncated BPTT) or
+    # "detached" (after every boundary: what detach_ltm=True does; the two cannot disagree)
+    segments: int = task.N_SEGMENTS
+    ltm_graph: str = "full"
     # Phase 2: the Consolidator's own recipe -----------------------------------------------
     # std of W_g / W_u drawn from the Phase-2 seed at the start of Phase 2 (W_d = 0 and the
     # unit-phasor b_d keep C an exact identity); 0 keeps the checkpoint's Consolidator (the
@@ -165,6 +175,21 @@ class TrainConfig:
             raise ValueError("TrainConfig.conditions is empty")
         for c in self.conditions:
             get_condition(c)
+        seg = self.segments
+        if isinstance(seg, bool) or not isinstance(seg, int) or not (
+                task.MIN_SEGMENTS <= seg <= task.MAX_SEGMENTS):
+            raise ValueError(f"TrainConfig.segments must be an integer in {task.MIN_SEGMENTS}.."
+                             f"{task.MAX_SEGMENTS}, got {seg!r}")
+        if not isinstance(self.detach_ltm, bool):
+            raise ValueError(f"TrainConfig.detach_ltm must be true or false, got "
+                             f"{self.detach_ltm!r}")
+        if self.ltm_graph not in LTM_GRAPHS:
+            raise ValueError(f"TrainConfig.ltm_graph must be one of {LTM_GRAPHS}, got "
+                             f"{self.ltm_graph!r}")
+        if self.detach_ltm and self.ltm_graph == "truncated":
+            raise ValueError("TrainConfig.detach_ltm=true detaches LTM after every boundary "
+                             "(ltm_graph='detached'); it cannot be combined with "
+                             "ltm_graph='truncated'")
         if self.model.max_chunk < task.SEG_LEN:
             raise ValueError(f"model max_chunk {self.model.max_chunk} < segment length "
                              f"{task.SEG_LEN}")
@@ -345,23 +370,26 @@ def _loader(ds) -> DataLoader:
 
 
 class EpisodeData(L.LightningDataModule):
-    """Training stream per (seed, epoch), fixed validation and test streams."""
+    """Training stream per (seed, epoch), fixed validation and test streams, of episodes of
+    `segments` segments (Phase 1 always uses the two-segment streams)."""
 
-    def __init__(self, cfg: TrainConfig, seed: int, episodes_per_epoch: int):
+    def __init__(self, cfg: TrainConfig, seed: int, episodes_per_epoch: int,
+                 segments: int = task.N_SEGMENTS):
         super().__init__()
-        self.cfg, self.seed, self.n = cfg, seed, episodes_per_epoch
+        self.cfg, self.seed, self.n, self.segments = cfg, seed, episodes_per_epoch, segments
 
     def train_dataloader(self):
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        return _loader(EpochBatches(task.train_episodes(self.seed, epoch, self.n),
+        return _loader(EpochBatches(task.train_episodes(self.seed, epoch, self.n,
+                                                        segments=self.segments),
                                     self.cfg.batch_size))
 
     def val_dataloader(self):
-        v = task.validation_stream(self.cfg.val_episodes)
+        v = task.validation_stream(self.cfg.val_episodes, segments=self.segments)
         return _loader(EpochBatches(v, min(self.cfg.eval_batch_size, len(v))))
 
     def test_dataloader(self):
-        t = task.test_stream(self.cfg.test_episodes)
+        t = task.test_stream(self.cfg.test_episodes, segments=self.segments)
         return _loader(EpochBatches(t, min(self.cfg.eval_batch_size, len(t))))
 
 
@@ -549,20 +577,24 @@ class Phase2Module(_PhaseModule):
         c = self.condition
         dual = c.objective == "dual"
         w_init = self.cfg.initial_ltm_loss
+        n_seg = batch.seg_tokens.shape[1]
+        stm_kinds = tuple(f"seg{t}_stm" for t in range(1, n_seg + 1))
         queries = ("updated_ltm",) + (("initial_ltm",) if w_init > 0 else ())
-        queries += ("seg1_stm", "seg2_stm") if dual else ()
+        queries += stm_kinds if dual else ()
         opts = RunOptions(c.consolidation, c.ltm_routing, detach_ltm=self.cfg.detach_ltm,
-                          queries=queries)
+                          ltm_graph=self.cfg.ltm_graph, queries=queries)
         out = run_episodes(self.model, batch, opts)
-        loss = F.cross_entropy(out["updated_ltm"].float(), batch.target[:, 1])  # Eq. 10
+        # Eq. 10: the last segment's query after the last boundary
+        loss = F.cross_entropy(out["updated_ltm"].float(), batch.target[:, -1])
         self.log("train/loss_updated", loss)
         if w_init > 0:  # auxiliary (not in the paper): keep the first mapping readable
             init = F.cross_entropy(out["initial_ltm"].float(), batch.target[:, 0])
             self.log("train/loss_initial", init)
             loss = loss + w_init * init
-        if dual:  # Eq. 11: + mean of the two pre-consolidation STM query losses
-            stm = (F.cross_entropy(out["seg1_stm"].float(), batch.target[:, 0])
-                   + F.cross_entropy(out["seg2_stm"].float(), batch.target[:, 1])) / 2
+        if dual:  # Eq. 11: + mean of the pre-consolidation STM query losses of every segment
+            stm = functools.reduce(operator.add, (
+                F.cross_entropy(out[k].float(), batch.target[:, d])
+                for d, k in enumerate(stm_kinds))) / n_seg
             self.log("train/loss_stm", stm)
             loss = loss + stm
         self.log("train/loss", loss, prog_bar=True)
@@ -837,7 +869,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
     init_consolidator(model, cfg, seed)
     module = Phase2Module(cfg, model, cond)
-    data = EpisodeData(cfg, seed, cfg.episodes_per_epoch)
+    data = EpisodeData(cfg, seed, cfg.episodes_per_epoch, segments=cfg.segments)
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
                              monitor=f"val/{cond.select}", patience=cfg.patience,
                              callbacks=callbacks, loggers=loggers, progress=progress,
@@ -865,7 +897,8 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
         "consolidation": cond.consolidation, "ltm_routing": cond.ltm_routing,
         "objective": cond.objective, "select": cond.select,
         "val": val_best, "test": module.test_metrics,
-        "test_stream_hash": task.content_hash(task.test_stream(cfg.test_episodes)),
+        "test_stream_hash": task.content_hash(task.test_stream(cfg.test_episodes,
+                                                               segments=cfg.segments)),
         "train_time_s": time.time() - t0, "history": module.history,
         "best_model": str(best_model), "config": cfg.flat(),
     }

@@ -89,3 +89,73 @@ def test_nan_for_empty_split():
     t = s.target_digit
     r = summarize(_outcomes(t[:, 1], (t[:, 0], t[:, 1])), s)
     assert math.isnan(r["updated_ltm_affine10"]) and r["updated_ltm_add10"] == 100
+
+
+# ---------------------------------------------------------------------------------------------
+# T-segment episodes (issue 11)
+# ---------------------------------------------------------------------------------------------
+def test_t_segment_evaluation_has_every_per_segment_metric():
+    T = 4
+    s = task.make_episodes(24, seed=6, stream="val", segments=T)
+    torch.manual_seed(0)
+    m = PMNet(ModelConfig.from_name("debug"))
+    r = evaluate(m, s, consolidation="learned", ltm_routing=True, batch_size=12)
+    for name in RECALL_METRICS + tuple(f"seg{t}_stm" for t in range(3, T + 1)):
+        assert 0 <= r[name] <= 100 and f"{name}_baseline" in r and f"loss_{name}" in r
+    assert r["mean_stm"] == pytest.approx(sum(r[f"seg{t}_stm"] for t in range(1, T + 1)) / T)
+    for t in range(1, T + 1):
+        assert 0 <= r[f"final_ltm_seg{t}"] <= 100 and f"final_ltm_seg{t}_add10" in r
+    assert r[f"final_ltm_seg{T}"] == r["updated_ltm"]  # the same query of the same state
+    for t in range(1, T):
+        for key in (f"final_ltm_seg{t}_distinct", f"updated_ltm_follow_seg{t}"):
+            assert math.isnan(r[key]) or 0 <= r[key] <= 100
+    assert f"final_ltm_seg{T}_distinct" not in r and f"updated_ltm_follow_seg{T}" not in r
+    # the per-segment queries are an extra set of queries: every other metric is unchanged
+    without = evaluate(m, s, consolidation="learned", ltm_routing=True, batch_size=12,
+                       positions=False)
+    assert not any(k.startswith("final_ltm") or "follow_seg" in k for k in without)
+    assert all(r[k] == v or (math.isnan(v) and math.isnan(r[k])) for k, v in without.items())
+
+
+def test_two_segment_metric_set_is_unchanged_unless_positions_are_asked(stream):
+    torch.manual_seed(0)
+    m = PMNet(ModelConfig.from_name("debug"))
+    r = evaluate(m, stream[:24], consolidation="learned", ltm_routing=True)
+    assert not any(k.startswith("final_ltm") or "follow_seg" in k for k in r)
+    assert len(r) == 96  # 95 metrics + n_episodes: what the evaluator gave before issue 11
+    p = evaluate(m, stream[:24], consolidation="learned", ltm_routing=True, positions=True)
+    assert p["final_ltm_seg2"] == p["updated_ltm"] and "updated_ltm_follow_seg1" in p
+    assert all(p[k] == v or (math.isnan(v) and math.isnan(p[k])) for k, v in r.items())
+
+
+def _answers(stream, t, at):
+    """Rule t's (0-based) answers at segment `at`'s query inputs."""
+    return task.answer(stream.theta[:, t], stream.query_x[:, at])
+
+
+@pytest.mark.parametrize("T", [2, 3, 6])
+def test_per_segment_metrics_score_oracles_that_follow_one_rule(T):
+    s = task.make_episodes(600, seed=T, segments=T)
+
+    def outcomes(rule):  # answer every query with rule `rule` (0-based)
+        z = torch.zeros(len(s))
+        out = {"pred/updated_ltm": _answers(s, rule, -1), "loss/updated_ltm": z}
+        for t in range(1, T + 1):
+            out[f"pred/final_ltm_seg{t}"] = _answers(s, rule, t - 1)
+            out[f"loss/final_ltm_seg{t}"] = z
+        return out
+
+    last = summarize(outcomes(T - 1), s)  # the updated mapping everywhere: perfect recall
+    assert last["updated_ltm"] == 100 and last[f"final_ltm_seg{T}"] == 100
+    for t in range(1, T):
+        assert last[f"updated_ltm_follow_seg{t}"] == 0  # never a stale rule's answer
+        assert last[f"final_ltm_seg{t}_distinct"] == 0  # segment t's query: theta_T's answer
+    first = summarize(outcomes(0), s)  # the first mapping everywhere: stale
+    assert first["final_ltm_seg1"] == 100 and first["final_ltm_seg1_distinct"] == 100
+    assert first["updated_ltm_follow_seg1"] == 100
+    stale_agrees = (s.final_answers()[:, 0] == s.target_digit[:, -1]).float().mean().item()
+    assert first["updated_ltm"] == pytest.approx(100 * stale_agrees)
+    if T > 2:  # the final query need not separate theta_1 from theta_T
+        assert first["updated_ltm"] > 0
+    else:  # for T = 2 it always does
+        assert first["updated_ltm"] == 0

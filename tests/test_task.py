@@ -448,3 +448,206 @@ def test_generation_time_100k(capsys):
     dt = time.perf_counter() - t0
     with capsys.disabled():
         print(f"\nmake_episodes(100_000): {dt:.3f} s ({len(b)} episodes)")
+
+
+# ---------------------------------------------------------------------------------------------
+# longer memory episodes: T = 2..8 segments (issue 11)
+# ---------------------------------------------------------------------------------------------
+# content hashes of the generator before T-segment episodes existed (commit 553279c): the
+# T = 2 path must reproduce them bit for bit (every field, not only the tokens)
+PRE_SEGMENTS_HASHES = [
+    (("make", 1, 0, "train", FAMILIES),
+     "1500d0b4ae1ad84cd45f9c89332c075d54853afc18b23f9812b8bb23207c3202"),
+    (("make", 300, 7, "train", FAMILIES),
+     "c16073d67bf964849cb1b2c6b4f2757052e40ba8c75d7cc00705d7fa0a248c90"),
+    (("make", 257, 123456789, "val", ("add10",)),
+     "8d1dc923f7ea695f5964928ac3b06de41e959bf003c1f4edd7d7aa9d6f319f7e"),
+    (("make", 200, 5, "test", ("affine10",)),
+     "e471b3292c1e0784204d212bff307cbaeed001a9598b0fc8ce8f81628de977ba"),
+    (("train", 333, 11, 3, FAMILIES),
+     "ab80922950762827562d6856df7a3e825ad5e7877397273e0bb894dba5b2dd21"),
+    (("val", 1000), "cbfd9f6776c8fca1967ae2153a4f68444688b35435b8c47a5c554c11e8b22672"),
+    (("test", 1000), "72eec3637fc462ac3a370b9c42419abfe70cb81cf5f828bd6c99a669157f94f8"),
+]
+
+
+def _pre_segments_case(case, **kw):
+    kind = case[0]
+    if kind == "make":
+        return make_episodes(case[1], case[2], stream=case[3], families=case[4], **kw)
+    if kind == "train":
+        return train_episodes(case[2], case[3], case[1], families=case[4], **kw)
+    return (validation_stream if kind == "val" else fixed_test_stream)(case[1], **kw)
+
+
+@pytest.mark.parametrize("case, digest", PRE_SEGMENTS_HASHES)
+def test_two_segments_reproduce_the_original_streams_bit_for_bit(case, digest):
+    default = _pre_segments_case(case)
+    explicit = _pre_segments_case(case, segments=2)
+    assert content_hash(default) == content_hash(explicit) == digest
+    assert torch.equal(default.seg_tokens, explicit.seg_tokens)
+    assert default.n_segments == 2
+
+
+def check_t_segment_invariants(b: EpisodeBatch, T: int) -> None:
+    """Every constraint of a T-segment episode, recomputed from the raw tokens and rules."""
+    n = len(b)
+    assert b.n_segments == T
+    for name, shape in {"theta": (n, T, 2), "seg_tokens": (n, T, 40), "demo_x": (n, T, 8),
+                        "query_tokens": (n, T, 4), "query_x": (n, T), "target": (n, T),
+                        "target_digit": (n, T), "shown_outputs": (n, T, 10),
+                        "bijective": (n, T), "baseline_acc": (n, T), "donor_theta": (n, T, 2),
+                        "donor_demo_x": (n, T, 8), "donor_seg_tokens": (n, T, 40),
+                        "donor_target_digit": (n,)}.items():
+        assert tuple(getattr(b, name).shape) == shape, name
+    th, fam = np_(b.theta), np_(b.family)
+    tok = np_(b.seg_tokens).reshape(n, T, 8, 5)
+    addr_tok = np.array(ADDRESS_TOKENS)[np_(b.address)]
+    fam_tok = np.array(FAMILY_TOKENS)[fam]
+    # one address and one family token for every demonstration and query of the episode
+    assert (tok[..., 0] == addr_tok[:, None, None]).all()
+    assert (tok[..., 1] == fam_tok[:, None, None]).all()
+    assert (tok[..., 3] == DELIM_TOKEN).all()
+    x, y = tok[..., 2] - ord("0"), tok[..., 4] - ord("0")
+    assert (x == np_(b.demo_x)).all() and (y == rule(th[:, :, None, :], x)).all()
+    q = np_(b.query_tokens)
+    assert (q[..., 0] == addr_tok[:, None]).all() and (q[..., 1] == fam_tok[:, None]).all()
+    assert (q[..., 3] == DELIM_TOKEN).all()
+    qx = q[..., 2] - ord("0")
+    assert (qx == np_(b.query_x)).all()
+    assert (np_(b.target_digit) == rule(th, qx)).all()
+    assert (np_(b.target) == np_(b.target_digit) + ord("0")).all()
+    # distinct demonstrations within each segment; the query is held out of its segment
+    assert (np.diff(np.sort(x, axis=-1), axis=-1) > 0).all()
+    assert not (x == qx[..., None]).any()
+    # same family, parameters in the family's ranges, the T rules of an episode all differ
+    add = fam == 0
+    assert (th[add, :, 0] == 1).all() and ((th[add, :, 1] >= 1) & (th[add, :, 1] <= 9)).all()
+    assert ((th[~add, :, 0] >= 2) & (th[~add, :, 0] <= 9)).all()
+    assert ((th[~add, :, 1] >= 0) & (th[~add, :, 1] <= 9)).all()
+    code = th[..., 0] * 10 + th[..., 1]
+    assert (np.diff(np.sort(code, axis=1), axis=1) > 0).all()
+    # each update's query separates the previous and the new rule; the final query the last two
+    for t in range(1, T):
+        assert (rule(th[:, t - 1], qx[:, t]) != rule(th[:, t], qx[:, t])).all(), t
+    final = np_(b.final_answers())
+    assert (final == rule(th, qx[:, -1:])).all()
+    assert (final[:, -1] == np_(b.target_digit)[:, -1]).all()
+    assert (final[:, -2] != final[:, -1]).all()
+    # bijectivity and the output-set baseline, per segment
+    gcd = np.vectorize(math.gcd)(th[..., 0], 10)
+    assert (np_(b.bijective) == (gcd == 1)).all()
+    shown = np.zeros((n, T, 10), dtype=bool)
+    np.put_along_axis(shown, y, True, axis=-1)
+    assert (np_(b.shown_outputs) == shown).all()
+    acc, tgt = np_(b.baseline_acc), np_(b.target_digit)
+    assert (acc[np_(b.bijective)] == 0.5).all()
+    for i in range(min(n, 200)):
+        for d in range(T):
+            assert acc[i, d] == pytest.approx(reference_baseline(y[i, d].tolist(),
+                                                                 int(tgt[i, d])), abs=1e-6)
+    # donor: T segments, every donor rule differs from the recipient's at that position, the
+    # donor's rules all differ, same family, the recipient's address token
+    dth = np_(b.donor_theta)
+    assert (dth != th).any(-1).all()
+    dcode = dth[..., 0] * 10 + dth[..., 1]
+    assert (np.diff(np.sort(dcode, axis=1), axis=1) > 0).all()
+    assert (dth[add, :, 0] == 1).all() and (dth[~add, :, 0] >= 2).all()
+    dtok = np_(b.donor_seg_tokens).reshape(n, T, 8, 5)
+    assert (dtok[..., 0] == addr_tok[:, None, None]).all()
+    assert (dtok[..., 1] == fam_tok[:, None, None]).all()
+    dx, dy = dtok[..., 2] - ord("0"), dtok[..., 4] - ord("0")
+    assert (dx == np_(b.donor_demo_x)).all() and (dy == rule(dth[:, :, None, :], dx)).all()
+    assert (np.diff(np.sort(dx, axis=-1), axis=-1) > 0).all()
+    assert (np_(b.donor_target_digit) == rule(dth[:, -1], qx[:, -1])).all()
+
+
+@pytest.mark.parametrize("T", range(2, 9))
+def test_t_segment_constraints_on_a_large_sample(T):
+    b = make_episodes(4000, 100 + T, segments=T)
+    check_t_segment_invariants(b, T)
+    for fam in ("add10", "affine10"):  # each family alone (ADD10 at T = 8: 8 of its 9 rules)
+        check_t_segment_invariants(make_episodes(500, T, segments=T, families=fam), T)
+    # balance: families, addresses, and segment 1's (unconstrained) query
+    assert np.allclose(np.bincount(np_(b.family), minlength=2) / 4000, 0.5, atol=0.04)
+    assert np.allclose(np.bincount(np_(b.address), minlength=4) / 4000, 0.25, atol=0.04)
+    assert np.allclose(np.bincount(np_(b.query_x)[:, 0], minlength=10) / 4000, 0.1, atol=0.03)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 30), seed=st.integers(0, 2**40), T=st.integers(2, 8),
+       fam=st.sampled_from([("add10",), ("affine10",), FAMILIES]))
+def test_t_segment_constraints_hold_for_any_seed(n, seed, T, fam):
+    b = make_episodes(n, seed, segments=T, families=fam)
+    assert len(b) == n and set(b.family.tolist()) <= {FAMILIES.index(f) for f in fam}
+    check_t_segment_invariants(b, T)
+    e = train_episodes(seed, 1, n, segments=T, families=fam)
+    check_t_segment_invariants(e, T)
+
+
+def test_t_segment_rules_are_uniform_sequences_of_distinct_rules():
+    """theta_t is uniform over the rules unused by earlier segments: every position's marginal
+    is uniform over the family's rules (checked on ADD10, 9 rules, T = 8), and the last
+    segment's unused input is unbiased (the sampler equals rejection of whole segments)."""
+    b = make_episodes(18_000, 3, segments=8, families="add10")
+    k = np_(b.theta)[..., 1]  # (N, 8), values 1..9
+    for t in range(8):
+        freq = np.bincount(k[:, t], minlength=10)[1:] / len(b)
+        assert np.allclose(freq, 1 / 9, atol=0.012), (t, freq)
+    b = make_episodes(20_000, 4, segments=5, families="affine10")
+    th, n = np_(b.theta), len(b)
+    xs = np.arange(10)
+    valid = rule(th[:, -2, None, :], xs) != rule(th[:, -1, None, :], xs)
+    used = np.zeros((n, 10), dtype=bool)
+    np.put_along_axis(used, np_(b.demo_x)[:, -1], True, axis=1)
+    used[np.arange(n), np_(b.query_x)[:, -1]] = True
+    leftover = np.argmin(used, axis=1)
+    observed = valid[np.arange(n), leftover].astype(float)
+    expected = (valid.sum(1) - 1) / 9
+    se = math.sqrt((expected * (1 - expected)).sum()) / n
+    assert abs(observed.mean() - expected.mean()) < 4 * se + 1e-9
+
+
+def test_t_segment_streams_are_deterministic_and_distinct_per_t():
+    hashes = set()
+    for T in range(2, 9):
+        a = make_episodes(100, 9, segments=T)
+        assert content_hash(a) == content_hash(make_episodes(100, 9, segments=T))
+        assert content_hash(train_episodes(9, 0, 100, segments=T)) == content_hash(a)
+        assert content_hash(train_episodes(9, 1, 100, segments=T)) != content_hash(a)
+        v = validation_stream(50, segments=T)
+        assert content_hash(v) == content_hash(make_episodes(50, VAL_SEED, stream="val",
+                                                             segments=T))
+        assert content_hash(v) != content_hash(fixed_test_stream(50, segments=T))
+        hashes.add(content_hash(a))
+    assert len(hashes) == 7
+    # T > 2 has its own stream: not the T = 2 episodes with segments appended
+    two, three = make_episodes(500, 9), make_episodes(500, 9, segments=3)
+    assert (two.theta != three.theta[:, :2]).any(-1).any(-1).float().mean() > 0.5
+
+
+@pytest.mark.parametrize("bad, pattern", [
+    (1, "at least 2 segments"), (0, "at least 2 segments"), (-3, "at least 2 segments"),
+    (9, "at most 8 segments"), (100, "at most 8 segments"), (2.0, "segments must be an int"),
+    (True, "segments must be an int"), ("3", "segments must be an int"),
+    (None, "segments must be an int"),
+])
+def test_bad_segment_counts_fail_clearly(bad, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        make_episodes(5, 1, segments=bad)
+    with pytest.raises(ValueError, match=pattern):
+        train_episodes(1, 0, 5, segments=bad)
+    with pytest.raises(ValueError, match=pattern):
+        validation_stream(5, segments=bad)
+    with pytest.raises(ValueError, match=pattern):
+        fixed_test_stream(5, segments=bad)
+
+
+def test_t_segment_batches_index_export_and_show_demos(tmp_path):
+    b = make_episodes(12, 2, segments=5)
+    assert b.demos(2).shape == (12, 5, 10) and b[3:7].n_segments == 5
+    recs = episode_records(b)
+    assert len(recs[0]["segments"]) == 5 and len(recs[0]["theta"]) == 5
+    assert len(recs[0]["donor"]["theta"]) == 5 and len(recs[0]["donor"]["segments"]) == 5
+    assert recs[0]["segments"][4]["query"]["target_digit"] == int(b.target_digit[0, 4])
+    assert write_jsonl(b, tmp_path / "e.jsonl") == 12

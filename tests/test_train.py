@@ -238,6 +238,14 @@ def test_checkpoint_from_another_model_config_is_refused(phase1, tmp_path):
         (dict(name="debug", consolidator_init_std=-0.1), "consolidator_init_std"),
         (dict(name="debug", consolidator_lr="0.01"), "consolidator_lr"),
         (dict(name="debug", consolidator_weight_decay=True), "consolidator_weight_decay"),
+        (dict(name="debug", segments=1), "TrainConfig.segments must be an integer in 2..8"),
+        (dict(name="debug", segments=9), "TrainConfig.segments must be an integer in 2..8"),
+        (dict(name="debug", segments=3.0), "TrainConfig.segments"),
+        (dict(name="debug", segments=True), "TrainConfig.segments"),
+        (dict(name="debug", segments="4"), "TrainConfig.segments"),
+        (dict(name="debug", ltm_graph="tbptt"), "TrainConfig.ltm_graph must be one of"),
+        (dict(name="debug", detach_ltm=True, ltm_graph="truncated"), "cannot be combined"),
+        (dict(name="debug", detach_ltm="yes"), "TrainConfig.detach_ltm"),
     ],
 )
 def test_bad_config_fails_clearly(kwargs, match):
@@ -399,3 +407,72 @@ def test_list_fields_take_one_value_or_comma_separated_values():
     assert cfg.conditions == ("learned_full", "consolidator_only") and cfg.seeds == (7,)
     cfg = TrainConfig.from_name("debug", **parse_overrides(["seeds=[1, 2]", "lr=0.01"]))
     assert cfg.seeds == (1, 2) and cfg.lr == 0.01
+
+
+# ---------------------------------------------------------------------------------------------
+# T-segment episodes and truncated backpropagation (issue 11)
+# ---------------------------------------------------------------------------------------------
+def test_segments_and_ltm_graph_leave_every_preset_and_its_phase1_identity_unchanged():
+    from pipelines.layout import PHASE2_ONLY_FIELDS
+
+    for name in ("paper", "cpu", "debug"):
+        cfg = TrainConfig.from_name(name)
+        assert (cfg.segments, cfg.ltm_graph, cfg.detach_ltm) == (2, "full", False)
+        old = {k: v for k, v in cfg.to_dict().items() if k not in ("segments", "ltm_graph")}
+        assert TrainConfig.from_dict(old) == cfg  # configs stored before issue 11 still load
+    # Phase-2-only: the Phase-1 config hash (and so every Phase-1 checkpoint) is unchanged
+    assert {"segments", "ltm_graph"} <= set(PHASE2_ONLY_FIELDS)
+    cfg = TrainConfig.from_name("debug", segments=5, ltm_graph="truncated")
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.flat()["segments"] == 5 and cfg.flat()["ltm_graph"] == "truncated"
+
+
+@pytest.mark.parametrize("T", [2, 3, 4])
+def test_truncated_phase2_gradient_reaches_the_consolidator_only_through_the_last_boundary(T):
+    """One Phase-2 training step on one batch of a tiny model: the gradient of the loss w.r.t.
+    the Consolidator's parameters through each boundary (tests/_grad_probe.py) is non-zero at
+    every boundary with the full graph, zero through every earlier boundary (and non-zero
+    through the last) with LTM detached between boundaries, and zero everywhere when LTM is
+    detached after every boundary."""
+    from pmnet import task
+    from pmnet.model import PMNet
+    from tests._grad_probe import probe
+
+    batch = task.train_episodes(0, 0, 8, segments=T)
+    norms = {}
+    for graph in ("full", "truncated", "detached"):
+        cfg = TrainConfig.from_name("debug", segments=T, ltm_graph=graph)
+        torch.manual_seed(0)
+        model = PMNet(cfg.model)
+        with torch.no_grad():  # a Consolidator off the identity (W_d = 0 blocks W_g, W_u)
+            model.consolidator.w_d.weight.normal_(0, 0.5)
+        module = Phase2Module(cfg, model, CONDITIONS["consolidator_only"])
+        p = probe(model, T)
+        with pytest.warns(UserWarning, match="self.log"):  # no Trainer: logging is skipped
+            loss = module.training_step(batch, 0)
+        assert p.calls == T * cfg.model.n_blocks  # one consolidation per segment and block
+        if graph == "detached":  # no path at all from the loss to a trainable parameter
+            assert not loss.requires_grad
+        else:
+            loss.backward()
+        norms[graph] = p.grad_norms()
+    assert all(g > 0 for g in norms["full"]), norms
+    assert norms["truncated"][:-1] == [0.0] * (T - 1) and norms["truncated"][-1] > 0, norms
+    assert norms["detached"] == [0.0] * T, norms
+
+
+def test_phase2_trains_and_tests_on_t_segment_episodes(phase1, tmp_path):
+    from pmnet import task
+
+    _, p1 = phase1
+    cfg = TrainConfig.from_name("debug", **TINY, segments=3, ltm_graph="truncated")
+    res = run_phase2(cfg, condition="learned_full_dual", seed=42,
+                     phase1_ckpt=p1["checkpoint"], out_dir=tmp_path, progress=False)
+    assert res["test_stream_hash"] == task.content_hash(task.test_stream(16, segments=3))
+    test = res["test"]
+    for k in ("updated_ltm", "seg3_stm", "mean_stm", "dual", "final_ltm_seg1",
+              "final_ltm_seg3", "updated_ltm_follow_seg2"):
+        assert 0 <= test[k] <= 100, k
+    assert test["final_ltm_seg3"] == test["updated_ltm"]
+    assert test["mean_stm"] == pytest.approx(sum(test[f"seg{t}_stm"] for t in (1, 2, 3)) / 3)
+    assert res["config"]["segments"] == 3 and res["config"]["ltm_graph"] == "truncated"
