@@ -32,18 +32,19 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from pmnet.model import PMNet
+from pmnet.model import CONSOLIDATION_MODES, PMNet
 
 QUERY_KINDS = ("updated_ltm", "initial_ltm", "seg1_stm", "seg2_stm")
 EXPERIENCES = ("correct", "mismatched", "fresh")
-MODES = ("learned", "identity")
+MODES = CONSOLIDATION_MODES  # learned, identity, then the alternative operators
 
 
 @dataclass(frozen=True)
 class RunOptions:
     """How one pass through a batch of episodes is run.
 
-    consolidation: "learned" (C_psi) or "identity" (raw S accumulation) at both boundaries.
+    consolidation: "learned" (C_psi), "identity" (raw S accumulation) or an alternative
+        operator (ema, overwrite, linear, gru; the model must have it) at both boundaries.
     ltm_routing: the direct L term of Eq. 9 on (True) or off (False).
     experience: which experience fills LTM: "correct", "mismatched" or "fresh".
     detach_ltm: detach LTM after each boundary (`detach_long_term_between_sleeps`; the
