@@ -45,7 +45,7 @@ lint: install ## ruff check
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py
 
-pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, GRID=default|paper|core|tiny, NAME=run name)
+pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, GRID=default|paper|core|tiny|operators, NAME=run name)
 	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(NAME),--name $(NAME)) --root $(RUNS)
 
 resume: install ## resume the last (or NAME=...) pipeline

@@ -93,7 +93,7 @@ def build_space(cfg, *, grid: str = "default", gpu: bool = False, conditions=Non
                 seeds=None, cpus_per_trial=None, gpus_per_trial=None, max_concurrent=None,
                 max_failures=None) -> Space:
     """The grid function's Space with the command line's changes, validated."""
-    from pmnet.train import CONDITIONS
+    from pmnet.train import ALL_CONDITIONS
 
     space = get_space(grid)(cfg, gpu=gpu)
     changes = {k: v for k, v in {
@@ -103,7 +103,7 @@ def build_space(cfg, *, grid: str = "default", gpu: bool = False, conditions=Non
     }.items() if v is not None}
     if changes:
         space = space.derive(**changes)
-    return space.validate(CONDITIONS)
+    return space.validate(ALL_CONDITIONS)
 
 
 def default_name(preset: str) -> str:
@@ -152,6 +152,17 @@ def canon(obj):
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
+def _normalized(cfg_d):
+    """A stored TrainConfig with the defaults of fields added since it was written (so a
+    pipeline recorded by an older version still matches its own configuration)."""
+    from pmnet.train import TrainConfig
+
+    try:
+        return canon(TrainConfig.from_dict(cfg_d).to_dict())
+    except (TypeError, ValueError, KeyError):
+        return cfg_d
+
+
 def _check_existing(plan: Plan) -> None:
     """A pipeline name that exists must describe the same experiment (then it continues)."""
     lay = plan.layout
@@ -161,7 +172,7 @@ def _check_existing(plan: Plan) -> None:
             raise PipelineError(f"{lay.run_dir} exists and is not a pipeline directory; "
                                 "choose another --name")
         return
-    stored = {"train_config": read_json(lay.config_json),
+    stored = {"train_config": _normalized(read_json(lay.config_json)),
               "grid": meta.get("grid")}
     mine = _stored_identity(plan)
     if stored != mine:
@@ -187,7 +198,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     run configuration, so a resume cannot change them (errored trials get a new round of
     retries on every resume)."""
     from pipelines.layout import last_pipeline
-    from pmnet.train import CONDITIONS, TrainConfig
+    from pmnet.train import ALL_CONDITIONS, TrainConfig
 
     root = Path(root).expanduser().absolute()
     name = check_name(name) if name else last_pipeline(root)
@@ -209,7 +220,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         raise PipelineError(f"{lay.pipeline_json} has no 'space' record (the grid and its "
                             "resources); restore it, or start a new --name")
     try:
-        space = Space.from_dict(meta["space"]).validate(CONDITIONS)
+        space = Space.from_dict(meta["space"]).validate(ALL_CONDITIONS)
     except (TypeError, ValueError, KeyError) as e:
         raise PipelineError(f"{lay.pipeline_json}: its 'space' record is not valid ({e})"
                             ) from e

@@ -111,9 +111,9 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
 
 def _select_metrics() -> dict[str, str]:
     try:
-        from pmnet.train import CONDITIONS
+        from pmnet.train import ALL_CONDITIONS
 
-        return {name: c.select for name, c in CONDITIONS.items()}
+        return {name: c.select for name, c in ALL_CONDITIONS.items()}
     except Exception:  # status must work even if the training layer cannot be imported
         return {}
 

@@ -47,6 +47,11 @@ def cmd_info(args) -> int:
     print(f"{'total':<24} {total:>12,} {100.0:>9.3f}%")
     for name, n in counts["subsets"].items():
         print(f"{name:<24} {n:>12,} {100 * n / total:>9.3f}%")
+    if counts.get("operators"):
+        print("\nconsolidation operators (created at Phase 2, trained alone as 'operator_only';"
+              "\n% of total + operator)")
+        for name, n in counts["operators"].items():
+            print(f"{'operator ' + name:<24} {n:>12,} {100 * n / (total + n):>9.3f}%")
     return 0
 
 

@@ -1,8 +1,11 @@
-"""The Phase-2 conditions of the paper (Table "Parameter-isolation conditions") and its seeds.
+"""The Phase-2 conditions of the paper (Table "Parameter-isolation conditions") and its seeds,
+and the consolidation-operator conditions that go beyond the paper.
 
 The one place that names them: training (`pmnet.train`), statistics (`pmnet.stats`), the
-report and the grids (`tune_spaces`) all read `CONDITIONS` and `PAPER_SEEDS` from here. The
-module imports nothing heavy (no torch), so light readers can use it.
+report and the grids (`tune_spaces`) all read `CONDITIONS`, `OPERATOR_CONDITIONS` and
+`PAPER_SEEDS` from here. `CONDITIONS` is exactly the paper's six (its grid, tables and
+comparisons); `OPERATOR_CONDITIONS` are kept apart so that nothing of the paper changes
+meaning. The module imports nothing heavy (no torch), so light readers can use it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Condition:
     name: str
-    consolidation: str  # "learned" or "identity" (raw STM accumulation)
+    consolidation: str  # a PMNet.consolidate mode: "learned", "identity" or an operator name
     subset: str  # a PMNet.trainable_subset name
     ltm_routing: bool  # direct LTM term of Eq. 9
     objective: str  # "updated" (Eq. 10) or "dual" (Eq. 11)
@@ -47,11 +50,43 @@ CONDITIONS: dict[str, Condition] = {
     )
 }
 
+#: Beyond the paper (issue 11; its Limitations: "we do not compare alternative learned
+#: overwrite, EMA, linear, or gated recurrent operators"): one condition per alternative
+#: consolidation operator (`pmnet.model.OPERATORS`), each in the Consolidator-only setting of
+#: `consolidator_only` (only the operator's parameters trainable, LTM routing on, the same
+#: Phase-1 checkpoint), the operator used at both boundaries of Eq. 8 in place of C_psi.
+#: `consolidator_only` (`OPERATOR_REFERENCE`) is the learned arm they are compared with; the
+#: forced-identity evaluation of each checkpoint is the identity baseline.
+OPERATOR_CONDITIONS: dict[str, Condition] = {
+    c.name: c
+    for c in (
+        Condition("operator_ema", "ema", "operator_only", True, "updated", "updated_ltm",
+                  "EMA operator",
+                  "EMA operator only: L+ = L + alpha * angle_diff(S), per-dimension alpha"),
+        Condition("operator_overwrite", "overwrite", "operator_only", True, "updated",
+                  "updated_ltm", "Overwrite operator",
+                  "Gated overwrite operator only: L+ = U + g(S, L) * angle_diff(C(S) - U), "
+                  "U = L + S"),
+        Condition("operator_linear", "linear", "operator_only", True, "updated",
+                  "updated_ltm", "Linear operator",
+                  "Linear operator only: L+ = L + atan2((I + A)[cos S; sin S] + b)"),
+        Condition("operator_gru", "gru", "operator_only", True, "updated", "updated_ltm",
+                  "GRU operator",
+                  "Gated recurrent (GRU) operator only on [cos; sin] of S and L"),
+    )
+}
+
+#: The learned arm the operators are compared with (the Consolidator, Consolidator only).
+OPERATOR_REFERENCE = "consolidator_only"
+
+#: Every condition that can be trained: the paper's six, then the operator conditions.
+ALL_CONDITIONS: dict[str, Condition] = {**CONDITIONS, **OPERATOR_CONDITIONS}
+
 #: Phase-2 seeds of the paper (Appendix "Hyperparameters and Architecture").
 PAPER_SEEDS: tuple[int, ...] = (42, 43, 44, 45, 46)
 
 
 def get_condition(name: str) -> Condition:
-    if name not in CONDITIONS:
-        raise ValueError(f"unknown condition {name!r}; known: {', '.join(CONDITIONS)}")
-    return CONDITIONS[name]
+    if name not in ALL_CONDITIONS:
+        raise ValueError(f"unknown condition {name!r}; known: {', '.join(ALL_CONDITIONS)}")
+    return ALL_CONDITIONS[name]

@@ -12,8 +12,9 @@ Metric names (used everywhere: logs, MLflow, result JSON, CSV):
     forced_identity          updated_ltm of the same checkpoint with identity consolidation
     forced_identity_initial  initial_ltm likewise
     alternative_mode         the same checkpoint with the other operator (forced identity for
-                             learned conditions; the learned, identity-initialised path for
-                             identity conditions): the paper's "Alternative mode" column
+                             learned and operator conditions; the learned, identity-initialised
+                             path for identity conditions): the paper's "Alternative mode"
+                             column
     fresh_ltm                updated query with no experience (LTM at zero phase)
     mismatched_ltm           updated query after a donor experience (Section 5.3)
     mismatched_donor_follow  how often that answer follows the donor's rule (episodes where
@@ -86,7 +87,7 @@ def _passes(consolidation: str, ltm_routing: bool, full: bool, stm: bool, ltm: b
     stm_q = {f"seg{t}_stm": f"seg{t}_stm" for t in range(1, n_seg + 1)}
     if not ltm:  # STM recall only (Phase 1)
         return [("stm", RunOptions(consolidation, ltm_routing, queries=tuple(stm_q)), stm_q)]
-    other = "identity" if consolidation == "learned" else "learned"
+    other = "learned" if consolidation == "identity" else "identity"
     main_q = {"updated_ltm": "updated_ltm"}
     if full:
         main_q["initial_ltm"] = "initial_ltm"
@@ -132,8 +133,9 @@ def episode_outcomes(model: PMNet, batch, *, consolidation: str, ltm_routing: bo
             out[f"loss/{name}"] = F.cross_entropy(lg, batch.target[:, segment_index(kind)],
                                                   reduction="none")
     if full:  # forced identity is whichever pass used identity consolidation
-        src = "alternative_mode" if consolidation == "learned" else "updated_ltm"
-        src_init = "alternative_mode_initial" if consolidation == "learned" else "initial_ltm"
+        learned = consolidation != "identity"  # the Consolidator or an alternative operator
+        src = "alternative_mode" if learned else "updated_ltm"
+        src_init = "alternative_mode_initial" if learned else "initial_ltm"
         for kind in ("pred", "loss"):
             out[f"{kind}/forced_identity"] = out[f"{kind}/{src}"]
             out[f"{kind}/forced_identity_initial"] = out[f"{kind}/{src_init}"]

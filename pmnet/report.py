@@ -777,6 +777,20 @@ def table_shortcut_diagnostics(ctx: _Context) -> Table:
     return _finish(ctx, table, miss)
 
 
+def _comparison_cells(r: Mapping[str, Any]) -> list[Cell]:
+    """n, mean diff ± SD, CI, t, p, Holm p and d_z of one row of :func:`stats.compare_all`."""
+    return [
+        Cell("int", r["n"]),
+        Cell("stat", r["mean_diff"], r["sd_diff"], signed=True) if r["n"] > 0
+        else Cell("missing"),
+        Cell("ci", r["ci_low"], hi=r["ci_high"]) if _finite(r["ci_low"]) else NA,
+        Cell("num", r["t"]) if _finite(r["t"]) else NA,
+        Cell("p", r["p"]) if _finite(r["p"]) else NA,
+        Cell("p", r["p_holm"]) if _finite(r["p_holm"]) else NA,
+        Cell("num", r["d_z"]) if _finite(r["d_z"]) else NA,
+    ]
+
+
 def table_paired_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table:
     rows = []
     m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
@@ -785,22 +799,8 @@ def table_paired_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table:
         paper_cell: Cell = NA
         if paper is not None:
             paper_cell = Cell("stat", paper["mean"], paper.get("sd", math.nan), signed=True)
-        rows.append(
-            [
-                r["label"],
-                Cell("int", r["n"]),
-                Cell("stat", r["mean_diff"], r["sd_diff"], signed=True)
-                if r["n"] > 0
-                else Cell("missing"),
-                Cell("ci", r["ci_low"], hi=r["ci_high"]) if _finite(r["ci_low"]) else NA,
-                Cell("num", r["t"]) if _finite(r["t"]) else NA,
-                Cell("p", r["p"]) if _finite(r["p"]) else NA,
-                Cell("p", r["p_holm"]) if _finite(r["p_holm"]) else NA,
-                Cell("num", r["d_z"]) if _finite(r["d_z"]) else NA,
-                paper_cell,
-                r["note"],
-            ]
-        )
+        rows.append([text_cell(r["label"]), *_comparison_cells(r), paper_cell,
+                     text_cell(r["note"])])
     return Table(
         "tab:paired-comparisons",
         f"Every paired comparison of the family (A - B, paired by seed). Holm p adjusts over the "
@@ -812,6 +812,65 @@ def table_paired_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table:
                "9)."],
         align=["l"] + ["r"] * 8 + ["p{6cm}"],
     )
+
+
+#: Metrics of the operators table (beyond the paper), in column order.
+OPERATOR_METRICS = ("updated_ltm", "forced_identity", "initial_ltm", "fresh_ltm",
+                    "mismatched_ltm")
+
+
+def table_operators(ctx: _Context) -> Table:
+    """Beyond the paper: the Consolidator (``consolidator_only``) and each alternative
+    consolidation operator, each trained alone from the same Phase-1 checkpoint."""
+    miss = _Missing(ctx)
+    rows = []
+    for c in (stats.OPERATOR_REFERENCE, *stats.OPERATOR_CONDITIONS):
+        miss.check(c, "trainable_params")
+        params = ctx.values(c, "trainable_params")
+        label = "Consolidator (learned)" if c == stats.OPERATOR_REFERENCE else condition_label(c)
+        rows.append(
+            [text_cell(label)]
+            + [ctx.stat(miss, c, m) for m in OPERATOR_METRICS]
+            + [Cell("int", float(params.median())) if params.size else Cell("missing")]
+        )
+    table = Table(
+        "tab:operators",
+        "Consolidation operators (ours, not in the paper): each operator replaces C_psi at "
+        "both boundaries of Eq. 8 and is trained alone (LTM routing on) from the same Phase-1 "
+        "checkpoint, starting at exact identity consolidation. Percent accuracy, mean ± SD "
+        "over seeds; forced identity evaluates the same checkpoint with L + S.",
+        ["Operator", "Updated LTM", "Forced identity", "Initial LTM", "Fresh", "Mismatched",
+         "Trainable parameters"],
+        rows,
+        rules_before={1},
+    )
+    return _finish(ctx, table, miss)
+
+
+def table_operator_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table:
+    """Each operator minus the Consolidator on updated-mapping LTM recall, paired by seed."""
+    miss = _Missing(ctx)
+    m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
+    rows = []
+    for r in comparisons.to_dict("records"):
+        miss.check(r["cond_a"], r["metric_a"])
+        miss.check(r["cond_b"], r["metric_b"])
+        rows.append([text_cell(f"{condition_label(r['cond_a'])} - Consolidator"),
+                     *_comparison_cells(r), text_cell(r["note"])])
+    table = Table(
+        "tab:operator-comparisons",
+        "Each consolidation operator minus the Consolidator (consolidator_only) on "
+        "updated-mapping LTM recall, paired by seed (pp). Holm p adjusts over the "
+        f"{m} operator comparisons with a defined p (a family of its own). "
+        "Blank = not defined (see note).",
+        ["Comparison", "n", "Mean diff ± SD", "95% CI", "t", "p", "Holm p", "d_z", "Note"],
+        rows,
+        notes=["With few seeds the intervals and tests are descriptive (paper Sections 6.3 "
+               "and 9)."],
+        align=["l"] + ["r"] * 7 + ["p{6cm}"],
+    )
+    table.missing = miss.lines()
+    return table
 
 
 def table_headline(ctx: _Context) -> Table:
@@ -934,12 +993,17 @@ def build_tables(
     comparisons: pd.DataFrame | None = None,
     expected_seeds: Sequence[int] | None = None,
 ) -> list[Table]:
-    """Every report table (paper layout plus ours) from a tidy per-trial frame."""
+    """Every report table (paper layout plus ours) from a tidy per-trial frame; the operator
+    tables only when operator results are present."""
     df = stats.add_derived_metrics(df) if not df.empty else df
     seeds = list(expected_seeds) if expected_seeds is not None else stats.expected_seed_set(df)
     if comparisons is None:
         comparisons = stats.compare_all(df, expected_seeds=seeds)
     ctx = _Context(df, paper, comparisons, seeds)
+    operators: list[Table] = []
+    if stats.has_operator_results(df):
+        op_cmp = stats.compare_operators(df, expected_seeds=seeds)
+        operators = [table_operators(ctx), table_operator_comparisons(ctx, op_cmp)]
     return [
         table_headline(ctx),
         table_claims(ctx),
@@ -953,6 +1017,7 @@ def build_tables(
         table_dual_objective_per_seed(ctx),
         table_shortcut_diagnostics(ctx),
         table_paired_comparisons(ctx, comparisons),
+        *operators,
     ]
 
 
@@ -1581,7 +1646,12 @@ def build_report(
     comparisons = stats.compare_all(derived, expected_seeds=seeds)
     tables = build_tables(derived, paper, comparisons, seeds)
     figures = make_figures(derived, curves)
-    missing = missing_results(derived, conditions, seeds, comparisons)
+    operator_cmp = (stats.compare_operators(derived, expected_seeds=seeds)
+                    if stats.has_operator_results(derived) else None)
+    missing = missing_results(
+        derived, conditions, seeds,
+        comparisons if operator_cmp is None else pd.concat([comparisons, operator_cmp],
+                                                           ignore_index=True))
 
     paths: dict[str, Path] = {}
     fig_dir = out / "figures"
@@ -1619,6 +1689,13 @@ def build_report(
     paths["comparisons.csv"] = atomic_write_text(
         data_dir / "comparisons.csv", flat.to_csv(index=False)
     )
+    if operator_cmp is not None:  # a family of its own (own Holm), so its own file
+        flat = operator_cmp.copy()
+        for col in ("seeds", "missing_seeds"):
+            flat[col] = flat[col].map(lambda v: " ".join(str(s) for s in v))
+        paths["operator_comparisons.csv"] = atomic_write_text(
+            data_dir / "operator_comparisons.csv", flat.to_csv(index=False)
+        )
 
     paths[RAW_RECORDS] = atomic_write_text(
         data_dir / RAW_RECORDS, json.dumps(dict(meta), indent=1, sort_keys=True, default=str))

@@ -52,14 +52,14 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from pmnet.model import PMNet
+from pmnet.model import CONSOLIDATION_MODES, PMNet
 from pmnet.task import MAX_SEGMENTS
 
 STM_KINDS = tuple(f"seg{t}_stm" for t in range(1, MAX_SEGMENTS + 1))
 FINAL_KINDS = tuple(f"final_ltm_seg{t}" for t in range(1, MAX_SEGMENTS + 1))
 QUERY_KINDS = ("updated_ltm", "initial_ltm") + STM_KINDS + FINAL_KINDS
 EXPERIENCES = ("correct", "mismatched", "fresh")
-MODES = ("learned", "identity")
+MODES = CONSOLIDATION_MODES  # learned, identity, then the alternative operators
 LTM_GRAPHS = ("full", "truncated", "detached")
 
 
@@ -77,7 +77,8 @@ def query_segment(kind: str) -> int | None:
 class RunOptions:
     """How one pass through a batch of episodes is run.
 
-    consolidation: "learned" (C_psi) or "identity" (raw S accumulation) at every boundary.
+    consolidation: "learned" (C_psi), "identity" (raw S accumulation) or an alternative
+        operator (ema, overwrite, linear, gru; the model must have it) at every boundary.
     ltm_routing: the direct L term of Eq. 9 on (True) or off (False).
     experience: which experience fills LTM: "correct", "mismatched" or "fresh".
     detach_ltm: detach LTM after each boundary, the last included (`ltm_graph="detached"`;

@@ -37,7 +37,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.weightstats import DescrStatsW
 
 from pmnet.conditions import CONDITIONS as _CONDITIONS
-from pmnet.conditions import PAPER_SEEDS
+from pmnet.conditions import OPERATOR_CONDITIONS as _OPERATOR_CONDITIONS
+from pmnet.conditions import OPERATOR_REFERENCE, PAPER_SEEDS
 from pmnet.io import atomic_path, atomic_write_text
 
 # ------------------------------------------------------------------------------------------
@@ -46,7 +47,11 @@ from pmnet.io import atomic_path, atomic_write_text
 
 #: Condition names in the paper's order, and their table labels (from pmnet.conditions).
 CONDITIONS: tuple[str, ...] = tuple(_CONDITIONS)
-CONDITION_LABELS: dict[str, str] = {n: c.label for n, c in _CONDITIONS.items()}
+#: The consolidation-operator conditions (beyond the paper), in their defined order.
+OPERATOR_CONDITIONS: tuple[str, ...] = tuple(_OPERATOR_CONDITIONS)
+CONDITION_LABELS: dict[str, str] = {
+    n: c.label for n, c in {**_CONDITIONS, **_OPERATOR_CONDITIONS}.items()
+}
 
 #: Per-trial provenance columns of the tidy table, in order.
 META_COLUMNS: tuple[str, ...] = (
@@ -91,10 +96,12 @@ def condition_label(condition: str) -> str:
 
 
 def ordered_conditions(names: Iterable[str]) -> list[str]:
-    """The paper's condition order first, then unknown names sorted."""
+    """The paper's condition order first, then the operator conditions, then unknown names
+    sorted."""
     present = set(names)
-    known = [c for c in CONDITIONS if c in present]
-    return known + sorted(present - set(CONDITIONS))
+    order = CONDITIONS + OPERATOR_CONDITIONS
+    known = [c for c in order if c in present]
+    return known + sorted(present - set(order))
 
 
 # ------------------------------------------------------------------------------------------
@@ -667,6 +674,37 @@ COMPARISON_REMARKS: dict[str, str] = {
         for m in ("updated_ltm", "updated_ltm_add10", "updated_ltm_affine10", "seg2_stm")
     },
 }
+
+
+def _build_operator_comparisons() -> tuple[Comparison, ...]:
+    return tuple(
+        Comparison(f"{c} - Consolidator: updated_ltm", c, "updated_ltm", OPERATOR_REFERENCE,
+                   "updated_ltm", "ours:operators")
+        for c in OPERATOR_CONDITIONS
+    )
+
+
+#: Beyond the paper: each consolidation operator against the Consolidator (the learned arm,
+#: ``consolidator_only``) on updated-mapping LTM recall, paired by seed. A family of its own:
+#: Holm runs over these four only, so the paper's family (:data:`COMPARISONS`) is unchanged.
+OPERATOR_COMPARISONS: tuple[Comparison, ...] = _build_operator_comparisons()
+
+COMPARISON_REMARKS.update({
+    c.label: "separately trained operators from one Phase-1 checkpoint"
+    for c in OPERATOR_COMPARISONS
+})
+
+
+def has_operator_results(df: pd.DataFrame) -> bool:
+    """Whether any trial of an operator condition is in ``df``."""
+    return not df.empty and bool(df["condition"].isin(OPERATOR_CONDITIONS).any())
+
+
+def compare_operators(
+    df: pd.DataFrame, *, expected_seeds: Iterable[int] | None = None, alpha: float = 0.05
+) -> pd.DataFrame:
+    """:func:`compare_all` over :data:`OPERATOR_COMPARISONS` (Holm within that family)."""
+    return compare_all(df, OPERATOR_COMPARISONS, expected_seeds=expected_seeds, alpha=alpha)
 
 
 def expected_seed_set(df: pd.DataFrame) -> list[int]:

@@ -6,8 +6,10 @@ Phase 1 (STM pretraining): same-segment rule induction from routed STM: process 
     demonstrations, clear the KV cache, answer the held-out query; the Consolidator is frozen.
     Output: one checkpoint `phase1.pt` (weights-only loadable) with its sha256 beside it.
 Phase 2 (consolidation training): the two-segment protocol from that checkpoint, for one of
-    the conditions of Table "Parameter-isolation conditions" (`CONDITIONS`); `segments` > 2
-    trains on memory episodes of that many segments, and `ltm_graph` chooses full or
+    the conditions of Table "Parameter-isolation conditions" (`CONDITIONS`) or one of the
+    consolidation-operator conditions beyond the paper (`OPERATOR_CONDITIONS`: the operator
+    is created fresh at its identity start, `init_operator`, and trained alone); `segments`
+    > 2 trains on memory episodes of that many segments, and `ltm_graph` chooses full or
     truncated backpropagation through the boundaries (issue 11; docs/choices.md).
 
 One LightningModule per phase wraps the plain `PMNet`; the loop, clipping, precision,
@@ -46,11 +48,18 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, Dataset
 
 from pmnet import task
-from pmnet.conditions import CONDITIONS, PAPER_SEEDS, Condition, get_condition  # noqa: F401
+from pmnet.conditions import (  # noqa: F401
+    ALL_CONDITIONS,
+    CONDITIONS,
+    OPERATOR_CONDITIONS,
+    PAPER_SEEDS,
+    Condition,
+    get_condition,
+)
 from pmnet.config import ModelConfig
 from pmnet.evaluate import episode_outcomes, summarize
 from pmnet.io import atomic_link, atomic_path, atomic_write_bytes, atomic_write_json
-from pmnet.model import PMNet
+from pmnet.model import OPERATORS, PMNet
 from pmnet.runner import LTM_GRAPHS, RunOptions, run_episodes
 
 PHASE1_FORMAT = "pmnet-phase1/v1"
@@ -62,7 +71,8 @@ MODEL_FORMAT = "pmnet-model/v1"
 # -----------------------------------------------------------------------------------------
 
 
-# `Condition`, `CONDITIONS`, `get_condition` and `PAPER_SEEDS` live in pmnet.conditions.
+# `Condition`, `CONDITIONS`, `OPERATOR_CONDITIONS`, `ALL_CONDITIONS`, `get_condition` and
+# `PAPER_SEEDS` live in pmnet.conditions.
 
 
 # -----------------------------------------------------------------------------------------
@@ -115,7 +125,9 @@ class TrainConfig:
     # Phase 2: the Consolidator's own recipe -----------------------------------------------
     # std of W_g / W_u drawn from the Phase-2 seed at the start of Phase 2 (W_d = 0 and the
     # unit-phasor b_d keep C an exact identity); 0 keeps the checkpoint's Consolidator (the
-    # paper's protocol: every seed starts from the same, Phase-1-initialised Consolidator)
+    # paper's protocol: every seed starts from the same, Phase-1-initialised Consolidator).
+    # The operator conditions follow the same recipe: see `init_operator`; their parameters
+    # share the Consolidator's learning rate and weight decay below.
     consolidator_init_std: float = 0.0
     consolidator_lr: float = 0.0  # learning rate of the Consolidator's parameters (0: lr)
     consolidator_weight_decay: float | None = None  # None: weight_decay
@@ -422,8 +434,10 @@ class _PhaseModule(L.LightningModule):
         if not params:
             raise ValueError("no trainable parameters")
         cfg = self.cfg
-        cons = [(n, p) for n, p in params if n.startswith("consolidator.")]
-        rest = [(n, p) for n, p in params if not n.startswith("consolidator.")]
+        # the Consolidator and the alternative consolidation operators: their own lr / decay
+        boundary = ("consolidator.", "operators.")
+        cons = [(n, p) for n, p in params if n.startswith(boundary)]
+        rest = [(n, p) for n, p in params if not n.startswith(boundary)]
         c_lr = cfg.consolidator_lr or self.lr
         c_wd = cfg.weight_decay if cfg.consolidator_weight_decay is None \
             else cfg.consolidator_weight_decay
@@ -684,6 +698,11 @@ def load_model_file(path: str | Path, *, expect_config: ModelConfig | None = Non
             raise ValueError(f"checkpoint {path} was made with a different model config "
                              f"(field: checkpoint vs requested): {diff}")
     model = PMNet(mcfg)
+    # a Phase-2 operator model (`operators.<name>.*` keys) gets its operator before the
+    # strict load; a Phase-1 checkpoint has none
+    for name in sorted({k.split(".")[1] for k in payload["state_dict"]
+                        if k.startswith("operators.") and k.count(".") >= 2}):
+        model.add_operator(name)
     model.load_state_dict(payload["state_dict"])
     return model, payload
 
@@ -852,6 +871,21 @@ def init_consolidator(model: PMNet, cfg: TrainConfig, seed: int) -> None:
                                   torch.Generator().manual_seed(seed))
 
 
+def init_operator(model: PMNet, cfg: TrainConfig, name: str, seed: int) -> None:
+    """Create the consolidation operator `name` for an operator condition (a Phase-1
+    checkpoint has none) and set its start, mirroring `init_consolidator`: its random
+    matrices from N(0, consolidator_init_std) drawn from the Phase-2 seed when that std is
+    > 0, else from N(0, model.init_std) drawn from `phase1_seed` (so every seed starts from
+    the same operator, as every seed starts from the checkpoint's Consolidator); then the
+    parameters that make it an exact identity consolidation (L + S)."""
+    op = model.add_operator(name)
+    if cfg.consolidator_init_std > 0:
+        std, gen_seed = cfg.consolidator_init_std, seed
+    else:
+        std, gen_seed = cfg.model.init_std, cfg.phase1_seed
+    op.reset(std, torch.Generator().manual_seed(gen_seed))
+
+
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
                out_dir: str | Path, callbacks=(), loggers=(), resume_from=None,
                progress: bool | None = None) -> dict:
@@ -867,7 +901,10 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     t0 = time.time()
     L.seed_everything(seed, workers=True, verbose=False)  # init order, data, dropout
     model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
-    init_consolidator(model, cfg, seed)
+    if cond.consolidation in OPERATORS:  # the Consolidator stays as stored (frozen, unused)
+        init_operator(model, cfg, cond.consolidation, seed)
+    else:
+        init_consolidator(model, cfg, seed)
     module = Phase2Module(cfg, model, cond)
     data = EpisodeData(cfg, seed, cfg.episodes_per_epoch, segments=cfg.segments)
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,

@@ -64,3 +64,16 @@ def test_info_lists_how_a_preset_departs_from_the_paper(capsys):
     assert "departs from the paper" in capsys.readouterr().out
     assert main(["info", "--preset", "paper", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["notes"] == []  # the paper's own protocol
+
+
+def test_info_lists_the_consolidation_operators(capsys):
+    assert main(["info", "--preset", "paper", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["operators"] == {"ema": 32, "overwrite": 16_512, "linear": 4_160, "gru": 24_768}
+    assert main(["info", "--preset", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["operators"] == {
+        "ema": 16, "overwrite": 4_160, "linear": 1_056, "gru": 6_240}
+    assert main(["info", "--preset", "cpu"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ema", "overwrite", "linear", "gru"):
+        assert f"operator {name}" in out

@@ -413,3 +413,227 @@ def test_flash_attention_matches_sdpa_on_cuda():
         finally:
             M.flash_attn_func = fa
     assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+
+
+# ------------------------------------------------------------------ consolidation operators
+from pmnet.model import (  # noqa: E402
+    CONSOLIDATION_MODES,
+    OPERATOR_SUBSET,
+    OPERATORS,
+    angle_diff,
+    operator_parameter_counts,
+)
+
+
+def occupied_state(model, B=3, seed=3, occupancy=0.6):
+    """A state with random STM / LTM in [0, 2pi) and a random occupancy mask."""
+    g = torch.Generator().manual_seed(seed)
+    st = model.init_state(B)
+    return type(st)(kv=st.kv,
+                    stm=tuple(torch.rand(x.shape, generator=g) * TWO_PI for x in st.stm),
+                    occ=tuple(torch.rand(o.shape, generator=g) < occupancy for o in st.occ),
+                    ltm=tuple(torch.rand(x.shape, generator=g) * TWO_PI for x in st.ltm))
+
+
+def perturb(op, seed=0, scale=0.3):
+    """Move every parameter of an operator off its identity start (generic gradients)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in op.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return op
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_operator_identity_start_equals_identity_consolidation_bit_for_bit(name):
+    model = make()
+    st = occupied_state(model)
+    identity = model.consolidate(st, mode="identity")
+    model.add_operator(name)
+    out = model.consolidate(st, mode=name)
+    assert all(torch.equal(a, b) for a, b in zip(out.ltm, identity.ltm))
+    # also for S, L far outside [0, 2pi) and after a seeded reset with a large std
+    op = model.operators[name]
+    op.reset(1.0, torch.Generator().manual_seed(7))
+    g = torch.Generator().manual_seed(11)
+    S = (torch.rand(4, 16, 4, 8, generator=g) - 0.5) * 40.0
+    L = (torch.rand(4, 16, 4, 8, generator=g) - 0.5) * 40.0
+    assert torch.equal(op(S, L), wrap(L + S))
+
+
+def test_operator_parameter_counts_at_the_paper_and_cpu_presets():
+    assert CONSOLIDATION_MODES == ("learned", "identity", "ema", "overwrite", "linear", "gru")
+    expected = {"paper": {"ema": 32, "overwrite": 16_512, "linear": 4_160, "gru": 24_768},
+                "cpu": {"ema": 16, "overwrite": 4_160, "linear": 1_056, "gru": 6_240}}
+    for preset, counts in expected.items():
+        cfg = ModelConfig.from_name(preset)
+        P, C = cfg.phase_dim, cfg.consolidator_hidden
+        assert counts == {"ema": P,  # alpha
+                          "overwrite": (6 * P * C + 2 * P) + (4 * P * P + P) + P,  # C, gate, gamma
+                          "linear": 4 * P * P + 2 * P,
+                          "gru": 24 * P * P + 6 * P}
+        assert operator_parameter_counts(cfg) == counts
+        with torch.device("meta"):
+            model = PMNet(cfg)
+        assert model.parameter_counts()["operators"] == counts
+    # a model with an operator counts it in its total and in the operator-only subset
+    model = make()
+    base = model.parameter_counts()
+    assert OPERATOR_SUBSET not in base["subsets"]
+    model.add_operator("gru")
+    counts = model.parameter_counts()
+    assert counts["subsets"][OPERATOR_SUBSET] == base["operators"]["gru"] == 1_584
+    assert counts["total"] == base["total"] + 1_584
+    for s in ("consolidator_only", "memory_consolidator"):  # the paper's subsets unchanged
+        assert counts["subsets"][s] == base["subsets"][s]
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_gradients_reach_exactly_the_operators_parameters(name):
+    model = make().train()
+    op = perturb(model.add_operator(name))
+    subset = {n for n, _ in model.trainable_subset(OPERATOR_SUBSET)}
+    assert subset == {f"operators.{name}.{n}" for n, _ in op.named_parameters()}
+    for n, p in model.named_parameters():  # the operator-only setting
+        p.requires_grad_(n in subset)
+    st = model.init_state(3)
+    for seed in (1, 2):  # two segments, two boundaries, then a query from LTM
+        _, st = model(tokens(seed=seed), st, ltm_routing=True, logits="none")
+        st = model.consolidate(st, mode=name).clear_context()
+    out, _ = model(tokens(T=4, seed=3), st, ltm_routing=True, logits="last")
+    out.logsumexp(-1).sum().backward()
+    got = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert got == subset
+    assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n in subset)
+    # the operator replaces C_psi: with every parameter trainable, the Consolidator gets none
+    model.zero_grad(set_to_none=True)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    st = model.consolidate(occupied_state(model), mode=name)
+    sum(x.sin().sum() for x in st.ltm).backward()
+    assert all(p.grad is None for p in model.consolidator.parameters())
+    assert all(p.grad is not None for p in op.parameters())
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_identity_start_is_not_a_stationary_point(name):
+    """At its exact identity start some parameter of each operator gets a nonzero gradient,
+    so training can leave the identity (as W_d and b_d do for the Consolidator)."""
+    op = make().add_operator(name)
+    g = torch.Generator().manual_seed(4)
+    S, L = torch.rand(64, 8, generator=g) * TWO_PI, torch.rand(64, 8, generator=g) * TWO_PI
+    target = torch.rand(64, 8, generator=g) * TWO_PI
+    (1 - torch.cos(op(S, L) - target)).sum().backward()
+    assert any(p.grad.abs().sum() > 0 for p in op.parameters())
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_operator_outputs_are_wrapped(name):
+    op = perturb(make().add_operator(name), scale=1.0)
+    g = torch.Generator().manual_seed(5)
+    S = (torch.rand(8, 21, 4, 8, generator=g) - 0.5) * 60.0
+    L = (torch.rand(8, 21, 4, 8, generator=g) - 0.5) * 60.0
+    out = op(S, L)
+    assert torch.isfinite(out).all() and out.min() >= 0 and out.max() < TWO_PI
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_operator_is_slot_local_and_batch_independent(name):
+    model = make()
+    op = perturb(model.add_operator(name))
+    g = torch.Generator().manual_seed(6)
+    S, L = (torch.rand(3, 4, 4, 8, generator=g) * TWO_PI for _ in range(2))
+    base = op(S, L)
+    S2 = S.clone()
+    S2[1, 2, 3] = torch.rand(8, generator=g) * TWO_PI  # one slot (row 1, group 2, slot 3)
+    changed = (op(S2, L) != base).any(-1)  # (B, G, K)
+    assert changed[1, 2, 3] and changed.sum() == 1
+    for b in range(3):  # each batch row alone gives the same L+
+        assert_close(op(S[b:b + 1], L[b:b + 1]), base[b:b + 1], atol=1e-6, rtol=0)
+    # through Eq. 8: unoccupied groups keep L exactly
+    st = occupied_state(model)
+    out = model.consolidate(st, mode=name)
+    for O, L0, L1 in zip(st.occ, st.ltm, out.ltm):
+        m = O[:, :, None, None].expand_as(L0)
+        assert torch.equal(L1[~m], L0[~m])
+
+
+def _reference(name, op, S, L):
+    """Each operator's documented equation, written literally (no exactness tricks)."""
+    zS, zL = torch.cat([S.cos(), S.sin()], -1), torch.cat([L.cos(), L.sin()], -1)
+    P = S.shape[-1]
+    if name == "ema":
+        return wrap(L + op.alpha * angle_diff(S))
+    if name == "overwrite":
+        U = L + S
+        g = op.gamma * torch.sigmoid(op.gate(torch.cat([zS, zL], -1)))
+        return wrap(U + g * angle_diff(op.candidate(S) - U))
+    if name == "linear":
+        w = zS @ (torch.eye(2 * P) + op.map.weight).T + op.map.bias
+        return wrap(L + torch.atan2(w[..., P:], w[..., :P]))
+    W, Uh, b = op.w_x.weight, op.w_h.weight, op.w_x.bias
+    (Wr, Wu, Wn), (Ur, Uu, Un), (br, bu, bn) = W.chunk(3), Uh.chunk(3), b.chunk(3)
+    r = torch.sigmoid(zS @ Wr.T + zL @ Ur.T + br)
+    u = torch.sigmoid(zS @ Wu.T + zL @ Uu.T + bu)
+    n = torch.tanh(zS @ Wn.T + r * (zL @ Un.T) + bn)
+    a = torch.cat([(L + S).cos(), (L + S).sin()], -1)
+    h = (1 - u) * a + u * (a + n)
+    return wrap(torch.atan2(h[..., P:], h[..., :P]))
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_operator_computes_its_documented_equation(name):
+    op = perturb(make().add_operator(name), scale=0.5)
+    g = torch.Generator().manual_seed(8)
+    S, L = torch.rand(50, 8, generator=g) * TWO_PI, torch.rand(50, 8, generator=g) * TWO_PI
+    with torch.no_grad():
+        assert angular_error(op(S, L), _reference(name, op, S, L)) < 1e-5
+
+
+def test_operator_limits_ema_keeps_and_overwrite_replaces():
+    model = make()
+    g = torch.Generator().manual_seed(9)
+    S, L = torch.rand(50, 8, generator=g) * TWO_PI, torch.rand(50, 8, generator=g) * TWO_PI
+    ema = model.add_operator("ema")
+    with torch.no_grad():
+        ema.alpha.zero_()  # alpha = 0: the boundary keeps L
+    assert angular_error(ema(S, L), L) < 1e-5
+    ow = model.add_operator("overwrite")
+    with torch.no_grad():  # gate fully open: L is replaced by the candidate C(S) = S
+        ow.gamma.fill_(1.0)
+        ow.gate.bias.fill_(50.0)
+    assert angular_error(ow(S, L), S) < 1e-4
+
+
+def test_operators_are_created_at_phase_2_and_named_errors():
+    model = make()
+    keys = set(model.state_dict())
+    assert not any(k.startswith("operators.") for k in keys)  # a Phase-1 model: the paper's
+    st = occupied_state(model)
+    with pytest.raises(ValueError, match="add_operator"):
+        model.consolidate(st, mode="ema")
+    with pytest.raises(ValueError, match="consolidation mode"):
+        model.consolidate(st, mode="copy")
+    with pytest.raises(ValueError, match="unknown consolidation operator"):
+        model.add_operator("lstm")
+    rng = torch.get_rng_state()
+    op = model.add_operator("gru")
+    assert torch.equal(torch.get_rng_state(), rng)  # no other randomness of a run changes
+    assert model.add_operator("gru") is op
+    new = set(model.state_dict()) - keys
+    assert new and all(k.startswith("operators.gru.") for k in new)
+    with pytest.raises(ValueError, match="use_memory"):
+        make(use_memory=False).add_operator("ema")
+
+
+def test_operator_reset_is_seeded():
+    op = make().add_operator("overwrite")
+
+    def draw(seed):
+        op.reset(0.5, torch.Generator().manual_seed(seed))
+        return [p.clone() for p in op.parameters()]
+
+    a, b, c = draw(1), draw(1), draw(2)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+    assert op.candidate.w_g.weight.std().item() == pytest.approx(0.5, rel=0.2)

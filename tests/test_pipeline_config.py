@@ -600,3 +600,15 @@ def test_storage_probe_says_why_a_node_does_not_see_the_root(tmp_path):
     (local / ".token").write_text("another driver's token\n")
     assert "different filesystem" in probe_storage(str(local), ".token", "abc\n")
     assert "cannot read" in probe_storage(str(tmp_path / "not-mounted"), ".token", "abc\n")
+
+
+def test_a_pipeline_recorded_before_new_config_fields_still_continues(tmp_path):
+    plan = _plan(tmp_path)
+    stages.write_meta(plan, status="finished")
+    stored = json.loads(plan.layout.config_json.read_text())
+    for key in ("segments", "ltm_graph"):  # fields added after this pipeline was recorded
+        stored.pop(key)
+    plan.layout.config_json.write_text(json.dumps(stored))
+    assert _plan(tmp_path).resumed  # same configuration: it continues, nothing "differs"
+    with pytest.raises(PipelineError, match="max_epochs differ"):
+        _plan(tmp_path, overrides={"max_epochs": 5})

@@ -471,3 +471,100 @@ def test_claims_table_says_when_an_effect_does_not_reproduce():
         "does not reproduce (difference <= 0)")
     assert claims["Fresh LTM near chance (10%), routing on (%)"].startswith(
         "does not reproduce")
+
+
+# ------------------------------------------------------------------------------------------
+# consolidation operators (beyond the paper)
+# ------------------------------------------------------------------------------------------
+
+OPERATOR_TABLES = ["tab:operators", "tab:operator-comparisons"]
+#: synthetic (updated_ltm per seed 42, 43, 44, trainable parameters) per condition
+OPERATOR_RUNS = {
+    "consolidator_only": ([86.0, 88.0, 87.0], 12_352),
+    "operator_ema": ([18.0, 19.0, 18.5], 32),
+    "operator_overwrite": ([60.0, 66.0, 61.0], 16_512),
+    "operator_linear": ([40.0, 38.0, 45.0], 4_160),
+    "operator_gru": ([80.0, 84.0, 85.0], 24_768),
+}
+
+
+def write_operator_results(results: Path) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    for condition, (updated, params) in OPERATOR_RUNS.items():
+        for i, seed in enumerate((42, 43, 44)):
+            test = {"updated_ltm": updated[i], "forced_identity": 18.0 + i,
+                    "initial_ltm": 50.0 + i, "fresh_ltm": 10.0 + i, "mismatched_ltm": 9.0 + i,
+                    "seg2_stm": 89.9, "mean_stm": 89.95}
+            (results / f"{condition}__seed{seed}.json").write_text(json.dumps({
+                "condition": condition, "seed": seed, "preset": "debug",
+                "phase1_sha256": "ab" * 32, "trainable_params": params,
+                "total_params": 29_946_816 + (0 if condition == "consolidator_only" else params),
+                "test": test, "val": {"updated_ltm": updated[i]}}))
+
+
+def test_operator_tables_from_synthetic_results(tmp_path):
+    write_operator_results(tmp_path / "results")
+    df = stats.load_results(tmp_path / "results")
+    tables = {t.id: t for t in report.build_tables(df, paper=None)}
+    assert list(tables) == ALL_TABLES + OPERATOR_TABLES
+    ops = tables["tab:operators"]
+    assert ops.columns == ["Operator", "Updated LTM", "Forced identity", "Initial LTM", "Fresh",
+                           "Mismatched", "Trainable parameters"]
+    md = _md_rows(ops.to_markdown())
+    assert [r[0] for r in md[2:]] == ["Consolidator (learned)", "EMA operator",
+                                      "Overwrite operator", "Linear operator", "GRU operator"]
+    gru = md[-1]
+    assert gru[1] == "83.00 ± 2.65" and gru[2] == "19.00 ± 1.00" and gru[-1] == "24768"
+    assert md[2][-1] == "12352" and not ops.missing
+    cmp = tables["tab:operator-comparisons"]
+    rows = {r[0].text: r for r in cmp.rows}
+    assert list(rows) == ["EMA operator - Consolidator", "Overwrite operator - Consolidator",
+                          "Linear operator - Consolidator", "GRU operator - Consolidator"]
+    want = stats.paired_comparison(df, "operator_gru", "updated_ltm", "consolidator_only",
+                                   "updated_ltm")
+    gru_row = rows["GRU operator - Consolidator"]
+    assert gru_row[1].value == 3 and gru_row[2].value == pytest.approx(want["mean_diff"])
+    assert gru_row[2].sd == pytest.approx(want["sd_diff"])
+    assert gru_row[3].value == pytest.approx(want["ci_low"])
+    assert gru_row[5].value == pytest.approx(want["p"])
+    assert "4 operator comparisons" in cmp.caption
+    for table in (ops, cmp):  # renders in every target
+        for target in ("md", "tex", "html"):
+            assert table.render(target)
+
+
+def test_operator_tables_name_missing_operator_trials(tmp_path):
+    write_operator_results(tmp_path / "results")
+    (tmp_path / "results" / "operator_linear__seed43.json").unlink()
+    df = stats.load_results(tmp_path / "results")
+    tables = {t.id: t for t in report.build_tables(df, paper=None)}
+    md = _md_rows(tables["tab:operators"].to_markdown())
+    linear = next(r for r in md if r[0] == "Linear operator")
+    assert "[n=2]" in linear[1]
+    assert "operator_linear: no result for seed 43" in " ".join(tables["tab:operators"].missing)
+    row = next(r for r in tables["tab:operator-comparisons"].rows
+               if r[0].text.startswith("Linear"))
+    assert row[1].value == 2 and "seed 43 missing in operator_linear" in row[-1].text
+
+
+def test_report_with_operator_results(tmp_path):
+    write_operator_results(tmp_path / "results")
+    paths = report.main_report(tmp_path)
+    doc = parse_html(paths["html"].read_text(encoding="utf-8"))
+    for table_id in OPERATOR_TABLES:
+        assert doc.tables[table_id]["body"], table_id
+    assert "**Table `tab:operators`.**" in paths["markdown"].read_text(encoding="utf-8")
+    flat = pd.read_csv(paths["operator_comparisons.csv"])
+    assert list(flat["cond_a"]) == list(stats.OPERATOR_CONDITIONS)
+    assert (flat["holm_m"] == 4).all()
+    paper_family = pd.read_csv(paths["comparisons.csv"])
+    assert not paper_family["label"].str.contains("operator").any()
+
+
+def test_report_is_unchanged_without_operator_results(built, fixture_df):
+    run, paths = built
+    assert [t.id for t in report.build_tables(fixture_df, paper=None)] == ALL_TABLES
+    assert "operator_comparisons.csv" not in paths
+    assert not (run / "report" / "data" / "operator_comparisons.csv").exists()
+    text = (run / "report" / "report.html").read_text(encoding="utf-8")
+    assert "tab:operators" not in text and "Operator" not in text

@@ -612,3 +612,47 @@ def test_packaged_paper_data_equals_the_shared_spec():
         pytest.skip("shared/spec not beside the repository")
     for name in ("paper-aggregates.csv", "paper-per-seed.csv"):
         assert (PACKAGED_SPEC / name).read_bytes() == (shared / name).read_bytes()
+
+
+# ------------------------------------------------------------------------------------------
+# consolidation operators (beyond the paper)
+# ------------------------------------------------------------------------------------------
+
+
+def test_operator_comparisons_are_their_own_family():
+    ops = ("operator_ema", "operator_overwrite", "operator_linear", "operator_gru")
+    assert stats.OPERATOR_CONDITIONS == ops
+    assert [(c.cond_a, c.metric_a, c.cond_b, c.metric_b) for c in stats.OPERATOR_COMPARISONS] \
+        == [(o, "updated_ltm", "consolidator_only", "updated_ltm") for o in ops]
+    paper_family = {c.label for c in stats.COMPARISONS}
+    assert not paper_family & {c.label for c in stats.OPERATOR_COMPARISONS}
+    assert not any(c.cond_a in ops or c.cond_b in ops for c in stats.COMPARISONS)
+    assert stats.CONDITIONS == tuple(stats.CONDITION_LABELS)[:6]  # the paper's six first
+    assert stats.condition_label("operator_gru") == "GRU operator"
+    assert stats.ordered_conditions(["zzz", "operator_gru", "operator_ema", "learned_full"]) == [
+        "learned_full", "operator_ema", "operator_gru", "zzz"]
+
+
+def test_compare_operators_pairs_each_operator_with_the_consolidator():
+    ref = [80.0, 82.0, 84.0]
+    ups = {"operator_ema": [20.0, 25.0, 21.0], "operator_overwrite": [70.0, 78.0, 77.0],
+           "operator_linear": [50.0, 52.0, 57.0], "operator_gru": [81.0, 80.0, 86.0]}
+    rows = [("consolidator_only", 42 + i, {"updated_ltm": ref[i]}) for i in range(3)]
+    rows += [(c, 42 + i, {"updated_ltm": v[i]}) for c, v in ups.items() for i in range(3)]
+    rows.append(("learned_full", 42, {"updated_ltm": 90.0}))
+    df = frame(rows)
+    assert stats.has_operator_results(df)
+    assert not stats.has_operator_results(df[~df["condition"].str.startswith("operator_")])
+    out = stats.compare_operators(df)
+    assert list(out["cond_a"]) == list(ups)
+    for row in out.to_dict("records"):
+        want = stats.paired_comparison(df, row["cond_a"], "updated_ltm", "consolidator_only",
+                                       "updated_ltm")
+        for k in ("n", "mean_diff", "sd_diff", "ci_low", "ci_high", "p"):
+            assert row[k] == pytest.approx(want[k]), k
+        assert row["mean_diff"] == pytest.approx(np.mean(ups[row["cond_a"]]) - np.mean(ref))
+    assert (out["holm_m"] == 4).all()  # Holm over the four operator comparisons only
+    assert np.allclose(out["p_holm"], multipletests(out["p"], method="holm")[1])
+    # the paper's family ignores the operator trials entirely
+    without = df[~df["condition"].str.startswith("operator_")]
+    pd.testing.assert_frame_equal(stats.compare_all(df), stats.compare_all(without))

@@ -476,3 +476,105 @@ def test_phase2_trains_and_tests_on_t_segment_episodes(phase1, tmp_path):
     assert test["final_ltm_seg3"] == test["updated_ltm"]
     assert test["mean_stm"] == pytest.approx(sum(test[f"seg{t}_stm"] for t in (1, 2, 3)) / 3)
     assert res["config"]["segments"] == 3 and res["config"]["ltm_graph"] == "truncated"
+
+
+# ------------------------------------------------------------------ consolidation operators
+from pmnet.conditions import ALL_CONDITIONS, OPERATOR_CONDITIONS, get_condition  # noqa: E402
+from pmnet.model import OPERATOR_SUBSET, OPERATORS, PMNet, operator_parameter_counts  # noqa: E402
+from pmnet.train import init_operator  # noqa: E402
+
+
+def test_operator_conditions_are_the_consolidator_only_setting_per_operator():
+    assert set(OPERATOR_CONDITIONS).isdisjoint(CONDITIONS)  # the paper's six are untouched
+    assert list(ALL_CONDITIONS) == list(CONDITIONS) + list(OPERATOR_CONDITIONS)
+    assert [c.consolidation for c in OPERATOR_CONDITIONS.values()] == list(OPERATORS)
+    ref = CONDITIONS["consolidator_only"]
+    for name, c in OPERATOR_CONDITIONS.items():
+        assert name == f"operator_{c.consolidation}" and get_condition(name) is c
+        assert c.subset == OPERATOR_SUBSET
+        assert (c.ltm_routing, c.objective, c.select) == (ref.ltm_routing, ref.objective,
+                                                          ref.select)
+    TrainConfig.from_name("debug", conditions=tuple(OPERATOR_CONDITIONS))  # validates
+
+
+@pytest.mark.parametrize("condition", list(OPERATOR_CONDITIONS))
+def test_operator_condition_trains_only_its_operator(phase1, condition, tmp_path):
+    cfg, p1 = phase1
+    name = OPERATOR_CONDITIONS[condition].consolidation
+    res = run_phase2(cfg, condition=condition, seed=42, phase1_ckpt=p1["checkpoint"],
+                     out_dir=tmp_path, progress=False)
+    assert res["consolidation"] == name and res["ltm_routing"] is True
+    assert res["trainable_params"] == operator_parameter_counts(cfg.model)[name]
+    for k in ("updated_ltm", "forced_identity", "initial_ltm", "fresh_ltm", "mismatched_ltm"):
+        assert 0 <= res["test"][k] <= 100
+    assert res["test"]["alternative_mode"] == res["test"]["forced_identity"]
+    # the Phase-1 checkpoint (no operator) loaded strictly; best_model.pt has the operator
+    ref, _ = load_model_file(p1["checkpoint"])
+    new, _ = load_model_file(tmp_path / "best_model.pt")
+    assert len(ref.operators) == 0 and list(new.operators) == [name]
+    old = dict(ref.named_parameters())
+    for n, p in new.named_parameters():
+        if n in old:
+            assert torch.equal(p, old[n]), n  # everything else, Consolidator included, frozen
+    start = PMNet(cfg.model)
+    init_operator(start, cfg, name, 42)
+    trained = new.operators[name].state_dict()
+    assert any(not torch.equal(v, trained[k])
+               for k, v in start.operators[name].state_dict().items())  # it did train
+
+
+def test_operator_start_is_seeded_like_the_consolidators(phase1):
+    _, p1 = phase1
+
+    def start(cfg, seed):
+        model, _ = load_model_file(p1["checkpoint"])
+        init_operator(model, cfg, "gru", seed)
+        return model.operators["gru"].w_x.weight.clone()
+
+    paper_like = TrainConfig.from_name("debug", **TINY)  # std 0: one start for every seed
+    assert torch.equal(start(paper_like, 42), start(paper_like, 43))
+    drawn = TrainConfig.from_name("debug", **TINY, consolidator_init_std=0.3)
+    a, b = start(drawn, 42), start(drawn, 43)
+    assert torch.equal(a, start(drawn, 42)) and not torch.equal(a, b)
+    assert a[: 4 * drawn.model.phase_dim].std().item() == pytest.approx(0.3, rel=0.2)
+    assert torch.count_nonzero(a[4 * drawn.model.phase_dim:]) == 0  # W_n = 0: identity start
+
+
+def test_model_files_load_strictly_with_or_without_an_operator(phase1, tmp_path):
+    _, p1 = phase1
+    payload = torch.load(p1["checkpoint"], weights_only=True)
+    assert not any(k.startswith("operators.") for k in payload["state_dict"])
+    for extra, match in (({"foo.bar": torch.zeros(1)}, "Unexpected key"),
+                         ({"operators.lstm.w": torch.zeros(1)}, "unknown consolidation operator"),
+                         ({"operators.ema.beta": torch.zeros(1)}, "Missing key|Unexpected key")):
+        bad = {**payload, "state_dict": {**payload["state_dict"], **extra}}
+        torch.save(bad, tmp_path / "bad.pt")
+        with pytest.raises((RuntimeError, ValueError), match=match):
+            load_model_file(tmp_path / "bad.pt")
+
+
+def test_operator_shares_the_consolidators_learning_rate_and_weight_decay(phase1):
+    _, p1 = phase1
+    cfg = TrainConfig.from_name("debug", **TINY, consolidator_lr=0.02,
+                                consolidator_weight_decay=0.0)
+    model, _ = load_model_file(p1["checkpoint"])
+    init_operator(model, cfg, "linear", 42)
+    module = Phase2Module(cfg, model, OPERATOR_CONDITIONS["operator_linear"])
+    assert module.trainable == sorted(n for n, _ in model.trainable_subset(OPERATOR_SUBSET))
+    module.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
+    opt = module.configure_optimizers()["optimizer"]
+    op = {id(p) for p in model.operators["linear"].parameters()}
+    assert {id(p) for g in opt.param_groups for p in g["params"]} == op
+    assert all(g["initial_lr"] == 0.02 and g["weight_decay"] == 0.0 for g in opt.param_groups)
+
+
+def test_an_operator_condition_trains_on_t_segment_episodes(phase1, tmp_path):
+    """The two issue-11 extensions compose: an alternative operator at every boundary of a
+    three-segment episode, trained with truncated backpropagation."""
+    _, p1 = phase1
+    cfg = TrainConfig.from_name("debug", **TINY, segments=3, ltm_graph="truncated")
+    res = run_phase2(cfg, condition="operator_gru", seed=42, phase1_ckpt=p1["checkpoint"],
+                     out_dir=tmp_path, progress=False)
+    assert res["trainable_params"] == operator_parameter_counts(cfg.model)["gru"]
+    assert res["test"]["final_ltm_seg3"] == res["test"]["updated_ltm"]
+    assert 0 <= res["test"]["final_ltm_seg1"] <= 100

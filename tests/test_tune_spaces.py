@@ -85,3 +85,34 @@ def test_bad_spaces_fail_with_a_clear_message(changes, message):
     sp = tiny(TrainConfig.from_name("debug")).derive(**changes)
     with pytest.raises(SpaceError, match=message):
         sp.validate(CONDITIONS)
+
+
+@pytest.mark.parametrize("preset", ["debug", "cpu", "paper"])
+def test_operators_grid_is_the_consolidator_and_four_operators_by_the_presets_seeds(preset):
+    from pmnet.conditions import ALL_CONDITIONS, OPERATOR_CONDITIONS
+    from tune_spaces import OPERATOR_GRID_CONDITIONS, operators
+
+    cfg = TrainConfig.from_name(preset)
+    sp = get_space("operators")(cfg)
+    assert get_space("operators") is operators and sp.name == "operators"
+    assert sp.conditions == OPERATOR_GRID_CONDITIONS == (
+        "consolidator_only", "operator_ema", "operator_overwrite", "operator_linear",
+        "operator_gru")
+    assert set(sp.conditions[1:]) == set(OPERATOR_CONDITIONS)
+    assert sp.seeds == tuple(cfg.seeds) and sp.n_trials == 5 * len(cfg.seeds)
+    assert sp.resources() == default(cfg).resources()
+    sp.validate(ALL_CONDITIONS)
+    with pytest.raises(SpaceError, match="unknown condition"):  # not among the paper's six
+        sp.validate(CONDITIONS)
+    # the paper's grid is unchanged by the operator conditions
+    assert paper(cfg).conditions == PAPER_CONDITIONS == tuple(CONDITIONS)
+    assert len(PAPER_CONDITIONS) == 6
+
+
+def test_the_pipeline_accepts_the_operators_grid():
+    from pipelines.plan import build_space
+
+    sp = build_space(TrainConfig.from_name("debug"), grid="operators")
+    assert sp.name == "operators" and "operator_gru" in sp.conditions
+    assert build_space(TrainConfig.from_name("debug"), grid="operators",
+                       conditions="operator_ema").conditions == ("operator_ema",)

@@ -19,11 +19,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pmnet.conditions import CONDITIONS, PAPER_SEEDS
+from pmnet.conditions import CONDITIONS, OPERATOR_CONDITIONS, OPERATOR_REFERENCE, PAPER_SEEDS
 
 # the paper's Phase-2 grid (Section 6.2, Table "Parameter-isolation conditions"; Appendix
 # "Hyperparameters": seeds 42..46)
 PAPER_CONDITIONS: tuple[str, ...] = tuple(CONDITIONS)
+# beyond the paper (issue 11): the Consolidator-only arm and one condition per alternative
+# consolidation operator, all trained alone from the same Phase-1 checkpoint
+OPERATOR_GRID_CONDITIONS: tuple[str, ...] = (OPERATOR_REFERENCE, *OPERATOR_CONDITIONS)
 
 
 class SpaceError(ValueError):
@@ -174,8 +177,15 @@ def core(cfg, *, gpu: bool = False) -> Space:
                        conditions=[c for c in base.conditions if c != "learned_full_dual"])
 
 
+def operators(cfg, *, gpu: bool = False) -> Space:
+    """The preset's seeds x (consolidator_only + the four operator conditions): each
+    alternative consolidation operator against the Consolidator (`pmnet.report`'s operators
+    table and paired comparisons)."""
+    return default(cfg, gpu=gpu).derive(name="operators", conditions=OPERATOR_GRID_CONDITIONS)
+
+
 SPACES: dict[str, Callable[..., Space]] = {
-    "default": default, "paper": paper, "tiny": tiny, "core": core,
+    "default": default, "paper": paper, "tiny": tiny, "core": core, "operators": operators,
 }
 
 
