@@ -457,7 +457,10 @@ def _clean(cell: str) -> str:
 
 
 def tex_rows(label: str) -> list[list[str]]:
-    tex = (_spec() / "consolidator-paper.tex").read_text(encoding="utf-8")
+    path = _spec() / "consolidator-paper.tex"
+    if not path.is_file():  # the packaged copy holds the CSVs only, not the paper's source
+        pytest.skip(f"the paper's source is not at {path} (shared/spec beside the repository)")
+    tex = path.read_text(encoding="utf-8")
     start = tex.index(rf"\label{{{label}}}")
     body = tex[start : tex.index(r"\end{tabular}", start)]
     body = body[body.index(r"\midrule") + len(r"\midrule") : body.index(r"\bottomrule")]
