@@ -1,4 +1,4 @@
-"""The fault table of docs/pipeline.md, produced by tests (all `slow`: ~20 min on 2 cores).
+"""The fault table of docs/pipeline.md, produced by tests (all `slow`: 745 s for the 15 on 2 cores).
 
 Each scenario injects one fault into a real debug-preset pipeline on the `tiny` grid (local
 Ray, embedded MLflow store on loopback), records what the user sees and the exit code, then
