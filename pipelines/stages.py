@@ -96,16 +96,15 @@ def _wait_phase1(plan: Plan, ray, job: Stage1Job, runs: Runs, rid: str | None) -
 
 
 def _log_epochs(runs: Runs, rid: str, history: list[dict], logged: set[int]) -> None:
-    """Log the epochs of `history` not yet in `logged` (their step is the epoch)."""
+    """Log the epochs of `history` not yet in `logged` (their step is the epoch), through
+    the pipeline's TrackingGuard (bounded, non-fatal; the next poll tries again)."""
     for row in history:
         epoch = row.get("epoch")
         if not isinstance(epoch, int) or epoch in logged:
             continue
-        try:
-            runs.tracker.log_metrics(rid, {k: v for k, v in row.items() if k != "epoch"},
-                                     step=epoch)
-        except Exception as e:  # tracking never stops Stage 1; the next poll tries again
-            say(f"[mlflow] stage1 metrics failed: {type(e).__name__}: {e}")
+        ok, _ = runs.guard.call("stage1 metrics", runs.tracker.log_metrics, rid,
+                                {k: v for k, v in row.items() if k != "epoch"}, step=epoch)
+        if not ok:
             return
         logged.add(epoch)
 

@@ -392,7 +392,6 @@ class Runs:
         return self.guard.call(what, fn, *args, **kwargs)[1]
 
 
-
 def experiment_name(plan: Plan) -> str:
     return f"pmnet/{plan.name}"
 

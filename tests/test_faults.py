@@ -191,6 +191,14 @@ def _attempts(lay: Layout, condition: str, seed: int) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def start_in_background(root: Path, name: str) -> subprocess.Popen:
+    """`pipelines.run start` of the debug pipeline in its own process group, not waited for."""
+    return subprocess.Popen([sys.executable, "-m", "pipelines.run", "start", *BASE, "--root",
+                             str(root), "--name", name], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
 def first_line(out: str, prefix: str) -> str:
     for ln in out.splitlines():
         if prefix in ln and ("skipped" in ln or "continuing" in ln):
@@ -201,10 +209,7 @@ def first_line(out: str, prefix: str) -> str:
 @pytest.mark.slow
 def test_two_drivers_at_once(tmp_path, reference):
     root = tmp_path / "runs"
-    first = subprocess.Popen([sys.executable, "-m", "pipelines.run", "start", *BASE, "--root",
-                              str(root), "--name", "two"], cwd=REPO, env=_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+    first = start_in_background(root, "two")
     try:
         lock = root / "two" / "driver.lock"
         deadline = time.time() + 120
@@ -229,10 +234,7 @@ def test_two_drivers_at_once(tmp_path, reference):
 @pytest.mark.slow
 def test_trial_worker_killed_mid_training(tmp_path, reference):
     root = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", "start", *BASE, "--root",
-                             str(root), "--name", "w"], cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = start_in_background(root, "w")
     lay = Layout(root, "w")
     victim = lay.trial_dir("learned_full", 42) / "attempts.jsonl"
     killed = None
@@ -275,10 +277,7 @@ def test_disk_full_during_stage2_then_freed_and_resumed(tmp_path, reference):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         root = disk / "runs"
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", "start", *BASE,
-                                 "--root", str(root), "--name", "d"], cwd=REPO, env=_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        proc = start_in_background(root, "d")
         filler = disk / "filler"
         try:
             stage1 = root / "d" / "phase1" / "stage1.json"
