@@ -29,6 +29,18 @@ from pipelines.tracking import EMBEDDED, check_tracking_uri, requested_tracking_
 from tune_spaces import Space, get_space
 
 
+@dataclass(frozen=True)
+class Phase1Source:
+    """A verified Phase-1 checkpoint from elsewhere (`start --phase1-from PATH`)."""
+
+    checkpoint: Path  # the .pt file; its `.sha256` sidecar and phase1_metrics.json beside it
+    sha256: str
+    metrics: dict  # the source's phase1_metrics.json (train_config, test, history, ...)
+
+    def to_dict(self) -> dict:
+        return {"checkpoint": str(self.checkpoint), "sha256": self.sha256}
+
+
 @dataclass
 class Plan:
     layout: Layout
@@ -42,6 +54,9 @@ class Plan:
     mlflow_host: str = "127.0.0.1"
     stage1_cpus: float | None = None  # None: every CPU of the largest node
     resumed: bool = False
+    # a finished Phase-1 checkpoint of another run that Stage 1 copies in instead of
+    # training (`start --phase1-from`), checked against this pipeline's Phase-1 config
+    phase1_from: Phase1Source | None = None
 
     @property
     def name(self) -> str:
@@ -116,6 +131,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
              max_failures=None, tracking_uri: str | None = None,
              ray_address: str | None = None, num_cpus: int | None = None,
              mlflow_host: str = "127.0.0.1", stage1_cpus: float | None = None,
+             phase1_from: str | os.PathLike | None = None,
              check_tracking: bool = True) -> Plan:
     """Validate a new pipeline (fast; no Ray, no training). PipelineError/SpaceError if bad."""
     from pmnet.train import TrainConfig
@@ -138,6 +154,8 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     plan = Plan(layout=Layout(root, name), cfg=cfg, space=space, preset_reason=reason,
                 overrides=overrides, tracking_uri=uri, ray_address=ray_address,
                 num_cpus=num_cpus, mlflow_host=mlflow_host, stage1_cpus=stage1_cpus)
+    if phase1_from is not None:
+        plan.phase1_from = check_phase1_source(phase1_from, cfg)
     _check_existing(plan)
     return _check_resources(plan)
 
@@ -234,6 +252,9 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 overrides=meta.get("overrides", {}), tracking_uri=uri,
                 ray_address=ray_address, num_cpus=num_cpus, mlflow_host=mlflow_host,
                 stage1_cpus=stage1_cpus, resumed=True)
+    src = meta.get("phase1_from")
+    if isinstance(src, dict) and not lay.phase1_ckpt.is_file():  # imported, then removed
+        plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), cfg)
     return _check_resources(plan)
 
 
@@ -248,7 +269,12 @@ def _check_resources(plan: Plan) -> Plan:
         raise PipelineError(f"--stage1-cpus must be > 0, got {plan.stage1_cpus!r}")
     check_host(plan.mlflow_host)
     plan.ray_address = check_ray_address(plan.ray_address or os.environ.get("RAY_ADDRESS"))
-    existing_phase1(plan)
+    digest = existing_phase1(plan)
+    if plan.phase1_from is not None and digest not in (None, plan.phase1_from.sha256):
+        raise PipelineError(
+            f"pipeline {plan.name!r} already has a Phase-1 checkpoint (sha256 {digest[:12]}...) "
+            f"that is not the one --phase1-from names ({plan.phase1_from.sha256[:12]}...); "
+            "use another --name")
     return plan
 
 
@@ -328,6 +354,54 @@ def existing_phase1(plan: Plan, *, repair: bool = False) -> str | None:
                             f"Phase-1 model file for this config ({type(e).__name__}: "
                             f"{str(e).splitlines()[0][:200] if str(e) else ''}). {hint}") from e
     return digest
+
+
+def phase1_part(cfg_d: dict) -> dict:
+    """The Phase-1 part of a TrainConfig dict (what the Phase-1 checkpoint depends on)."""
+    return {k: v for k, v in canon(cfg_d).items() if k not in PHASE2_ONLY_FIELDS}
+
+
+def check_phase1_source(path: str | os.PathLike, cfg) -> Phase1Source:
+    """A Phase-1 checkpoint to import (a `phase1.pt`, or a directory holding one): its sha256
+    sidecar matches, its `phase1_metrics.json` says it was trained with this pipeline's
+    Phase-1 configuration (every field but the Phase-2-only ones), and it loads weights-only
+    as a model of this config. PipelineError naming the problem otherwise. Reads only."""
+    from pmnet.train import load_model_file, verify_phase1
+
+    src = Path(path).expanduser()
+    ckpt = src / "phase1.pt" if src.is_dir() else src
+    if not ckpt.is_file():
+        raise PipelineError(f"--phase1-from {path}: no Phase-1 checkpoint there (give a "
+                            "phase1.pt, or the directory of a pipeline's or `pmnet train "
+                            "phase1`'s Phase 1 that holds one)")
+    ckpt = ckpt.resolve()
+    try:
+        digest = verify_phase1(ckpt)
+    except ValueError as e:
+        raise PipelineError(f"--phase1-from: {e}") from e
+    metrics_path = ckpt.parent / "phase1_metrics.json"
+    metrics = read_json(metrics_path) if metrics_path.is_file() else None
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("train_config"), dict):
+        raise PipelineError(f"--phase1-from {ckpt}: {metrics_path} is missing or has no "
+                            "train_config, so the configuration it was trained with cannot "
+                            "be checked; import only checkpoints written by Phase 1 "
+                            "(`pmnet train phase1` or a pipeline's Stage 1)")
+    theirs = phase1_part(_normalized(metrics["train_config"]))
+    mine = phase1_part(cfg.to_dict())
+    diff = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
+    if diff:
+        shown = "; ".join(f"{k}: {theirs.get(k)!r} there vs {mine.get(k)!r} here"
+                          for k in diff[:4])
+        raise PipelineError(f"--phase1-from {ckpt} was trained with a different Phase-1 "
+                            f"configuration ({shown}{'; ...' if len(diff) > 4 else ''}); "
+                            "use the same preset and Phase-1 --set overrides, or let "
+                            "Stage 1 train its own")
+    try:
+        load_model_file(ckpt, expect_config=cfg.model)
+    except Exception as e:
+        raise PipelineError(f"--phase1-from {ckpt} matches its sha256 but is not a loadable "
+                            f"Phase-1 model file for this config ({type(e).__name__})") from e
+    return Phase1Source(checkpoint=ckpt, sha256=digest, metrics=metrics)
 
 
 def phase1_config_hash(cfg) -> str:

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="retries of a crashed trial from its last checkpoint (default 2)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="TrainConfig override, e.g. --set max_epochs=3 --set model.hidden=32")
+    p.add_argument("--phase1-from", default=None, metavar="PATH",
+                   help="reuse a finished Phase-1 checkpoint (a phase1.pt or its directory, "
+                        "e.g. another pipeline's <run>/phase1) instead of training one; it "
+                        "must match this preset's Phase-1 configuration")
     _compute(p)
 
     p = sub.add_parser("resume", help="continue the last (or --name) pipeline (its grid, "
@@ -120,7 +124,7 @@ def cmd_start(a) -> int:
         cpus_per_trial=a.cpus_per_trial, gpus_per_trial=a.gpus_per_trial,
         max_concurrent=a.max_concurrent, max_failures=a.max_failures,
         tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
-        mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus)
+        mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus, phase1_from=a.phase1_from)
     print(f"preset: {plan.cfg.preset} ({plan.preset_reason})", flush=True)
     return run_plan(plan)
 

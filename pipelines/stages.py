@@ -11,6 +11,7 @@ Stage 3  `pmnet.report.main_report(<run>)`; a failure there is logged, results a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import socket
 import stat
@@ -121,6 +122,8 @@ def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> Stage1Job:
     """Skip (valid checkpoint for this config) or submit the Phase-1 task; don't wait."""
     lay = plan.layout
     digest = existing_phase1(plan, repair=True)
+    if digest is None and plan.phase1_from is not None:
+        digest = import_phase1(plan)
     if digest is not None:
         say(f"[stage 1/3] skipped: {lay.phase1_ckpt} exists with a valid sha256 "
             f"{digest[:12]}... for this config")
@@ -137,14 +140,44 @@ def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> Stage1Job:
                      t0=time.time())
 
 
+def import_phase1(plan: Plan) -> str:
+    """Copy the checked `--phase1-from` checkpoint (and its metrics) into `<run>/phase1/`,
+    each file atomically, then record Stage 1 as done; return its sha256."""
+    from pmnet.io import atomic_write_bytes
+
+    lay, src = plan.layout, plan.phase1_from
+    data = src.checkpoint.read_bytes()
+    if hashlib.sha256(data).hexdigest() != src.sha256:  # changed since planning
+        raise PipelineError(f"--phase1-from {src.checkpoint} changed since it was checked "
+                            "(its sha256 differs now); start again")
+    say(f"[stage 1/3] importing the Phase-1 checkpoint {src.checkpoint} "
+        f"(sha256 {src.sha256[:12]}...)")
+    lay.phase1_dir.mkdir(parents=True, exist_ok=True)
+    write_json(lay.phase1_dir / "phase1_metrics.json", src.metrics)
+    atomic_write_bytes(lay.phase1_ckpt, data)
+    atomic_write_bytes(Path(f"{lay.phase1_ckpt}.sha256"),
+                       f"{src.sha256}  {lay.phase1_ckpt.name}\n".encode())
+    for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):  # read-only, as trained
+        p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    info = {"config_hash": phase1_config_hash(plan.cfg), "sha256": src.sha256,
+            "checkpoint": str(lay.phase1_ckpt), "imported_from": str(src.checkpoint),
+            "train_time_s": src.metrics.get("train_time_s"), "wall_s": 0.0,
+            "metrics": src.metrics.get("test", {})}
+    write_json(lay.stage1_json, canon(info))
+    write_meta(plan, phase1_sha256=src.sha256, phase1_from=src.to_dict())
+    return src.sha256
+
+
 def stage1_finish(plan: Plan, ray, job: Stage1Job, runs: Runs) -> tuple[str, float]:
     """Wait for the Phase-1 task, record the checkpoint's hash, log Stage 1 to MLflow."""
     lay = plan.layout
     rid = stage_run(plan, runs, "stage1-phase1")
     if job.digest is not None:
         if rid:
-            runs.safe("stage1 tags", runs.tracker.set_tags, rid,
-                      {"skipped": "true", "phase1_sha256": job.digest})
+            tags = {"skipped": "true", "phase1_sha256": job.digest}
+            if plan.phase1_from is not None:
+                tags["imported_from"] = str(plan.phase1_from.checkpoint)
+            runs.safe("stage1 tags", runs.tracker.set_tags, rid, tags)
             runs.safe("stage1 finish", runs.tracker.finish, rid)
         if runs.parent:
             runs.safe("parent tags", runs.tracker.set_tags, runs.parent,

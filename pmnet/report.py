@@ -1439,6 +1439,8 @@ def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
             text += f"; test mean STM recall {stm:.2f}%"
         if _minutes(p1.get("train_time_s")):
             text += f"; trained in {_minutes(p1['train_time_s'])}"
+        if p1.get("imported_from"):
+            text += f"; imported from {p1['imported_from']} (`--phase1-from`), not trained here"
         facts.append(("Phase-1 checkpoint", text))
     timing = meta.get("timing") if isinstance(meta.get("timing"), Mapping) else {}
     parts = [f"{label} {_minutes(timing.get(key))}" for key, label in (

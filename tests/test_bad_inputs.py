@@ -94,6 +94,12 @@ def _phase1(root: Path, garbage: bool) -> None:
                                              "sha256": digest}))
 
 
+def _bare_checkpoint(root: Path) -> None:
+    """A file named phase1.pt with no sha256 sidecar beside it (not from Stage 1)."""
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "phase1.pt").write_bytes(b"weights of unknown origin")
+
+
 def _a_file(root: Path) -> None:
     root.mkdir(parents=True)
     (root / "a-file").write_text("not a directory")
@@ -164,6 +170,11 @@ CASES = [
          env={"RAY_ADDRESS": "my-cluster"}, kind="environment"),
     Case("--root below a file", ["start", "--preset", "debug", "--root", "ROOT/a-file/runs"],
          "not a writable directory", setup=_a_file, kind="path"),
+    Case("--phase1-from with no checkpoint there", [*S, "--phase1-from", "ROOT/nowhere"],
+         "no Phase-1 checkpoint there", kind="path"),
+    Case("--phase1-from a checkpoint without its sha256",
+         [*S, "--phase1-from", "ROOT/src/phase1.pt"], "no recorded sha256",
+         setup=_bare_checkpoint, kind="path"),
     Case("resume with no pipeline", ["resume", "--root", "ROOT"], "no pipeline under",
          kind="path"),
     Case("resume of an unknown name", ["resume", "--root", "ROOT", "--name", "q"],

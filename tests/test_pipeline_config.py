@@ -190,6 +190,90 @@ def test_stage1_is_idempotent_and_never_retrains_over_a_tampered_checkpoint(tmp_
         stages.existing_phase1(plan)
 
 
+def _tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()} if root.exists() else {}
+
+
+def test_phase1_from_imports_a_checked_checkpoint_instead_of_training(tmp_path, phase1):
+    src_dir = Path(phase1["checkpoint"]).parent
+    plan = _plan(tmp_path, phase1_from=src_dir)  # a directory holding phase1.pt
+    assert plan.phase1_from.sha256 == phase1["sha256"]
+    assert not (tmp_path / "runs").exists()  # planning wrote nothing
+    job = stages.stage1_start(plan, ray=None, cpus=1.0, gpus=0.0)  # no Ray: nothing trains
+    lay = plan.layout
+    assert job.digest == phase1["sha256"] and job.ref is None
+    assert lay.phase1_ckpt.read_bytes() == Path(phase1["checkpoint"]).read_bytes()
+    assert not os.access(lay.phase1_ckpt, os.W_OK) or os.geteuid() == 0
+    assert oct(lay.phase1_ckpt.stat().st_mode & 0o222) == "0o0"  # read-only, as trained
+    info = read_json(lay.stage1_json)
+    assert info["imported_from"] == str(Path(phase1["checkpoint"]).resolve())
+    assert info["sha256"] == phase1["sha256"]
+    assert info["config_hash"] == planning.phase1_config_hash(plan.cfg)
+    assert read_json(lay.phase1_dir / "phase1_metrics.json")["test"] == \
+        read_json(src_dir / "phase1_metrics.json")["test"]
+    assert read_json(lay.pipeline_json)["phase1_from"]["sha256"] == phase1["sha256"]
+    # from now on the run's own checkpoint is the one Stage 1 finds (a resume needs no source)
+    assert stages.existing_phase1(plan) == phase1["sha256"]
+    again = _plan(tmp_path, phase1_from=Path(phase1["checkpoint"]))  # same name, same file
+    assert again.resumed and stages.stage1_start(again, None, 1.0, 0.0).digest == job.digest
+    # the run's checkpoint removed: resume imports it again from the recorded source
+    for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):
+        p.chmod(0o644)
+        p.unlink()
+    resumed = planning.plan_resume(root=tmp_path / "runs", name="p")
+    assert resumed.phase1_from.sha256 == phase1["sha256"]
+    assert stages.stage1_start(resumed, None, 1.0, 0.0).digest == phase1["sha256"]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "no Phase-1 checkpoint there"),
+    ("tampered", "does not match its recorded sha256"),
+    ("no_sidecar", "no recorded sha256"),
+    ("no_metrics", "phase1_metrics.json is missing"),
+    ("other_phase1_config", "different Phase-1 configuration .*phase1_lr"),
+    ("run_has_another", "already has a Phase-1 checkpoint"),
+])
+def test_phase1_from_refuses_what_it_cannot_vouch_for(tmp_path, phase1, case, message):
+    src = Path(phase1["checkpoint"])
+    d = tmp_path / "src"
+    d.mkdir()
+    for name in (src.name, f"{src.name}.sha256", "phase1_metrics.json"):
+        (d / name).write_bytes((src.parent / name).read_bytes())
+    kw = {}
+    if case == "missing":
+        (d / src.name).unlink()
+    elif case == "tampered":
+        data = bytearray((d / src.name).read_bytes())
+        data[len(data) // 3] ^= 0x04
+        (d / src.name).write_bytes(bytes(data))
+    elif case == "no_sidecar":
+        (d / f"{src.name}.sha256").unlink()
+    elif case == "no_metrics":
+        (d / "phase1_metrics.json").unlink()
+    elif case == "other_phase1_config":
+        kw["overrides"] = {"phase1_lr": 1e-2}
+    elif case == "run_has_another":  # the run already finished Stage 1 with other weights
+        import torch
+
+        from pmnet.train import load_model_file, save_model_file
+
+        plan = _plan(tmp_path)
+        stages.write_meta(plan)
+        plan.layout.phase1_dir.mkdir(parents=True)
+        model, _ = load_model_file(src)
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+        digest = save_model_file(plan.layout.phase1_ckpt, model, fmt="pmnet-phase1/v1", meta={})
+        assert digest != phase1["sha256"]
+        write_json(plan.layout.stage1_json,
+                   {"config_hash": planning.phase1_config_hash(plan.cfg), "sha256": digest})
+    before = _tree(tmp_path / "runs")
+    with pytest.raises(PipelineError, match=message):
+        _plan(tmp_path, phase1_from=d, **kw)
+    assert _tree(tmp_path / "runs") == before  # refused before anything was written
+
+
 # -- MLflow naming and re-attachment ----------------------------------------------------------
 
 
