@@ -64,17 +64,17 @@ def _execute(plan: Plan) -> int:
         where = f"Ray cluster {plan.ray_address}" if plan.ray_address else "local Ray"
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s "
             f"(largest node: {cpus:g} CPU, {gpus:g} GPU)")
-        job = stage1_start(plan, ray, cpus, gpus)  # runs while the MLflow server starts
+        jobs = stage1_start(plan, ray, cpus, gpus)  # run while the MLflow server starts
         kill_point("stage1-submitted")
         uri = server.wait_ready() if server is not None else plan.tracking_uri
         runs = open_tracking(plan, uri)
-        digest, p1_time = stage1_finish(plan, ray, job, runs)
-        s2 = stage2(plan, runs, digest)
+        p1 = stage1_finish(plan, ray, jobs, runs)
+        s2 = stage2(plan, runs, p1)
         kill_point("stage2-done")
         backfill_results(lay, runs)  # what trials could not log to MLflow, from their results
         status = "finished" if s2["errored"] == 0 and s2["finished"] == sp.n_trials else "failed"
-        timing = timing_record(plan, t_start, s2, p1_time)  # the report reads both records
-        write_meta(plan, status=status, phase1_sha256=digest)
+        timing = timing_record(plan, t_start, s2, p1.train_time_s)  # the report reads both
+        write_meta(plan, status=status)
         kill_point("stage3-start")
         stage3(plan, runs)
         if runs.parent:

@@ -107,6 +107,12 @@ class Layout:
     def phase1_dir(self) -> Path:
         return self.run_dir / "phase1"
 
+    def phase1_dir_for(self, phase1_seed: int | None) -> Path:
+        """The Stage-1 directory of one Phase-1 checkpoint: `phase1/` for the pipeline's
+        single checkpoint (None), `phase1-p1s<k>/` for Phase-1 seed k of a grid with several
+        Phase-1 seeds (issue 11, part 3)."""
+        return self.phase1_dir if phase1_seed is None else self.run_dir / f"phase1-p1s{phase1_seed}"
+
     @property
     def phase1_ckpt(self) -> Path:
         return self.phase1_dir / "phase1.pt"

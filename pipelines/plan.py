@@ -8,6 +8,7 @@ process and train nothing: the driver (`pipelines.driver.execute`) does that aft
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,15 +31,49 @@ from tune_spaces import Space, get_space
 
 
 @dataclass(frozen=True)
+class Phase1Slot:
+    """One Phase-1 checkpoint of a pipeline: the single shared one (`seed` None, in
+    `phase1/`, trained with the pipeline's own `phase1_seed`), or that of Phase-1 seed k in a
+    grid with several (`phase1-p1s<k>/`, the pipeline's config with `phase1_seed = k`)."""
+
+    seed: int | None
+    cfg: Any  # the TrainConfig this checkpoint is trained with
+    dir: Path
+
+    @property
+    def ckpt(self) -> Path:
+        return self.dir / "phase1.pt"
+
+    @property
+    def sidecar(self) -> Path:
+        return self.dir / "phase1.pt.sha256"
+
+    @property
+    def stage1_json(self) -> Path:
+        return self.dir / "stage1.json"
+
+    @property
+    def metrics_json(self) -> Path:
+        return self.dir / "phase1_metrics.json"
+
+    @property
+    def label(self) -> str:
+        """`phase1` or `phase1-p1s<k>` (directory, MLflow run and console name)."""
+        return self.dir.name
+
+
+@dataclass(frozen=True)
 class Phase1Source:
     """A verified Phase-1 checkpoint from elsewhere (`start --phase1-from PATH`)."""
 
     checkpoint: Path  # the .pt file; its `.sha256` sidecar and phase1_metrics.json beside it
     sha256: str
     metrics: dict  # the source's phase1_metrics.json (train_config, test, history, ...)
+    slot_seed: int | None = None  # the Phase1Slot it stands in for
 
     def to_dict(self) -> dict:
-        return {"checkpoint": str(self.checkpoint), "sha256": self.sha256}
+        return {"checkpoint": str(self.checkpoint), "sha256": self.sha256,
+                "slot_seed": self.slot_seed}
 
 
 @dataclass
@@ -61,6 +96,23 @@ class Plan:
     @property
     def name(self) -> str:
         return self.layout.name
+
+    @property
+    def phase1_slots(self) -> list[Phase1Slot]:
+        """The Phase-1 checkpoints Stage 1 provides: one, or one per Phase-1 seed of the
+        grid (`Space.phase1_seeds`)."""
+        seeds = tuple(getattr(self.space, "phase1_seeds", ()) or ())
+        if not seeds:
+            return [Phase1Slot(None, self.cfg, self.layout.phase1_dir)]
+        return [Phase1Slot(k, dataclasses.replace(self.cfg, phase1_seed=k),
+                           self.layout.phase1_dir_for(k)) for k in seeds]
+
+    def phase1_slot(self, phase1_seed: int | None) -> Phase1Slot:
+        for slot in self.phase1_slots:
+            if slot.seed == phase1_seed:
+                return slot
+        raise PipelineError(f"pipeline {self.name!r} has no Phase-1 checkpoint for Phase-1 "
+                            f"seed {phase1_seed!r}")
 
 
 def cuda_available() -> bool:
@@ -155,7 +207,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
                 overrides=overrides, tracking_uri=uri, ray_address=ray_address,
                 num_cpus=num_cpus, mlflow_host=mlflow_host, stage1_cpus=stage1_cpus)
     if phase1_from is not None:
-        plan.phase1_from = check_phase1_source(phase1_from, cfg)
+        plan.phase1_from = check_phase1_source(phase1_from, plan.phase1_slots)
     _check_existing(plan)
     return _check_resources(plan)
 
@@ -253,8 +305,9 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 ray_address=ray_address, num_cpus=num_cpus, mlflow_host=mlflow_host,
                 stage1_cpus=stage1_cpus, resumed=True)
     src = meta.get("phase1_from")
-    if isinstance(src, dict) and not lay.phase1_ckpt.is_file():  # imported, then removed
-        plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), cfg)
+    if isinstance(src, dict) and not plan.phase1_slot(src.get("slot_seed")).ckpt.is_file():
+        # imported, then removed: import it again (checked again)
+        plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), plan.phase1_slots)
     return _check_resources(plan)
 
 
@@ -269,12 +322,14 @@ def _check_resources(plan: Plan) -> Plan:
         raise PipelineError(f"--stage1-cpus must be > 0, got {plan.stage1_cpus!r}")
     check_host(plan.mlflow_host)
     plan.ray_address = check_ray_address(plan.ray_address or os.environ.get("RAY_ADDRESS"))
-    digest = existing_phase1(plan)
-    if plan.phase1_from is not None and digest not in (None, plan.phase1_from.sha256):
-        raise PipelineError(
-            f"pipeline {plan.name!r} already has a Phase-1 checkpoint (sha256 {digest[:12]}...) "
-            f"that is not the one --phase1-from names ({plan.phase1_from.sha256[:12]}...); "
-            "use another --name")
+    for slot in plan.phase1_slots:
+        digest = existing_phase1(plan, slot=slot)
+        src = plan.phase1_from
+        if src is not None and src.slot_seed == slot.seed and digest not in (None, src.sha256):
+            raise PipelineError(
+                f"pipeline {plan.name!r} already has a Phase-1 checkpoint in {slot.dir} "
+                f"(sha256 {digest[:12]}...) that is not the one --phase1-from names "
+                f"({src.sha256[:12]}...); use another --name")
     return plan
 
 
@@ -311,30 +366,32 @@ def check_ray_address(address: str | None, timeout: float = 3.0) -> str | None:
     return address
 
 
-def existing_phase1(plan: Plan, *, repair: bool = False) -> str | None:
+def existing_phase1(plan: Plan, *, repair: bool = False,
+                    slot: Phase1Slot | None = None) -> str | None:
     """sha256 of a finished Phase-1 checkpoint for this config, None if there is none.
 
-    PipelineError when one is there but cannot be used: it fails its sha256 (tampered), or
-    its bytes pass the hash but do not load as a weights-only pmnet model file of this
-    model config (garbage with a matching sidecar). Never retrained over silently. A missing
-    sidecar whose checkpoint matches the sha256 Stage 1 recorded is rewritten (`repair`,
-    the driver) or accepted as rewritable (planning), rather than retraining Phase 1.
+    `slot`: which checkpoint (default: the pipeline's only one). PipelineError when one is
+    there but cannot be used: it fails its sha256 (tampered), or its bytes pass the hash
+    but do not load as a weights-only pmnet model file of this model config (garbage with a
+    matching sidecar). Never retrained over silently. A missing sidecar whose checkpoint
+    matches the sha256 Stage 1 recorded is rewritten (`repair`, the driver) or accepted as
+    rewritable (planning), rather than retraining Phase 1.
     """
     from pmnet.train import load_model_file, sha256_file, verify_phase1
 
-    lay = plan.layout
-    ckpt, sidecar = lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")
+    slot = slot or plan.phase1_slots[0]
+    ckpt, sidecar = slot.ckpt, slot.sidecar
     if not ckpt.is_file():
         return None
-    hint = f"Delete {lay.phase1_dir} to train Phase 1 again."
+    hint = f"Delete {slot.dir} to train Phase 1 again."
     digest = None
     if sidecar.is_file():
         try:
             digest = verify_phase1(ckpt)
         except ValueError as e:
             raise PipelineError(f"Stage 1: {e}. {hint}") from e
-    info = read_json(lay.stage1_json, {}) or {}
-    if info.get("config_hash") != phase1_config_hash(plan.cfg):
+    info = read_json(slot.stage1_json, {}) or {}
+    if info.get("config_hash") != phase1_config_hash(slot.cfg):
         return None
     if digest is None:  # the sidecar is gone: the record of Stage 1 vouches for the file
         digest = sha256_file(ckpt)
@@ -348,7 +405,7 @@ def existing_phase1(plan: Plan, *, repair: bool = False) -> str | None:
         raise PipelineError(f"Stage 1: {ckpt} has sha256 {digest[:12]}... but Stage 1 "
                             f"recorded {str(info.get('sha256'))[:12]}...; refusing it. {hint}")
     try:
-        load_model_file(ckpt, expect_config=plan.cfg.model)
+        load_model_file(ckpt, expect_config=slot.cfg.model)
     except Exception as e:
         raise PipelineError(f"Stage 1: {ckpt} matches its sha256 but is not a loadable "
                             f"Phase-1 model file for this config ({type(e).__name__}: "
@@ -361,11 +418,13 @@ def phase1_part(cfg_d: dict) -> dict:
     return {k: v for k, v in canon(cfg_d).items() if k not in PHASE2_ONLY_FIELDS}
 
 
-def check_phase1_source(path: str | os.PathLike, cfg) -> Phase1Source:
+def check_phase1_source(path: str | os.PathLike, slots: list[Phase1Slot]) -> Phase1Source:
     """A Phase-1 checkpoint to import (a `phase1.pt`, or a directory holding one): its sha256
-    sidecar matches, its `phase1_metrics.json` says it was trained with this pipeline's
-    Phase-1 configuration (every field but the Phase-2-only ones), and it loads weights-only
-    as a model of this config. PipelineError naming the problem otherwise. Reads only."""
+    sidecar matches, its `phase1_metrics.json` says it was trained with the Phase-1
+    configuration of one of the pipeline's Phase-1 checkpoints (`slots`; every field but the
+    Phase-2-only ones, so with several Phase-1 seeds its `phase1_seed` picks the slot), and
+    it loads weights-only as a model of this config. PipelineError naming the problem
+    otherwise. Reads only."""
     from pmnet.train import load_model_file, verify_phase1
 
     src = Path(path).expanduser()
@@ -387,9 +446,15 @@ def check_phase1_source(path: str | os.PathLike, cfg) -> Phase1Source:
                             "be checked; import only checkpoints written by Phase 1 "
                             "(`pmnet train phase1` or a pipeline's Stage 1)")
     theirs = phase1_part(_normalized(metrics["train_config"]))
-    mine = phase1_part(cfg.to_dict())
-    diff = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
-    if diff:
+    diffs = []
+    for slot in slots:
+        mine = phase1_part(slot.cfg.to_dict())
+        diff = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
+        if not diff:
+            break
+        diffs.append(diff)
+    else:
+        diff = min(diffs, key=len)
         shown = "; ".join(f"{k}: {theirs.get(k)!r} there vs {mine.get(k)!r} here"
                           for k in diff[:4])
         raise PipelineError(f"--phase1-from {ckpt} was trained with a different Phase-1 "
@@ -397,11 +462,11 @@ def check_phase1_source(path: str | os.PathLike, cfg) -> Phase1Source:
                             "use the same preset and Phase-1 --set overrides, or let "
                             "Stage 1 train its own")
     try:
-        load_model_file(ckpt, expect_config=cfg.model)
+        load_model_file(ckpt, expect_config=slot.cfg.model)
     except Exception as e:
         raise PipelineError(f"--phase1-from {ckpt} matches its sha256 but is not a loadable "
                             f"Phase-1 model file for this config ({type(e).__name__})") from e
-    return Phase1Source(checkpoint=ckpt, sha256=digest, metrics=metrics)
+    return Phase1Source(checkpoint=ckpt, sha256=digest, metrics=metrics, slot_seed=slot.seed)
 
 
 def phase1_config_hash(cfg) -> str:

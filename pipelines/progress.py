@@ -73,10 +73,12 @@ class Phase1Progress(Callback):
         self._last = now
 
 
-def describe(progress: dict | None, waited_s: float) -> str:
-    """One console line from a progress record (or the time waited when there is none)."""
+def describe(progress: dict | None, waited_s: float, label: str = "") -> str:
+    """One console line from a progress record (or the time waited when there is none);
+    `label` names the checkpoint when Stage 1 trains several (e.g. `phase1-p1s1`)."""
+    tag = f" {label}:" if label else ""
     if not progress:
-        return (f"[stage 1/3] running for {waited_s / 60:.1f} min (Phase 0 / set-up; no "
+        return (f"[stage 1/3]{tag} running for {waited_s / 60:.1f} min (Phase 0 / set-up; no "
                 "Phase-1 step yet)")
     step, total = progress.get("step", 0), progress.get("total_steps")
     frac = f" ({100 * step / total:.0f}%)" if total else ""
@@ -86,6 +88,6 @@ def describe(progress: dict | None, waited_s: float) -> str:
     eta = progress.get("eta_s")
     eta_s = (f", ~{eta / 60:.1f} min left at most (early stopping may end it sooner)"
              if isinstance(eta, (int, float)) else "")
-    return (f"[stage 1/3] Phase 1 epoch {progress.get('epoch', 0) + 1}/"
+    return (f"[stage 1/3]{tag} Phase 1 epoch {progress.get('epoch', 0) + 1}/"
             f"{progress.get('max_epochs', '?')}, step {step}/{total or '?'}{frac}{val_s}; "
             f"{waited_s / 60:.1f} min so far{eta_s}")

@@ -17,6 +17,7 @@ import socket
 import stat
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, trial_name, write_json
-from pipelines.plan import Plan, canon, existing_phase1, phase1_config_hash
+from pipelines.plan import Phase1Slot, Plan, canon, existing_phase1, phase1_config_hash
 from pipelines.provenance import git_commit, package_versions
 from pipelines.tracking import EMBEDDED, Runs, stage_run
 
@@ -73,27 +74,45 @@ def progress_every_s() -> float:
         return 60.0
 
 
-def _wait_phase1(plan: Plan, ray, job: Stage1Job, runs: Runs, rid: str | None) -> dict:
-    """ray.get of the Phase-1 task, printing progress at a steady rate and logging each new
-    epoch's validation metrics to the Stage-1 MLflow run while Phase 1 trains."""
+def _wait_phase1(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
+                 record: Callable[[Stage1Job, dict], None]) -> None:
+    """Wait for the Phase-1 tasks, printing progress at a steady rate, logging each new
+    epoch's validation metrics to its Stage-1 MLflow run while Phase 1 trains, and
+    `record`-ing each checkpoint as soon as its task returns (so a failure of one loses
+    none that finished). The first task error is raised after the others were waited on."""
     from pipelines.progress import PROGRESS_FILE, describe
 
-    path = plan.layout.phase1_dir / PROGRESS_FILE
-    logged = job.logged
-    if rid:
-        logged |= runs.safe("stage1 logged epochs", runs.tracker.logged_steps, rid,
-                            "val/mean_stm") or set()
+    for job in jobs:
+        if job.rid:
+            job.logged |= runs.safe("stage1 logged epochs", runs.tracker.logged_steps,
+                                    job.rid, "val/mean_stm") or set()
+    pending = {job.ref: job for job in jobs}
     every = progress_every_s()
-    while True:
-        ready, _ = ray.wait([job.ref], timeout=every)
-        info = read_json(path)
-        if isinstance(info, dict) and info.get("time", 0) < job.t0:
-            info = None  # left by an earlier attempt
-        if rid:
-            _log_epochs(runs, rid, (info or {}).get("history", []), logged)
-        if ready:
-            return ray.get(job.ref)
-        say(describe(info, time.time() - job.t0))
+    error: Exception | None = None
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=every)
+        for job in list(pending.values()):
+            info = read_json(job.slot.dir / PROGRESS_FILE)
+            job.progress = info if isinstance(info, dict) and info.get("time", 0) >= job.t0 \
+                else None  # else: left by an earlier attempt
+            if job.rid:
+                _log_epochs(runs, job.rid, (job.progress or {}).get("history", []), job.logged)
+        for ref in ready:
+            job = pending.pop(ref)
+            try:
+                record(job, ray.get(ref))
+            except Exception as e:  # noqa: BLE001 - the others still finish and are kept
+                say(f"[stage 1/3] {job.slot.label} failed: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:300] if str(e) else ''}")
+                if job.rid:
+                    runs.safe("stage1 finish", runs.tracker.finish, job.rid, "FAILED")
+                error = error or e
+        if pending and not ready:
+            for job in pending.values():
+                say(describe(job.progress, time.time() - job.t0,
+                             label=job.slot.label if len(jobs) > 1 else ""))
+    if error is not None:
+        raise error
 
 
 def _log_epochs(runs: Runs, rid: str, history: list[dict], logged: set[int]) -> None:
@@ -112,119 +131,172 @@ def _log_epochs(runs: Runs, rid: str, history: list[dict], logged: set[int]) -> 
 
 @dataclass
 class Stage1Job:
-    digest: str | None = None  # set when a valid checkpoint was already there
+    """One Phase-1 checkpoint of Stage 1: already there (`digest`), or a running Ray task."""
+
+    slot: Phase1Slot
+    digest: str | None = None  # set when a valid checkpoint was already there (or imported)
     ref: Any = None  # the Ray ObjectRef of the running Phase-1 task
     t0: float = 0.0
     logged: set = field(default_factory=set)  # epochs already in the Stage-1 MLflow run
+    rid: str | None = None  # its Stage-1 MLflow run
+    progress: dict | None = None  # the task's last progress record
+    train_time_s: float = 0.0
 
 
-def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> Stage1Job:
-    """Skip (valid checkpoint for this config) or submit the Phase-1 task; don't wait."""
-    lay = plan.layout
-    digest = existing_phase1(plan, repair=True)
-    if digest is None and plan.phase1_from is not None:
-        digest = import_phase1(plan)
-    if digest is not None:
-        say(f"[stage 1/3] skipped: {lay.phase1_ckpt} exists with a valid sha256 "
-            f"{digest[:12]}... for this config")
-        return Stage1Job(digest=digest)
+@dataclass
+class Stage1Result:
+    """What Stage 1 provides to Stage 2: the sha256 of every Phase-1 checkpoint, by
+    Phase-1 seed (None: the pipeline's single checkpoint)."""
+
+    digests: dict[int | None, str]
+    train_time_s: float  # Phase-1 training done by this invocation (summed over tasks)
+
+    @property
+    def digest(self) -> str:
+        """One sha256 that names the set (the checkpoint's own for a single checkpoint)."""
+        if list(self.digests) == [None]:
+            return self.digests[None]
+        text = "\n".join(f"{k}:{v}" for k, v in sorted(self.digests.items()))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stage1_cpus(plan: Plan, cpus: float, n_tasks: int) -> float:
+    """CPUs (and torch threads) of each Phase-1 task: --stage1-cpus, else the largest
+    node's CPUs shared among the tasks (at least one each; Ray queues what does not fit)."""
+    if plan.stage1_cpus:
+        return max(1.0, min(cpus, float(plan.stage1_cpus)))
+    total = float(plan.num_cpus or cpus)
+    return max(1.0, float(int(min(cpus, total) // max(1, n_tasks))))
+
+
+def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> list[Stage1Job]:
+    """For every Phase-1 checkpoint of the plan: skip (a valid one is there), import
+    (`--phase1-from`), or submit its Phase-1 task; don't wait."""
+    slots = plan.phase1_slots
+    todo = []
+    jobs = []
+    for slot in slots:
+        digest = existing_phase1(plan, repair=True, slot=slot)
+        if digest is None and plan.phase1_from is not None \
+                and plan.phase1_from.slot_seed == slot.seed:
+            digest = import_phase1(plan, slot)
+        if digest is not None:
+            say(f"[stage 1/3] {slot.label}: skipped, {slot.ckpt} exists with a valid sha256 "
+                f"{digest[:12]}... for this config")
+            jobs.append(Stage1Job(slot=slot, digest=digest))
+        else:
+            todo.append(slot)
+    if not todo:
+        return jobs
     phases = "Phase 0 + Phase 1" if plan.cfg.phase0_steps > 0 else "Phase 1"
-    n_cpu = max(1.0, min(cpus, float(plan.stage1_cpus or plan.num_cpus or cpus)))
+    n_cpu = _stage1_cpus(plan, cpus, len(todo))
     n_gpu = 1 if gpus >= 1 and plan.space.gpus_per_trial > 0 else 0
-    say(f"[stage 1/3] {phases} as a Ray task ({n_cpu:g} CPU, {n_gpu} GPU) -> {lay.phase1_dir}")
-    for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):  # a retrain replaces them
-        if p.exists():
-            p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
     task = ray.remote(num_cpus=n_cpu, num_gpus=n_gpu, max_retries=1)(_phase1_task)
-    return Stage1Job(ref=task.remote(plan.cfg.to_dict(), str(lay.phase1_dir), int(n_cpu)),
-                     t0=time.time())
+    for slot in todo:
+        say(f"[stage 1/3] {phases} as a Ray task ({n_cpu:g} CPU, {n_gpu} GPU) -> {slot.dir}")
+        for p in (slot.ckpt, slot.sidecar):  # a retrain replaces them
+            if p.exists():
+                p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
+        jobs.append(Stage1Job(slot=slot, t0=time.time(), ref=task.remote(
+            slot.cfg.to_dict(), str(slot.dir), int(n_cpu))))
+    return jobs
 
 
-def import_phase1(plan: Plan) -> str:
-    """Copy the checked `--phase1-from` checkpoint (and its metrics) into `<run>/phase1/`,
-    each file atomically, then record Stage 1 as done; return its sha256."""
+def import_phase1(plan: Plan, slot: Phase1Slot) -> str:
+    """Copy the checked `--phase1-from` checkpoint (and its metrics) into the slot's
+    directory, each file atomically, then record its Stage 1 as done; return its sha256."""
     from pmnet.io import atomic_write_bytes
 
-    lay, src = plan.layout, plan.phase1_from
+    src = plan.phase1_from
     data = src.checkpoint.read_bytes()
     if hashlib.sha256(data).hexdigest() != src.sha256:  # changed since planning
         raise PipelineError(f"--phase1-from {src.checkpoint} changed since it was checked "
                             "(its sha256 differs now); start again")
-    say(f"[stage 1/3] importing the Phase-1 checkpoint {src.checkpoint} "
+    say(f"[stage 1/3] {slot.label}: importing the Phase-1 checkpoint {src.checkpoint} "
         f"(sha256 {src.sha256[:12]}...)")
-    lay.phase1_dir.mkdir(parents=True, exist_ok=True)
-    write_json(lay.phase1_dir / "phase1_metrics.json", src.metrics)
-    atomic_write_bytes(lay.phase1_ckpt, data)
-    atomic_write_bytes(Path(f"{lay.phase1_ckpt}.sha256"),
-                       f"{src.sha256}  {lay.phase1_ckpt.name}\n".encode())
-    for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):  # read-only, as trained
+    slot.dir.mkdir(parents=True, exist_ok=True)
+    write_json(slot.metrics_json, src.metrics)
+    atomic_write_bytes(slot.ckpt, data)
+    atomic_write_bytes(slot.sidecar, f"{src.sha256}  {slot.ckpt.name}\n".encode())
+    for p in (slot.ckpt, slot.sidecar):  # read-only, as trained
         p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    info = {"config_hash": phase1_config_hash(plan.cfg), "sha256": src.sha256,
-            "checkpoint": str(lay.phase1_ckpt), "imported_from": str(src.checkpoint),
+    info = {"config_hash": phase1_config_hash(slot.cfg), "sha256": src.sha256,
+            "checkpoint": str(slot.ckpt), "imported_from": str(src.checkpoint),
+            "phase1_seed": slot.cfg.phase1_seed,
             "train_time_s": src.metrics.get("train_time_s"), "wall_s": 0.0,
             "metrics": src.metrics.get("test", {})}
-    write_json(lay.stage1_json, canon(info))
-    write_meta(plan, phase1_sha256=src.sha256, phase1_from=src.to_dict())
+    write_json(slot.stage1_json, canon(info))
+    write_meta(plan, phase1_from=src.to_dict(),
+               **({"phase1_sha256": src.sha256} if slot.seed is None else {}))
     return src.sha256
 
 
-def stage1_finish(plan: Plan, ray, job: Stage1Job, runs: Runs) -> tuple[str, float]:
-    """Wait for the Phase-1 task, record the checkpoint's hash, log Stage 1 to MLflow."""
-    lay = plan.layout
-    rid = stage_run(plan, runs, "stage1-phase1")
-    if job.digest is not None:
-        if rid:
+def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs) -> Stage1Result:
+    """Wait for the Phase-1 tasks, record each checkpoint's hash, log Stage 1 to MLflow."""
+    for job in jobs:
+        job.rid = stage_run(plan, runs, f"stage1-{job.slot.label}")
+        if job.digest is not None and job.rid:
             tags = {"skipped": "true", "phase1_sha256": job.digest}
-            if plan.phase1_from is not None:
+            if plan.phase1_from is not None and plan.phase1_from.slot_seed == job.slot.seed:
                 tags["imported_from"] = str(plan.phase1_from.checkpoint)
-            runs.safe("stage1 tags", runs.tracker.set_tags, rid, tags)
-            runs.safe("stage1 finish", runs.tracker.finish, rid)
-        if runs.parent:
-            runs.safe("parent tags", runs.tracker.set_tags, runs.parent,
-                      {"phase1_sha256": job.digest})
-        return job.digest, 0.0
-    try:
-        res = _wait_phase1(plan, ray, job, runs, rid)
-    except Exception as e:
-        if rid:
-            runs.safe("stage1 finish", runs.tracker.finish, rid, "FAILED")
-        raise PipelineError(f"Stage 1 (Phase 1) failed: {e}") from e
+            runs.safe("stage1 tags", runs.tracker.set_tags, job.rid, tags)
+            runs.safe("stage1 finish", runs.tracker.finish, job.rid)
+    running = [job for job in jobs if job.digest is None]
+    if running:
+        try:
+            _wait_phase1(plan, ray, running, runs, lambda job, res: _record(plan, job, res, runs))
+        except Exception as e:
+            raise PipelineError(f"Stage 1 (Phase 1) failed: {e}") from e
+    digests = {job.slot.seed: job.digest for job in jobs}
+    single = list(digests) == [None]
+    if single:
+        write_meta(plan, phase1_sha256=digests[None])
+    else:
+        write_meta(plan, phase1_sha256s={str(k): v for k, v in digests.items()})
+    if runs.parent:
+        runs.safe("parent tags", runs.tracker.set_tags, runs.parent,
+                  {"phase1_sha256": digests[None]} if single else
+                  {f"phase1_sha256.p1s{k}": v for k, v in digests.items()})
+    return Stage1Result(digests=digests, train_time_s=sum(j.train_time_s for j in running))
+
+
+def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
+    """A Phase-1 task returned: make its checkpoint read-only, write its stage1.json, log
+    its run."""
+    slot = job.slot
     digest = res["sha256"]
-    for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):  # read-only from now on
+    for p in (slot.ckpt, slot.sidecar):  # read-only from now on
         p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     wall = time.time() - job.t0
-    info = {"config_hash": phase1_config_hash(plan.cfg), "sha256": digest,
-            "checkpoint": str(lay.phase1_ckpt), "train_time_s": res.get("train_time_s"),
-            "wall_s": wall, "metrics": res.get("metrics", {})}
-    write_json(lay.stage1_json, canon(info))
+    info = {"config_hash": phase1_config_hash(slot.cfg), "sha256": digest,
+            "checkpoint": str(slot.ckpt), "phase1_seed": slot.cfg.phase1_seed,
+            "train_time_s": res.get("train_time_s"), "wall_s": wall,
+            "metrics": res.get("metrics", {})}
+    write_json(slot.stage1_json, canon(info))
+    job.digest, job.train_time_s = digest, float(res.get("train_time_s") or 0.0)
     kill_point("stage1-recorded")
-    write_meta(plan, phase1_sha256=digest)
-    say(f"[stage 1/3] done in {wall:.1f} s (training {res['train_time_s']:.1f} s); "
-        f"sha256 {digest[:12]}...; test mean_stm "
+    say(f"[stage 1/3] {slot.label} done in {wall:.1f} s (training "
+        f"{res['train_time_s']:.1f} s); sha256 {digest[:12]}...; test mean_stm "
         f"{res.get('metrics', {}).get('mean_stm', float('nan')):.2f}")
+    rid = job.rid
     if rid:
         tr = runs.tracker
         runs.safe("stage1 params", tr.log_params_once, rid,
-                  {k: v for k, v in plan.cfg.flat().items()
+                  {k: v for k, v in slot.cfg.flat().items()
                    if k.split(".")[0] not in PHASE2_ONLY_FIELDS})
         runs.safe("stage1 tags", tr.set_tags, rid, {"phase1_sha256": digest, "skipped": "false",
-                                                     "checkpoint_path": str(lay.phase1_ckpt)})
-        hist = (read_json(lay.phase1_dir / "phase1_metrics.json", {}) or {}).get("history", [])
+                                                     "checkpoint_path": str(slot.ckpt)})
+        hist = (read_json(slot.metrics_json, {}) or {}).get("history", [])
         _log_epochs(runs, rid, hist, job.logged)
         runs.safe("stage1 metrics", tr.log_metrics, rid,
                   {**{f"test/{k}": v for k, v in res.get("metrics", {}).items()},
                    "train_time_s": res.get("train_time_s", 0)})
-        if (lay.phase1_dir / "phase1_metrics.json").is_file():
-            runs.safe("stage1 artifact", tr.log_artifact, rid,
-                      lay.phase1_dir / "phase1_metrics.json")
+        if slot.metrics_json.is_file():
+            runs.safe("stage1 artifact", tr.log_artifact, rid, slot.metrics_json)
         if plan.cfg.preset in ("debug", "cpu"):
-            runs.safe("stage1 artifact", tr.log_artifact, rid, lay.phase1_ckpt, "checkpoint")
-            runs.safe("stage1 artifact", tr.log_artifact, rid,
-                      f"{lay.phase1_ckpt}.sha256", "checkpoint")
+            runs.safe("stage1 artifact", tr.log_artifact, rid, slot.ckpt, "checkpoint")
+            runs.safe("stage1 artifact", tr.log_artifact, rid, slot.sidecar, "checkpoint")
         runs.safe("stage1 finish", tr.finish, rid)
-    if runs.parent:
-        runs.safe("parent tags", runs.tracker.set_tags, runs.parent, {"phase1_sha256": digest})
-    return digest, float(res.get("train_time_s") or 0.0)
 
 
 # -- Stage 2 ---------------------------------------------------------------------------------
@@ -333,7 +405,7 @@ def _retire_stale_experiment(lay, digest: str) -> None:
             f"{known[:12]}..., not {digest[:12]}...; moved to {aside.name}, trials restart")
 
 
-def stage2(plan: Plan, runs: Runs, digest: str, *, precheck: bool = True) -> dict:
+def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -> dict:
     from ray import tune
 
     from pipelines.trial import check_phase1, trial_dirname, trial_str
@@ -341,9 +413,11 @@ def stage2(plan: Plan, runs: Runs, digest: str, *, precheck: bool = True) -> dic
     lay, sp = plan.layout, plan.space
     if precheck:  # fail fast in the driver; every trial checks again before training
         try:
-            check_phase1(lay.phase1_ckpt, digest)
+            for slot in plan.phase1_slots:
+                check_phase1(slot.ckpt, p1.digests[slot.seed])
         except Exception as e:
             raise PipelineError(str(e)) from e
+    digest = p1.digest
     rid = stage_run(plan, runs, "stage2-phase2")
     ctx = trial_context(plan, runs, digest)
     trainable = make_trainable(plan, ctx)

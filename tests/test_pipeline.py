@@ -308,12 +308,13 @@ def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
     with pytest.raises(PipelineError, match="does not match its recorded sha256"):
         stages.existing_phase1(plan)
     with pytest.raises(PipelineError, match="does not match its recorded sha256"):
-        stages.stage2(plan, tracking.Runs(), res["sha256"])
+        stages.stage2(plan, tracking.Runs(), stages.Stage1Result({None: res["sha256"]}, 0.0))
     assert not lay.experiment_dir.exists()
     # ... and so does every trial on its own (driver check bypassed)
     ray = cluster.init_ray(plan)
     try:
-        out = stages.stage2(plan, tracking.Runs(), res["sha256"], precheck=False)
+        out = stages.stage2(plan, tracking.Runs(),
+                            stages.Stage1Result({None: res["sha256"]}, 0.0), precheck=False)
     finally:
         ray.shutdown()
     assert out["errored"] == 4 and out["finished"] == 0

@@ -200,7 +200,7 @@ def test_phase1_from_imports_a_checked_checkpoint_instead_of_training(tmp_path, 
     plan = _plan(tmp_path, phase1_from=src_dir)  # a directory holding phase1.pt
     assert plan.phase1_from.sha256 == phase1["sha256"]
     assert not (tmp_path / "runs").exists()  # planning wrote nothing
-    job = stages.stage1_start(plan, ray=None, cpus=1.0, gpus=0.0)  # no Ray: nothing trains
+    [job] = stages.stage1_start(plan, ray=None, cpus=1.0, gpus=0.0)  # no Ray: nothing trains
     lay = plan.layout
     assert job.digest == phase1["sha256"] and job.ref is None
     assert lay.phase1_ckpt.read_bytes() == Path(phase1["checkpoint"]).read_bytes()
@@ -216,14 +216,14 @@ def test_phase1_from_imports_a_checked_checkpoint_instead_of_training(tmp_path, 
     # from now on the run's own checkpoint is the one Stage 1 finds (a resume needs no source)
     assert stages.existing_phase1(plan) == phase1["sha256"]
     again = _plan(tmp_path, phase1_from=Path(phase1["checkpoint"]))  # same name, same file
-    assert again.resumed and stages.stage1_start(again, None, 1.0, 0.0).digest == job.digest
+    assert again.resumed and stages.stage1_start(again, None, 1.0, 0.0)[0].digest == job.digest
     # the run's checkpoint removed: resume imports it again from the recorded source
     for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):
         p.chmod(0o644)
         p.unlink()
     resumed = planning.plan_resume(root=tmp_path / "runs", name="p")
     assert resumed.phase1_from.sha256 == phase1["sha256"]
-    assert stages.stage1_start(resumed, None, 1.0, 0.0).digest == phase1["sha256"]
+    assert stages.stage1_start(resumed, None, 1.0, 0.0)[0].digest == phase1["sha256"]
 
 
 @pytest.mark.parametrize("case, message", [

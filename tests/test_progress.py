@@ -49,7 +49,7 @@ class _FakeRay:
     def __init__(self, done: threading.Event, result: dict):
         self.done, self.result = done, result
 
-    def wait(self, refs, timeout):
+    def wait(self, refs, num_returns, timeout):
         return ([refs[0]], []) if self.done.wait(timeout) else ([], refs)
 
     def get(self, ref):
@@ -76,7 +76,7 @@ def test_driver_prints_progress_and_logs_each_epoch_once_while_phase1_runs(tmp_p
     plan.layout.phase1_dir.mkdir(parents=True)
     path = plan.layout.phase1_dir / PROGRESS_FILE
     done = threading.Event()
-    job = stages.Stage1Job(ref="task", t0=time.time())
+    job = stages.Stage1Job(slot=plan.phase1_slots[0], ref="task", t0=time.time(), rid="rid")
 
     def phase1():  # three epochs, one every ~0.7 s, then the task ends
         hist = []
@@ -93,9 +93,11 @@ def test_driver_prints_progress_and_logs_each_epoch_once_while_phase1_runs(tmp_p
     worker.start()
     tracker = _Tracker()
     runs = replace(Runs(), tracker=tracker)
-    out = stages._wait_phase1(plan, _FakeRay(done, {"ok": 1}), job, runs, "rid")
+    recorded = []
+    stages._wait_phase1(plan, _FakeRay(done, {"ok": 1}), [job], runs,
+                        lambda j, res: recorded.append((j, res)))
     worker.join()
-    assert out == {"ok": 1}
+    assert recorded == [(job, {"ok": 1})]
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "[stage 1/3] Phase 1" in ln]
     assert len(lines) >= 3, lines  # a line at a steady rate while it trains
     assert any("val mean_stm 11.00" in ln and "min left at most" in ln for ln in lines)
