@@ -803,9 +803,6 @@ PHASE1_COMPARISONS: tuple[Comparison, ...] = tuple(
 #: A fit whose between-checkpoint share of the variance (ICC) is below this is singular: the
 #: REML estimate of the between-checkpoint variance sits on its boundary, 0.
 SINGULAR_ICC = 1e-4
-#: A singular fit is accepted when its estimate and SE equal the boundary solution (the
-#: pooled paired mean and its SE) to this relative tolerance (of the SE).
-_BOUNDARY_RTOL = 1e-3
 
 
 def _phase1_column(df: pd.DataFrame) -> pd.Series:
@@ -890,8 +887,10 @@ class Phase1Effect:
     ``fitted`` is False when no mixed model was fitted or its fit was rejected; ``note`` then
     says why (K = 1, one pair per checkpoint, equal differences, a failed fit) and every
     model column is NaN. ``singular``: the between variance was estimated at its boundary 0.
-    ``converged`` is statsmodels' flag (None when not fitted); ``fit_warnings`` holds the
-    warnings the fit raised (captured, never printed).
+    ``converged`` is statsmodels' flag for the kept fit (None when not fitted; a singular fit
+    is kept even when the gradient optimisers call it unconverged, a non-singular one is
+    not), ``optimizer`` the optimiser whose fit was kept (:func:`fit_random_intercept`);
+    ``fit_warnings`` holds the warnings the fits raised (captured, never printed).
     """
 
     label: str
@@ -924,6 +923,7 @@ class Phase1Effect:
     fitted: bool
     converged: bool | None
     singular: bool
+    optimizer: str
     fit_warnings: str
     note: str
 
@@ -956,33 +956,85 @@ class _MixedFit(NamedTuple):
     var_between: float
     var_residual: float
     converged: bool | None
+    optimizer: str
     warnings: tuple[str, ...]
     error: str | None
 
 
+#: Optimisers for a fit: statsmodels' default sequence (bfgs -> lbfgs -> cg), then, unless it
+#: converged to an interior optimum, Powell and Nelder-Mead; the fit with the highest REML
+#: log-likelihood is kept. Near the boundary (a small between variance) the gradient
+#: methods can stop short of the optimum, unconverged; the derivative-free ones reach it.
+MIXED_OPTIMIZERS: tuple[str, ...] = ("default", "powell", "nm")
+
+
+def _gls_mean_and_se(
+    diffs: np.ndarray, groups: np.ndarray, var_between: float, var_residual: float
+) -> tuple[float, float]:
+    """The GLS intercept and its SE (X' V^-1 X)^-1/2 of ``diffs ~ 1`` with a random intercept,
+    given the variance components: checkpoint means weighted by n_i / (var_residual + n_i
+    var_between)."""
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    means = np.bincount(inverse, weights=diffs) / counts
+    weights = counts / (var_residual + counts * var_between)
+    return float(np.sum(weights * means) / np.sum(weights)), float(1 / math.sqrt(weights.sum()))
+
+
 def fit_random_intercept(diffs: np.ndarray, groups: np.ndarray) -> _MixedFit:
-    """REML fit of ``diffs ~ 1`` with a random intercept per group (statsmodels ``MixedLM``,
-    its default optimisers in turn). Never raises for a numerical failure: ``error`` says
-    what failed; every warning of the fit is captured in ``warnings`` (deduplicated)."""
+    """REML fit of ``diffs ~ 1`` with a random intercept per group (statsmodels ``MixedLM``).
+
+    The optimisers of :data:`MIXED_OPTIMIZERS` are tried in turn until one converges to an
+    interior optimum (ICC >= :data:`SINGULAR_ICC`); of the fits made, the one with the highest
+    REML log-likelihood wins (among fits within 1e-6 of it, a converged one). The estimate and
+    variance components are statsmodels'; the SE is the REML fixed-effect SE (X' V^-1 X)^-1/2
+    at those components, which is statsmodels' ``bse_fe`` for an interior fit and stays right
+    on the boundary (between variance 0), where statsmodels inverts a Hessian that is not
+    positive definite. Never raises for a numerical failure: ``error`` says what failed;
+    every warning of the fits is captured in ``warnings`` (deduplicated), none is printed.
+    """
     from statsmodels.regression.mixed_linear_model import MixedLM
 
     y = np.asarray(diffs, dtype=float)
+    g = np.asarray(groups)
     nan = math.nan
+    found: list[tuple[float, bool, str, Any]] = []
+    errors: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        try:
-            result = MixedLM(y, np.ones((y.size, 1)), groups=np.asarray(groups)).fit(reml=True)
-            estimate = float(np.asarray(result.fe_params)[0])
-            se = float(np.asarray(result.bse_fe)[0])
-            var_between = float(np.asarray(result.cov_re).reshape(-1)[0])
-            var_residual = float(result.scale)
-            converged: bool | None = bool(result.converged)
-            error = None
-        except (np.linalg.LinAlgError, ValueError, FloatingPointError, ZeroDivisionError) as exc:
-            estimate = se = var_between = var_residual = nan
-            converged, error = None, f"{type(exc).__name__}: {exc}"
+        for optimizer in MIXED_OPTIMIZERS:
+            method = None if optimizer == "default" else [optimizer]
+            try:
+                result = MixedLM(y, np.ones((y.size, 1)), groups=g).fit(reml=True,
+                                                                        method=method)
+                llf = float(result.llf)
+            except (np.linalg.LinAlgError, ValueError, FloatingPointError,
+                    ZeroDivisionError) as exc:
+                errors.append(f"{optimizer}: {type(exc).__name__}: {exc}")
+                continue
+            if math.isfinite(llf):
+                found.append((llf, bool(result.converged), optimizer, result))
+                tau2 = float(np.asarray(result.cov_re).reshape(-1)[0])
+                if result.converged and tau2 > SINGULAR_ICC * (tau2 + float(result.scale)):
+                    break
     messages = tuple(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
-    return _MixedFit(estimate, se, var_between, var_residual, converged, messages, error)
+    if not found:
+        error = "; ".join(errors) or "no optimiser gave a finite REML log-likelihood"
+        return _MixedFit(nan, nan, nan, nan, None, "", messages, error)
+    best = max(llf for llf, *_ in found)
+    llf, converged, optimizer, result = max(
+        (f for f in found if f[0] >= best - 1e-6), key=lambda f: (f[1], f[0]))
+    var_between = max(float(np.asarray(result.cov_re).reshape(-1)[0]), 0.0)
+    var_residual = float(result.scale)
+    estimate = float(np.asarray(result.fe_params)[0])
+    se = nan
+    if var_residual > 0 and math.isfinite(var_residual + var_between):
+        gls, se = _gls_mean_and_se(y, g, var_between, var_residual)
+        if abs(gls - estimate) > 1e-6 * max(1.0, abs(gls)) + 1e-3 * se:
+            return _MixedFit(nan, nan, nan, nan, converged, optimizer, messages,
+                             f"the estimate {estimate} is not the GLS mean {gls} at the "
+                             "fitted variance components")
+    return _MixedFit(estimate, se, var_between, var_residual, converged, optimizer, messages,
+                     None)
 
 
 def _seed_list(values: Sequence[int]) -> str:
@@ -1018,7 +1070,7 @@ def _effect(
         estimate=nan, se=nan, z=nan, df_t=nan, p_t=nan, ci_low_t=nan, ci_high_t=nan,
         p_wald=nan, ci_low_wald=nan, ci_high_wald=nan, var_between=nan, var_residual=nan,
         sd_between=nan, sd_residual=nan, icc=nan, fitted=False, converged=None,
-        singular=False, fit_warnings="",
+        singular=False, optimizer="", fit_warnings="",
     )
     mean = float(diffs.mean()) if n else nan
     why = None
@@ -1037,7 +1089,8 @@ def _effect(
         fit = fit_random_intercept(diffs, groups)
         values["fit_warnings"] = "; ".join(fit.warnings)
         values["converged"] = fit.converged
-        tau2, sigma2 = max(fit.var_between, 0.0), fit.var_residual
+        values["optimizer"] = fit.optimizer
+        tau2, sigma2 = fit.var_between, fit.var_residual
         finite = all(math.isfinite(x) for x in (fit.estimate, fit.se, tau2, sigma2))
         if fit.error is not None:
             why = f"mixed model fit failed ({fit.error}); no estimate"
@@ -1046,13 +1099,7 @@ def _effect(
         else:
             icc = tau2 / (tau2 + sigma2)
             singular = icc < SINGULAR_ICC
-            boundary_se = float(diffs.std(ddof=1)) / math.sqrt(n)
-            on_boundary = (abs(fit.estimate - mean) <= _BOUNDARY_RTOL * boundary_se
-                           and abs(fit.se - boundary_se) <= _BOUNDARY_RTOL * boundary_se)
-            if singular and not on_boundary:
-                why = ("singular mixed model fit whose estimate is not the boundary solution "
-                       "(pooled mean and SE); rejected, no estimate")
-            elif not singular and not fit.converged:
+            if not singular and not fit.converged:
                 why = "mixed model fit did not converge; rejected, no estimate"
             else:
                 df_t = k - 1
