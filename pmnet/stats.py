@@ -842,9 +842,11 @@ def reference_phase1_seed(df: pd.DataFrame) -> int | None:
 
 def at_phase1_seed(df: pd.DataFrame, phase1_seed: int) -> pd.DataFrame:
     """The trials that started from the Phase-1 checkpoint of ``phase1_seed`` (a copy, index
-    reset, ``attrs`` kept)."""
+    reset, ``attrs`` kept, ``attrs["failed"]`` restricted to that checkpoint's records)."""
     out = df[(_phase1_column(df) == phase1_seed).to_numpy()].reset_index(drop=True)
     out.attrs = dict(df.attrs)
+    if "failed" in df.attrs:  # failed trials of this checkpoint only
+        out.attrs["failed"] = [r for r in df.attrs["failed"] if r.get(PHASE1_SEED) == phase1_seed]
     return out
 
 
