@@ -1323,8 +1323,9 @@ def figure_dual(df: pd.DataFrame) -> FigureResult:
 def figure_training_curves(curves: pd.DataFrame | None) -> list[FigureResult]:
     """One figure per phase from long (phase, step/epoch, metric, value) rows.
 
-    Each metric gets a panel; each (condition, seed) a line when those columns exist. The x
-    axis is ``step`` where the phase has steps, else ``epoch``, else the row order.
+    Each metric gets a panel; each (condition, seed[, phase1_seed]) a line when those
+    columns exist. The x axis is ``step`` where the phase has steps, else ``epoch``, else the
+    row order.
     """
     title = "Training curves"
     if curves is None or curves.empty or not {"metric", "value"} <= set(curves.columns):
@@ -1346,7 +1347,7 @@ def figure_training_curves(curves: pd.DataFrame | None) -> list[FigureResult]:
         metrics = sorted(part["metric"].astype(str).unique())
         safe = re.sub(r"[^A-Za-z0-9_-]+", "-", phase)
         fig, axes = _new_figure(len(metrics), min(4, len(metrics)), size=(3.3, 2.6))
-        groups = [c for c in ("condition", "seed") if c in part.columns]
+        groups = [c for c in ("condition", "seed", stats.PHASE1_SEED) if c in part.columns]
         for ax, metric in zip(axes, metrics):
             sub = part[part["metric"].astype(str) == metric]
             keyed = sub.groupby(groups, dropna=False, sort=True) if groups else [((), sub)]

@@ -326,11 +326,13 @@ def _sort_trials(df: pd.DataFrame) -> pd.DataFrame:
 def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.DataFrame:
     """Training curves from the ``history`` lists of result files, in long form.
 
-    Columns: phase, condition, seed, epoch, step, metric, value. ``phase`` is the file's
-    ``phase`` key when present, else ``"phase2"`` (result files are Phase-2 trials). Files
-    that fail to parse raise like :func:`load_results`; non-numeric entries are skipped.
+    Columns: phase, condition, seed, epoch, step, metric, value, and :data:`PHASE1_SEED`
+    after seed when some file carries one. ``phase`` is the file's ``phase`` key when
+    present, else ``"phase2"`` (result files are Phase-2 trials). Files that fail to parse
+    raise like :func:`load_results`; non-numeric entries are skipped.
     """
     records: list[dict[str, Any]] = []
+    any_phase1 = False
     for path in _result_paths(paths_or_dir):
         obj = _read_json_object(path)
         history = obj.get("history")
@@ -339,6 +341,8 @@ def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.D
         phase = str(obj.get("phase") or "phase2")
         condition = obj.get("condition")
         seed = obj.get("seed")
+        phase1_seed = obj.get(PHASE1_SEED)
+        any_phase1 = any_phase1 or phase1_seed is not None
         for i, entry in enumerate(history):
             if not isinstance(entry, Mapping):
                 continue
@@ -355,6 +359,7 @@ def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.D
                         "phase": phase,
                         "condition": condition,
                         "seed": seed,
+                        PHASE1_SEED: phase1_seed,
                         "epoch": float(i) if epoch is None or math.isnan(epoch) else epoch,
                         "step": math.nan if step is None else step,
                         "metric": str(key),
@@ -362,6 +367,8 @@ def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.D
                     }
                 )
     cols = ["phase", "condition", "seed", "epoch", "step", "metric", "value"]
+    if any_phase1:
+        cols.insert(3, PHASE1_SEED)
     return pd.DataFrame(records, columns=cols)
 
 

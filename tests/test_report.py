@@ -696,3 +696,22 @@ def test_report_is_unchanged_without_phase1_seeds(built, fixture_df):
     text = (run / "report" / "report.html").read_text(encoding="utf-8")
     assert "phase1-variance" not in text and "Phase-1 seeds" not in text
     assert "phase1_seed" not in pd.read_csv(paths["trials.csv"]).columns
+
+
+def test_training_curves_keep_phase1_checkpoints_apart(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for k in (0, 1):
+        history = [{"epoch": e, "step": 10 * (e + 1), "val/updated_ltm": 30.0 + 10 * k + e}
+                   for e in range(3)]
+        (results / f"c-s42-p{k}.json").write_text(json.dumps({
+            "condition": "consolidator_only", "seed": 42, "phase1_seed": k, "history": history,
+            "test": {"updated_ltm": 40.0}}))
+    curves = stats.load_histories(results)
+    assert list(curves.columns[:4]) == ["phase", "condition", "seed", "phase1_seed"]
+    assert "phase1_seed" not in stats.load_histories(FIXTURES).columns
+    fig = report.figure_training_curves(curves)[0]
+    lines = fig.figure.axes[0].get_lines()
+    assert len(lines) == 2  # one per checkpoint, not one zig-zag through both
+    assert [list(line.get_ydata()) for line in lines] == [[30.0, 31.0, 32.0],
+                                                          [40.0, 41.0, 42.0]]
