@@ -1776,9 +1776,10 @@ def build_report(
         seeds_p1 = ", ".join(str(s) for s in stats.phase1_seeds(df))
         notes.append(
             f"Trials from {len(stats.phase1_seeds(df))} Phase-1 checkpoints (phase1_seed "
-            f"{seeds_p1}). The paper-layout tables, the figures and the missing-results list "
-            f"use phase1_seed {reference} (the smallest: the paper's fixed-checkpoint "
-            "analysis); tab:phase1-variance and tab:phase1-checkpoints use every checkpoint.")
+            f"{seeds_p1}). The paper-layout tables, the result figures and the missing-results "
+            f"list use phase1_seed {reference} (the smallest: the paper's fixed-checkpoint "
+            "analysis); tab:phase1-variance, tab:phase1-checkpoints and the training curves "
+            "use every checkpoint.")
 
     if isinstance(paper, str):
         try:
