@@ -16,6 +16,19 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def _segments(text: str) -> int:
+    """argparse type of --segments: the episodes' number of segments, 2..8 (checked before
+    any model is loaded or any episode generated)."""
+    from pmnet.task import MAX_SEGMENTS, MIN_SEGMENTS
+
+    value = _int(text)
+    if not MIN_SEGMENTS <= value <= MAX_SEGMENTS:
+        raise argparse.ArgumentTypeError(
+            f"segments must be in {MIN_SEGMENTS}..{MAX_SEGMENTS} (segments per memory "
+            f"episode), got {value}")
+    return value
+
+
 def cmd_info(args) -> int:
     import torch
 
@@ -58,7 +71,7 @@ def cmd_info(args) -> int:
 def cmd_episodes(args) -> int:
     from pmnet import task
 
-    batch = task.make_episodes(args.n, args.seed, stream=args.stream)
+    batch = task.make_episodes(args.n, args.seed, stream=args.stream, segments=args.segments)
     if args.out in (None, "-"):
         task.write_jsonl(batch, sys.stdout)
     else:
@@ -105,22 +118,25 @@ def cmd_evaluate(args) -> int:
 
     cond = get_condition(args.condition)
     model, payload = load_model_file(args.checkpoint)
-    stream = _stream(args.stream, args.n)
+    stream = _stream(args.stream, args.n, args.segments)
     metrics = evaluate(model, stream, consolidation=cond.consolidation,
                        ltm_routing=cond.ltm_routing, progress=True)
     metrics["stream_hash"] = task.content_hash(stream)
+    metrics["segments"] = args.segments
     print(json.dumps(metrics, indent=2, sort_keys=True))
     return 0
 
 
-def _stream(name: str, n: int):
+def _stream(name: str, n: int, segments: int):
     from pmnet import task
 
-    return task.test_stream(n) if name == "test" else task.validation_stream(n)
+    if name == "test":
+        return task.test_stream(n, segments=segments)
+    return task.validation_stream(n, segments=segments)
 
 
 def cmd_ltm(args) -> int:
-    """Save a stream's LTM after both boundaries, or answer its final queries from a file."""
+    """Save a stream's LTM after every boundary, or answer its final queries from a file."""
     import hashlib
 
     from pmnet import task
@@ -134,28 +150,33 @@ def cmd_ltm(args) -> int:
         cond = get_condition(args.condition)
         if args.out is None:
             raise ValueError("ltm save needs --out FILE")
-        stream = _stream(args.stream, args.n)
+        segments = task.N_SEGMENTS if args.segments is None else args.segments
+        stream = _stream(args.stream, args.n, segments)
         state = consolidate_batch(model, stream, RunOptions(cond.consolidation,
                                                             cond.ltm_routing))
-        meta = {"stream": args.stream, "n": args.n, "stream_hash": task.content_hash(stream),
-                "condition": cond.name, "consolidation": cond.consolidation,
-                "ltm_routing": cond.ltm_routing, "model_file": str(args.model)}
-        digest = save_ltm(args.out, model, state, meta=meta)
+        meta = {"stream": args.stream, "n": args.n, "segments": segments,
+                "stream_hash": task.content_hash(stream), "condition": cond.name,
+                "consolidation": cond.consolidation, "ltm_routing": cond.ltm_routing,
+                "model_file": str(args.model)}
+        digest = save_ltm(args.out, model, state, segments=segments, meta=meta)
         print(json.dumps({"ltm": str(args.out), "content_sha256": digest, **meta}, indent=2))
         return 0
     if args.ltm is None:
         raise ValueError("ltm answer needs --ltm FILE")
-    saved = load_ltm(args.ltm, model)  # refuses another model or a corrupted file
+    # refuses another model, a corrupted file, or another --segments than the file's
+    saved = load_ltm(args.ltm, model, segments=args.segments)
     meta = saved.meta
-    stream = _stream(meta.get("stream", "test"), int(meta.get("n", saved.n_episodes)))
+    stream = _stream(meta.get("stream", "test"), int(meta.get("n", saved.n_episodes)),
+                     saved.segments)
     if task.content_hash(stream) != meta.get("stream_hash"):
         raise ValueError(f"{args.ltm}: its episodes' stream no longer matches the file's "
                          "recorded stream hash")
     logits = answer_final(model, stream, saved.state(model),
                           ltm_routing=bool(meta.get("ltm_routing", True)))
     pred = digit_prediction(logits)
-    recall = 100 * (pred == stream.target_digit[:, 1]).float().mean().item()
-    out = {"updated_ltm": recall, "n": len(stream), "condition": meta.get("condition"),
+    recall = 100 * (pred == stream.target_digit[:, -1]).float().mean().item()
+    out = {"updated_ltm": recall, "n": len(stream), "segments": saved.segments,
+           "condition": meta.get("condition"),
            "logits_sha256": hashlib.sha256(logits.float().contiguous().numpy().tobytes()
                                            ).hexdigest()}
     print(json.dumps(out, indent=2))
@@ -184,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_int, required=True)
     s.add_argument("--stream", default="train", choices=("train", "val", "test"))
     s.add_argument("--out", default=None, help="file (default: stdout)")
+    s.add_argument("--segments", type=_segments, default=2, metavar="T",
+                   help="segments per episode, 2..8 (default 2, the paper's)")
     s.set_defaults(fn=cmd_episodes)
 
     s = sub.add_parser("train", help="run Phase 1 (with Phase 0 if the preset has it) or "
@@ -203,10 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--condition", default="consolidator_only")
     s.add_argument("--stream", default="test", choices=("test", "val"))
     s.add_argument("--n", type=_int, default=1000)
+    s.add_argument("--segments", type=_segments, default=2, metavar="T",
+                   help="evaluate on the fixed stream of T-segment episodes, 2..8 (default 2)")
     s.set_defaults(fn=cmd_evaluate)
 
     s = sub.add_parser("ltm", help="LTM that outlives the process: save a stream's LTM after "
-                                   "both boundaries, or answer its final queries from a file")
+                                   "every boundary, or answer its final queries from a file")
     s.add_argument("action", choices=("save", "answer"))
     s.add_argument("model", help="a model file (best_model.pt / phase1.pt)")
     s.add_argument("--out", help="save: the LTM file to write (atomically)")
@@ -215,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save: consolidation and routing of this condition")
     s.add_argument("--stream", default="test", choices=("test", "val"))
     s.add_argument("--n", type=_int, default=1000)
+    s.add_argument("--segments", type=_segments, default=None, metavar="T",
+                   help="save: episodes of T segments, 2..8 (default 2); answer: refuse a "
+                        "file written from another T (default: the file's)")
     s.set_defaults(fn=cmd_ltm)
 
     s = sub.add_parser("report", help="rebuild a pipeline run's report from its results")

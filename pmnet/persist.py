@@ -9,11 +9,15 @@ A file (`pmnet-ltm/v1`) holds, loadable with `torch.load(weights_only=True)`:
     model_config    that model's ModelConfig as a dict
     ltm             one (N, G_b, K, P) float32 tensor per block: L after the last boundary
     content_sha256  sha256 of the LTM tensors' bytes (shapes and dtypes included)
+    segments        T, the number of segments of the episodes whose boundaries wrote the LTM
+                    (2..8; a file without it was written before the field existed, when every
+                    LTM came from two-segment episodes, and reads as 2)
     meta            free-form provenance (stream, n, its content hash, consolidation, routing)
 
 `load_ltm` refuses, with a message naming the problem and before anything is computed: a file
 that is not a torch file or is truncated, another format or version, a model whose
-fingerprint or config differs, and tensors whose bytes no longer match `content_sha256`.
+fingerprint or config differs, tensors whose bytes no longer match `content_sha256`, and a
+segments count other than the one the caller asks for.
 Writes are atomic (`pmnet.io`). The episodes themselves are not stored: the queries come from
 the same procedural stream (its content hash is checked when the caller gives one).
 """
@@ -36,6 +40,7 @@ from pmnet.config import ModelConfig
 from pmnet.io import atomic_write_bytes
 from pmnet.model import MemoryState, PMNet
 from pmnet.runner import RunOptions, persistent_state
+from pmnet.task import MAX_SEGMENTS, MIN_SEGMENTS, N_SEGMENTS
 
 LTM_FORMAT = "pmnet-ltm/v1"
 
@@ -73,6 +78,7 @@ class SavedLTM:
     ltm: tuple[Tensor, ...]
     meta: dict
     model_sha256: str
+    segments: int = N_SEGMENTS
 
     @property
     def n_episodes(self) -> int:
@@ -84,25 +90,36 @@ class SavedLTM:
         return state.with_ltm(tuple(x.to(model.embed.weight.device) for x in self.ltm))
 
 
-def save_ltm(path: str | Path, model: PMNet, state: MemoryState, *,
+def _valid_segments(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and MIN_SEGMENTS <= value <= MAX_SEGMENTS)
+
+
+def save_ltm(path: str | Path, model: PMNet, state: MemoryState, *, segments: int,
              meta: dict[str, Any] | None = None) -> str:
-    """Write `state.ltm` (after a boundary) with the model's fingerprint; return the file's
-    content digest. The write is atomic: a crash leaves the old file or none."""
+    """Write `state.ltm` (after the last boundary of episodes of `segments` segments) with
+    the model's fingerprint; return the file's content digest. The write is atomic: a crash
+    leaves the old file or none."""
+    if not _valid_segments(segments):
+        raise ValueError(f"segments must be an int in {MIN_SEGMENTS}..{MAX_SEGMENTS}, got "
+                         f"{segments!r}")
     if not state.ltm:
         raise LTMFileError("the state holds no LTM (a model built with use_memory=False?)")
     ltm = tuple(x.detach().float().cpu().contiguous() for x in state.ltm)
     digest = ltm_digest(ltm)
     payload = {"format": LTM_FORMAT, "model_sha256": model_fingerprint(model),
                "model_config": model.cfg.to_dict(), "ltm": list(ltm),
-               "content_sha256": digest, "meta": dict(meta or {})}
+               "content_sha256": digest, "segments": int(segments), "meta": dict(meta or {})}
     buf = io.BytesIO()
     torch.save(payload, buf)
     atomic_write_bytes(Path(path), buf.getvalue())
     return digest
 
 
-def load_ltm(path: str | Path, model: PMNet) -> SavedLTM:
-    """Read an LTM file written for `model`; refuse anything else with `LTMFileError`."""
+def load_ltm(path: str | Path, model: PMNet, *, segments: int | None = None) -> SavedLTM:
+    """Read an LTM file written for `model`; refuse anything else with `LTMFileError`.
+    `segments`: refuse a file written from episodes of another number of segments (None:
+    accept the file's, `SavedLTM.segments`)."""
     path = Path(path)
     if not path.is_file():
         raise LTMFileError(f"LTM file not found: {path}")
@@ -145,7 +162,15 @@ def load_ltm(path: str | Path, model: PMNet) -> SavedLTM:
     if ltm_digest(ltm) != payload.get("content_sha256"):
         raise LTMFileError(f"{path}: the LTM tensors do not match the content sha256 recorded "
                            "in the file (corrupted): refusing them")
-    return SavedLTM(ltm=tuple(ltm), meta=dict(payload.get("meta", {})), model_sha256=fp)
+    stored = payload.get("segments", N_SEGMENTS)  # files from before the field: two segments
+    if not _valid_segments(stored):
+        raise LTMFileError(f"{path}: its segments count {stored!r} is not an int in "
+                           f"{MIN_SEGMENTS}..{MAX_SEGMENTS}")
+    if segments is not None and segments != stored:
+        raise LTMFileError(f"{path} holds the LTM of {stored}-segment episodes, not of "
+                           f"{segments}-segment ones: its final queries are another segment's")
+    return SavedLTM(ltm=tuple(ltm), meta=dict(payload.get("meta", {})), model_sha256=fp,
+                    segments=int(stored))
 
 
 @contextlib.contextmanager

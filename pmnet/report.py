@@ -100,9 +100,12 @@ def _number(value: float, signed: bool = False, decimals: int = 2) -> str:
 
 
 def format_p(p: float, target: str = "md") -> str:
-    """p to 3 significant digits; below 0.001 in scientific notation (1.07e-7 / ×10^)."""
+    """p to 3 significant digits; below 0.001 in scientific notation (1.07e-7 / ×10^); a p
+    that underflowed to 0 as "< 1e-300"."""
     if not _finite(p):
         return MISSING if target != "tex" else "---"
+    if p == 0:
+        return {"tex": r"\(<10^{-300}\)", "html": "&lt; 10<sup>-300</sup>"}.get(target, "< 1e-300")
     if p >= 1e-3:
         return f"{p:.3g}"
     mantissa, exponent = f"{p:.2e}".split("e")
@@ -987,16 +990,121 @@ def table_claims(ctx: _Context) -> Table:
     return table
 
 
+def _phase1_labels(analysis: stats.Phase1Analysis) -> tuple[list[str], list[str]]:
+    """Labels of the comparisons with paired trials, and of those without any."""
+    shown = [e.label for e in analysis.effects if e.n > 0]
+    absent = [e.label for e in analysis.effects if e.n == 0]
+    return shown, absent
+
+
+def table_phase1_variance(analysis: stats.Phase1Analysis) -> Table:
+    """Beyond the paper (issue 11): each headline effect with the Phase-1 checkpoint as a
+    random factor, one row per comparison with paired trials."""
+    rows = []
+    for e in analysis.effects:
+        if e.n == 0:
+            continue
+        rows.append([
+            text_cell(e.label),
+            Cell("int", e.k),
+            Cell("int", e.n),
+            Cell("stat", e.mean_diff, e.sd_diff, signed=True),
+            Cell("stat", e.estimate, e.se, signed=True) if e.fitted else NA,
+            Cell("ci", e.ci_low_t, hi=e.ci_high_t) if e.fitted else NA,
+            Cell("p", e.p_t) if e.fitted else NA,
+            Cell("p", e.p_wald) if e.fitted else NA,
+            Cell("num", e.sd_between) if e.fitted else NA,
+            Cell("num", e.sd_residual) if e.fitted else NA,
+            Cell("num", e.icc) if e.fitted else NA,
+            text_cell(e.note),
+        ])
+    _, absent = _phase1_labels(analysis)
+    notes = [
+        "Model: diff_ij = mu + u_i + e_ij for Phase-2 seed j of Phase-1 checkpoint i, "
+        "u_i ~ N(0, between SD^2), e_ij ~ N(0, residual SD^2), fitted by REML (statsmodels "
+        "MixedLM). Estimate ± SE is mu; ICC = between / (between + residual) variance.",
+        "The CI and the first p use a t distribution with K - 1 degrees of freedom (exact "
+        "for balanced designs, conservative when the between variance is estimated 0); the "
+        "Wald z p (statsmodels' normal reference) is shown beside it. Mean diff ± SD pools "
+        "every pair, as if all came from one checkpoint. Blank = not defined (see note).",
+        "With few Phase-1 checkpoints the between-checkpoint variance is poorly determined; "
+        "the per-checkpoint paired tests are in tab:phase1-checkpoints.",
+    ]
+    if absent:
+        notes.append("Not shown (no paired trials): " + "; ".join(absent) + ".")
+    notes += list(analysis.notes)
+    return Table(
+        "tab:phase1-variance",
+        "Headline effects with the Phase-1 checkpoint as a random factor (ours, not in the "
+        "paper): paired differences A - B (pp) over K Phase-1 checkpoints x Phase-2 seeds, "
+        "linear mixed model with a random intercept per Phase-1 seed.",
+        ["Comparison", "K", "n", "Mean diff ± SD", "Estimate ± SE", "95% CI (t, K-1 df)",
+         "p (t, K-1 df)", "p (Wald z)", "Between-Phase-1 SD", "Residual SD", "ICC", "Note"],
+        rows,
+        notes=notes,
+        align=["l"] + ["r"] * 10 + ["p{5cm}"],
+    )
+
+
+def table_phase1_checkpoints(analysis: stats.Phase1Analysis) -> Table:
+    """The paper's fixed-checkpoint analysis within each Phase-1 checkpoint, for every
+    comparison of :func:`table_phase1_variance`."""
+    shown, _ = _phase1_labels(analysis)
+    rows: list[list[Cell]] = []
+    rules: set[int] = set()
+    for label in shown:
+        if rows:
+            rules.add(len(rows))
+        for t in analysis.checkpoints:
+            if t.label != label:
+                continue
+            rows.append([
+                text_cell(label),
+                text_cell(str(t.phase1_seed)),
+                Cell("int", t.n),
+                Cell("stat", t.mean_diff, t.sd_diff, signed=True) if t.n > 0
+                else Cell("missing"),
+                Cell("ci", t.ci_low, hi=t.ci_high) if _finite(t.ci_low) else NA,
+                Cell("num", t.t) if _finite(t.t) else NA,
+                Cell("p", t.p) if _finite(t.p) else NA,
+                Cell("num", t.d_z) if _finite(t.d_z) else NA,
+                text_cell(t.note),
+            ])
+    return Table(
+        "tab:phase1-checkpoints",
+        "The paper's fixed-checkpoint analysis within each Phase-1 checkpoint (ours, not in "
+        "the paper): paired-by-seed differences A - B (pp), mean ± SD, t-distribution 95% CI, "
+        "paired t-test p (unadjusted). Blank = not defined (see note).",
+        ["Comparison", "Phase-1 seed", "n", "Mean diff ± SD", "95% CI", "t", "p", "d_z",
+         "Note"],
+        rows,
+        rules_before=rules,
+        notes=["With few seeds per checkpoint the intervals and tests are descriptive (paper "
+               "Sections 6.3 and 9)."],
+        align=["l", "r", "r", "r", "r", "r", "r", "r", "p{5cm}"],
+    )
+
+
 def build_tables(
     df: pd.DataFrame,
     paper: stats.PaperReference | None = None,
     comparisons: pd.DataFrame | None = None,
     expected_seeds: Sequence[int] | None = None,
+    phase1: stats.Phase1Analysis | None = None,
 ) -> list[Table]:
     """Every report table (paper layout plus ours) from a tidy per-trial frame; the operator
-    tables only when operator results are present."""
+    tables only when operator results are present.
+
+    Trials from more than one Phase-1 checkpoint (a ``phase1_seed`` column with several
+    values): the paper-layout tables use the reference checkpoint
+    (:func:`stats.reference_phase1_seed`; ``comparisons``, if given, must be over it), and
+    ``tab:phase1-variance`` / ``tab:phase1-checkpoints`` (:func:`stats.phase1_variance`) every
+    checkpoint. ``phase1``: an analysis already computed (the tables are added for it)."""
     df = stats.add_derived_metrics(df) if not df.empty else df
     seeds = list(expected_seeds) if expected_seeds is not None else stats.expected_seed_set(df)
+    if stats.has_phase1_variance(df):
+        phase1 = phase1 or stats.phase1_variance(df)
+        df = stats.at_phase1_seed(df, stats.reference_phase1_seed(df))
     if comparisons is None:
         comparisons = stats.compare_all(df, expected_seeds=seeds)
     ctx = _Context(df, paper, comparisons, seeds)
@@ -1018,6 +1126,8 @@ def build_tables(
         table_shortcut_diagnostics(ctx),
         table_paired_comparisons(ctx, comparisons),
         *operators,
+        *([table_phase1_variance(phase1), table_phase1_checkpoints(phase1)]
+          if phase1 is not None else []),
     ]
 
 
@@ -1213,8 +1323,9 @@ def figure_dual(df: pd.DataFrame) -> FigureResult:
 def figure_training_curves(curves: pd.DataFrame | None) -> list[FigureResult]:
     """One figure per phase from long (phase, step/epoch, metric, value) rows.
 
-    Each metric gets a panel; each (condition, seed) a line when those columns exist. The x
-    axis is ``step`` where the phase has steps, else ``epoch``, else the row order.
+    Each metric gets a panel; each (condition, seed[, phase1_seed]) a line when those
+    columns exist. The x axis is ``step`` where the phase has steps, else ``epoch``, else the
+    row order.
     """
     title = "Training curves"
     if curves is None or curves.empty or not {"metric", "value"} <= set(curves.columns):
@@ -1236,7 +1347,7 @@ def figure_training_curves(curves: pd.DataFrame | None) -> list[FigureResult]:
         metrics = sorted(part["metric"].astype(str).unique())
         safe = re.sub(r"[^A-Za-z0-9_-]+", "-", phase)
         fig, axes = _new_figure(len(metrics), min(4, len(metrics)), size=(3.3, 2.6))
-        groups = [c for c in ("condition", "seed") if c in part.columns]
+        groups = [c for c in ("condition", "seed", stats.PHASE1_SEED) if c in part.columns]
         for ax, metric in zip(axes, metrics):
             sub = part[part["metric"].astype(str) == metric]
             keyed = sub.groupby(groups, dropna=False, sort=True) if groups else [((), sub)]
@@ -1459,19 +1570,37 @@ def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
     return facts
 
 
+def _one_sha_per_phase1_seed(df: pd.DataFrame) -> bool:
+    """Whether the checkpoint hashes differ only between Phase-1 seeds: every trial has a
+    Phase-1 seed, and each seed's trials share one sha256 (K intended checkpoints)."""
+    if not stats.has_phase1_variance(df):
+        return False
+    seeds = pd.to_numeric(df[stats.PHASE1_SEED], errors="coerce")
+    if seeds.isna().any():
+        return False
+    shas = df["phase1_sha256"].astype("string").fillna("")
+    return bool((shas.groupby(seeds.to_numpy()).nunique() == 1).all())
+
+
 def _run_facts(df: pd.DataFrame) -> list[tuple[str, str]]:
     facts = [("trials loaded", str(len(df)))]
     if df.empty:
         return facts
     facts.append(("conditions", ", ".join(stats.ordered_conditions(df["condition"]))))
     facts.append(("seeds", ", ".join(str(s) for s in sorted(set(df["seed"].astype(int))))))
+    phase1_seeds = stats.phase1_seeds(df)
+    if phase1_seeds:
+        facts.append(("Phase-1 seeds (from results)",
+                      ", ".join(str(s) for s in phase1_seeds)
+                      + (f" ({len(phase1_seeds)} Phase-1 checkpoints)"
+                         if len(phase1_seeds) > 1 else "")))
     for col in ("preset", "phase1_sha256"):
         if col not in df.columns:
             continue
         values = sorted({str(v) for v in df[col].dropna()})
         if values:
             text = ", ".join(values)
-            if col == "phase1_sha256" and len(values) > 1:
+            if col == "phase1_sha256" and len(values) > 1 and not _one_sha_per_phase1_seed(df):
                 text += " (WARNING: trials come from different Phase-1 checkpoints)"
             facts.append((f"{col} (from results)", text))
     params = []
@@ -1619,6 +1748,12 @@ def build_report(
     Written (atomically): ``report.html`` (self-contained), ``report.md`` (figures linked),
     ``tables/<id>.md|.tex`` and ``tables/all_tables.tex``, ``figures/<id>.png|.pdf``,
     ``data/trials.csv|.parquet``, ``data/summary.csv``, ``data/comparisons.csv``.
+
+    Trials from more than one Phase-1 checkpoint (``phase1_seed``): everything above but
+    ``trials.*`` uses the reference checkpoint (the smallest Phase-1 seed; a note at the top
+    says so), and ``tab:phase1-variance``, ``tab:phase1-checkpoints``,
+    ``data/phase1_variance.csv`` and ``data/phase1_checkpoints.csv`` every checkpoint
+    (:func:`stats.phase1_variance`). Otherwise the report is exactly as without them.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -1632,6 +1767,21 @@ def build_report(
     attrs = dict(df.attrs)
     derived = stats.add_derived_metrics(df) if not df.empty else df.copy()
     derived.attrs = attrs
+    phase1: stats.Phase1Analysis | None = None
+    other_failed: list[dict[str, Any]] = []
+    if stats.has_phase1_variance(derived):  # K Phase-1 checkpoints: see build_tables
+        phase1 = stats.phase1_variance(derived)
+        reference = stats.reference_phase1_seed(derived)
+        other_failed = [r for r in attrs.get("failed", [])
+                        if r.get(stats.PHASE1_SEED) != reference]
+        derived = stats.at_phase1_seed(derived, reference)
+        seeds_p1 = ", ".join(str(s) for s in stats.phase1_seeds(df))
+        notes.append(
+            f"Trials from {len(stats.phase1_seeds(df))} Phase-1 checkpoints (phase1_seed "
+            f"{seeds_p1}). The paper-layout tables, the result figures and the missing-results "
+            f"list use phase1_seed {reference} (the smallest: the paper's fixed-checkpoint "
+            "analysis); tab:phase1-variance, tab:phase1-checkpoints and the training curves "
+            "use every checkpoint.")
 
     if isinstance(paper, str):
         try:
@@ -1646,7 +1796,7 @@ def build_report(
     seeds = list(expected_seeds or grid_seeds or stats.expected_seed_set(df))
     conditions = list(expected_conditions or grid_conditions or CONDITIONS)
     comparisons = stats.compare_all(derived, expected_seeds=seeds)
-    tables = build_tables(derived, paper, comparisons, seeds)
+    tables = build_tables(derived, paper, comparisons, seeds, phase1=phase1)
     figures = make_figures(derived, curves)
     operator_cmp = (stats.compare_operators(derived, expected_seeds=seeds)
                     if stats.has_operator_results(derived) else None)
@@ -1654,6 +1804,9 @@ def build_report(
         derived, conditions, seeds,
         comparisons if operator_cmp is None else pd.concat([comparisons, operator_cmp],
                                                            ignore_index=True))
+    for rec in other_failed:
+        missing.append(f"failed trial (phase1_seed {rec.get(stats.PHASE1_SEED, 'unknown')}): "
+                       f"{rec['condition']} seed {rec['seed']} ({rec['file']}): {rec['error']}")
 
     paths: dict[str, Path] = {}
     fig_dir = out / "figures"
@@ -1698,6 +1851,15 @@ def build_report(
         paths["operator_comparisons.csv"] = atomic_write_text(
             data_dir / "operator_comparisons.csv", flat.to_csv(index=False)
         )
+
+    if phase1 is not None:
+        for name, frame in (("phase1_variance.csv", phase1.effects_frame()),
+                            ("phase1_checkpoints.csv", phase1.checkpoints_frame())):
+            flat = frame.copy()
+            for col in ("phase1_seeds", "pairs_per_checkpoint", "seeds", "missing_seeds"):
+                if col in flat.columns:
+                    flat[col] = flat[col].map(lambda v: " ".join(str(s) for s in v))
+            paths[name] = atomic_write_text(data_dir / name, flat.to_csv(index=False))
 
     paths[RAW_RECORDS] = atomic_write_text(
         data_dir / RAW_RECORDS, json.dumps(dict(meta), indent=1, sort_keys=True, default=str))

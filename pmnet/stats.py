@@ -26,8 +26,9 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -68,7 +69,13 @@ META_COLUMNS: tuple[str, ...] = (
 _STRING_META = ("preset", "phase1_sha256")
 _NUMERIC_META = tuple(c for c in META_COLUMNS[2:] if c not in _STRING_META)
 #: Numeric columns that describe the run rather than measure it (never summarised).
-_NOT_METRICS = frozenset({"seed", "trainable_params", "total_params", "trainable_fraction"})
+_NOT_METRICS = frozenset({"seed", "phase1_seed", "trainable_params", "total_params",
+                          "trainable_fraction"})
+
+#: Optional column of the tidy table: the seed of the Phase-1 checkpoint a trial started from.
+#: Present only when some result file carries a top-level ``phase1_seed`` (pipelines with K
+#: Phase-1 checkpoints, issue 11); nullable integer (``Int64``), missing where a file has none.
+PHASE1_SEED = "phase1_seed"
 
 #: Test metrics in the order tables and CSVs show them; unknown metrics follow sorted.
 KNOWN_METRICS: tuple[str, ...] = (
@@ -177,16 +184,16 @@ def _flatten_metrics(
     return out
 
 
-def _parse_seed(value: Any, path: Path) -> int:
+def _parse_seed(value: Any, path: Path, name: str = "seed") -> int:
     if isinstance(value, bool):
-        raise ValueError(f"result file {path}: 'seed' must be an integer, got {value!r}")
+        raise ValueError(f"result file {path}: '{name}' must be an integer, got {value!r}")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
         return int(value)
-    raise ValueError(f"result file {path}: 'seed' must be an integer, got {value!r}")
+    raise ValueError(f"result file {path}: '{name}' must be an integer, got {value!r}")
 
 
 def _metric_order(names: Iterable[str]) -> list[str]:
@@ -215,16 +222,24 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
     :data:`META_COLUMNS`, ``source_file``, every ``test`` metric as its own column (nested
     objects are flattened with ``_``) and every ``val`` metric as ``val_<name>``.
 
+    A top-level ``phase1_seed`` (the Phase-1 checkpoint the trial started from, when a
+    pipeline trains K Phase-1 checkpoints) becomes the :data:`PHASE1_SEED` column, right after
+    ``seed``, as a nullable integer (missing for files without it); rows are then ordered by
+    condition, Phase-1 seed, seed. When no file carries it the column is absent and the table
+    is exactly as before.
+
     A file that is not valid JSON, not an object, or lacks a usable ``condition``/``seed``
-    raises ``ValueError`` naming the file; so does a second file for the same
-    (condition, seed). A file whose ``status`` says it failed is not a row: it is recorded in
-    ``df.attrs["failed"]`` (file, condition, seed, error) for the report's missing-results
+    (or has a ``phase1_seed`` that is not an integer) raises ``ValueError`` naming the file;
+    so does a second file for the same (condition, seed, phase1_seed). A file whose
+    ``status`` says it failed is not a row: it is recorded in ``df.attrs["failed"]`` (file,
+    condition, seed, phase1_seed when present, error) for the report's missing-results
     section. Non-numeric metric values are ignored and listed in ``df.attrs["warnings"]``.
     """
     rows: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
     warnings: list[str] = []
-    seen: dict[tuple[str, int], Path] = {}
+    seen: dict[tuple[str, int, int | None], Path] = {}
+    any_phase1 = False
     test_names: set[str] = set()
     val_names: set[str] = set()
     for path in _result_paths(paths_or_dir):
@@ -235,25 +250,28 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
         if "seed" not in obj:
             raise ValueError(f"result file {path}: missing 'seed'")
         seed = _parse_seed(obj["seed"], path)
+        phase1_seed = None
+        if obj.get(PHASE1_SEED) is not None:
+            phase1_seed = _parse_seed(obj[PHASE1_SEED], path, PHASE1_SEED)
+            any_phase1 = True
         status = obj.get("status")
         if isinstance(status, str) and status.strip().lower() in _FAILED_STATUSES:
-            failed.append(
-                {
-                    "file": path.name,
-                    "condition": condition,
-                    "seed": seed,
-                    "error": str(obj.get("error") or obj.get("message") or status),
-                }
-            )
+            record: dict[str, Any] = {"file": path.name, "condition": condition, "seed": seed}
+            if phase1_seed is not None:
+                record[PHASE1_SEED] = phase1_seed
+            record["error"] = str(obj.get("error") or obj.get("message") or status)
+            failed.append(record)
             continue
-        key = (condition, seed)
+        key = (condition, seed, phase1_seed)
         if key in seen:
+            which = "" if phase1_seed is None else f" phase1_seed {phase1_seed}"
             raise ValueError(
-                f"duplicate result for condition {condition!r} seed {seed}: "
+                f"duplicate result for condition {condition!r} seed {seed}{which}: "
                 f"{seen[key]} and {path}"
             )
         seen[key] = path
-        row: dict[str, Any] = {"condition": condition, "seed": seed, "source_file": path.name}
+        row: dict[str, Any] = {"condition": condition, "seed": seed, "source_file": path.name,
+                               PHASE1_SEED: phase1_seed}
         for name in _STRING_META:
             value = obj.get(name)
             row[name] = None if value is None else str(value)
@@ -272,11 +290,15 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
         rows.append(row)
 
     columns = list(META_COLUMNS) + ["source_file"]
+    if any_phase1:
+        columns.insert(columns.index("seed") + 1, PHASE1_SEED)
     columns += [m for m in _metric_order(test_names) if m not in columns]
     columns += [f"val_{m}" for m in _metric_order(val_names)]
     df = pd.DataFrame(rows, columns=columns)
     df["seed"] = df["seed"].astype("int64")
-    keep = ("condition", "seed", "source_file") + _STRING_META
+    if any_phase1:
+        df[PHASE1_SEED] = df[PHASE1_SEED].astype("Int64")
+    keep = ("condition", "seed", PHASE1_SEED, "source_file") + _STRING_META
     numeric = [n for n in df.columns if n not in keep]
     df = pd.concat([df.drop(columns=numeric),  # one block per dtype, not one insert per column
                     df[numeric].apply(pd.to_numeric, errors="coerce").astype("float64")],
@@ -292,9 +314,10 @@ def _sort_trials(df: pd.DataFrame) -> pd.DataFrame:
         return df.reset_index(drop=True)
     order = {c: i for i, c in enumerate(ordered_conditions(df["condition"]))}
     key = df["condition"].map(order)
+    by = ["_order", PHASE1_SEED, "seed"] if PHASE1_SEED in df.columns else ["_order", "seed"]
     return (
         df.assign(_order=key)
-        .sort_values(["_order", "seed"], kind="stable")
+        .sort_values(by, kind="stable")
         .drop(columns="_order")
         .reset_index(drop=True)
     )
@@ -303,11 +326,13 @@ def _sort_trials(df: pd.DataFrame) -> pd.DataFrame:
 def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.DataFrame:
     """Training curves from the ``history`` lists of result files, in long form.
 
-    Columns: phase, condition, seed, epoch, step, metric, value. ``phase`` is the file's
-    ``phase`` key when present, else ``"phase2"`` (result files are Phase-2 trials). Files
-    that fail to parse raise like :func:`load_results`; non-numeric entries are skipped.
+    Columns: phase, condition, seed, epoch, step, metric, value, and :data:`PHASE1_SEED`
+    after seed when some file carries one. ``phase`` is the file's ``phase`` key when
+    present, else ``"phase2"`` (result files are Phase-2 trials). Files that fail to parse
+    raise like :func:`load_results`; non-numeric entries are skipped.
     """
     records: list[dict[str, Any]] = []
+    any_phase1 = False
     for path in _result_paths(paths_or_dir):
         obj = _read_json_object(path)
         history = obj.get("history")
@@ -316,6 +341,8 @@ def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.D
         phase = str(obj.get("phase") or "phase2")
         condition = obj.get("condition")
         seed = obj.get("seed")
+        phase1_seed = obj.get(PHASE1_SEED)
+        any_phase1 = any_phase1 or phase1_seed is not None
         for i, entry in enumerate(history):
             if not isinstance(entry, Mapping):
                 continue
@@ -332,6 +359,7 @@ def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.D
                         "phase": phase,
                         "condition": condition,
                         "seed": seed,
+                        PHASE1_SEED: phase1_seed,
                         "epoch": float(i) if epoch is None or math.isnan(epoch) else epoch,
                         "step": math.nan if step is None else step,
                         "metric": str(key),
@@ -339,6 +367,8 @@ def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.D
                     }
                 )
     cols = ["phase", "condition", "seed", "epoch", "step", "metric", "value"]
+    if any_phase1:
+        cols.insert(3, PHASE1_SEED)
     return pd.DataFrame(records, columns=cols)
 
 
@@ -757,6 +787,440 @@ def compare_all(
     out["p_holm"] = holm
     out["holm_m"] = int(finite.sum())
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# Phase-1 variance: the Phase-1 checkpoint as a random factor (issue 11, beyond the paper)
+# ------------------------------------------------------------------------------------------
+
+#: The headline paired comparisons (the paired rows of the report's ``tab:headline``), in that
+#: order: the effects :func:`phase1_variance` analyses across Phase-1 checkpoints by default.
+PHASE1_COMPARISON_LABELS: tuple[str, ...] = (
+    "routing on - off: updated_ltm",
+    "learned - forced identity, routing off: updated_ltm",
+    "learned - forced identity, routing on: updated_ltm",
+    "learned_full - identity_full: updated_ltm",
+    "dual - LTM only: mean_stm",
+    "dual - LTM only: updated_ltm",
+)
+PHASE1_COMPARISONS: tuple[Comparison, ...] = tuple(
+    next(c for c in COMPARISONS if c.label == label) for label in PHASE1_COMPARISON_LABELS
+)
+
+#: A fit whose between-checkpoint share of the variance (ICC) is below this is singular: the
+#: REML estimate of the between-checkpoint variance sits on its boundary, 0.
+SINGULAR_ICC = 1e-4
+
+
+def _phase1_column(df: pd.DataFrame) -> pd.Series:
+    """The Phase-1 seed of every row as float (NaN where missing); ValueError when the column
+    is absent or holds a non-integer."""
+    if PHASE1_SEED not in df.columns:
+        raise ValueError(
+            f"the trial table has no '{PHASE1_SEED}' column: its results come from one Phase-1 "
+            "checkpoint (the result files carry no top-level phase1_seed), so there is no "
+            "Phase-1 variance to analyse"
+        )
+    values = pd.to_numeric(df[PHASE1_SEED], errors="coerce").astype("float64")
+    bad = values.notna() & (values != values.round())
+    if bad.any():
+        raise ValueError(f"'{PHASE1_SEED}' must hold integers, found {values[bad].iloc[0]!r}")
+    return values
+
+
+def phase1_seeds(df: pd.DataFrame) -> list[int]:
+    """The distinct Phase-1 seeds of the trials, sorted ([] without a phase1_seed column)."""
+    if PHASE1_SEED not in df.columns or df.empty:
+        return []
+    return sorted({int(v) for v in _phase1_column(df).dropna()})
+
+
+def has_phase1_variance(df: pd.DataFrame) -> bool:
+    """Whether the trials come from more than one Phase-1 checkpoint."""
+    return len(phase1_seeds(df)) > 1
+
+
+def reference_phase1_seed(df: pd.DataFrame) -> int | None:
+    """The checkpoint the paper-layout analysis uses when there are several: the smallest
+    Phase-1 seed (None without any)."""
+    seeds = phase1_seeds(df)
+    return seeds[0] if seeds else None
+
+
+def at_phase1_seed(df: pd.DataFrame, phase1_seed: int) -> pd.DataFrame:
+    """The trials that started from the Phase-1 checkpoint of ``phase1_seed`` (a copy, index
+    reset, ``attrs`` kept, ``attrs["failed"]`` restricted to that checkpoint's records)."""
+    out = df[(_phase1_column(df) == phase1_seed).to_numpy()].reset_index(drop=True)
+    out.attrs = dict(df.attrs)
+    if "failed" in df.attrs:  # failed trials of this checkpoint only
+        out.attrs["failed"] = [r for r in df.attrs["failed"] if r.get(PHASE1_SEED) == phase1_seed]
+    return out
+
+
+@dataclass(frozen=True)
+class CheckpointTest:
+    """The paper's fixed-checkpoint analysis within one Phase-1 checkpoint: the paired-by-seed
+    t-test of :func:`paired_comparison` over the trials of that checkpoint."""
+
+    label: str
+    phase1_seed: int
+    n: int
+    seeds: tuple[int, ...]
+    missing_seeds: tuple[int, ...]
+    mean_a: float
+    mean_b: float
+    mean_diff: float
+    sd_diff: float
+    ci_low: float
+    ci_high: float
+    t: float
+    df: float
+    p: float
+    d_z: float
+    note: str
+
+
+@dataclass(frozen=True)
+class Phase1Effect:
+    """One headline effect with the Phase-1 checkpoint as a random factor.
+
+    The model is ``diff_ij = mu + u_i + e_ij`` for the paired difference of Phase-2 seed j
+    from Phase-1 checkpoint i, ``u_i ~ N(0, var_between)``, ``e_ij ~ N(0, var_residual)``,
+    fitted by REML (statsmodels ``MixedLM``). ``estimate`` is mu with its ``se``; ``z`` =
+    estimate / se. Two references for it: ``p_t`` / ``ci_low_t`` / ``ci_high_t`` use a t
+    distribution with ``df_t`` = K - 1 degrees of freedom (exact for balanced designs; the
+    report's primary numbers), ``p_wald`` / ``ci_*_wald`` the normal (statsmodels' Wald z).
+    ``icc`` = var_between / (var_between + var_residual). ``mean_diff`` / ``sd_diff``
+    describe all ``n`` pairs pooled (mean ± SD, as the paper prints differences).
+
+    ``fitted`` is False when no mixed model was fitted or its fit was rejected; ``note`` then
+    says why (K = 1, one pair per checkpoint, equal differences, a failed fit) and every
+    model column is NaN. ``singular``: the between variance was estimated at its boundary 0.
+    ``converged`` is statsmodels' flag for the kept fit (None when not fitted; a singular fit
+    is kept even when the gradient optimisers call it unconverged, a non-singular one is
+    not), ``optimizer`` the optimiser whose fit was kept (:func:`fit_random_intercept`);
+    ``fit_warnings`` holds the warnings the fits raised (captured, never printed).
+    """
+
+    label: str
+    cond_a: str
+    metric_a: str
+    cond_b: str
+    metric_b: str
+    paper_table: str
+    k: int
+    n: int
+    phase1_seeds: tuple[int, ...]
+    pairs_per_checkpoint: tuple[int, ...]
+    mean_diff: float
+    sd_diff: float
+    estimate: float
+    se: float
+    z: float
+    df_t: float
+    p_t: float
+    ci_low_t: float
+    ci_high_t: float
+    p_wald: float
+    ci_low_wald: float
+    ci_high_wald: float
+    var_between: float
+    var_residual: float
+    sd_between: float
+    sd_residual: float
+    icc: float
+    fitted: bool
+    converged: bool | None
+    singular: bool
+    optimizer: str
+    fit_warnings: str
+    note: str
+
+
+def _frame(rows: Sequence[Any], cls: type) -> pd.DataFrame:
+    columns = [f.name for f in fields(cls)]
+    return pd.DataFrame([asdict(r) for r in rows], columns=columns)
+
+
+@dataclass(frozen=True)
+class Phase1Analysis:
+    """What :func:`phase1_variance` returns: one :class:`Phase1Effect` per comparison, one
+    :class:`CheckpointTest` per (comparison, Phase-1 seed) in that order, and ``notes`` about
+    trials left out of every comparison (rows without a Phase-1 seed)."""
+
+    effects: tuple[Phase1Effect, ...]
+    checkpoints: tuple[CheckpointTest, ...]
+    notes: tuple[str, ...] = ()
+
+    def effects_frame(self) -> pd.DataFrame:
+        return _frame(self.effects, Phase1Effect)
+
+    def checkpoints_frame(self) -> pd.DataFrame:
+        return _frame(self.checkpoints, CheckpointTest)
+
+
+class _MixedFit(NamedTuple):
+    estimate: float
+    se: float
+    var_between: float
+    var_residual: float
+    converged: bool | None
+    optimizer: str
+    warnings: tuple[str, ...]
+    error: str | None
+
+
+#: Optimisers for a fit: statsmodels' default sequence (bfgs -> lbfgs -> cg), then, unless it
+#: converged to an interior optimum, Powell and Nelder-Mead; the fit with the highest REML
+#: log-likelihood is kept. Near the boundary (a small between variance) the gradient
+#: methods can stop short of the optimum, unconverged; the derivative-free ones reach it.
+MIXED_OPTIMIZERS: tuple[str, ...] = ("default", "powell", "nm")
+
+
+def _gls_mean_and_se(
+    diffs: np.ndarray, groups: np.ndarray, var_between: float, var_residual: float
+) -> tuple[float, float]:
+    """The GLS intercept and its SE (X' V^-1 X)^-1/2 of ``diffs ~ 1`` with a random intercept,
+    given the variance components: checkpoint means weighted by n_i / (var_residual + n_i
+    var_between)."""
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    means = np.bincount(inverse, weights=diffs) / counts
+    weights = counts / (var_residual + counts * var_between)
+    return float(np.sum(weights * means) / np.sum(weights)), float(1 / math.sqrt(weights.sum()))
+
+
+def fit_random_intercept(diffs: np.ndarray, groups: np.ndarray) -> _MixedFit:
+    """REML fit of ``diffs ~ 1`` with a random intercept per group (statsmodels ``MixedLM``).
+
+    The optimisers of :data:`MIXED_OPTIMIZERS` are tried in turn until one converges to an
+    interior optimum (ICC >= :data:`SINGULAR_ICC`); of the fits made, the one with the highest
+    REML log-likelihood wins (among fits within 1e-6 of it, a converged one). The estimate and
+    variance components are statsmodels'; the SE is the REML fixed-effect SE (X' V^-1 X)^-1/2
+    at those components, which is statsmodels' ``bse_fe`` for an interior fit and stays right
+    on the boundary (between variance 0), where statsmodels inverts a Hessian that is not
+    positive definite. Never raises for a numerical failure: ``error`` says what failed;
+    every warning of the fits is captured in ``warnings`` (deduplicated), none is printed.
+    """
+    from statsmodels.regression.mixed_linear_model import MixedLM
+
+    y = np.asarray(diffs, dtype=float)
+    g = np.asarray(groups)
+    nan = math.nan
+    found: list[tuple[float, bool, str, Any]] = []
+    errors: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for optimizer in MIXED_OPTIMIZERS:
+            method = None if optimizer == "default" else [optimizer]
+            try:
+                result = MixedLM(y, np.ones((y.size, 1)), groups=g).fit(reml=True,
+                                                                        method=method)
+                llf = float(result.llf)
+            except (np.linalg.LinAlgError, ValueError, FloatingPointError,
+                    ZeroDivisionError) as exc:
+                errors.append(f"{optimizer}: {type(exc).__name__}: {exc}")
+                continue
+            if math.isfinite(llf):
+                found.append((llf, bool(result.converged), optimizer, result))
+                tau2 = float(np.asarray(result.cov_re).reshape(-1)[0])
+                if result.converged and tau2 > SINGULAR_ICC * (tau2 + float(result.scale)):
+                    break
+    messages = tuple(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+    if not found:
+        error = "; ".join(errors) or "no optimiser gave a finite REML log-likelihood"
+        return _MixedFit(nan, nan, nan, nan, None, "", messages, error)
+    best = max(llf for llf, *_ in found)
+    llf, converged, optimizer, result = max(
+        (f for f in found if f[0] >= best - 1e-6), key=lambda f: (f[1], f[0]))
+    var_between = max(float(np.asarray(result.cov_re).reshape(-1)[0]), 0.0)
+    var_residual = float(result.scale)
+    estimate = float(np.asarray(result.fe_params)[0])
+    se = nan
+    if var_residual > 0 and math.isfinite(var_residual + var_between):
+        gls, se = _gls_mean_and_se(y, g, var_between, var_residual)
+        if abs(gls - estimate) > 1e-6 * max(1.0, abs(gls)) + 1e-3 * se:
+            return _MixedFit(nan, nan, nan, nan, converged, optimizer, messages,
+                             f"the estimate {estimate} is not the GLS mean {gls} at the "
+                             "fitted variance components")
+    return _MixedFit(estimate, se, var_between, var_residual, converged, optimizer, messages,
+                     None)
+
+
+def _seed_list(values: Sequence[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _effect(
+    comparison: Comparison,
+    tests: Sequence[CheckpointTest],
+    diffs: np.ndarray,
+    groups: np.ndarray,
+    alpha: float,
+) -> Phase1Effect:
+    """The mixed-model row of one comparison from its per-checkpoint pairs."""
+    from scipy import stats as sps
+
+    nan = math.nan
+    used = [t for t in tests if t.n > 0]
+    k, n = len(used), int(diffs.size)
+    notes: list[str] = []
+    unpaired = [f"phase1_seed {t.phase1_seed} ({_seed_word(t.missing_seeds)})"
+                for t in tests if t.missing_seeds]
+    if unpaired:
+        notes.append("unpaired trials dropped: " + "; ".join(unpaired))
+    empty = [t.phase1_seed for t in tests if t.n == 0]
+    if empty:
+        notes.append(f"no pairs from phase1_seed {_seed_list(empty)}")
+    single = [t.phase1_seed for t in used if t.n == 1]
+    if single and len(single) < k:
+        notes.append(f"one pair from phase1_seed {_seed_list(single)} (no within-checkpoint "
+                     "test there; it still informs the between-checkpoint variance)")
+    values: dict[str, Any] = dict(
+        estimate=nan, se=nan, z=nan, df_t=nan, p_t=nan, ci_low_t=nan, ci_high_t=nan,
+        p_wald=nan, ci_low_wald=nan, ci_high_wald=nan, var_between=nan, var_residual=nan,
+        sd_between=nan, sd_residual=nan, icc=nan, fitted=False, converged=None,
+        singular=False, optimizer="", fit_warnings="",
+    )
+    mean = float(diffs.mean()) if n else nan
+    why = None
+    if n == 0:
+        why = "no paired trials; nothing to compare"
+    elif k == 1:
+        why = (f"K = 1 Phase-1 checkpoint (phase1_seed {used[0].phase1_seed}): the "
+               "between-checkpoint variance is not identifiable, so no mixed model; the "
+               "fixed-checkpoint paired test is the analysis")
+    elif n == k:
+        why = ("one pair per Phase-1 checkpoint: the between-checkpoint and residual "
+               "variances cannot be separated, so no mixed model")
+    elif float(np.ptp(diffs)) <= _EQUAL_TOL * max(1.0, abs(mean)):
+        why = f"all paired differences equal ({mean:+.2f}); no variance to model"
+    if why is None:
+        fit = fit_random_intercept(diffs, groups)
+        values["fit_warnings"] = "; ".join(fit.warnings)
+        values["converged"] = fit.converged
+        values["optimizer"] = fit.optimizer
+        tau2, sigma2 = fit.var_between, fit.var_residual
+        finite = all(math.isfinite(x) for x in (fit.estimate, fit.se, tau2, sigma2))
+        if fit.error is not None:
+            why = f"mixed model fit failed ({fit.error}); no estimate"
+        elif not finite or fit.se <= 0 or sigma2 <= 0:
+            why = "mixed model fit gave non-finite or zero estimates; no estimate"
+        else:
+            icc = tau2 / (tau2 + sigma2)
+            singular = icc < SINGULAR_ICC
+            if not singular and not fit.converged:
+                why = "mixed model fit did not converge; rejected, no estimate"
+            else:
+                df_t = k - 1
+                z = fit.estimate / fit.se
+                q_t = float(sps.t.ppf(1 - alpha / 2, df_t))
+                q_z = float(sps.norm.ppf(1 - alpha / 2))
+                values.update(
+                    estimate=fit.estimate, se=fit.se, z=z, df_t=float(df_t),
+                    p_t=float(2 * sps.t.sf(abs(z), df_t)),
+                    ci_low_t=fit.estimate - q_t * fit.se, ci_high_t=fit.estimate + q_t * fit.se,
+                    p_wald=float(2 * sps.norm.sf(abs(z))),
+                    ci_low_wald=fit.estimate - q_z * fit.se,
+                    ci_high_wald=fit.estimate + q_z * fit.se,
+                    var_between=tau2, var_residual=sigma2, sd_between=math.sqrt(tau2),
+                    sd_residual=math.sqrt(sigma2), icc=icc, fitted=True, singular=singular,
+                )
+                if singular:
+                    notes.append("singular fit: between-checkpoint variance estimated 0 "
+                                 "(boundary); the estimate is the pooled paired mean")
+    if why is not None:
+        notes.insert(0, why)
+    return Phase1Effect(
+        label=comparison.label,
+        cond_a=comparison.cond_a,
+        metric_a=comparison.metric_a,
+        cond_b=comparison.cond_b,
+        metric_b=comparison.metric_b,
+        paper_table=comparison.paper_table,
+        k=k,
+        n=n,
+        phase1_seeds=tuple(t.phase1_seed for t in used),
+        pairs_per_checkpoint=tuple(t.n for t in used),
+        mean_diff=mean,
+        sd_diff=float(diffs.std(ddof=1)) if n > 1 else nan,
+        note="; ".join(notes),
+        **values,
+    )
+
+
+def phase1_variance(
+    df: pd.DataFrame,
+    comparisons: Sequence[Comparison] | None = None,
+    *,
+    alpha: float = 0.05,
+) -> Phase1Analysis:
+    """Each headline effect across K Phase-1 checkpoints (issue 11, "Phase-1 variance").
+
+    ``df`` is the tidy per-trial table of :func:`load_results` with a :data:`PHASE1_SEED`
+    column (derived metrics filled as the report does: :func:`add_derived_metrics`).
+    For every comparison (default :data:`PHASE1_COMPARISONS`) and every Phase-1 seed, the
+    trials of that checkpoint are paired by Phase-2 seed exactly as :func:`paired_comparison`
+    pairs them (the paper's fixed-checkpoint analysis: mean ± SD of the differences, t CI,
+    paired t-test; one :class:`CheckpointTest` each). All pairs then go into a REML linear
+    mixed model ``diff ~ 1`` with a random intercept per Phase-1 checkpoint (one
+    :class:`Phase1Effect` per comparison; see there for the columns and the two p values).
+
+    Never drops data silently: unpaired trials and trials whose metric is NaN are left out of
+    the pairs and named in the notes; rows without a Phase-1 seed are left out of everything
+    and counted in ``notes``. K = 1, one pair per checkpoint, equal differences or a failed
+    fit give a row with ``fitted=False`` and the reason, not an exception. Raises
+    ``ValueError`` for a table without a ``phase1_seed`` column, a non-integer Phase-1 seed, or
+    two trials of the same (condition, seed, phase1_seed).
+    """
+    comparisons = PHASE1_COMPARISONS if comparisons is None else tuple(comparisons)
+    column = _phase1_column(df)
+    notes: list[str] = []
+    missing = column.isna()
+    if missing.any():
+        notes.append(f"{int(missing.sum())} trial(s) without a phase1_seed left out")
+    data = df[(~missing).to_numpy()].copy()
+    data[PHASE1_SEED] = column[~missing].astype("int64").to_numpy()
+    dup = data.duplicated(["condition", "seed", PHASE1_SEED], keep=False)
+    if dup.any():
+        first = data[dup].iloc[0]
+        raise ValueError(
+            f"two trials of condition {first['condition']!r} seed {first['seed']} "
+            f"phase1_seed {first[PHASE1_SEED]}: cannot pair them"
+        )
+    checkpoints = sorted(set(data[PHASE1_SEED]))
+    by_checkpoint = {k: data[data[PHASE1_SEED] == k] for k in checkpoints}
+    effects: list[Phase1Effect] = []
+    tests: list[CheckpointTest] = []
+    for comparison in comparisons:
+        c = comparison
+        involved = data["condition"].isin({c.cond_a, c.cond_b})
+        expected = sorted(set(data.loc[involved, "seed"].astype(int)))
+        own: list[CheckpointTest] = []
+        diffs: list[float] = []
+        groups: list[int] = []
+        for k in checkpoints:
+            frame_k = by_checkpoint[k]
+            if not frame_k["condition"].isin({c.cond_a, c.cond_b}).any():
+                continue  # this checkpoint has no trial of either side
+            row = paired_comparison(frame_k, c.cond_a, c.metric_a, c.cond_b, c.metric_b,
+                                    c.label, expected_seeds=expected, alpha=alpha)
+            own.append(CheckpointTest(
+                label=c.label, phase1_seed=int(k), n=int(row["n"]), seeds=tuple(row["seeds"]),
+                missing_seeds=tuple(row["missing_seeds"]), mean_a=row["mean_a"],
+                mean_b=row["mean_b"], mean_diff=row["mean_diff"], sd_diff=row["sd_diff"],
+                ci_low=row["ci_low"], ci_high=row["ci_high"], t=row["t"], df=float(row["df"]),
+                p=row["p"], d_z=row["d_z"], note=row["note"],
+            ))
+            if row["n"]:
+                a = seed_values(frame_k, c.cond_a, c.metric_a).loc[row["seeds"]]
+                b = seed_values(frame_k, c.cond_b, c.metric_b).loc[row["seeds"]]
+                diffs += list(a.to_numpy(dtype=float) - b.to_numpy(dtype=float))
+                groups += [int(k)] * int(row["n"])
+        tests += own
+        effects.append(_effect(c, own, np.asarray(diffs, dtype=float),
+                               np.asarray(groups, dtype=np.int64), alpha))
+    return Phase1Analysis(tuple(effects), tuple(tests), tuple(notes))
+
 
 
 # ------------------------------------------------------------------------------------------

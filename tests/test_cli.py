@@ -77,3 +77,65 @@ def test_info_lists_the_consolidation_operators(capsys):
     out = capsys.readouterr().out
     for name in ("ema", "overwrite", "linear", "gru"):
         assert f"operator {name}" in out
+
+
+def test_episodes_take_a_segments_count(tmp_path):
+    from pmnet import task
+
+    path = tmp_path / "e.jsonl"
+    assert main(["episodes", "--n", "3", "--seed", "7", "--segments", "4", "--out",
+                 str(path)]) == 0
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [len(r["segments"]) for r in rows] == [4, 4, 4]
+    want = task.episode_records(task.make_episodes(3, 7, stream="train", segments=4))
+    assert rows == json.loads(json.dumps(want))
+    default = tmp_path / "d.jsonl"
+    assert main(["episodes", "--n", "3", "--seed", "7", "--out", str(default)]) == 0
+    assert all(len(json.loads(line)["segments"]) == 2
+               for line in default.read_text().splitlines())
+
+
+@pytest.mark.parametrize("value, message", [("1", "got 1"), ("9", "got 9"),
+                                            ("three", "expected an integer")])
+@pytest.mark.parametrize("command", [
+    ["episodes", "--n", "3", "--seed", "7"],
+    ["evaluate", "missing-model.pt"],
+    ["ltm", "save", "missing-model.pt", "--out", "x.pt"],
+    ["ltm", "answer", "missing-model.pt", "--ltm", "x.pt"],
+])
+def test_bad_segments_are_refused_before_any_work(command, value, message, capsys):
+    with pytest.raises(SystemExit) as info:  # the parser refuses, before the model is read
+        main([*command, "--segments", value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --segments" in err and message in err and "missing-model" not in err
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (two threads contend badly on a busy 2-core machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_evaluate_on_t_segment_episodes(tmp_path, capsys, one_thread):
+    import torch
+
+    from pmnet import task
+    from pmnet.config import ModelConfig
+    from pmnet.model import PMNet
+    from pmnet.train import MODEL_FORMAT, save_model_file
+
+    torch.manual_seed(0)
+    model_file = tmp_path / "model.pt"
+    save_model_file(model_file, PMNet(ModelConfig.from_name("debug")), fmt=MODEL_FORMAT,
+                    meta={})
+    assert main(["evaluate", str(model_file), "--n", "6", "--segments", "3"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["segments"] == 3
+    assert metrics["stream_hash"] == task.content_hash(task.test_stream(6, segments=3))
+    assert {"final_ltm_seg1", "final_ltm_seg3", "seg3_stm"} <= set(metrics)

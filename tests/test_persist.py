@@ -50,7 +50,7 @@ def test_restored_ltm_answers_bit_for_bit_like_the_ltm_never_saved(model, stream
         direct = run_episodes(model, stream, opts)["updated_ltm"]
     state = consolidate_batch(model, stream, opts)
     path = tmp_path / "ltm.pt"
-    digest = save_ltm(path, model, state, meta={"stream": "test", "n": 40})
+    digest = save_ltm(path, model, state, segments=2, meta={"stream": "test", "n": 40})
     saved = load_ltm(path, model)
     assert saved.n_episodes == 40 and saved.meta["n"] == 40 and len(digest) == 64
     assert all(torch.equal(a, b) for a, b in zip(saved.ltm, state.ltm))
@@ -87,7 +87,8 @@ def test_a_new_process_answers_the_same(model, tmp_path):
 @pytest.fixture()
 def saved(model, stream, tmp_path):
     path = tmp_path / "ltm.pt"
-    save_ltm(path, model, consolidate_batch(model, stream, RunOptions("learned", True)))
+    save_ltm(path, model, consolidate_batch(model, stream, RunOptions("learned", True)),
+             segments=2)
     return path
 
 
@@ -137,3 +138,64 @@ def test_cli_refuses_another_models_file_with_exit_2(model, saved, tmp_path, cap
     save_model_file(model_file, other, fmt=MODEL_FORMAT, meta={})
     assert cli_main(["ltm", "answer", str(model_file), "--ltm", str(saved)]) == 2
     assert "written by another model" in capsys.readouterr().err
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (two threads contend badly on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_t_segment_ltm_round_trip_through_the_cli(model, tmp_path, capsys, one_thread):
+    """`ltm save --segments 3` stores T = 3; `answer` regenerates the 3-segment stream from
+    the file and answers its final (segment-3) queries as the LTM never saved; another T is
+    refused before any episode is run."""
+    model_file = tmp_path / "model.pt"
+    save_model_file(model_file, model, fmt=MODEL_FORMAT, meta={})
+    ltm_file = tmp_path / "ltm3.pt"
+    assert cli_main(["ltm", "save", str(model_file), "--out", str(ltm_file), "--n", "12",
+                     "--segments", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["segments"] == 3
+    assert load_ltm(ltm_file, model).segments == 3
+    assert cli_main(["ltm", "answer", str(model_file), "--ltm", str(ltm_file)]) == 0
+    answered = json.loads(capsys.readouterr().out)
+    stream = task.test_stream(12, segments=3)
+    with torch.no_grad():
+        logits = run_episodes(model, stream, RunOptions("learned", True))["updated_ltm"]
+    import hashlib
+
+    assert answered["segments"] == 3 and answered["logits_sha256"] == hashlib.sha256(
+        logits.float().contiguous().numpy().tobytes()).hexdigest()
+    pred = logits[:, list(task.DIGIT_TOKENS)].argmax(-1)
+    assert answered["updated_ltm"] == pytest.approx(
+        100 * (pred == stream.target_digit[:, -1]).float().mean().item())
+    assert cli_main(["ltm", "answer", str(model_file), "--ltm", str(ltm_file),
+                     "--segments", "2"]) == 2
+    assert "holds the LTM of 3-segment episodes, not of 2-segment" in capsys.readouterr().err
+
+
+def test_segments_count_is_stored_checked_and_defaults_to_two(model, saved, tmp_path,
+                                                             one_thread):
+    assert load_ltm(saved, model).segments == 2
+    with pytest.raises(LTMFileError, match="3-segment ones"):
+        load_ltm(saved, model, segments=3)
+    payload = torch.load(saved, weights_only=True)
+    assert payload["segments"] == 2
+    for value, name in ((None, "old.pt"), (9, "bad.pt")):
+        if value is None:
+            del payload["segments"]  # a file written before the field existed
+        else:
+            payload["segments"] = value
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        (tmp_path / name).write_bytes(buf.getvalue())
+    assert load_ltm(tmp_path / "old.pt", model).segments == 2
+    with pytest.raises(LTMFileError, match="segments count 9 is not an int in 2..8"):
+        load_ltm(tmp_path / "bad.pt", model)
+    state = consolidate_batch(model, task.test_stream(4), RunOptions("learned", True))
+    with pytest.raises(ValueError, match="segments must be an int in 2..8"):
+        save_ltm(tmp_path / "x.pt", model, state, segments=1)
+    assert not (tmp_path / "x.pt").exists()

@@ -61,6 +61,9 @@ def test_format_p():
     assert format_p(0.19317) == "0.193"
     assert format_p(0.01324) == "0.0132"
     assert format_p(math.nan) == "—"
+    assert format_p(0.0) == "< 1e-300"  # underflowed (a Wald z p of a huge effect)
+    assert format_p(0.0, "tex") == r"\(<10^{-300}\)"
+    assert format_p(0.0, "html") == "&lt; 10<sup>-300</sup>"
 
 
 def test_format_cell_variants():
@@ -568,3 +571,147 @@ def test_report_is_unchanged_without_operator_results(built, fixture_df):
     assert not (run / "report" / "data" / "operator_comparisons.csv").exists()
     text = (run / "report" / "report.html").read_text(encoding="utf-8")
     assert "tab:operators" not in text and "Operator" not in text
+
+
+# ------------------------------------------------------------------------------------------
+# Phase-1 variance (issue 11): K Phase-1 checkpoints
+# ------------------------------------------------------------------------------------------
+
+PHASE1_TABLES = ["tab:phase1-variance", "tab:phase1-checkpoints"]
+ROUTING = "routing on - off: updated_ltm"
+
+
+def write_phase1_results(results: Path, phase1_seeds=(0, 1, 2), seeds=(42, 43, 44, 45, 46),
+                         with_key: bool = True) -> None:
+    """Both Consolidator-only arms from each Phase-1 checkpoint, with a checkpoint effect on
+    routing on - off (+4 pp per Phase-1 seed) and on learned - identity."""
+    results.mkdir(parents=True, exist_ok=True)
+    for k in phase1_seeds:
+        for i, seed in enumerate(seeds):
+            for condition, gain, step in (("consolidator_only", 30.0 + 4 * k, 3.1),
+                                          ("consolidator_only_routing_off", 10.0, 1.7)):
+                updated = 40.0 + gain + ((i + 1) * step + 0.9 * k) % 4
+                test = {"updated_ltm": updated, "forced_identity": 20.0 + i + k,
+                        "initial_ltm": 50.0, "fresh_ltm": 10.0, "mismatched_ltm": 9.5,
+                        "seg2_stm": 90.0 + (i % 2), "mean_stm": 90.0}
+                obj = {"condition": condition, "seed": seed, "preset": "debug",
+                       "phase1_sha256": f"{k:02d}" * 32, "test": test,
+                       "val": {"updated_ltm": updated}}
+                if with_key:
+                    obj["phase1_seed"] = k
+                (results / f"{condition}__seed{seed}__p1{k}.json").write_text(json.dumps(obj))
+
+
+def test_phase1_tables_from_synthetic_results(tmp_path):
+    write_phase1_results(tmp_path / "results")
+    df = stats.load_results(tmp_path / "results")
+    tables = {t.id: t for t in report.build_tables(df, paper=None)}
+    assert list(tables) == ALL_TABLES + PHASE1_TABLES
+    analysis = stats.phase1_variance(stats.add_derived_metrics(df))
+    var = tables["tab:phase1-variance"]
+    assert var.columns[:8] == ["Comparison", "K", "n", "Mean diff ± SD", "Estimate ± SE",
+                               "95% CI (t, K-1 df)", "p (t, K-1 df)", "p (Wald z)"]
+    shown = [e for e in analysis.effects if e.n > 0]
+    assert [r[0].text for r in var.rows] == [e.label for e in shown]
+    row = next(r for r in var.rows if r[0].text == ROUTING)
+    want = next(e for e in shown if e.label == ROUTING)
+    assert want.fitted and (row[1].value, row[2].value) == (3, 15)
+    assert row[4].value == pytest.approx(want.estimate) and row[4].sd == pytest.approx(want.se)
+    assert (row[5].value, row[5].hi) == pytest.approx((want.ci_low_t, want.ci_high_t))
+    assert row[6].value == pytest.approx(want.p_t) and row[7].value == pytest.approx(want.p_wald)
+    assert row[8].value == pytest.approx(want.sd_between) and row[8].value > 1.0
+    assert row[10].value == pytest.approx(want.icc)
+    assert any("no paired trials" in n and "learned_full - identity_full" in n
+               for n in var.notes)
+    per = tables["tab:phase1-checkpoints"]
+    routing = [r for r in per.rows if r[0].text == ROUTING]
+    assert [r[1].text for r in routing] == ["0", "1", "2"]
+    for r, k in zip(routing, (0, 1, 2)):
+        ref = stats.paired_comparison(stats.at_phase1_seed(df, k), "consolidator_only",
+                                      "updated_ltm", "consolidator_only_routing_off",
+                                      "updated_ltm")
+        assert r[3].value == pytest.approx(ref["mean_diff"]) and r[6].value == pytest.approx(
+            ref["p"])
+    assert per.rules_before  # one block per comparison
+    # the paper-layout tables are the reference checkpoint's (phase1_seed 0) analysis
+    ref0 = stats.paired_comparison(stats.at_phase1_seed(df, 0), "consolidator_only",
+                                   "updated_ltm", "consolidator_only_routing_off",
+                                   "updated_ltm")
+    head = next(r for r in tables["tab:headline"].rows if r[0].text.startswith("Direct routing"))
+    assert head[1].value == pytest.approx(ref0["mean_diff"]) and head[1].n == 5
+    assert head[3].value == pytest.approx(ref0["p"])
+    for table in (var, per):
+        for target in ("md", "tex", "html"):
+            assert table.id in table.render(target) and "phase1_seed" not in table.caption
+
+
+def test_phase1_tables_omitted_for_one_checkpoint_or_none(tmp_path):
+    write_phase1_results(tmp_path / "one", phase1_seeds=(0,))
+    write_phase1_results(tmp_path / "none", phase1_seeds=(0,), with_key=False)
+    one = stats.load_results(tmp_path / "one")
+    none = stats.load_results(tmp_path / "none")
+    assert "phase1_seed" in one.columns and "phase1_seed" not in none.columns
+    tables_one = report.build_tables(one, paper=None)
+    tables_none = report.build_tables(none, paper=None)
+    assert [t.id for t in tables_one] == [t.id for t in tables_none] == ALL_TABLES
+    for a, b in zip(tables_one, tables_none):
+        assert a.to_markdown() == b.to_markdown(), a.id
+
+
+def test_report_with_phase1_checkpoints(tmp_path):
+    write_phase1_results(tmp_path / "results")
+    (tmp_path / "results" / "consolidator_only__seed44__p11.json").write_text(json.dumps({
+        "condition": "consolidator_only", "seed": 44, "phase1_seed": 1, "status": "failed",
+        "error": "out of memory"}))
+    paths = report.main_report(tmp_path)
+    text = paths["html"].read_text(encoding="utf-8")
+    doc = parse_html(text)
+    for table_id in PHASE1_TABLES:
+        assert doc.tables[table_id]["body"], table_id
+    assert "Trials from 3 Phase-1 checkpoints (phase1_seed 0, 1, 2)" in text
+    assert "use phase1_seed 0" in text and "WARNING" not in text
+    what = text[text.index('id="what-ran"'):text.index('id="tables"')]
+    assert "<th>Phase-1 seeds (from results)</th><td>0, 1, 2 (3 Phase-1 checkpoints)" in what
+    missing = text[text.index('id="missing-results"'):]
+    assert "failed trial (phase1_seed 1): consolidator_only seed 44" in missing
+    md = paths["markdown"].read_text(encoding="utf-8")
+    assert "**Table `tab:phase1-variance`.**" in md
+    flat = pd.read_csv(paths["phase1_variance.csv"])
+    row = flat.set_index("label").loc[ROUTING]
+    assert row["k"] == 3 and row["n"] == 14 and row["phase1_seeds"] == "0 1 2"
+    assert row["pairs_per_checkpoint"] == "5 4 5" and bool(row["fitted"])
+    per = pd.read_csv(paths["phase1_checkpoints.csv"], dtype={"missing_seeds": str})
+    assert per.loc[(per["label"] == ROUTING) & (per["phase1_seed"] == 1), "missing_seeds"].item(
+        ) == "44"
+    trials = pd.read_csv(paths["trials.csv"])
+    assert len(trials) == 29 and sorted(trials["phase1_seed"].unique()) == [0, 1, 2]
+    summary = pd.read_csv(paths["summary.csv"])  # the reference checkpoint's trials
+    assert summary.set_index(["condition", "metric"]).loc[
+        ("consolidator_only", "updated_ltm"), "n"] == 5
+
+
+def test_report_is_unchanged_without_phase1_seeds(built, fixture_df):
+    run, paths = built
+    assert "phase1_variance.csv" not in paths and "phase1_checkpoints.csv" not in paths
+    text = (run / "report" / "report.html").read_text(encoding="utf-8")
+    assert "phase1-variance" not in text and "Phase-1 seeds" not in text
+    assert "phase1_seed" not in pd.read_csv(paths["trials.csv"]).columns
+
+
+def test_training_curves_keep_phase1_checkpoints_apart(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for k in (0, 1):
+        history = [{"epoch": e, "step": 10 * (e + 1), "val/updated_ltm": 30.0 + 10 * k + e}
+                   for e in range(3)]
+        (results / f"c-s42-p{k}.json").write_text(json.dumps({
+            "condition": "consolidator_only", "seed": 42, "phase1_seed": k, "history": history,
+            "test": {"updated_ltm": 40.0}}))
+    curves = stats.load_histories(results)
+    assert list(curves.columns[:4]) == ["phase", "condition", "seed", "phase1_seed"]
+    assert "phase1_seed" not in stats.load_histories(FIXTURES).columns
+    fig = report.figure_training_curves(curves)[0]
+    lines = fig.figure.axes[0].get_lines()
+    assert len(lines) == 2  # one per checkpoint, not one zig-zag through both
+    assert [list(line.get_ydata()) for line in lines] == [[30.0, 31.0, 32.0],
+                                                          [40.0, 41.0, 42.0]]
