@@ -18,12 +18,12 @@ from pipelines.layout import (
     PipelineError,
     read_json,
     trial_key,
-    trial_name,
     write_json,
 )
 from pipelines.status import status_text, trial_rows
 from pipelines.tracking import Tracker, check_tracking_uri
 from pipelines.trial import Phase1Refused, check_phase1
+from pmnet.trial_id import TrialId
 from tune_spaces import SpaceError
 
 
@@ -200,8 +200,8 @@ def tracker(tmp_path_factory):
 
 
 def test_trial_runs_are_named_and_reattached(tracker):
-    assert trial_name("learned_full", 42) == "learned_full-s42"
-    key = trial_key("pipe", "learned_full", 42)
+    assert TrialId("learned_full", 42).name == "learned_full-s42"
+    key = trial_key("pipe", TrialId("learned_full", 42))
     assert key == "pipe/learned_full-s42"
     exp = tracker.experiment("pmnet/pipe")
     assert tracker.experiment("pmnet/pipe") == exp  # get, not create twice
@@ -240,10 +240,10 @@ def test_status_reads_results_and_tune_state_from_disk(tmp_path):
     lay: Layout = plan.layout
     stages.write_meta(plan, status="running", driver={"pid": 2 ** 22 + 12345,
                                                        "host": socket.gethostname()})
-    write_json(lay.result_path("learned_full", 42), {
+    write_json(lay.result_path(TrialId("learned_full", 42)), {
         "condition": "learned_full", "seed": 42, "val": {"updated_ltm": 55.0},
         "test": {"updated_ltm": 50.5}})
-    write_json(lay.trial_dir("learned_full", 42) / "trial.json", {"mlflow_run_id": "abc"})
+    write_json(lay.trial_dir(TrialId("learned_full", 42)) / "trial.json", {"mlflow_run_id": "abc"})
     state = {"trial_data": [[json.dumps({"config": {"condition": "consolidator_only",
                                                     "seed": 42}, "status": "RUNNING"}),
                              json.dumps({"num_failures": 1,
@@ -365,7 +365,7 @@ def dead_server_trials(tmp_path_factory, phase1):
                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "120"}.items():
             mp.setenv(k, v)
         for c, s in DEAD_TRIALS:
-            fake = FakeTune(root.parent / "tune" / trial_name(c, s))
+            fake = FakeTune(root.parent / "tune" / TrialId(c, s).name)
             out["trials"][(c, s)] = {"fake": fake, "wall": run_trial_here(ctx, c, s, fake)}
         out["env_after"] = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
     return out
@@ -377,13 +377,13 @@ def test_a_dead_tracking_server_neither_stalls_nor_kills_a_trial(dead_server_tri
     lay = dead_server_trials["lay"]
     for (c, s), t in dead_server_trials["trials"].items():
         # trained to the end: result on disk, final report to Tune
-        res = read_json(lay.result_path(c, s))
+        res = read_json(lay.result_path(TrialId(c, s)))
         assert res["condition"] == c and "updated_ltm" in res["test"]
         assert t["fake"].reports[-1]["metrics"]["finished"] == 1
         # bounded: one failing call (refused: ~2 s) and then nothing waits for the server;
         # with MLflow's defaults (7 retries, backoff 2) the first call alone takes minutes
         assert t["wall"] < 60, t["wall"]
-        info = read_json(lay.trial_dir(c, s) / "trial.json")
+        info = read_json(lay.trial_dir(TrialId(c, s)) / "trial.json")
         assert info["state"] == "FINISHED"
         assert info["mlflow_pending"] is True
         assert "attaching" in info["mlflow_pending_reason"]
@@ -398,12 +398,12 @@ def test_tune_checkpoints_carry_no_weights_and_name_the_trials_last_ckpt(dead_se
     lay = dead_server_trials["lay"]
     for (c, s), t in dead_server_trials["trials"].items():
         epochs = [r for r in t["fake"].reports if r["files"] is not None]
-        assert len(epochs) == len(read_json(lay.result_path(c, s))["history"]) >= 1
+        assert len(epochs) == len(read_json(lay.result_path(TrialId(c, s)))["history"]) >= 1
         for r in epochs:  # only meta.json goes through Tune: no weights copied per epoch
             assert set(r["files"]) == {"meta.json"} and r["files"]["meta.json"] < 1024
         last = t["fake"].latest
         meta = json.loads((Path(last.path) / "meta.json").read_text())
-        assert meta["last_ckpt"] == str(lay.trial_dir(c, s) / "ckpt" / "last.ckpt")
+        assert meta["last_ckpt"] == str(lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt")
         assert meta["final"] is True and meta["epoch"] == epochs[-1]["metrics"]["epoch"]
         assert meta["last_ckpt_size"] == Path(meta["last_ckpt"]).stat().st_size
 
@@ -448,7 +448,7 @@ def test_backfill_logs_what_trials_could_not_from_their_result_files(dead_server
     t0 = time.time()
     assert backfill_results(lay, dead) == {"logged": 0, "pending": 2}
     assert time.time() - t0 < 20
-    assert all(read_json(lay.trial_dir(c, s) / "trial.json")["mlflow_pending"]
+    assert all(read_json(lay.trial_dir(TrialId(c, s)) / "trial.json")["mlflow_pending"]
                for c, s in DEAD_TRIALS)
 
     # a real store; one trial already has a RUNNING run with epoch 0 logged (it died
@@ -458,19 +458,19 @@ def test_backfill_logs_what_trials_could_not_from_their_result_files(dead_server
     exp = tracker.experiment("pmnet/t")
     parent, _ = tracker.attach_run(exp, "t", run_name="t")
     c1, s1 = DEAD_TRIALS[1]
-    early, _ = tracker.attach_run(exp, trial_key("t", c1, s1), run_name=trial_name(c1, s1),
-                                  parent_run_id=parent)
+    early, _ = tracker.attach_run(exp, trial_key("t", TrialId(c1, s1)),
+                                  run_name=TrialId(c1, s1).name, parent_run_id=parent)
     tracker.log_metrics(early, {"epoch": 0, "val/updated_ltm": 1.0}, step=0)
     runs = Runs(tracker=tracker, uri=uri, experiment_id=exp, parent=parent)
     assert backfill_results(lay, runs) == {"logged": 2, "pending": 0}
 
     client = MlflowClient(uri)
     for c, s in DEAD_TRIALS:
-        res = read_json(lay.result_path(c, s))
-        found = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', c, s)}'")
+        res = read_json(lay.result_path(TrialId(c, s)))
+        found = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c, s))}'")
         assert len(found) == 1
         run = found[0]
-        assert run.info.status == "FINISHED" and run.info.run_name == trial_name(c, s)
+        assert run.info.status == "FINISHED" and run.info.run_name == TrialId(c, s).name
         assert run.data.tags["mlflow.parentRunId"] == parent
         assert run.data.tags["phase1_sha256"] == res["phase1_sha256"]
         assert run.data.params["model.hidden"] == "32" and run.data.params["seed"] == str(s)
@@ -478,16 +478,16 @@ def test_backfill_logs_what_trials_could_not_from_their_result_files(dead_server
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch"))
         assert steps == [h["epoch"] for h in res["history"]]  # each epoch once
         assert [a.path for a in client.list_artifacts(run.info.run_id, "result")] == [
-            f"result/{trial_name(c, s)}.json"]
-        info = read_json(lay.trial_dir(c, s) / "trial.json")
+            f"result/{TrialId(c, s).name}.json"]
+        info = read_json(lay.trial_dir(TrialId(c, s)) / "trial.json")
         assert info["mlflow_run_id"] == run.info.run_id and info["mlflow_pending"] is False
         assert "mlflow_pending_reason" not in info
-    assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', c1, s1)}'")[
+    assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c1, s1))}'")[
         0].info.run_id == early
     # nothing left: a second pass logs nothing and duplicates nothing
     assert backfill_results(lay, runs) == {"logged": 0, "pending": 0}
     assert len(client.get_metric_history(early, "epoch")) == len(
-        read_json(lay.result_path(c1, s1))["history"])
+        read_json(lay.result_path(TrialId(c1, s1)))["history"])
 
 
 def _report_state(ckpt: Path) -> dict:
@@ -505,14 +505,14 @@ def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
 
     c, s = DEAD_TRIALS[0]
     ref = dead_server_trials["trials"][(c, s)]["fake"].reports  # uninterrupted, same config
-    ref_result = read_json(dead_server_trials["lay"].result_path(c, s))
+    ref_result = read_json(dead_server_trials["lay"].result_path(TrialId(c, s)))
     ctx = _trial_ctx(tmp_path / "runs", phase1)
     monkeypatch.setenv(FAULT_ENV, str(tmp_path / "markers"))
     fake = FakeTune(tmp_path / "tune")
     with pytest.raises(RuntimeError, match="injected fault after epoch 0"):
         run_trial_here(ctx, c, s, fake)
     lay = ctx.layout
-    last = lay.trial_dir(c, s) / "ckpt" / "last.ckpt"
+    last = lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt"
     # last.ckpt holds the report callback's state after epoch 0, although it is written
     # before that callback's epoch-end hook runs
     assert _report_state(last) == {"best": pytest.approx(
@@ -520,11 +520,11 @@ def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
     run_trial_here(ctx, c, s, fake)  # the retry, handed Tune's latest checkpoint
     assert _report_state(last)["final"] is True
     tries = [json.loads(line) for line in
-             (lay.trial_dir(c, s) / "attempts.jsonl").read_text().splitlines()]
+             (lay.trial_dir(TrialId(c, s)) / "attempts.jsonl").read_text().splitlines()]
     assert len(tries) == 2 and tries[0]["resume_from"] is None
-    assert tries[1]["resume_from"] == str(lay.trial_dir(c, s) / "ckpt" / "last.ckpt")
+    assert tries[1]["resume_from"] == str(lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt")
     assert tries[1]["resume_epoch"] == 0 and tries[1]["tune_checkpoint_epoch"] == 0
-    got = read_json(lay.result_path(c, s))
+    got = read_json(lay.result_path(TrialId(c, s)))
     for key in ("test", "val", "best_epoch", "history"):
         assert got[key] == ref_result[key], key
 

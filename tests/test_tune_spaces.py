@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pmnet.train import CONDITIONS, TrainConfig
+from pmnet.trial_id import TrialId
 from tune_spaces import (
     PAPER_CONDITIONS,
     PAPER_SEEDS,
@@ -44,8 +45,9 @@ def test_tiny_grid_derives_from_default():
     assert sp.name == "tiny" and sp.n_trials == 4
     assert sp.seeds == tuple(cfg.seeds)[:2]
     assert sp.cpus_per_trial == default(cfg).cpus_per_trial
-    assert sp.trials == [("learned_full", 42), ("consolidator_only", 42),
-                         ("learned_full", 43), ("consolidator_only", 43)]
+    assert sp.trials == [TrialId("learned_full", 42), TrialId("consolidator_only", 42),
+                         TrialId("learned_full", 43), TrialId("consolidator_only", 43)]
+    assert [t.name for t in sp.trials][:2] == ["learned_full-s42", "consolidator_only-s42"]
 
 
 def test_registry_and_derive():
@@ -63,7 +65,8 @@ def test_param_space_is_a_full_grid():
 
     sp = tiny(TrainConfig.from_name("debug"))
     variants = [cfg for _, cfg in generate_variants(sp.param_space())]
-    assert [(v["condition"], v["seed"]) for v in variants] == sp.trials
+    assert [TrialId.from_config(v) for v in variants] == sp.trials
+    assert set(sp.param_space()) == {"condition", "seed"}  # no variant key: configs as before
 
 
 @pytest.mark.parametrize("changes, message", [
