@@ -39,8 +39,8 @@ VARIANT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*$")
 VARIANT_MAX_LEN = 48
 #: a variant part that would read as a seed or Phase-1 seed segment
 _RESERVED_PART = re.compile(r"^[sp][0-9]+$")
-_NAME_RE = re.compile(r"^(?P<condition>[A-Za-z0-9_]+)(?:-(?P<variant>.+?))?"
-                      r"(?:-p(?P<phase1_seed>[0-9]+))?-s(?P<seed>[0-9]+)$")
+_SEED_PART = re.compile(r"^s[0-9]+$")
+_PHASE1_PART = re.compile(r"^p[0-9]+$")
 DEFAULT_VARIANT = ""
 
 
@@ -117,16 +117,23 @@ class TrialId:
 
     @classmethod
     def parse(cls, name: str) -> TrialId:
-        """The TrialId whose `name` is `name`; ValueError if none is."""
-        m = _NAME_RE.match(name) if isinstance(name, str) else None
-        if m is None:
-            raise ValueError(f"{name!r} is not a trial name "
-                             "(<condition>[-<variant>][-p<phase1_seed>]-s<seed>)")
-        p1 = m.group("phase1_seed")
-        trial = cls(m.group("condition"), int(m.group("seed")), m.group("variant") or "",
-                    None if p1 is None else int(p1))
+        """The TrialId whose `name` is `name`; ValueError if none is. The name's '-'-separated
+        parts are the condition, the variant's parts, `p<phase1_seed>` and `s<seed>`: no
+        variant part looks like the last two, so the split is unique."""
+        bad = f"{name!r} is not a trial name (<condition>[-<variant>][-p<phase1_seed>]-s<seed>)"
+        parts = name.split("-") if isinstance(name, str) else []
+        if len(parts) < 2 or not _SEED_PART.match(parts[-1]):
+            raise ValueError(bad)
+        middle = parts[1:-1]
+        phase1 = None
+        if middle and _PHASE1_PART.match(middle[-1]):
+            phase1 = int(middle.pop()[1:])
+        try:
+            trial = cls(parts[0], int(parts[-1][1:]), "-".join(middle), phase1)
+        except ValueError as e:
+            raise ValueError(f"{bad}: {e}") from e
         if trial.name != name:  # e.g. a leading zero in a seed
-            raise ValueError(f"{name!r} is not a trial name: it reads as {trial.name!r}")
+            raise ValueError(f"{bad}: it reads as {trial.name!r}")
         return trial
 
     # the Tune config and the result file -------------------------------------------------

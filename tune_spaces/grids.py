@@ -78,9 +78,9 @@ class Variant:
         problem = variant_name_problem(self.name)
         if problem:
             raise SpaceError(problem)
-        items = (self.overrides.items() if isinstance(self.overrides, Mapping)
-                 else tuple(self.overrides))
         try:
+            items = (self.overrides.items() if isinstance(self.overrides, Mapping)
+                     else tuple(self.overrides))
             pairs = tuple(sorted((k, v) for k, v in items))
         except (TypeError, ValueError) as e:
             raise SpaceError(f"variant {self.name!r}: overrides must be a mapping of "
@@ -191,9 +191,9 @@ class Space:
 
     @property
     def trials(self) -> list[TrialId]:
-        """Every trial, in the order Tune expands the grid (`param_space`: the condition
-        varies fastest, then the variant, then the seed)."""
-        return [TrialId(c, int(s), v.name) for s in self.seeds for v in self.variants
+        """Every trial, in the order Tune expands the grid (`param_space`; Tune takes the keys
+        in sorted order: the condition varies fastest, then the seed, then the variant)."""
+        return [TrialId(c, int(s), v.name) for v in self.variants for s in self.seeds
                 for c in self.conditions]
 
     @property
