@@ -310,7 +310,7 @@ class FakeTune:
         return self.latest
 
 
-def run_trial_here(ctx, condition: str, seed: int, fake: FakeTune) -> float:
+def run_trial_here(ctx, condition: str, seed: int, fake: FakeTune, variant: str = "") -> float:
     """pipelines.trial.train_trial in this process with FakeTune; the seconds it took."""
     import pipelines.trial as trial_mod
 
@@ -326,14 +326,14 @@ def run_trial_here(ctx, condition: str, seed: int, fake: FakeTune) -> float:
         threads = torch.get_num_threads()
         t0 = time.time()
         try:
-            trial_mod.train_trial({"condition": condition, "seed": seed}, ctx)
+            trial_mod.train_trial(TrialId(condition, seed, variant).to_config(), ctx)
         finally:
             torch.set_num_threads(threads)
     return time.time() - t0
 
 
 def _trial_ctx(root: Path, phase1: dict, tracking_uri: str | None = None,
-               experiment_id: str | None = None, **overrides):
+               experiment_id: str | None = None, variants: dict | None = None, **overrides):
     from pipelines.trial import TrialContext
     from pmnet.train import TrainConfig
 
@@ -345,7 +345,7 @@ def _trial_ctx(root: Path, phase1: dict, tracking_uri: str | None = None,
     cfg = TrainConfig.from_name("debug", threads=1, **overrides).to_dict()
     return TrialContext(root=str(root), name="t", train_config=cfg,
                         phase1_sha256=phase1["sha256"], tracking_uri=tracking_uri,
-                        experiment_id=experiment_id)
+                        experiment_id=experiment_id, variants=variants or {"": {}})
 
 
 DEAD_TRIALS = (("consolidator_only", 42), ("learned_full", 43))
@@ -612,3 +612,108 @@ def test_a_pipeline_recorded_before_new_config_fields_still_continues(tmp_path):
     assert _plan(tmp_path).resumed  # same configuration: it continues, nothing "differs"
     with pytest.raises(PipelineError, match="max_epochs differ"):
         _plan(tmp_path, overrides={"max_epochs": 5})
+
+
+# -- variants: identity, records, status, a variant trial ----------------------------------
+
+
+def test_a_pipeline_recorded_before_variants_resumes_with_its_trials_named_as_before(tmp_path):
+    plan = _plan(tmp_path)
+    stages.write_meta(plan, status="finished")
+    meta = json.loads(plan.layout.pipeline_json.read_text())
+    assert set(meta["grid"]) == {"conditions", "seeds"}  # a default grid is recorded as before
+    del meta["space"]["variants"]  # what a pipeline.json of the previous version holds
+    plan.layout.pipeline_json.write_text(json.dumps(meta))
+    resumed = planning.plan_resume(root=tmp_path / "runs", name="p")
+    assert resumed.space == plan.space and not resumed.space.has_variants
+    assert [t.name for t in resumed.space.trials] == [
+        "learned_full-s42", "consolidator_only-s42", "learned_full-s43", "consolidator_only-s43"]
+    assert _plan(tmp_path).resumed  # `start` with the same configuration continues it
+    assert [r["trial"] for r in trial_rows(plan.layout)] == [t.name for t in plan.space.trials]
+
+
+def test_variants_are_part_of_a_pipelines_identity_and_refused_bad_in_its_record(tmp_path):
+    plan = _plan(tmp_path, grid="segments", variants="T2-full", seeds="42")
+    stages.write_meta(plan, status="finished")
+    grid = json.loads(plan.layout.pipeline_json.read_text())["grid"]
+    assert grid == {"conditions": ["consolidator_only"], "seeds": [42],
+                    "variants": {"T2-full": {"ltm_graph": "full", "segments": 2}}}
+    assert _plan(tmp_path, grid="segments", variants="T2-full", seeds="42").resumed
+    with pytest.raises(PipelineError, match=r"\(grid differ\)"):
+        _plan(tmp_path, grid="segments", variants="T2-full,T4-full", seeds="42")
+    meta = json.loads(plan.layout.pipeline_json.read_text())
+    meta["space"]["variants"][0]["overrides"]["phase1_lr"] = 0.1
+    plan.layout.pipeline_json.write_text(json.dumps(meta))
+    with pytest.raises(PipelineError, match="'space' record is not valid .*phase1_lr"):
+        planning.plan_resume(root=tmp_path / "runs", name="p")
+
+
+def test_status_shows_the_variant_of_each_trial(tmp_path):
+    plan = _plan(tmp_path, grid="segments", variants="T2-full,T4-truncated", seeds="42")
+    lay = plan.layout
+    stages.write_meta(plan, status="running", driver={"pid": 2 ** 22 + 12345,
+                                                       "host": socket.gethostname()})
+    done = TrialId("consolidator_only", 42, "T4-truncated")
+    write_json(lay.result_path(done), {**done.to_config(), "val": {"updated_ltm": 33.0},
+                                       "test": {"updated_ltm": 30.5}})
+    running = TrialId("consolidator_only", 42, "T2-full")
+    state = {"trial_data": [[json.dumps({"config": running.to_config(), "status": "ERROR"}),
+                             json.dumps({"num_failures": 3, "last_result": {}})]]}
+    write_json(lay.experiment_dir / "experiment_state-2026.json", state)
+    write_json(lay.trial_dir(running) / "trial.json", {"state": "ERROR", "error": "boom"})
+    rows = {r["trial"]: r for r in trial_rows(lay)}
+    assert list(rows) == ["consolidator_only-T2-full-s42", "consolidator_only-T4-truncated-s42"]
+    assert rows[done.name]["state"] == "FINISHED" and rows[done.name]["variant"] == "T4-truncated"
+    assert rows[done.name]["test updated_ltm"] == 30.5
+    assert rows[running.name]["state"] == "ERROR" and rows[running.name]["failures"] == 3
+    text = status_text(lay)
+    header = text.split("\n\n")[1].splitlines()[0].split()
+    assert header[:3] == ["condition", "variant", "seed"]
+    assert "consolidator_only-T2-full-s42: boom" in text
+    # a grid without variants keeps its table as it was
+    plain = _plan(tmp_path, name="q")
+    stages.write_meta(plain, status="finished")
+    table = status_text(plain.layout).split("\n\n")[1]
+    assert table.splitlines()[0].split()[:3] == ["condition", "seed", "state"]
+    assert len(table.splitlines()) == 2 + 4 and "default" not in table
+
+
+def test_a_variant_trial_trains_its_variants_configuration_and_records_the_variant(
+        tmp_path, phase1):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = Tracker(uri).experiment("pmnet/t")
+    overrides = {"segments": 3, "ltm_graph": "truncated"}
+    ctx = _trial_ctx(tmp_path / "runs", phase1, tracking_uri=uri, experiment_id=exp,
+                     variants={"": {}, "T3-truncated": overrides})
+    trial = TrialId("consolidator_only", 42, "T3-truncated")
+    fake = FakeTune(tmp_path / "tune")
+    run_trial_here(ctx, trial.condition, trial.seed, fake, variant=trial.variant)
+    lay = ctx.layout
+    path = lay.results_dir / "consolidator_only-T3-truncated-s42.json"
+    assert path == lay.result_path(trial)
+    res = read_json(path)
+    assert res["variant"] == "T3-truncated" and res["variant_overrides"] == overrides
+    assert res["config"]["segments"] == 3 and res["config"]["ltm_graph"] == "truncated"
+    assert {"final_ltm_seg1", "final_ltm_seg2", "seg3_stm"} <= set(res["test"])  # T = 3 ran
+    info = read_json(lay.trial_dir(trial) / "trial.json")
+    assert info["state"] == "FINISHED" and info["variant"] == "T3-truncated"
+    assert info["variant_overrides"] == overrides and not info["mlflow_pending"]
+    assert all(r["metrics"]["variant"] == "T3-truncated" for r in fake.reports)
+    meta = json.loads((Path(fake.latest.path) / "meta.json").read_text())
+    assert meta["variant"] == "T3-truncated"
+    run = MlflowClient(uri).search_runs(
+        [exp], "tags.trial_key = 't/consolidator_only-T3-truncated-s42'")[0]
+    assert run.info.run_name == trial.name and run.data.tags["variant"] == "T3-truncated"
+    params = run.data.params
+    assert params["variant"] == "T3-truncated" and params["variant.segments"] == "3"
+    assert params["segments"] == "3" and params["ltm_graph"] == "truncated"
+    # a default trial of the same pipeline: result and params exactly as before variants
+    run_trial_here(ctx, "consolidator_only", 42, FakeTune(tmp_path / "tune2"))
+    plain = read_json(lay.results_dir / "consolidator_only-s42.json")
+    assert "variant" not in plain and "variant_overrides" not in plain
+    assert plain["config"]["segments"] == 2
+    run = MlflowClient(uri).search_runs(
+        [exp], "tags.trial_key = 't/consolidator_only-s42'")[0]
+    assert "variant" not in run.data.tags and "variant" not in run.data.params
