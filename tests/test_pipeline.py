@@ -220,6 +220,41 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
     assert timing["sum_trial_train_s"] > 0
 
 
+def test_debug_pipeline_runs_two_variants_of_the_segments_grid(tmp_path):
+    """`--grid segments --variants ...` end to end: variant trials named, trained with their
+    own configuration, recorded (result, MLflow, status) and reported in tab:segments."""
+    root = tmp_path / "runs"
+    variants = {"T2-full": (2, "full"), "T4-truncated": (4, "truncated")}
+    rc, out = cli("start", "--preset", "debug", "--grid", "segments", "--variants",
+                  ",".join(variants), "--seeds", "42", "--stage1-cpus", "1",
+                  "--root", str(root), "--name", "seg")
+    assert rc == 0, out[-4000:]
+    assert "2/2 done" in out and "consolidator_only-T4-truncated-s42" in out
+    lay = Layout(root, "seg")
+    trials = [TrialId("consolidator_only", 42, v) for v in variants]
+    for t in trials:
+        res = read_json(lay.result_path(t))
+        assert res["variant"] == t.variant
+        assert (res["config"]["segments"], res["config"]["ltm_graph"]) == variants[t.variant]
+        assert res["variant_overrides"] == {"segments": variants[t.variant][0],
+                                            "ltm_graph": variants[t.variant][1]}
+    assert "final_ltm_seg1" in read_json(lay.result_path(trials[1]))["test"]
+    assert wait_gone(str(root)) == []
+    client, _, runs = mlflow_runs(f"sqlite:///{lay.mlflow_db}", "seg")
+    by_key = {r.data.tags["trial_key"]: r for r in runs if "trial_key" in r.data.tags}
+    assert sorted(by_key) == sorted(trial_key("seg", t) for t in trials)
+    for t in trials:
+        run = by_key[trial_key("seg", t)]
+        assert run.info.status == "FINISHED" and run.info.run_name == t.name
+        assert run.data.tags["variant"] == t.variant
+        assert run.data.params["variant.segments"] == str(variants[t.variant][0])
+    rc, text = cli("status", "--root", str(root))
+    assert rc == 0 and text.count("FINISHED") == 2 and "variant" in text, text
+    md = (lay.report_dir / "report.md").read_text()
+    assert "**Table `tab:segments`.**" in md and "## Headline numbers" not in md
+    assert "| 4 | truncated |" in md
+
+
 # -- a trial that crashes once; an external MLflow server ----------------------------------------
 
 
