@@ -1558,11 +1558,13 @@ def missing_results(
     key_metrics: Sequence[str] = ("updated_ltm", "forced_identity", "fresh_ltm",
                                   "mismatched_ltm", "seg2_stm", "mean_stm"),
     variants: Sequence[str] = ("",),
+    expected_arms: Sequence[tuple[str, str]] | None = None,
 ) -> list[str]:
     """Human-readable lines: failed trials, absent trials, absent key metrics, unpaired seeds.
 
-    The expected trials are ``conditions x variants x seeds``; a trial of a named variant is
-    named by its arm (``<condition>-<variant>``, :func:`stats.by_arm`)."""
+    The expected trials are ``conditions x variants x seeds``, or ``expected_arms x seeds``
+    when ``expected_arms`` ((condition, variant) pairs) is given; a trial of a named variant
+    is named by its arm (``<condition>-<variant>``, :func:`stats.by_arm`)."""
     lines = []
     failed = set()
     for rec in df.attrs.get("failed", []):
@@ -1573,12 +1575,13 @@ def missing_results(
         )
     arms = stats.by_arm(df)
     present = set(zip(arms["condition"], arms["seed"].astype(int))) if not df.empty else set()
-    for condition in conditions:
-        for variant in variants:
-            arm = stats.arm_name(condition, variant)
-            absent = [s for s in seeds if (arm, s) not in present | failed]
-            if absent:
-                lines.append(f"no result: {arm} {stats._seed_word(absent)}")
+    expected = (expected_arms if expected_arms is not None
+                else [(c, v) for c in conditions for v in variants])
+    for condition, variant in expected:
+        arm = stats.arm_name(condition, variant)
+        absent = [s for s in seeds if (arm, s) not in present | failed]
+        if absent:
+            lines.append(f"no result: {arm} {stats._seed_word(absent)}")
     for arm in stats.ordered_conditions(arms["condition"]) if not df.empty else []:
         for metric in key_metrics:
             values = stats.seed_values(arms, arm, metric)
@@ -1889,10 +1892,12 @@ def build_report(
     has_variants = stats.has_variant_results(derived)
     base = stats.default_variant(derived) if has_variants else derived
     paper_part = not has_variants or not base.empty
-    present = stats.ordered_conditions(derived["condition"]) if has_variants else None
-    conditions = list(expected_conditions or grid_conditions or present or CONDITIONS)
-    variants = list(_variants_from_meta(meta)) or (
-        sorted(set(derived["variant"]), key=lambda v: (v != "", v)) if has_variants else [""])
+    conditions = list(expected_conditions or grid_conditions or CONDITIONS)
+    variants = list(_variants_from_meta(meta)) or [""]
+    expected_arms = None
+    if has_variants and variants == [""]:  # no grid names the variants: those that ran
+        ran = dict.fromkeys(zip(derived["condition"], derived["variant"]))
+        expected_arms = [(c, "") for c in conditions] + [a for a in ran if a[1]]
     if has_variants:
         n_named = int((derived["variant"] != "").sum())
         notes.append(
@@ -1918,7 +1923,7 @@ def build_report(
         derived, conditions, seeds,
         pd.concat(families, ignore_index=True) if len(families) > 1
         else (families[0] if families else comparisons),
-        variants=variants)
+        variants=variants, expected_arms=expected_arms)
 
     paths: dict[str, Path] = {}
     fig_dir = out / "figures"

@@ -689,6 +689,12 @@ def test_paper_tables_read_the_default_variant_when_variants_are_mixed_in(tmp_pa
         stem = table_id.replace(":", "-")
         assert paths[f"{stem}.md"].read_text() == md, table_id
     assert "fig-segments" in doc.figures
+    # without a grid in meta, the arms that ran are the expected ones (no cross product)
+    md = paths["markdown"].read_text()
+    missing = md[md.index("## Missing results"):]
+    assert "no result: identity_full" in missing  # the paper's conditions, as before
+    assert "learned_full-T" not in missing  # no condition x variant cross product
+    assert "no result: consolidator_only-T2-full seed 44" in missing  # seeds seen elsewhere
 
 
 def test_segments_figure_has_a_line_per_mode_and_skips_without_segment_variants(
