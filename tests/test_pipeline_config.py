@@ -3,6 +3,7 @@ MLflow run naming and re-attachment, the Phase-1 hash gate, the on-disk status t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -280,6 +281,31 @@ def test_trial_context_is_typed_and_validated(tmp_path):
                      tracking_uri="http://127.0.0.1:5000")
     with pytest.raises(PipelineError, match="invalid pipeline name"):
         TrialContext(root=str(tmp_path), name="../x", train_config=cfg, phase1_sha256="a" * 64)
+    with pytest.raises(ValueError, match="TrialContext.variants: invalid variant name"):
+        TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="a" * 64,
+                     variants={"T4-s2": {}})
+    with pytest.raises(ValueError, match="overrides of 'v' must be a dict"):
+        TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="a" * 64,
+                     variants={"v": [("lr", 0.1)]})
+
+
+def test_a_trials_configuration_is_its_variants_and_phase1_seeds_are_refused(tmp_path):
+    from pipelines.trial import TrialContext, trial_config
+    from pmnet.train import TrainConfig
+
+    cfg = TrainConfig.from_name("debug")
+    ctx = TrialContext(root=str(tmp_path), name="p", train_config=cfg.to_dict(),
+                       phase1_sha256="a" * 64, cpus_per_trial=2.0,
+                       variants={"": {}, "T4-truncated": {"segments": 4,
+                                                          "ltm_graph": "truncated"}})
+    got = trial_config(ctx, TrialId("consolidator_only", 42, "T4-truncated"))
+    assert (got.segments, got.ltm_graph, got.threads) == (4, "truncated", 2)
+    assert trial_config(ctx, TrialId("consolidator_only", 42)) == dataclasses.replace(
+        cfg, threads=2)
+    with pytest.raises(ValueError, match="the grid has no variant 'T8-full'"):
+        trial_config(ctx, TrialId("consolidator_only", 42, "T8-full"))
+    with pytest.raises(ValueError, match="phase1_seed.* not supported yet"):
+        trial_config(ctx, TrialId("consolidator_only", 42, phase1_seed=1))
 
 
 # -- tracking never stalls or kills a trial; what it missed is logged from the results --------

@@ -72,7 +72,7 @@ class Variant:
     """
 
     name: str = DEFAULT_VARIANT
-    overrides: Any = ()
+    overrides: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()  # stored as sorted pairs
 
     def __post_init__(self):
         problem = variant_name_problem(self.name)
