@@ -13,10 +13,13 @@
         phase1/stage1.json               the config hash it was trained with, its sha256
         stage2/                          Stage 2: the Tune experiment (Tuner.restore-able)
         stage2.json                      the Phase-1 sha256 its trials were trained from
-        trials/<condition>-s<seed>/      each trial's run_phase2 out_dir + trial.json
-        results/<condition>-s<seed>.json each finished trial's result (Stage 3 input)
+        trials/<trial>/                  each trial's run_phase2 out_dir + trial.json
+        results/<trial>.json             each finished trial's result (Stage 3 input)
         report/                          Stage 3: tables and figures (pmnet.report)
         logs/                            driver and MLflow-server logs
+
+A trial is a `TrialId` (pmnet.trial_id); `<trial>` is its name: `<condition>-s<seed>` for
+the default variant, `<condition>-<variant>-s<seed>` for a named one.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pmnet.io import atomic_write_json
+from pmnet.trial_id import TrialId
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 EXPERIMENT_DIRNAME = "stage2"
@@ -51,13 +55,9 @@ def check_name(name: str) -> str:
     return name
 
 
-def trial_name(condition: str, seed: int) -> str:
-    return f"{condition}-s{int(seed)}"
-
-
-def trial_key(name: str, condition: str, seed: int) -> str:
+def trial_key(name: str, trial: TrialId) -> str:
     """The MLflow tag that identifies a trial's run across retries and resumes."""
-    return f"{name}/{trial_name(condition, seed)}"
+    return f"{name}/{trial.name}"
 
 
 @dataclass(frozen=True)
@@ -134,15 +134,15 @@ class Layout:
     def trials_dir(self) -> Path:
         return self.run_dir / "trials"
 
-    def trial_dir(self, condition: str, seed: int) -> Path:
-        return self.trials_dir / trial_name(condition, seed)
+    def trial_dir(self, trial: TrialId) -> Path:
+        return self.trials_dir / trial.name
 
     @property
     def results_dir(self) -> Path:
         return self.run_dir / "results"
 
-    def result_path(self, condition: str, seed: int) -> Path:
-        return self.results_dir / f"{trial_name(condition, seed)}.json"
+    def result_path(self, trial: TrialId) -> Path:
+        return self.results_dir / f"{trial.name}.json"
 
     @property
     def report_dir(self) -> Path:

@@ -157,12 +157,16 @@ def _parse_list(value, kind=str) -> tuple | None:
 
 
 def build_space(cfg, *, grid: str = "default", gpu: bool = False, conditions=None,
-                seeds=None, cpus_per_trial=None, gpus_per_trial=None, max_concurrent=None,
-                max_failures=None) -> Space:
-    """The grid function's Space with the command line's changes, validated."""
+                seeds=None, variants=None, cpus_per_trial=None, gpus_per_trial=None,
+                max_concurrent=None, max_failures=None, overrides=None) -> Space:
+    """The grid function's Space with the command line's changes, validated (each variant's
+    TrainConfig built from `cfg`). `variants` narrows the grid's variants by name;
+    `overrides` (the `--set` fields) must not be fields that the grid's variants set."""
     from pmnet.train import ALL_CONDITIONS
 
     space = get_space(grid)(cfg, gpu=gpu)
+    if variants is not None:
+        space = space.only_variants(_parse_list(variants, str))
     changes = {k: v for k, v in {
         "conditions": _parse_list(conditions, str), "seeds": _parse_list(seeds, int),
         "cpus_per_trial": cpus_per_trial, "gpus_per_trial": gpus_per_trial,
@@ -170,7 +174,15 @@ def build_space(cfg, *, grid: str = "default", gpu: bool = False, conditions=Non
     }.items() if v is not None}
     if changes:
         space = space.derive(**changes)
-    return space.validate(ALL_CONDITIONS)
+    space = space.validate(ALL_CONDITIONS, cfg)
+    clash = sorted({k for v in space.variants for k, _ in v.overrides} & set(overrides or {}))
+    if clash:
+        raise PipelineError(
+            f"--set {', '.join(clash)}: grid {space.name!r} sets "
+            f"{'this field' if len(clash) == 1 else 'these fields'} in its variants "
+            f"({', '.join(v.describe() for v in space.variants if v.overrides)}), which would "
+            "silently override it; leave it out, or pick variants with --variants")
+    return space
 
 
 def default_name(preset: str) -> str:
@@ -179,8 +191,8 @@ def default_name(preset: str) -> str:
 
 def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | None = None,
              grid: str = "default", overrides: dict | None = None, conditions=None,
-             seeds=None, cpus_per_trial=None, gpus_per_trial=None, max_concurrent=None,
-             max_failures=None, tracking_uri: str | None = None,
+             seeds=None, variants=None, cpus_per_trial=None, gpus_per_trial=None,
+             max_concurrent=None, max_failures=None, tracking_uri: str | None = None,
              ray_address: str | None = None, num_cpus: int | None = None,
              mlflow_host: str = "127.0.0.1", stage1_cpus: float | None = None,
              phase1_from: str | os.PathLike | None = None,
@@ -196,8 +208,9 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
         raise PipelineError(f"bad training configuration: {e}") from e
     gpu = cuda_available() if gpus_per_trial is None else bool(gpus_per_trial)
     space = build_space(cfg, grid=grid, gpu=gpu, conditions=conditions, seeds=seeds,
-                        cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
-                        max_concurrent=max_concurrent, max_failures=max_failures)
+                        variants=variants, cpus_per_trial=cpus_per_trial,
+                        gpus_per_trial=gpus_per_trial, max_concurrent=max_concurrent,
+                        max_failures=max_failures, overrides=overrides)
     root = check_writable(root)
     name = check_name(name or default_name(cfg.preset))
     uri = requested_tracking_uri(tracking_uri)
@@ -212,10 +225,18 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     return _check_resources(plan)
 
 
+def grid_record(space: Space) -> dict:
+    """pipeline.json's `grid`: what identifies the experiment's trials. The variants (names
+    and overrides) only when the grid has named ones, so a pipeline recorded before variants
+    existed still matches its own configuration."""
+    grid: dict[str, Any] = {"conditions": list(space.conditions), "seeds": list(space.seeds)}
+    if space.has_variants:
+        grid["variants"] = canon({v.name: v.as_dict() for v in space.variants})
+    return grid
+
+
 def _stored_identity(plan: Plan) -> dict:
-    return {"train_config": canon(plan.cfg.to_dict()),
-            "grid": {"conditions": list(plan.space.conditions),
-                     "seeds": list(plan.space.seeds)}}
+    return {"train_config": canon(plan.cfg.to_dict()), "grid": grid_record(plan.space)}
 
 
 def canon(obj):
@@ -290,7 +311,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         raise PipelineError(f"{lay.pipeline_json} has no 'space' record (the grid and its "
                             "resources); restore it, or start a new --name")
     try:
-        space = Space.from_dict(meta["space"]).validate(ALL_CONDITIONS)
+        space = Space.from_dict(meta["space"]).validate(ALL_CONDITIONS, cfg)
     except (TypeError, ValueError, KeyError) as e:
         raise PipelineError(f"{lay.pipeline_json}: its 'space' record is not valid ({e})"
                             ) from e

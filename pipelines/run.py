@@ -76,8 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None,
                    help="paper | cpu | debug (default: paper with a CUDA GPU, cpu otherwise)")
     p.add_argument("--grid", default="default",
-                   help="grid function in tune_spaces (default, paper, tiny, core)")
+                   help="grid function in tune_spaces (default, paper, tiny, core, operators, "
+                        "segments)")
     p.add_argument("--conditions", default=None, help="comma-separated conditions")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated variants of the grid to run (e.g. T2-full,T4-full "
+                        "of grid segments; default: all of them)")
     p.add_argument("--seeds", default=None, help="comma-separated Phase-2 seeds")
     p.add_argument("--cpus-per-trial", type=float, default=None)
     p.add_argument("--gpus-per-trial", type=float, default=None,
@@ -121,7 +125,7 @@ def cmd_start(a) -> int:
     plan = planning.plan_new(
         root=a.root, name=a.name, preset=a.preset, grid=a.grid,
         overrides=planning.parse_overrides(a.set), conditions=a.conditions, seeds=a.seeds,
-        cpus_per_trial=a.cpus_per_trial, gpus_per_trial=a.gpus_per_trial,
+        variants=a.variants, cpus_per_trial=a.cpus_per_trial, gpus_per_trial=a.gpus_per_trial,
         max_concurrent=a.max_concurrent, max_failures=a.max_failures,
         tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
         mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus, phase1_from=a.phase1_from)

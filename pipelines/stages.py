@@ -24,10 +24,18 @@ from typing import Any
 
 from pipelines.console import say
 from pipelines.faults import kill_point
-from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, trial_name, write_json
-from pipelines.plan import Phase1Slot, Plan, canon, existing_phase1, phase1_config_hash
+from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write_json
+from pipelines.plan import (
+    Phase1Slot,
+    Plan,
+    canon,
+    existing_phase1,
+    grid_record,
+    phase1_config_hash,
+)
 from pipelines.provenance import git_commit, package_versions
 from pipelines.tracking import EMBEDDED, Runs, stage_run
+from pmnet.trial_id import TrialId
 
 
 def write_meta(plan: Plan, **extra) -> dict:
@@ -36,8 +44,7 @@ def write_meta(plan: Plan, **extra) -> dict:
     if not meta:
         meta = {
             "name": plan.name, "preset": plan.cfg.preset, "preset_reason": plan.preset_reason,
-            "grid": {"conditions": list(plan.space.conditions),
-                     "seeds": list(plan.space.seeds)},
+            "grid": grid_record(plan.space),
             "n_trials": plan.space.n_trials, "space": plan.space.to_dict(),
             "overrides": canon(plan.overrides), "root": str(lay.root),
             "run_dir": str(lay.run_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -352,7 +359,7 @@ def _progress_callback_class():
 
 def _tname(trial) -> str:
     try:
-        return trial_name(trial.config["condition"], trial.config["seed"])
+        return TrialId.from_config(trial.config).name
     except Exception:
         return str(trial)
 
@@ -381,6 +388,7 @@ def trial_context(plan: Plan, runs: Runs, digest: str):
 
     return TrialContext(root=str(plan.layout.root), name=plan.name,
                         train_config=canon(plan.cfg.to_dict()), phase1_sha256=digest,
+                        variants={v.name: v.as_dict() for v in plan.space.variants},
                         cpus_per_trial=plan.space.cpus_per_trial, tracking_uri=runs.uri,
                         experiment_id=runs.experiment_id, parent_run_id=runs.parent)
 
@@ -426,7 +434,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     _retire_stale_experiment(lay, digest)
     tuner = None
     if tune.Tuner.can_restore(str(exp_dir)):
-        n_done = sum(1 for c, s in sp.trials if lay.result_path(c, s).is_file())
+        n_done = sum(1 for t in sp.trials if lay.result_path(t).is_file())
         try:
             tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable,
                                        resume_unfinished=True, resume_errored=True)
@@ -457,10 +465,13 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     finished = errored = 0
     train_times = []
     for r in grid:
-        c, s = r.config.get("condition"), r.config.get("seed")
-        if r.error is None and lay.result_path(c, s).is_file():
+        try:
+            path = lay.result_path(TrialId.from_config(r.config or {}))
+        except (KeyError, TypeError, ValueError):  # not one of our trials' configs
+            path = None
+        if r.error is None and path is not None and path.is_file():
             finished += 1
-            t = (read_json(lay.result_path(c, s), {}) or {}).get("train_time_s")
+            t = (read_json(path, {}) or {}).get("train_time_s")
             if isinstance(t, (int, float)):
                 train_times.append(float(t))
         else:

@@ -13,10 +13,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from pipelines.layout import Layout, read_json, trial_name
+from pipelines.layout import Layout, read_json
+from pmnet.trial_id import TrialId
 
 COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test updated_ltm",
            "mlflow run")
+#: with named variants the table gains a `variant` column after `condition`
+VARIANT_COLUMNS = ("condition", "variant", *COLUMNS[1:])
 
 
 def tune_trials(experiment_dir: Path) -> dict[str, dict[str, Any]]:
@@ -32,8 +35,7 @@ def tune_trials(experiment_dir: Path) -> dict[str, dict[str, Any]]:
         try:
             info = json.loads(item[0]) if isinstance(item[0], str) else item[0]
             run = json.loads(item[1]) if isinstance(item[1], str) else item[1]
-            cfg = info.get("config", {})
-            name = trial_name(cfg["condition"], cfg["seed"])
+            name = TrialId.from_config(info.get("config", {})).name
         except (KeyError, TypeError, ValueError, json.JSONDecodeError):
             continue
         out[name] = {"status": info.get("status"), "num_failures": run.get("num_failures", 0),
@@ -69,43 +71,54 @@ def pipeline_state(meta: dict) -> str:
     return status
 
 
+def grid_trials(meta: dict) -> list[TrialId]:
+    """The pipeline's trials from its pipeline.json: its stored space (with its variants), or
+    for a record without one, its grid's conditions x seeds."""
+    from tune_spaces import Space
+
+    try:
+        return Space.from_dict(meta["space"]).trials
+    except (KeyError, TypeError, ValueError):
+        grid = meta.get("grid") or {}
+        return [TrialId(c, int(s)) for s in grid.get("seeds", [])
+                for c in grid.get("conditions", [])]
+
+
 def trial_rows(layout: Layout) -> list[dict[str, Any]]:
     meta = read_json(layout.pipeline_json, {}) or {}
     live = not pipeline_state(meta).startswith("interrupted") and meta.get("status") == "running"
-    grid = meta.get("grid") or {}
-    conditions, seeds = grid.get("conditions", []), grid.get("seeds", [])
     tune = tune_trials(layout.experiment_dir)
     from_conditions = _select_metrics()
     rows = []
-    for seed in seeds:
-        for cond in conditions:
-            name = trial_name(cond, seed)
-            t = tune.get(name, {})
-            info = read_json(layout.trial_dir(cond, seed) / "trial.json", {}) or {}
-            res = read_json(layout.result_path(cond, seed))
-            select = from_conditions.get(cond, "updated_ltm")
-            if isinstance(res, dict):
-                state = "FINISHED"
-                best = (res.get("val") or {}).get(select)
-                test = (res.get("test") or {}).get("updated_ltm")
-            else:
-                state = {"TERMINATED": "TERMINATED", "RUNNING": "RUNNING",
-                         "PENDING": "PENDING", "PAUSED": "PAUSED",
-                         "ERROR": "ERROR"}.get(t.get("status"), "NOT STARTED")
-                if state in ("RUNNING", "PENDING") and not live:
-                    state = "INTERRUPTED"
-                lr = t.get("last_result", {})
-                best, test = lr.get("best/select"), None
-            rows.append({
-                "condition": cond, "seed": seed, "state": state,
-                "failures": t.get("num_failures", 0),
-                "best val (select)": _num(best), "select": select,
-                "test updated_ltm": _num(test),
-                "mlflow run": (info.get("mlflow_run_id") or "-")
-                + (" (pending)" if info.get("mlflow_pending") else ""),
-                "error": info.get("error") if state == "ERROR" else None,
-                "epoch": (t.get("last_result") or {}).get("epoch"),
-            })
+    for trial in grid_trials(meta):
+        cond = trial.condition
+        t = tune.get(trial.name, {})
+        info = read_json(layout.trial_dir(trial) / "trial.json", {}) or {}
+        res = read_json(layout.result_path(trial))
+        select = from_conditions.get(cond, "updated_ltm")
+        if isinstance(res, dict):
+            state = "FINISHED"
+            best = (res.get("val") or {}).get(select)
+            test = (res.get("test") or {}).get("updated_ltm")
+        else:
+            state = {"TERMINATED": "TERMINATED", "RUNNING": "RUNNING",
+                     "PENDING": "PENDING", "PAUSED": "PAUSED",
+                     "ERROR": "ERROR"}.get(t.get("status"), "NOT STARTED")
+            if state in ("RUNNING", "PENDING") and not live:
+                state = "INTERRUPTED"
+            lr = t.get("last_result", {})
+            best, test = lr.get("best/select"), None
+        rows.append({
+            "condition": cond, "variant": trial.variant, "seed": trial.seed,
+            "trial": trial.name, "state": state,
+            "failures": t.get("num_failures", 0),
+            "best val (select)": _num(best), "select": select,
+            "test updated_ltm": _num(test),
+            "mlflow run": (info.get("mlflow_run_id") or "-")
+            + (" (pending)" if info.get("mlflow_pending") else ""),
+            "error": info.get("error") if state == "ERROR" else None,
+            "epoch": (t.get("last_result") or {}).get("epoch"),
+        })
     return rows
 
 
@@ -123,18 +136,23 @@ def _num(v) -> float | None:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
+    """The status table; a `variant` column only when some trial has a named variant."""
+    columns = VARIANT_COLUMNS if any(r.get("variant") for r in rows) else COLUMNS
+
     def cell(row, col):
         v = row[col]
+        if col == "variant" and not v:
+            return "default"
         if v is None:
             return "-"
         if isinstance(v, float):
             return f"{v:.2f}"
         return str(v)
 
-    body = [[cell(r, c) for c in COLUMNS] for r in rows]
+    body = [[cell(r, c) for c in columns] for r in rows]
     widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)
-              for i, c in enumerate(COLUMNS)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)),
+              for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
     return "\n".join(lines)
@@ -159,7 +177,7 @@ def status_text(layout: Layout) -> str:
         head.append(f"mlflow: experiment '{tracking.get('experiment_name')}' "
                     f"(id {tracking['experiment_id']}), parent run "
                     f"{tracking.get('parent_run_id')}, store {tracking.get('tracking_uri')}")
-    errors = [f"  {r['condition']}-s{r['seed']}: {r['error']}" for r in rows if r.get("error")]
+    errors = [f"  {r['trial']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join(head) + "\n\n" + format_table(rows)
     if errors:
         text += "\n\nerrors:\n" + "\n".join(errors)

@@ -7,10 +7,10 @@ driver and every trial talk HTTP to one process instead of fighting over one SQL
 `sqlite:` URI is served like the embedded store (pipelines.mlflow_server).
 
 Runs are found again by the tag `run_key` (`<name>` for the pipeline's parent run,
-`<name>/stage1-phase1` ... for the stages, `<name>/<condition>-s<seed>` for trials, which
-also carry it as `trial_key`): a retried or resumed trial re-attaches to its run, and params
-are logged only where missing (an identical value is never sent twice; a different value
-is reported, not a crash).
+`<name>/stage1-phase1` ... for the stages, `<name>/<trial>` for trials, `<trial>` being the
+TrialId's name such as `<condition>-s<seed>`; trials also carry it as `trial_key`): a retried
+or resumed trial re-attaches to its run, and params are logged only where missing (an
+identical value is never sent twice; a different value is reported, not a crash).
 
 Tracking never stalls or kills training: every MLflow call of a trial or of the driver runs
 under `TRACKING_LIMITS` (bounded retries and timeouts) through a `TrackingGuard`, which turns
@@ -39,12 +39,12 @@ from pipelines.layout import (
     PipelineError,
     read_json,
     trial_key,
-    trial_name,
     update_json,
     write_json,
 )
 from pipelines.mlflow_server import absolute_sqlite_uri, sqlite_path
 from pipelines.provenance import git_commit, package_versions
+from pmnet.trial_id import TrialId
 
 if TYPE_CHECKING:
     from pipelines.plan import Plan
@@ -419,9 +419,12 @@ def _open_tracking(plan: Plan, uri: str) -> Runs:
     parent, _ = tracker.attach_run(exp_id, plan.name, run_name=plan.name, tags=tags,
                                    run_id=known.get("parent_run_id"))
     sp = plan.space
+    grid_params = {"grid.name": sp.name, "grid.conditions": ",".join(sp.conditions),
+                   "grid.seeds": ",".join(map(str, sp.seeds)), "grid.n_trials": sp.n_trials}
+    if sp.has_variants:
+        grid_params["grid.variants"] = "; ".join(v.describe() for v in sp.variants)
     tracker.log_params_once(parent, {
-        **plan.cfg.flat(), "grid.name": sp.name, "grid.conditions": ",".join(sp.conditions),
-        "grid.seeds": ",".join(map(str, sp.seeds)), "grid.n_trials": sp.n_trials,
+        **plan.cfg.flat(), **grid_params,
         "resources.cpus_per_trial": sp.cpus_per_trial,
         "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
     runs = Runs(tracker=tracker, uri=uri, experiment_id=exp_id, parent=parent,
@@ -466,12 +469,23 @@ def stage_run(plan: Plan, runs: Runs, stage: str) -> str | None:
 # -----------------------------------------------------------------------------------------
 
 
-def trial_run_tags(name: str, condition: str, seed: int, phase1_sha256: str, preset: str,
+def trial_run_tags(name: str, trial: TrialId, phase1_sha256: str, preset: str,
                    select: str) -> dict[str, Any]:
-    """The tags of a trial's run (the trial and the backfill create it alike)."""
-    return {"trial_key": trial_key(name, condition, seed), "pipeline": name, "stage": "phase2",
-            "condition": condition, "seed": seed, "phase1_sha256": phase1_sha256,
-            "preset": preset, "select_metric": select}
+    """The tags of a trial's run (the trial and the backfill create it alike): its key, its
+    identity (`TrialId.to_config`: condition, seed, and the variant when it has one) and
+    provenance."""
+    return {"trial_key": trial_key(name, trial), "pipeline": name, "stage": "phase2",
+            **trial.to_config(), "phase1_sha256": phase1_sha256, "preset": preset,
+            "select_metric": select}
+
+
+def trial_params(flat_config: dict[str, Any], trial: TrialId,
+                 variant_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The params of a trial's run: its flat TrainConfig (the variant's overrides applied)
+    and its identity; a named variant adds `variant` and its overrides as `variant.<field>`."""
+    overrides = variant_overrides or {}
+    return {**flat_config, **trial.to_config(),
+            **{f"variant.{k}": v for k, v in sorted(overrides.items())}}
 
 
 def record_result(tracker: Tracker, run_id: str, result: dict, result_path: str | os.PathLike,
@@ -480,9 +494,9 @@ def record_result(tracker: Tracker, run_id: str, result: dict, result_path: str 
     epochs the run lacks (from the result's history, with the running best at `best/select`),
     the test metrics, the result file (and the selected checkpoint for small presets) as
     artifacts. Idempotent: params and epochs already logged are not sent again."""
-    condition, seed, select = result["condition"], int(result["seed"]), result["select"]
-    tracker.log_params_once(run_id, {**(result.get("config") or {}), "condition": condition,
-                                     "seed": seed})
+    trial, select = TrialId.from_result(result), result["select"]
+    tracker.log_params_once(run_id, trial_params(result.get("config") or {}, trial,
+                                                 result.get("variant_overrides")))
     logged = tracker.logged_steps(run_id, "epoch")
     rows, best = [], float("-inf")
     for row in result.get("history") or []:
@@ -604,14 +618,14 @@ def _run_finished(tracker: Tracker, run_id: str | None) -> bool:
 
 
 def _backfill_one(layout: Layout, runs: Runs, result: dict, result_path: Path) -> str:
-    condition, seed = result["condition"], int(result["seed"])
-    trial_json = layout.trial_dir(condition, seed) / "trial.json"
+    trial = TrialId.from_result(result)
+    trial_json = layout.trial_dir(trial) / "trial.json"
     known = (read_json(trial_json, {}) or {}).get("mlflow_run_id")
     rid, _ = runs.tracker.attach_run(
-        runs.experiment_id, trial_key(layout.name, condition, seed),
-        run_name=trial_name(condition, seed), parent_run_id=runs.parent, run_id=known,
-        tags=trial_run_tags(layout.name, condition, seed, result["phase1_sha256"],
-                            result["preset"], result["select"]))
+        runs.experiment_id, trial_key(layout.name, trial),
+        run_name=trial.name, parent_run_id=runs.parent, run_id=known,
+        tags=trial_run_tags(layout.name, trial, result["phase1_sha256"], result["preset"],
+                            result["select"]))
     record_result(runs.tracker, rid, result, result_path)
     update_json(trial_json, {"mlflow_run_id": rid, "mlflow_pending": False,
                              "mlflow_pending_reason": None})
@@ -621,7 +635,7 @@ def _backfill_one(layout: Layout, runs: Runs, result: dict, result_path: Path) -
 def backfill_results(layout: Layout, runs: Runs) -> dict[str, int]:
     """Log to MLflow what finished trials could not: the result files are the truth.
 
-    For every `results/<condition>-s<seed>.json` whose trial.json says `mlflow_pending`, has
+    For every `results/<trial>.json` whose trial.json says `mlflow_pending`, has
     no run id, or whose run is missing or not FINISHED, attach the trial's run (by run id or
     trial_key; created if missing), log it completely with `record_result`, and clear the
     pending flag. Bounded and non-fatal like every driver call (`runs.safe`): when the server
@@ -635,9 +649,12 @@ def backfill_results(layout: Layout, runs: Runs) -> dict[str, int]:
         result = read_json(path)
         if not isinstance(result, dict) or not {"condition", "seed", "select"} <= set(result):
             continue
-        name = trial_name(result["condition"], result["seed"])
-        info = read_json(layout.trial_dir(result["condition"], result["seed"]) / "trial.json",
-                         {}) or {}
+        try:
+            trial = TrialId.from_result(result)
+        except ValueError:  # not a trial's result file
+            continue
+        name = trial.name
+        info = read_json(layout.trial_dir(trial) / "trial.json", {}) or {}
         if not info.get("mlflow_pending"):
             ok, finished = runs.guard.call(f"checking the MLflow run of {name}", _run_finished,
                                            runs.tracker, info.get("mlflow_run_id"))

@@ -1,4 +1,4 @@
-"""One Stage-2 trial (condition x seed) as a Ray Tune function trainable.
+"""One Stage-2 trial (a `TrialId`: condition x variant x seed) as a Tune function trainable.
 
 The trial
 1. verifies the shared Phase-1 checkpoint (its sha256 sidecar and the hash the driver
@@ -11,13 +11,17 @@ The trial
    per epoch; a callback sends each epoch's metrics through `tune.report` with a tiny
    checkpoint directory holding only `meta.json` (epoch, final flag, which last.ckpt), so no
    weights are copied through Tune;
-4. copies result.json to `<run>/results/<condition>-s<seed>.json` and logs it to MLflow.
+4. copies result.json to `<run>/results/<trial>.json` and logs it to MLflow.
+
+The trial's TrainConfig is the pipeline's with its variant's overrides (`Variant.apply`); a
+named variant is recorded in result.json (`variant`, `variant_overrides`), trial.json, and
+the MLflow run's params and tags.
 
 A trial whose result file already exists (finished before the driver died, so Tune did not
 record it) is not trained again: it reports the stored result and ends.
 
 Test hook: PMNET_TEST_FAULT_ONCE=<dir> makes each trial raise once, right after its first
-reported epoch, unless `<dir>/<condition>-s<seed>` exists (the trial creates it first).
+reported epoch, unless `<dir>/<trial>` exists (the trial creates it first).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +45,11 @@ from pipelines.layout import (
     check_name,
     read_json,
     trial_key,
-    trial_name,
     update_json,
     write_json,
 )
 from pmnet.io import atomic_copy
+from pmnet.trial_id import TrialId, variant_name_problem
 
 log = logging.getLogger("pipelines.trial")
 FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
@@ -58,6 +62,7 @@ class TrialContext:
     root, name: the pipeline's storage root and name (`Layout(root, name)`).
     train_config: `TrainConfig.to_dict()` of the pipeline (read back with `from_dict`).
     phase1_sha256: the hash Stage 1 recorded; the trial refuses any other checkpoint.
+    variants: {variant name: its TrainConfig overrides} of the grid ("" -> {}: the default).
     cpus_per_trial: the trial's CPU reservation, also its torch thread count.
     tracking_uri, experiment_id, parent_run_id: MLflow, or all None when tracking is off.
     """
@@ -66,6 +71,7 @@ class TrialContext:
     name: str
     train_config: dict
     phase1_sha256: str
+    variants: dict = field(default_factory=lambda: {"": {}})
     cpus_per_trial: float = 1.0
     tracking_uri: str | None = None
     experiment_id: str | None = None
@@ -80,6 +86,15 @@ class TrialContext:
         if not (isinstance(self.phase1_sha256, str) and len(self.phase1_sha256) == 64):
             raise ValueError(f"TrialContext.phase1_sha256 must be a sha256 hex digest, got "
                              f"{self.phase1_sha256!r}")
+        if not isinstance(self.variants, dict) or not self.variants:
+            raise ValueError("TrialContext.variants must be {variant name: overrides}, got "
+                             f"{self.variants!r}")
+        for vname, overrides in self.variants.items():
+            problem = variant_name_problem(vname)
+            if problem is None and not isinstance(overrides, dict):
+                problem = f"the overrides of {vname!r} must be a dict, got {overrides!r}"
+            if problem:
+                raise ValueError(f"TrialContext.variants: {problem}")
         if self.cpus_per_trial <= 0:
             raise ValueError(f"TrialContext.cpus_per_trial must be > 0, got {self.cpus_per_trial}")
         if bool(self.tracking_uri) != bool(self.experiment_id):
@@ -125,9 +140,9 @@ def check_phase1(path: str | os.PathLike, expected_sha256: str | None) -> str:
     return digest
 
 
-def _fault_marker(condition: str, seed: int) -> Path | None:
+def _fault_marker(trial: TrialId) -> Path | None:
     root = os.environ.get(FAULT_ENV)
-    return Path(root) / trial_name(condition, seed) if root else None
+    return Path(root) / trial.name if root else None
 
 
 def _scalar_metrics(metrics: dict) -> dict[str, float]:
@@ -145,7 +160,7 @@ def _is_final(trainer) -> bool:
     return bool(trainer.should_stop) or trainer.current_epoch + 1 >= int(trainer.max_epochs or 0)
 
 
-def make_report_callback(*, trial_dir: Path, condition: str, seed: int, select: str,
+def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str,
                          log_epoch: Callable[[dict[str, Any], int], None] | None = None,
                          resume_final: bool = False):
     """The Lightning callback that reports each epoch to Tune (and through `log_epoch`, a
@@ -216,24 +231,24 @@ def make_report_callback(*, trial_dir: Path, condition: str, seed: int, select: 
             with tempfile.TemporaryDirectory(dir=base) as tmp:
                 write_json(Path(tmp) / "meta.json", _checkpoint_meta(
                     Path(trial_dir) / "ckpt" / "last.ckpt", epoch=epoch,
-                    final=_is_final(trainer), condition=condition, seed=seed))
-                tune.report({**metrics, "condition": condition, "seed": seed},
+                    final=_is_final(trainer), trial=trial))
+                tune.report({**metrics, **trial.to_config()},
                             checkpoint=tune.Checkpoint.from_directory(tmp))
-            marker = _fault_marker(condition, seed)
+            marker = _fault_marker(trial)
             if marker is not None and not marker.exists():
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text(f"fault injected after epoch {epoch}\n")
                 raise RuntimeError(f"{FAULT_ENV}: injected fault after epoch {epoch} "
-                                   f"of {trial_name(condition, seed)}")
+                                   f"of {trial.name}")
 
     return TuneReport()
 
 
-def _checkpoint_meta(last: Path, *, epoch: int, final: bool, condition: str, seed: int) -> dict:
+def _checkpoint_meta(last: Path, *, epoch: int, final: bool, trial: TrialId) -> dict:
     """What Tune keeps of an epoch: which last.ckpt holds it (and its size and mtime, to see
     whether a later epoch has replaced it since), not the weights."""
-    info: dict[str, Any] = {"epoch": epoch, "final": final, "condition": condition,
-                            "seed": seed, "last_ckpt": str(last)}
+    info: dict[str, Any] = {"epoch": epoch, "final": final, **trial.to_config(),
+                            "last_ckpt": str(last)}
     try:
         st = last.stat()
         info |= {"last_ckpt_size": st.st_size, "last_ckpt_mtime_ns": st.st_mtime_ns}
@@ -253,39 +268,69 @@ def _append_attempt(trial_dir: Path, record: dict) -> None:
         f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def _result_matches(path: Path, digest: str, cfg) -> dict | None:
+def _result_matches(path: Path, digest: str, cfg, record: dict) -> dict | None:
+    """The stored result if it was trained from this Phase-1 checkpoint, preset and variant
+    (`record`: the variant keys the trial writes into its result), else None."""
     res = read_json(path)
     if not isinstance(res, dict):
         return None
     if res.get("phase1_sha256") != digest or res.get("preset") != cfg.preset:
         return None
+    if any(res.get(k) != v for k, v in record.items()):
+        return None
     return res
 
 
+def variant_record(trial: TrialId, overrides: dict) -> dict:
+    """The keys a trial adds to its result.json: none for the default variant (its result is
+    exactly run_phase2's), else the trial's identity keys and the variant's overrides."""
+    if trial.is_default:
+        return {}
+    return {**trial.to_result(), "variant_overrides": dict(sorted(overrides.items()))}
+
+
+def trial_config(ctx: TrialContext, trial: TrialId):
+    """The trial's TrainConfig: the pipeline's, with its variant's overrides, and threads =
+    the trial's CPUs when the preset leaves them to the pipeline."""
+    from pmnet.train import TrainConfig
+    from tune_spaces.grids import Variant
+
+    if trial.phase1_seed is not None:
+        raise ValueError(f"trial {trial.name}: several Phase-1 checkpoints (phase1_seed) are "
+                         "not supported yet; every trial starts from the pipeline's one")
+    if trial.variant not in ctx.variants:
+        raise ValueError(f"trial {trial.name}: the grid has no variant {trial.variant!r} "
+                         f"(its variants: {sorted(ctx.variants)})")
+    cfg = TrainConfig.from_dict(ctx.train_config)
+    cfg = Variant(trial.variant, ctx.variants[trial.variant]).apply(cfg)
+    if not cfg.threads:
+        cfg = dataclasses.replace(cfg, threads=ctx.threads)
+    return cfg
+
+
 def train_trial(config: dict, ctx: TrialContext) -> None:
-    """The Tune trainable. `config`: {"condition", "seed"}; `ctx`: set by the driver."""
+    """The Tune trainable. `config`: `TrialId.to_config()`; `ctx`: set by the driver."""
     t_enter = time.time()
     from ray import tune
 
     quiet_training_logs()
-    from pipelines.tracking import TrialTracking, trial_run_tags
-    from pmnet.train import TrainConfig, get_condition
+    from pipelines.tracking import TrialTracking, trial_params, trial_run_tags
+    from pmnet.train import get_condition
 
     t_imported = time.time()
 
-    condition, seed = str(config["condition"]), int(config["seed"])
+    trial = TrialId.from_config(config)
     layout = ctx.layout
-    tdir = layout.trial_dir(condition, seed)
+    tdir = layout.trial_dir(trial)
     info_path = tdir / "trial.json"
-    cfg = TrainConfig.from_dict(ctx.train_config)
-    if not cfg.threads:
-        cfg = dataclasses.replace(cfg, threads=ctx.threads)
-    cond = get_condition(condition)
-    key = trial_key(layout.name, condition, seed)
+    cfg = trial_config(ctx, trial)
+    cond = get_condition(trial.condition)
+    key = trial_key(layout.name, trial)
+    record = variant_record(trial, ctx.variants[trial.variant])
 
-    trial_info = {"condition": condition, "seed": seed, "trial_key": key,
+    trial_info = {**trial.to_config(), **record, "trial_key": key,
                   "tracking_uri": ctx.tracking_uri}
-    result_path = layout.result_path(condition, seed)
+    result_path = layout.result_path(trial)
     tracking = None
     try:
         # 1. the Phase-1 checkpoint, before anything else
@@ -295,17 +340,16 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         if ctx.tracking:
             tracking = TrialTracking(
                 ctx.tracking_uri, ctx.experiment_id, key=key,
-                run_name=trial_name(condition, seed), parent_run_id=ctx.parent_run_id,
-                tags=trial_run_tags(layout.name, condition, seed, digest, cfg.preset,
-                                    cond.select),
-                params={**cfg.flat(), "condition": condition, "seed": seed},
+                run_name=trial.name, parent_run_id=ctx.parent_run_id,
+                tags=trial_run_tags(layout.name, trial, digest, cfg.preset, cond.select),
+                params=trial_params(cfg.flat(), trial, record.get("variant_overrides")),
                 trial_json=info_path)
             tracking.attach()
         setup = {"imports_s": t_imported - t_enter, "setup_s": time.time() - t_enter}
         update_json(info_path, {**trial_info, "state": "RUNNING"})
 
         # 3. + 4. train (or reuse a finished result) and record
-        final = _train_and_record(layout, cfg, cond, condition, seed, digest, tracking,
+        final = _train_and_record(layout, cfg, cond, trial, record, digest, tracking,
                                   result_path, setup)
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
@@ -316,7 +360,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     update_json(info_path, {**trial_info, "state": "FINISHED", "result": str(result_path)})
     shutil.rmtree(tdir / ".tune_ckpt", ignore_errors=True)
     tune.report({k: (float("nan") if v is None else v) for k, v in final.items()}
-                | {"condition": condition, "seed": seed})
+                | trial.to_config())
 
 
 CKPT_ORIGIN = "ckpt_origin.json"  # the Phase-1 sha256 the trial's ckpt/ descends from
@@ -354,15 +398,15 @@ def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, bool, dic
     return (last if last.is_file() else None), False, meta
 
 
-def _train_and_record(layout, cfg, cond, condition, seed, digest, tracking, result_path,
-                      setup) -> dict:
+def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, digest, tracking,
+                      result_path, setup) -> dict:
     from ray import tune
 
     from pmnet.train import checkpoint_epoch, run_phase2
 
-    tdir = layout.trial_dir(condition, seed)
+    tdir = layout.trial_dir(trial)
     # 3. already finished (driver died before Tune recorded it)? then report, don't retrain
-    done = _result_matches(result_path, digest, cfg)
+    done = _result_matches(result_path, digest, cfg, record)
     ckpt = tune.get_checkpoint()
     attempt = {"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
                "node_id": _node_id(),
@@ -381,12 +425,12 @@ def _train_and_record(layout, cfg, cond, condition, seed, digest, tracking, resu
                 attempt["tune_checkpoint_epoch"] = meta.get("epoch")
             _append_attempt(tdir, attempt)
             cb = make_report_callback(
-                trial_dir=tdir, condition=condition, seed=seed, select=cond.select,
+                trial_dir=tdir, trial=trial, select=cond.select,
                 log_epoch=tracking.log_epoch if tracking is not None else None,
                 resume_final=resume_final)
-            result = run_phase2(cfg, condition=condition, seed=seed,
+            result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
                                 phase1_ckpt=layout.phase1_ckpt, out_dir=tdir, callbacks=[cb],
-                                resume_from=resume_from, progress=False)
+                                resume_from=resume_from, progress=False, record=record)
         copy_atomic(tdir / "result.json", result_path)
     else:
         _append_attempt(tdir, attempt)
@@ -420,10 +464,10 @@ class _nulldir:
 
 
 def trial_dirname(trial) -> str:
-    """Tune trial directory name: `<condition>-s<seed>` (module level: picklable)."""
-    return trial_name(trial.config["condition"], trial.config["seed"])
+    """Tune trial directory name: the TrialId's name (module level: picklable)."""
+    return TrialId.from_config(trial.config).name
 
 
 def trial_str(trial) -> str:
-    return trial_name(trial.config["condition"], trial.config["seed"])
+    return TrialId.from_config(trial.config).name
 

@@ -39,9 +39,11 @@ from matplotlib.figure import Figure
 from pmnet import stats
 from pmnet.io import atomic_write_bytes, atomic_write_text
 from pmnet.stats import CONDITIONS, condition_label
+from pmnet.trial_id import TrialId
 
 MISSING = "—"
 TARGETS = ("md", "tex", "html")
+CHANCE = 10.0  # recall of a uniform guess among the 10 digits (pmnet.evaluate.CHANCE)
 
 # ------------------------------------------------------------------------------------------
 # cells
@@ -876,6 +878,124 @@ def table_operator_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Tabl
     return table
 
 
+#: the segments table's per-position recall columns (header, position: 1 = the first
+#: segment, -1 = the second-to-last), from ``final_ltm_seg{t}``
+SEGMENT_POSITIONS: tuple[tuple[str, int], ...] = (("Segment 1", 1), ("Segment T−1", -1))
+
+
+def _position_cell(ctx: _Context, miss: _Missing, arm: stats.SegmentArm, position: int
+                   ) -> Cell:
+    """Recall of segment t's mapping after the last consolidation (``final_ltm_seg{t}``); NA
+    where the position is segment T itself or repeats an earlier column (T = 2: segment T−1
+    is segment 1), or where two-segment trials did not compute it."""
+    t = position if position > 0 else arm.segments + position
+    if t >= arm.segments or (position < 0 and t == 1):
+        return NA
+    metric = f"final_ltm_seg{t}"
+    if arm.segments == 2 and ctx.values(arm.arm, metric).size == 0:
+        return NA
+    return ctx.stat(miss, arm.arm, metric, paper=False)
+
+
+def table_segments(ctx: _Context, arms: Sequence[stats.SegmentArm]) -> Table:
+    """Beyond the paper (issue 11): recall after the last consolidation against the episode
+    length T, for each gradient mode across boundaries. ``ctx`` holds the arm frame
+    (:func:`stats.by_arm`)."""
+    miss = _Missing(ctx)
+    several = len({a.condition for a in arms}) > 1
+    rows: list[list[Cell]] = []
+    rules: set[int] = set()
+    previous = None
+    for a in arms:
+        if previous is not None and (a.condition, a.segments) != previous:
+            rules.add(len(rows))
+        previous = (a.condition, a.segments)
+        n = ctx.values(a.arm, "updated_ltm").size
+        rows.append(
+            ([text_cell(condition_label(a.condition))] if several else [])
+            + [text_cell(str(a.segments)), text_cell(a.ltm_graph),
+               ctx.stat(miss, a.arm, "updated_ltm", paper=False)]
+            + [_position_cell(ctx, miss, a, pos) for _, pos in SEGMENT_POSITIONS]
+            + [ctx.stat(miss, a.arm, "forced_identity", paper=False),
+               ctx.stat(miss, a.arm, "fresh_ltm", paper=False), Cell("int", n)]
+        )
+    notes = [
+        "Updated LTM: the last mapping (segment T's rule on segment T's query, updated_ltm). "
+        "Segment t: final_ltm_seg{t}, segment t's own query asked of the final LTM and "
+        "scored against segment t's rule, which later segments replaced. Forced identity: "
+        "the same checkpoint with identity consolidation; Fresh: the final query with no "
+        "experience (chance 10%).",
+        "T = 2 with the full graph is the paper's setting. Both modes of one T share its test "
+        "episodes and each seed's training stream; each T has streams of its own.",
+    ]
+    if any(a.segments == 2 for a in arms):
+        notes.append("Blank at T = 2: segment T−1 is segment 1, and two-segment trials keep "
+                     "the paper's metric set (no final_ltm_seg{t}) unless they computed it.")
+    table = Table(
+        "tab:segments",
+        "Recall against T (ours, not in the paper): memory episodes of T segments at one "
+        "address, each segment updating the mapping, queried after the last consolidation. "
+        "Gradient: full = the graph across every boundary (the paper's setting); truncated = "
+        "LTM detached after every boundary but the last (truncated BPTT). Percent accuracy, "
+        "mean ± SD over seeds.",
+        (["Condition"] if several else [])
+        + ["T", "Gradient", "Updated LTM", *(h for h, _ in SEGMENT_POSITIONS),
+           "Forced identity", "Fresh", "Seeds"],
+        rows,
+        notes=notes,
+        rules_before=rules,
+        align=(["l"] if several else []) + ["r", "l"] + ["r"] * 6,
+    )
+    table.missing = miss.lines()
+    return table
+
+
+def table_segment_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table:
+    """Full graph minus truncated BPTT at each T on updated-mapping recall, paired by seed."""
+    miss = _Missing(ctx)
+    m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
+    rows = []
+    for r in comparisons.to_dict("records"):
+        miss.check(r["cond_a"], r["metric_a"])
+        miss.check(r["cond_b"], r["metric_b"])
+        rows.append([text_cell(r["label"].rsplit(": ", 1)[0]), *_comparison_cells(r),
+                     text_cell(r["note"])])
+    table = Table(
+        "tab:segment-comparisons",
+        "Full graph minus truncated BPTT on updated-mapping LTM recall at each T, paired by "
+        f"seed (pp). Holm p adjusts over the {m} values of T with a defined p (a family of "
+        "its own). Blank = not defined (see note).",
+        ["Comparison", "n", "Mean diff ± SD", "95% CI", "t", "p", "Holm p", "d_z", "Note"],
+        rows,
+        notes=["With few seeds the intervals and tests are descriptive (paper Sections 6.3 "
+               "and 9)."],
+        align=["l"] + ["r"] * 7 + ["p{6cm}"],
+    )
+    table.missing = miss.lines()
+    return table
+
+
+def build_segment_tables(
+    df: pd.DataFrame,
+    expected_seeds: Sequence[int] | None = None,
+    comparisons: pd.DataFrame | None = None,
+) -> list[Table]:
+    """The segments tables from a tidy frame with variant rows (:func:`stats.segment_arms`);
+    [] when no variant sets ``segments`` and ``ltm_graph``. The comparison table only when
+    some T has both a full and a truncated arm."""
+    arms = stats.segment_arms(df)
+    if not arms:
+        return []
+    seeds = list(expected_seeds) if expected_seeds is not None else stats.expected_seed_set(df)
+    if comparisons is None:
+        comparisons = stats.compare_segments(df, expected_seeds=seeds)
+    ctx = _Context(stats.by_arm(df), None, comparisons, seeds)
+    tables = [table_segments(ctx, arms)]
+    if len(comparisons):
+        tables.append(table_segment_comparisons(ctx, comparisons))
+    return tables
+
+
 def table_headline(ctx: _Context) -> Table:
     miss = _Missing(ctx)
 
@@ -1320,6 +1440,73 @@ def figure_dual(df: pd.DataFrame) -> FigureResult:
     )
 
 
+def figure_segments(df: pd.DataFrame) -> FigureResult:
+    """Beyond the paper (issue 11): recall against T, one line per gradient mode (mean ± SD
+    over seeds, each seed a faint dot): (a) the last mapping (updated LTM), (b) the first
+    segment's mapping (``final_ltm_seg1``), both after the last consolidation."""
+    fig_id, title = "fig-segments", "Recall against the number of segments T"
+    caption = ("Mean ± SD over seeds (error bars; dots: single seeds) of recall after the "
+               "last consolidation, for the full graph across boundaries (the paper's "
+               "setting) and truncated BPTT. (a) the last mapping (updated LTM); (b) the "
+               "first segment's mapping (final_ltm_seg1), which later segments replaced.")
+    arms = stats.segment_arms(df)
+    if not arms:
+        return FigureResult(fig_id, title, caption,
+                            skipped="no variant sets segments and ltm_graph")
+    arm_df = stats.by_arm(df)
+    several = len({a.condition for a in arms}) > 1
+    series: dict[tuple[str, str], list[stats.SegmentArm]] = {}
+    for a in arms:
+        series.setdefault((a.condition, a.ltm_graph), []).append(a)
+    ts = sorted({a.segments for a in arms})
+    fig, axes = _new_figure(2, size=(4.2, 3.3))
+    result = FigureResult(fig_id, title, caption, figure=fig)
+    panels = (("(a) last mapping (updated LTM)", "updated_ltm"),
+              ("(b) first mapping (segment 1)", "final_ltm_seg1"))
+    width = 0.06 * (max(ts) - min(ts) or 1)
+    for ax, (panel, metric) in zip(axes, panels):
+        drawn = False
+        for i, ((condition, graph), group) in enumerate(series.items()):
+            offset = (i - (len(series) - 1) / 2) * width
+            xs, means, sds = [], [], []
+            for a in sorted(group, key=lambda a: a.segments):
+                values = stats.seed_values(arm_df, a.arm, metric)
+                if not values.size:
+                    continue
+                xs.append(a.segments + offset)
+                means.append(float(values.mean()))
+                sds.append(float(values.std(ddof=1)) if values.size > 1 else 0.0)
+                ax.plot([a.segments + offset] * values.size, values.to_numpy(), "o", ms=3,
+                        alpha=0.3, color=f"C{i}")
+            if not xs:
+                continue
+            drawn = True
+            label = f"{condition_label(condition)}, {graph}" if several else graph
+            ax.errorbar(xs, means, yerr=sds, marker="o", ms=5, capsize=3, lw=1.4,
+                        color=f"C{i}", label=label)
+        if not drawn:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes,
+                    color="gray")
+            result.notes.append(f"panel '{panel}': no data")
+        ax.axhline(CHANCE, ls=":", lw=0.8, color="gray")
+        ax.set_xticks(ts, [str(t) for t in ts])
+        ax.set_xlabel("segments per episode T")
+        ax.set_ylim(-2, 102)
+        ax.set_ylabel("recall (%)")
+        ax.set_title(panel, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    if 2 in ts and not stats.seed_values(arm_df, next(a.arm for a in arms if a.segments == 2),
+                                         "final_ltm_seg1").size:
+        result.notes.append("(b) has no point at T = 2: two-segment trials do not compute "
+                            "final_ltm_seg1")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        axes[0].legend(handles, labels, fontsize=8, frameon=False, title="gradient",
+                       title_fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    return result
+
+
 def figure_training_curves(curves: pd.DataFrame | None) -> list[FigureResult]:
     """One figure per phase from long (phase, step/epoch, metric, value) rows.
 
@@ -1347,7 +1534,8 @@ def figure_training_curves(curves: pd.DataFrame | None) -> list[FigureResult]:
         metrics = sorted(part["metric"].astype(str).unique())
         safe = re.sub(r"[^A-Za-z0-9_-]+", "-", phase)
         fig, axes = _new_figure(len(metrics), min(4, len(metrics)), size=(3.3, 2.6))
-        groups = [c for c in ("condition", "seed", stats.PHASE1_SEED) if c in part.columns]
+        groups = [c for c in ("condition", "variant", "seed", stats.PHASE1_SEED)
+                  if c in part.columns]
         for ax, metric in zip(axes, metrics):
             sub = part[part["metric"].astype(str) == metric]
             keyed = sub.groupby(groups, dropna=False, sort=True) if groups else [((), sub)]
@@ -1355,7 +1543,8 @@ def figure_training_curves(curves: pd.DataFrame | None) -> list[FigureResult]:
                 run = run.sort_values(xcol) if xcol else run
                 x = pd.to_numeric(run[xcol], errors="coerce") if xcol else np.arange(len(run))
                 key = key if isinstance(key, tuple) else (key,)
-                label = " ".join(str(k) for k in key if k is not None and k == k) or metric
+                label = " ".join(str(k) for k in key
+                                 if k is not None and k == k and k != "") or metric
                 ax.plot(x, run["value"], lw=1.1, marker="." if len(run) < 40 else None,
                         label=label)
             ax.set_title(metric, fontsize=9)
@@ -1480,28 +1669,39 @@ def missing_results(
     comparisons: pd.DataFrame | None = None,
     key_metrics: Sequence[str] = ("updated_ltm", "forced_identity", "fresh_ltm",
                                   "mismatched_ltm", "seg2_stm", "mean_stm"),
+    variants: Sequence[str] = ("",),
+    expected_arms: Sequence[tuple[str, str]] | None = None,
 ) -> list[str]:
-    """Human-readable lines: failed trials, absent trials, absent key metrics, unpaired seeds."""
+    """Human-readable lines: failed trials, absent trials, absent key metrics, unpaired seeds.
+
+    The expected trials are ``conditions x variants x seeds``, or ``expected_arms x seeds``
+    when ``expected_arms`` ((condition, variant) pairs) is given; a trial of a named variant
+    is named by its arm (``<condition>-<variant>``, :func:`stats.by_arm`)."""
     lines = []
     failed = set()
     for rec in df.attrs.get("failed", []):
-        failed.add((rec["condition"], int(rec["seed"])))
+        arm = stats.arm_name(rec["condition"], rec.get("variant") or "")
+        failed.add((arm, int(rec["seed"])))
         lines.append(
-            f"failed trial: {rec['condition']} seed {rec['seed']} ({rec['file']}): {rec['error']}"
+            f"failed trial: {arm} seed {rec['seed']} ({rec['file']}): {rec['error']}"
         )
-    present = set(zip(df["condition"], df["seed"].astype(int))) if not df.empty else set()
-    for condition in conditions:
-        absent = [s for s in seeds if (condition, s) not in present | failed]
+    arms = stats.by_arm(df)
+    present = set(zip(arms["condition"], arms["seed"].astype(int))) if not df.empty else set()
+    expected = (expected_arms if expected_arms is not None
+                else [(c, v) for c in conditions for v in variants])
+    for condition, variant in expected:
+        arm = stats.arm_name(condition, variant)
+        absent = [s for s in seeds if (arm, s) not in present | failed]
         if absent:
-            lines.append(f"no result: {condition} {stats._seed_word(absent)}")
-    for condition in stats.ordered_conditions(df["condition"]) if not df.empty else []:
+            lines.append(f"no result: {arm} {stats._seed_word(absent)}")
+    for arm in stats.ordered_conditions(arms["condition"]) if not df.empty else []:
         for metric in key_metrics:
-            values = stats.seed_values(df, condition, metric)
-            rows = df[df["condition"] == condition]
+            values = stats.seed_values(arms, arm, metric)
+            rows = arms[arms["condition"] == arm]
             lacking = sorted(set(rows["seed"].astype(int)) - set(values.index))
             if lacking:
                 lines.append(
-                    f"metric missing: {condition} {metric} for {stats._seed_word(lacking)}"
+                    f"metric missing: {arm} {metric} for {stats._seed_word(lacking)}"
                 )
     if comparisons is not None and len(comparisons):
         for r in comparisons.to_dict("records"):
@@ -1516,6 +1716,22 @@ def _minutes(seconds: Any) -> str | None:
     return f"{float(seconds) / 60:.1f} min" if isinstance(seconds, (int, float)) else None
 
 
+def _variants_from_meta(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """{variant name: overrides} of a pipeline's grid with named variants (pipeline.json's
+    ``grid.variants``, else its ``space.variants``); {} for a grid of the default variant
+    only, like every pipeline recorded before variants existed."""
+    grid = meta.get("grid") if isinstance(meta.get("grid"), Mapping) else {}
+    found = grid.get("variants")
+    if isinstance(found, Mapping):
+        out = {str(k): dict(v) if isinstance(v, Mapping) else {} for k, v in found.items()}
+    else:
+        space = meta.get("space") if isinstance(meta.get("space"), Mapping) else {}
+        records = space.get("variants") if isinstance(space.get("variants"), list) else []
+        out = {str(r.get("name") or ""): dict(r.get("overrides") or {})
+               for r in records if isinstance(r, Mapping)}
+    return out if any(out) else {}
+
+
 def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What ran, readable: preset, grid, code, Phase-1 checkpoint, wall times, status (from
     the pipeline's records; every key that is there, none invented)."""
@@ -1527,15 +1743,27 @@ def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
         facts.append(("preset", f"{meta['preset']}{why}"))
     space = meta.get("space") if isinstance(meta.get("space"), Mapping) else {}
     grid = meta.get("grid") if isinstance(meta.get("grid"), Mapping) else space
+    variants = _variants_from_meta(meta)
     if grid.get("conditions") and grid.get("seeds"):
         n_c, n_s = len(grid["conditions"]), len(grid["seeds"])
-        text = (f"{space.get('name', 'grid')}: {n_c} conditions x {n_s} seeds = "
-                f"{n_c * n_s} trials")
+        if variants:
+            n_v = len(variants)
+            text = (f"{space.get('name', 'grid')}: {n_c} conditions x {n_v} variants x {n_s} "
+                    f"seeds = {n_c * n_v * n_s} trials")
+        else:
+            text = (f"{space.get('name', 'grid')}: {n_c} conditions x {n_s} seeds = "
+                    f"{n_c * n_s} trials")
         if space:
             gpu = f" + {space['gpus_per_trial']:g} GPU" if space.get("gpus_per_trial") else ""
             text += (f"; {space.get('cpus_per_trial', 1):g} CPU{gpu} per trial, "
                      f"max_failures {space.get('max_failures', '?')}")
         facts.append(("grid", text))
+    if variants:
+        described = []
+        for name, sets in variants.items():
+            settings = ", ".join(f"{k}={v}" for k, v in sorted(sets.items()))
+            described.append((name or "default") + (f" ({settings})" if settings else ""))
+        facts.append(("variants", "; ".join(described)))
     if meta.get("overrides"):
         facts.append(("overrides (--set)", _meta_value(meta["overrides"])))
     if meta.get("git_commit"):
@@ -1587,6 +1815,10 @@ def _run_facts(df: pd.DataFrame) -> list[tuple[str, str]]:
     if df.empty:
         return facts
     facts.append(("conditions", ", ".join(stats.ordered_conditions(df["condition"]))))
+    if stats.has_variant_results(df):
+        names = sorted(set(df["variant"]), key=lambda v: (v != "", v))
+        facts.append(("variants (from results)",
+                      ", ".join(v or "default" for v in names)))
     facts.append(("seeds", ", ".join(str(s) for s in sorted(set(df["seed"].astype(int))))))
     phase1_seeds = stats.phase1_seeds(df)
     if phase1_seeds:
@@ -1647,11 +1879,13 @@ def _html_page(
     ]
     for note in notes:
         out.append(f'<p class="note">{esc(note)}</p>')
-    out.append('<h2 id="headline">Headline numbers</h2>')
-    out.append(by_id["tab:headline"].to_html())
+    if "tab:headline" in by_id:
+        out.append('<h2 id="headline">Headline numbers</h2>')
+        out.append(by_id["tab:headline"].to_html())
     out.append(f'<p class="note"><strong>Statistics.</strong> {esc(DESCRIPTIVE_NOTE)}</p>')
-    out.append('<h2 id="claims">Which claims reproduce</h2>')
-    out.append(by_id["tab:claims"].to_html())
+    if "tab:claims" in by_id:
+        out.append('<h2 id="claims">Which claims reproduce</h2>')
+        out.append(by_id["tab:claims"].to_html())
     out.append('<h2 id="what-ran">What ran</h2><table class="facts"><tbody>')
     for key, value in facts:
         out.append(f"<tr><th>{esc(key)}</th><td>{esc(value)}</td></tr>")
@@ -1697,9 +1931,12 @@ def _markdown_page(
 ) -> str:
     by_id = {t.id: t for t in tables}
     out = ["# PMNet Consolidator: reproduction report", ""] + [f"> {n}" for n in notes]
-    out += ["", "## Headline numbers", "", by_id["tab:headline"].to_markdown()]
+    out += [""]
+    if "tab:headline" in by_id:
+        out += ["## Headline numbers", "", by_id["tab:headline"].to_markdown()]
     out += [f"**Statistics.** {DESCRIPTIVE_NOTE}", ""]
-    out += ["## Which claims reproduce", "", by_id["tab:claims"].to_markdown()]
+    if "tab:claims" in by_id:
+        out += ["## Which claims reproduce", "", by_id["tab:claims"].to_markdown()]
     out += ["## What ran", "", "| | |", "|---|---|"]
     out += [f"| {key} | {str(value).replace('|', '/')} |" for key, value in facts]
     out += ["", "## Tables", ""]
@@ -1747,7 +1984,16 @@ def build_report(
 
     Written (atomically): ``report.html`` (self-contained), ``report.md`` (figures linked),
     ``tables/<id>.md|.tex`` and ``tables/all_tables.tex``, ``figures/<id>.png|.pdf``,
-    ``data/trials.csv|.parquet``, ``data/summary.csv``, ``data/comparisons.csv``.
+    ``data/trials.csv|.parquet``, ``data/summary.csv``, ``data/comparisons.csv`` (and
+    ``operator_comparisons.csv`` / ``segment_comparisons.csv`` for those families).
+
+    Named variants (``variant`` column of the tidy frame; ``meta`` grid/space variants): the
+    paper's tables, figures and comparisons read the trials of the default variant only (and
+    are left out when there are none); variants that set ``segments`` and ``ltm_graph`` get
+    ``tab:segments``, ``tab:segment-comparisons`` and ``fig-segments``
+    (:func:`build_segment_tables`, :func:`figure_segments`). The expected trials of the
+    missing-results section are conditions x variants x seeds. Without named variants the
+    report is exactly what it was before variants existed.
 
     Trials from more than one Phase-1 checkpoint (``phase1_seed``): everything above but
     ``trials.*`` uses the reference checkpoint (the smallest Phase-1 seed; a note at the top
@@ -1770,7 +2016,8 @@ def build_report(
     phase1: stats.Phase1Analysis | None = None
     other_failed: list[dict[str, Any]] = []
     if stats.has_phase1_variance(derived):  # K Phase-1 checkpoints: see build_tables
-        phase1 = stats.phase1_variance(derived)
+        phase1 = stats.phase1_variance(stats.default_variant(derived)
+                                       if stats.has_variant_results(derived) else derived)
         reference = stats.reference_phase1_seed(derived)
         other_failed = [r for r in attrs.get("failed", [])
                         if r.get(stats.PHASE1_SEED) != reference]
@@ -1794,16 +2041,44 @@ def build_report(
 
     grid_conditions, grid_seeds = _grid_from_meta(meta)
     seeds = list(expected_seeds or grid_seeds or stats.expected_seed_set(df))
+    # named variants (beyond the paper): the paper's tables read the default variant's trials
+    # only; the variants have tables of their own. Without variants nothing changes.
+    has_variants = stats.has_variant_results(derived)
+    base = stats.default_variant(derived) if has_variants else derived
+    paper_part = not has_variants or not base.empty
     conditions = list(expected_conditions or grid_conditions or CONDITIONS)
-    comparisons = stats.compare_all(derived, expected_seeds=seeds)
-    tables = build_tables(derived, paper, comparisons, seeds, phase1=phase1)
-    figures = make_figures(derived, curves)
-    operator_cmp = (stats.compare_operators(derived, expected_seeds=seeds)
-                    if stats.has_operator_results(derived) else None)
+    variants = list(_variants_from_meta(meta)) or [""]
+    expected_arms = None
+    if has_variants and variants == [""]:  # no grid names the variants: those that ran
+        ran = dict.fromkeys(zip(derived["condition"], derived["variant"]))
+        expected_arms = [(c, "") for c in conditions] + [a for a in ran if a[1]]
+    if has_variants:
+        n_named = int((derived["variant"] != "").sum())
+        notes.append(
+            f"{n_named} trial(s) ran named variants (Phase-2 overrides; section Tables, "
+            "tab:segments): the paper's tables and comparisons read only the "
+            f"{len(base)} trial(s) of the default variant"
+            + ("." if paper_part else ", and there are none, so they are left out."))
+    comparisons = stats.compare_all(base, expected_seeds=seeds) if paper_part else None
+    tables = (build_tables(base, paper, comparisons, seeds, phase1=phase1)
+              if paper_part else [])
+    figures = (make_figures(base, curves) if paper_part
+               else figure_training_curves(curves))
+    operator_cmp = (stats.compare_operators(base, expected_seeds=seeds)
+                    if stats.has_operator_results(base) else None)
+    segment_cmp = None
+    if stats.segment_arms(derived):
+        segment_cmp = stats.compare_segments(derived, expected_seeds=seeds)
+        tables += build_segment_tables(derived, seeds, segment_cmp)
+        first_curve = next((i for i, f in enumerate(figures)
+                            if f.id.startswith("fig-training")), len(figures))
+        figures.insert(first_curve, figure_segments(derived))
+    families = [c for c in (comparisons, operator_cmp, segment_cmp) if c is not None and len(c)]
     missing = missing_results(
         derived, conditions, seeds,
-        comparisons if operator_cmp is None else pd.concat([comparisons, operator_cmp],
-                                                           ignore_index=True))
+        pd.concat(families, ignore_index=True) if len(families) > 1
+        else (families[0] if families else comparisons),
+        variants=variants, expected_arms=expected_arms)
     for rec in other_failed:
         missing.append(f"failed trial (phase1_seed {rec.get(stats.PHASE1_SEED, 'unknown')}): "
                        f"{rec['condition']} seed {rec['seed']} ({rec['file']}): {rec['error']}")
@@ -1834,23 +2109,20 @@ def build_report(
     data_dir = out / "data"
     tidy = stats.write_tidy(df, data_dir)
     paths["trials.csv"], paths["trials.parquet"] = tidy["csv"], tidy["parquet"]
-    paths["summary.csv"] = atomic_write_text(
-        data_dir / "summary.csv", stats.summarize(derived).to_csv(index=False)
+    paths["summary.csv"] = atomic_write_text(  # per arm: a named variant is its own row
+        data_dir / "summary.csv", stats.summarize(stats.by_arm(derived)).to_csv(index=False)
     )
-    flat = comparisons.copy()
-    for col in ("seeds", "missing_seeds"):
-        if col in flat.columns:
-            flat[col] = flat[col].map(lambda v: " ".join(str(s) for s in v))
-    paths["comparisons.csv"] = atomic_write_text(
-        data_dir / "comparisons.csv", flat.to_csv(index=False)
-    )
-    if operator_cmp is not None:  # a family of its own (own Holm), so its own file
-        flat = operator_cmp.copy()
+    # each family of comparisons has its own Holm correction, so its own file
+    for name, family in (("comparisons.csv", comparisons),
+                         ("operator_comparisons.csv", operator_cmp),
+                         ("segment_comparisons.csv", segment_cmp)):
+        if family is None or (name != "comparisons.csv" and not len(family)):
+            continue
+        flat = family.copy()
         for col in ("seeds", "missing_seeds"):
-            flat[col] = flat[col].map(lambda v: " ".join(str(s) for s in v))
-        paths["operator_comparisons.csv"] = atomic_write_text(
-            data_dir / "operator_comparisons.csv", flat.to_csv(index=False)
-        )
+            if col in flat.columns:
+                flat[col] = flat[col].map(lambda v: " ".join(str(s) for s in v))
+        paths[name] = atomic_write_text(data_dir / name, flat.to_csv(index=False))
 
     if phase1 is not None:
         for name, frame in (("phase1_variance.csv", phase1.effects_frame()),
@@ -1895,11 +2167,19 @@ def _read_json_dict(path: Path) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
+def _trial_or_none(name: str) -> TrialId | None:
+    try:
+        return TrialId.parse(name)
+    except ValueError:
+        return None
+
+
 def _collect_curves(run_dir: Path, results: Path, report_dir: Path) -> pd.DataFrame | None:
     """Phase-2 curves from the result histories; other phases from ``metrics*.csv`` files.
 
-    A CSV under ``trials/<condition>-s<seed>/`` is a Phase-2 trial log: it is used (with its
-    condition and seed) only when the result files carry no history.
+    A CSV under ``trials/<trial>/`` is a Phase-2 trial log: it is used (with the condition,
+    variant and seed of the trial's name, :meth:`TrialId.parse`) only when the result files
+    carry no history.
     """
     frames = []
     histories = stats.load_histories(results)
@@ -1913,14 +2193,14 @@ def _collect_curves(run_dir: Path, results: Path, report_dir: Path) -> pd.DataFr
         if "trials" in parts:
             if not histories.empty:
                 continue
-            names = [p for p in parts if re.fullmatch(r".+-s\d+", p)]
-            trial = re.fullmatch(r"(.+)-s(\d+)", names[0]) if names else None
+            trial = next((t for t in map(_trial_or_none, parts) if t is not None), None)
         try:
             curves = stats.curves_from_metrics_csv(csv, "phase2" if "trials" in parts else None)
         except (OSError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
             continue
         if trial is not None:
-            curves["condition"], curves["seed"] = trial.group(1), int(trial.group(2))
+            curves["condition"], curves["seed"] = trial.condition, trial.seed
+            curves["variant"] = trial.variant
         frames.append(curves)
     return pd.concat(frames, ignore_index=True) if frames else None
 

@@ -41,6 +41,7 @@ from pmnet.conditions import CONDITIONS as _CONDITIONS
 from pmnet.conditions import OPERATOR_CONDITIONS as _OPERATOR_CONDITIONS
 from pmnet.conditions import OPERATOR_REFERENCE, PAPER_SEEDS
 from pmnet.io import atomic_path, atomic_write_text
+from pmnet.trial_id import DEFAULT_VARIANT, TrialId
 
 # ------------------------------------------------------------------------------------------
 # vocabulary
@@ -54,10 +55,13 @@ CONDITION_LABELS: dict[str, str] = {
     n: c.label for n, c in {**_CONDITIONS, **_OPERATOR_CONDITIONS}.items()
 }
 
-#: Per-trial provenance columns of the tidy table, in order.
+#: Per-trial provenance columns of the tidy table, in order. ``condition``, ``seed`` and
+#: ``variant`` are the trial's identity (:class:`pmnet.trial_id.TrialId`; ``variant`` is ""
+#: for the default variant).
 META_COLUMNS: tuple[str, ...] = (
     "condition",
     "seed",
+    "variant",
     "preset",
     "phase1_sha256",
     "best_epoch",
@@ -66,11 +70,15 @@ META_COLUMNS: tuple[str, ...] = (
     "trainable_fraction",
     "train_time_s",
 )
+_IDENTITY = ("condition", "seed", "variant")
 _STRING_META = ("preset", "phase1_sha256")
-_NUMERIC_META = tuple(c for c in META_COLUMNS[2:] if c not in _STRING_META)
+_NUMERIC_META = tuple(c for c in META_COLUMNS if c not in _IDENTITY + _STRING_META)
 #: Numeric columns that describe the run rather than measure it (never summarised).
 _NOT_METRICS = frozenset({"seed", "phase1_seed", "trainable_params", "total_params",
                           "trainable_fraction"})
+#: ``df.attrs`` key listing the TrainConfig fields that some trial's variant overrides (each a
+#: column of the tidy table, never summarised as a metric)
+VARIANT_FIELDS_ATTR = "variant_fields"
 
 #: Optional column of the tidy table: the seed of the Phase-1 checkpoint a trial started from.
 #: Present only when some result file carries a top-level ``phase1_seed`` (pipelines with K
@@ -218,9 +226,13 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
     """Load Phase-2 trial result JSON files into a tidy per-trial table.
 
     ``paths_or_dir`` is a directory (every ``*.json`` in it), one file, or an iterable of
-    files. The result has one row per (condition, seed) with the columns of
-    :data:`META_COLUMNS`, ``source_file``, every ``test`` metric as its own column (nested
-    objects are flattened with ``_``) and every ``val`` metric as ``val_<name>``.
+    files. The result has one row per trial (:class:`pmnet.trial_id.TrialId`: condition,
+    seed, variant) with the columns of :data:`META_COLUMNS`, ``source_file``, one column per
+    TrainConfig field that a trial's variant overrides (the trial's value of that field:
+    its variant's, else the one in its ``config``; listed in
+    ``df.attrs["variant_fields"]``), every ``test`` metric as its own column (nested objects
+    are flattened with ``_``) and every ``val`` metric as ``val_<name>``. ``variant`` is ""
+    for trials of the default variant (every result file written before variants existed).
 
     A top-level ``phase1_seed`` (the Phase-1 checkpoint the trial started from, when a
     pipeline trains K Phase-1 checkpoints) becomes the :data:`PHASE1_SEED` column, right after
@@ -229,19 +241,21 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
     is exactly as before.
 
     A file that is not valid JSON, not an object, or lacks a usable ``condition``/``seed``
-    (or has a ``phase1_seed`` that is not an integer) raises ``ValueError`` naming the file;
-    so does a second file for the same (condition, seed, phase1_seed). A file whose
+    (or has an invalid ``variant``, or a ``phase1_seed`` that is not an integer) raises
+    ``ValueError`` naming the file; so does a second file for the same trial. A file whose
     ``status`` says it failed is not a row: it is recorded in ``df.attrs["failed"]`` (file,
-    condition, seed, phase1_seed when present, error) for the report's missing-results
-    section. Non-numeric metric values are ignored and listed in ``df.attrs["warnings"]``.
+    condition, variant, seed, phase1_seed when present, error) for the report's
+    missing-results section. Non-numeric metric values are ignored and listed in
+    ``df.attrs["warnings"]``.
     """
     rows: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
     warnings: list[str] = []
-    seen: dict[tuple[str, int, int | None], Path] = {}
+    seen: dict[TrialId, Path] = {}
     any_phase1 = False
     test_names: set[str] = set()
     val_names: set[str] = set()
+    variant_fields: dict[str, None] = {}  # ordered set
     for path in _result_paths(paths_or_dir):
         obj = _read_json_object(path)
         condition = obj.get("condition")
@@ -250,28 +264,31 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
         if "seed" not in obj:
             raise ValueError(f"result file {path}: missing 'seed'")
         seed = _parse_seed(obj["seed"], path)
-        phase1_seed = None
-        if obj.get(PHASE1_SEED) is not None:
-            phase1_seed = _parse_seed(obj[PHASE1_SEED], path, PHASE1_SEED)
-            any_phase1 = True
+        try:
+            trial = TrialId.from_result({**obj, "seed": seed})
+        except ValueError as exc:
+            raise ValueError(f"result file {path}: {exc}") from exc
+        phase1_seed = trial.phase1_seed
+        any_phase1 = any_phase1 or phase1_seed is not None
         status = obj.get("status")
         if isinstance(status, str) and status.strip().lower() in _FAILED_STATUSES:
-            record: dict[str, Any] = {"file": path.name, "condition": condition, "seed": seed}
+            record: dict[str, Any] = {"file": path.name, "condition": condition,
+                                      "variant": trial.variant, "seed": seed}
             if phase1_seed is not None:
                 record[PHASE1_SEED] = phase1_seed
             record["error"] = str(obj.get("error") or obj.get("message") or status)
             failed.append(record)
             continue
-        key = (condition, seed, phase1_seed)
-        if key in seen:
-            which = "" if phase1_seed is None else f" phase1_seed {phase1_seed}"
+        if trial in seen:
+            which = f" variant {trial.variant!r}" if trial.variant else ""
+            p1 = "" if phase1_seed is None else f" phase1_seed {phase1_seed}"
             raise ValueError(
-                f"duplicate result for condition {condition!r} seed {seed}{which}: "
-                f"{seen[key]} and {path}"
+                f"duplicate result for condition {condition!r}{which} seed {seed}{p1}: "
+                f"{seen[trial]} and {path}"
             )
-        seen[key] = path
-        row: dict[str, Any] = {"condition": condition, "seed": seed, "source_file": path.name,
-                               PHASE1_SEED: phase1_seed}
+        seen[trial] = path
+        row: dict[str, Any] = {"condition": condition, "seed": seed, "variant": trial.variant,
+                               "source_file": path.name, PHASE1_SEED: phase1_seed}
         for name in _STRING_META:
             value = obj.get(name)
             row[name] = None if value is None else str(value)
@@ -281,6 +298,12 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
                 warnings.append(f"{path.name}: {name} is not a number; ignored")
                 num = math.nan
             row[name] = num
+        overrides = obj.get("variant_overrides") or {}
+        if not isinstance(overrides, Mapping):
+            raise ValueError(f"result file {path}: 'variant_overrides' must be a JSON object, "
+                             f"got {type(overrides).__name__}")
+        variant_fields.update(dict.fromkeys(overrides))
+        row["_overrides"], row["_config"] = dict(overrides), obj.get("config") or {}
         test = _flatten_metrics(obj.get("test"), path, "test", warnings)
         val = _flatten_metrics(obj.get("val"), path, "val", warnings)
         test_names.update(test)
@@ -289,23 +312,37 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
         row.update({f"val_{k}": v for k, v in val.items()})
         rows.append(row)
 
-    columns = list(META_COLUMNS) + ["source_file"]
+    fields = [f for f in variant_fields if f not in META_COLUMNS]
+    for row in rows:  # the trial's value of each overridden field (its variant's, else its own)
+        overrides, config = row.pop("_overrides"), row.pop("_config")
+        for name in fields:
+            row[name] = overrides.get(name, config.get(name) if isinstance(config, Mapping)
+                                      else None)
+    columns = list(META_COLUMNS) + ["source_file"] + fields
     if any_phase1:
         columns.insert(columns.index("seed") + 1, PHASE1_SEED)
     columns += [m for m in _metric_order(test_names) if m not in columns]
     columns += [f"val_{m}" for m in _metric_order(val_names)]
     df = pd.DataFrame(rows, columns=columns)
     df["seed"] = df["seed"].astype("int64")
+    df["variant"] = df["variant"].fillna(DEFAULT_VARIANT).astype(str)
     if any_phase1:
         df[PHASE1_SEED] = df[PHASE1_SEED].astype("Int64")
-    keep = ("condition", "seed", PHASE1_SEED, "source_file") + _STRING_META
+    keep = ("condition", "seed", PHASE1_SEED, "variant", "source_file") + _STRING_META \
+        + tuple(fields)
     numeric = [n for n in df.columns if n not in keep]
     df = pd.concat([df.drop(columns=numeric),  # one block per dtype, not one insert per column
                     df[numeric].apply(pd.to_numeric, errors="coerce").astype("float64")],
                    axis=1)[list(df.columns)]
+    for name in fields:  # numbers stay numbers (segments), words stay words (ltm_graph)
+        try:
+            df[name] = pd.to_numeric(df[name])
+        except (TypeError, ValueError):
+            df[name] = df[name].astype(object)
     df = _sort_trials(df)
     df.attrs["failed"] = failed
     df.attrs["warnings"] = warnings
+    df.attrs[VARIANT_FIELDS_ATTR] = fields
     return df
 
 
@@ -314,7 +351,7 @@ def _sort_trials(df: pd.DataFrame) -> pd.DataFrame:
         return df.reset_index(drop=True)
     order = {c: i for i, c in enumerate(ordered_conditions(df["condition"]))}
     key = df["condition"].map(order)
-    by = ["_order", PHASE1_SEED, "seed"] if PHASE1_SEED in df.columns else ["_order", "seed"]
+    by = ["_order"] + [c for c in ("variant", PHASE1_SEED) if c in df.columns] + ["seed"]
     return (
         df.assign(_order=key)
         .sort_values(by, kind="stable")
@@ -326,10 +363,11 @@ def _sort_trials(df: pd.DataFrame) -> pd.DataFrame:
 def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.DataFrame:
     """Training curves from the ``history`` lists of result files, in long form.
 
-    Columns: phase, condition, seed, epoch, step, metric, value, and :data:`PHASE1_SEED`
-    after seed when some file carries one. ``phase`` is the file's ``phase`` key when
-    present, else ``"phase2"`` (result files are Phase-2 trials). Files that fail to parse
-    raise like :func:`load_results`; non-numeric entries are skipped.
+    Columns: phase, condition, variant, seed, epoch, step, metric, value, and
+    :data:`PHASE1_SEED` after seed when some file carries one. ``phase`` is the file's
+    ``phase`` key when present, else ``"phase2"`` (result files are Phase-2 trials);
+    ``variant`` is the trial's variant ("" for the default). Files that fail to parse raise
+    like :func:`load_results`; non-numeric entries are skipped.
     """
     records: list[dict[str, Any]] = []
     any_phase1 = False
@@ -343,6 +381,7 @@ def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.D
         seed = obj.get("seed")
         phase1_seed = obj.get(PHASE1_SEED)
         any_phase1 = any_phase1 or phase1_seed is not None
+        variant = str(obj.get("variant") or DEFAULT_VARIANT)
         for i, entry in enumerate(history):
             if not isinstance(entry, Mapping):
                 continue
@@ -358,6 +397,7 @@ def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.D
                     {
                         "phase": phase,
                         "condition": condition,
+                        "variant": variant,
                         "seed": seed,
                         PHASE1_SEED: phase1_seed,
                         "epoch": float(i) if epoch is None or math.isnan(epoch) else epoch,
@@ -366,9 +406,9 @@ def load_histories(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.D
                         "value": num,
                     }
                 )
-    cols = ["phase", "condition", "seed", "epoch", "step", "metric", "value"]
+    cols = ["phase", "condition", "variant", "seed", "epoch", "step", "metric", "value"]
     if any_phase1:
-        cols.insert(3, PHASE1_SEED)
+        cols.insert(4, PHASE1_SEED)
     return pd.DataFrame(records, columns=cols)
 
 
@@ -437,10 +477,13 @@ def add_derived_metrics(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
-    """Numeric measurement columns of a tidy table (test metrics, val_*, best_epoch, time)."""
+    """Numeric measurement columns of a tidy table (test metrics, val_*, best_epoch, time);
+    not the identity, provenance or variant-field columns."""
     out = []
+    skip = set(_IDENTITY + ("source_file",) + _STRING_META)
+    skip |= set(df.attrs.get(VARIANT_FIELDS_ATTR, ()))
     for name in df.columns:
-        if name in _NOT_METRICS or name in ("condition", "source_file") + _STRING_META:
+        if name in _NOT_METRICS or name in skip:
             continue
         if pd.api.types.is_numeric_dtype(df[name]):
             out.append(name)
@@ -1221,6 +1264,132 @@ def phase1_variance(
                                np.asarray(groups, dtype=np.int64), alpha))
     return Phase1Analysis(tuple(effects), tuple(tests), tuple(notes))
 
+
+# ------------------------------------------------------------------------------------------
+# variants: named Phase-2 overrides of one grid (beyond the paper)
+# ------------------------------------------------------------------------------------------
+
+
+def _variants(df: pd.DataFrame) -> pd.Series:
+    if "variant" not in df.columns:
+        return pd.Series(DEFAULT_VARIANT, index=df.index, dtype=object)
+    return df["variant"].fillna(DEFAULT_VARIANT).astype(str)
+
+
+def has_variant_results(df: pd.DataFrame) -> bool:
+    """Whether any trial in ``df`` ran a named variant (a table without a ``variant`` column,
+    like every table written before variants existed, has none)."""
+    return not df.empty and bool((_variants(df) != DEFAULT_VARIANT).any())
+
+
+def default_variant(df: pd.DataFrame) -> pd.DataFrame:
+    """The trials of the default variant: what the paper's tables and comparisons read (all
+    of ``df`` when no trial has a named variant). ``df.attrs`` is kept."""
+    out = df[_variants(df) == DEFAULT_VARIANT]
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def arm_name(condition: str, variant: str = DEFAULT_VARIANT) -> str:
+    """The arm of a condition's trials of one variant (:attr:`TrialId.arm`): the condition
+    itself for the default variant, ``<condition>-<variant>`` otherwise."""
+    return TrialId(condition, 0, variant).arm if variant else str(condition)
+
+
+def by_arm(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``condition`` replaced by each trial's arm (:attr:`TrialId.arm`: the
+    condition for the default variant, ``<condition>-<variant>`` otherwise), so that the
+    seed-wise statistics (:func:`seed_values`, :func:`summarize`, :func:`paired_comparison`)
+    treat each variant as an arm of its own. Without named variants it equals ``df``."""
+    out = df.copy()
+    variants = _variants(df)
+    named = variants != DEFAULT_VARIANT
+    if named.any():
+        out.loc[named, "condition"] = [arm_name(c, v) for c, v in
+                                       zip(out.loc[named, "condition"], variants[named])]
+    return out
+
+
+#: the gradient modes across boundaries (``TrainConfig.ltm_graph``) in display order
+SEGMENT_GRAPH_ORDER: tuple[str, ...] = ("full", "truncated", "detached")
+#: the paired comparison of the segments grid: the paper's full graph minus truncated BPTT
+SEGMENT_COMPARISON: tuple[str, str] = ("full", "truncated")
+
+
+@dataclass(frozen=True)
+class SegmentArm:
+    """A variant that sets the episode length: its condition, variant, arm name
+    (:func:`by_arm`), T (``segments``) and gradient mode (``ltm_graph``)."""
+
+    condition: str
+    variant: str
+    arm: str
+    segments: int
+    ltm_graph: str
+
+
+def segment_arms(df: pd.DataFrame) -> list[SegmentArm]:
+    """The arms of ``df`` with a named variant and a ``segments`` and ``ltm_graph`` value
+    (columns :func:`load_results` adds when variants override them), ordered by condition,
+    T, gradient mode (:data:`SEGMENT_GRAPH_ORDER`) and variant name."""
+    if not has_variant_results(df) or not {"segments", "ltm_graph"} <= set(df.columns):
+        return []
+    arms: dict[tuple[str, str], SegmentArm] = {}
+    for condition, variant, seg, graph in zip(df["condition"], _variants(df), df["segments"],
+                                              df["ltm_graph"]):
+        if variant == DEFAULT_VARIANT or (condition, variant) in arms:
+            continue
+        try:
+            t = float(seg)
+        except (TypeError, ValueError):
+            continue
+        if not math.isfinite(t) or t != int(t) or not isinstance(graph, str):
+            continue
+        arms[(condition, variant)] = SegmentArm(condition, variant,
+                                                arm_name(condition, variant), int(t), graph)
+    rank = {c: i for i, c in enumerate(ordered_conditions(c for c, _ in arms))}
+    graph_rank = {g: i for i, g in enumerate(SEGMENT_GRAPH_ORDER)}
+    return sorted(arms.values(), key=lambda a: (rank[a.condition], a.segments,
+                                                graph_rank.get(a.ltm_graph, len(graph_rank)),
+                                                a.ltm_graph, a.variant))
+
+
+def segment_comparisons(df: pd.DataFrame, metric: str = "updated_ltm"
+                        ) -> tuple[Comparison, ...]:
+    """For each condition and T with exactly one variant of each mode of
+    :data:`SEGMENT_COMPARISON`: that pair's paired comparison on ``metric``, between the
+    arms of :func:`by_arm`. The label names the condition when ``df`` has more than one."""
+    arms = segment_arms(df)
+    a_mode, b_mode = SEGMENT_COMPARISON
+    several = len({a.condition for a in arms}) > 1
+    out = []
+    for key in dict.fromkeys((a.condition, a.segments) for a in arms):
+        group = [a for a in arms if (a.condition, a.segments) == key]
+        first = [a for a in group if a.ltm_graph == a_mode]
+        second = [a for a in group if a.ltm_graph == b_mode]
+        if len(first) != 1 or len(second) != 1:
+            continue
+        prefix = f"{key[0]}, " if several else ""
+        out.append(Comparison(f"{prefix}T = {key[1]}: {a_mode} - {b_mode}: {metric}",
+                              first[0].arm, metric, second[0].arm, metric, "ours:segments"))
+    return tuple(out)
+
+
+def compare_segments(
+    df: pd.DataFrame,
+    metric: str = "updated_ltm",
+    *,
+    expected_seeds: Iterable[int] | None = None,
+    alpha: float = 0.05,
+) -> pd.DataFrame:
+    """:func:`compare_all` over :func:`segment_comparisons` (full - truncated at each T, paired
+    by seed; Holm over these comparisons only, a family of their own), with a ``segments``
+    column. Empty when ``df`` has no such pair."""
+    comparisons = segment_comparisons(df, metric)
+    out = compare_all(by_arm(df), comparisons, expected_seeds=expected_seeds, alpha=alpha)
+    arms = {a.arm: a for a in segment_arms(df)}
+    out["segments"] = [arms[c].segments for c in out.get("cond_a", [])]
+    return out
 
 
 # ------------------------------------------------------------------------------------------

@@ -886,14 +886,29 @@ def init_operator(model: PMNet, cfg: TrainConfig, name: str, seed: int) -> None:
     op.reset(std, torch.Generator().manual_seed(gen_seed))
 
 
+#: the keys of a Phase-2 result.json (run_phase2); a caller's `record` adds others
+RESULT_KEYS = frozenset({
+    "condition", "seed", "preset", "phase1_sha256", "best_epoch", "trainable_params",
+    "total_params", "trainable_fraction", "consolidation", "ltm_routing", "objective",
+    "select", "val", "test", "test_stream_hash", "train_time_s", "history", "best_model",
+    "config"})
+
+
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
                out_dir: str | Path, callbacks=(), loggers=(), resume_from=None,
-               progress: bool | None = None) -> dict:
+               progress: bool | None = None, record: dict | None = None) -> dict:
     """Train one Phase-2 trial (condition x seed) from the Phase-1 checkpoint; evaluate the
-    selected checkpoint on the fixed test stream; write `result.json` and return it."""
+    selected checkpoint on the fixed test stream; write `result.json` and return it.
+
+    `record`: extra keys written into result.json as given (a caller's provenance, e.g. the
+    pipeline's variant name and overrides); they may not replace a key of the result."""
     cond = get_condition(condition)  # validate everything before any compute
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    record = dict(record or {})
+    clash = sorted(set(record) & RESULT_KEYS)
+    if clash:
+        raise ValueError(f"run_phase2: record may not replace result key(s) {clash}")
     digest = verify_phase1(phase1_ckpt)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -939,7 +954,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
         "train_time_s": time.time() - t0, "history": module.history,
         "best_model": str(best_model), "config": cfg.flat(),
     }
-    result = _jsonable(result)
+    result = _jsonable({**result, **record})
     atomic_write_json(out_dir / "result.json", result)
     return result
 

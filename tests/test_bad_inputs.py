@@ -67,6 +67,12 @@ def _no_space_record(root: Path) -> None:
     _edit_json(root / "p" / "pipeline.json", lambda d: d.pop("space"))
 
 
+def _variant_with_a_phase1_field(root: Path) -> None:
+    _existing(root)
+    _edit_json(root / "p" / "pipeline.json", lambda d: d["space"].update(
+        variants=[{"name": "hi", "overrides": {"phase1_lr": 0.1}}]))
+
+
 def _broken_pipeline_json(root: Path) -> None:
     _existing(root)
     (root / "p" / "pipeline.json").write_text("{not json")
@@ -138,6 +144,8 @@ CASES = [
     Case("MLflow host that does not resolve", [*S, "--mlflow-host", "no host!"],
          "--mlflow-host 'no host!' does not resolve"),
     Case("unknown flag", [*S, "--epochs", "3"], "unrecognized arguments: --epochs"),
+    Case("unknown variant of the grid", [*S, "--grid", "segments", "--variants", "T3-full"],
+         r"unknown variant\(s\) \['T3-full'\]; known variants: 'T2-full'"),
     Case("--max-failures on resume (stored with the run)",
          ["resume", "--root", "ROOT", "--max-failures", "3"],
          "unrecognized arguments: --max-failures", setup=_existing),
@@ -152,6 +160,11 @@ CASES = [
     Case("unknown condition in a list", [*S, "--set", "conditions=learned_full,nope"],
          "unknown condition 'nope'", kind="--set"),
     Case("no '='", [*S, "--set", "oops"], "KEY=VALUE", kind="--set"),
+    Case("a field the grid's variants set", [*S, "--grid", "segments", "--set", "segments=4"],
+         "--set segments: grid 'segments' sets this field in its variants", kind="--set"),
+    Case("a value that makes a variant's configuration invalid",
+         [*S, "--grid", "segments", "--set", "detach_ltm=true"],
+         "variant T2-truncated .* gives an invalid training configuration", kind="--set"),
     Case("MLFLOW_TRACKING_URI that is not a URI", S, "path / file: store",
          env={"MLFLOW_TRACKING_URI": "not a uri"}, kind="environment"),
     Case("MLFLOW_TRACKING_URI file: store (refused by MLflow 3)", S, "file: store",
@@ -187,6 +200,10 @@ CASES = [
          "not a valid TrainConfig", setup=_unknown_config_key, kind="record"),
     Case("pipeline.json without its space", ["resume", "--root", "ROOT", "--name", "p"],
          "no 'space' record", setup=_no_space_record, kind="record"),
+    Case("pipeline.json with a variant that sets a Phase-1 field",
+         ["resume", "--root", "ROOT", "--name", "p"],
+         "variant 'hi' sets 'phase1_lr', which is not a Phase-2-only TrainConfig field",
+         setup=_variant_with_a_phase1_field, kind="record"),
     Case("pipeline.json that is not JSON", ["resume", "--root", "ROOT", "--name", "p"],
          "not a JSON object", setup=_broken_pipeline_json, kind="record"),
     Case("Phase-1 checkpoint altered after Stage 1", ["resume", "--root", "ROOT", "--name", "p"],

@@ -29,6 +29,7 @@ import pytest
 
 from pipelines.faults import KILL_ENV, POINTS
 from pipelines.layout import Layout, read_json
+from pmnet.trial_id import TrialId
 from tests.test_pipeline import (
     BASE,
     GRID,
@@ -74,7 +75,7 @@ def final_tables(run_dir: Path) -> dict[str, str]:
     out = {p.name: p.read_text() for p in sorted((rep / "tables").glob("*.md"))}
     out["comparisons.csv"] = (rep / "data" / "comparisons.csv").read_text()
     for c, s in GRID:
-        res = read_json(Layout(run_dir.parent, run_dir.name).result_path(c, s))
+        res = read_json(Layout(run_dir.parent, run_dir.name).result_path(TrialId(c, s)))
         out[f"test {c}-s{s}"] = json.dumps(res["test"], sort_keys=True)
     assert len(out) > 2 + len(GRID), "the report wrote no tables"
     return out
@@ -170,14 +171,14 @@ def test_driver_killed_then_resumed_loses_nothing(point, tmp_path, reference):
     assert rc_status == 0, status
     if POINTS.index(point) < POINTS.index("stage3-start"):
         assert "interrupted" in status, status
-    done_before = {(c, s): lay.result_path(c, s).read_bytes() for c, s in GRID
-                   if lay.result_path(c, s).is_file()}
+    done_before = {(c, s): lay.result_path(TrialId(c, s)).read_bytes() for c, s in GRID
+                   if lay.result_path(TrialId(c, s)).is_file()}
     n_attempts = {t: len(_attempts(lay, *t)) for t in GRID}
     rc2, out2 = cli("resume", "--root", str(root))
     assert rc2 == 0, out2[-3000:]
     assert_nothing_lost(lay.run_dir, reference)
     for t, data in done_before.items():  # a finished trial is never trained again
-        assert lay.result_path(*t).read_bytes() == data
+        assert lay.result_path(TrialId(*t)).read_bytes() == data
         assert {a["kind"] for a in _attempts(lay, *t)[n_attempts[t]:]} <= {"reuse"}
     state = "interrupted" if "interrupted" in status else "finished"
     record(f"kill-{point}", code="-9 (SIGKILL), then 0",
@@ -185,7 +186,7 @@ def test_driver_killed_then_resumed_loses_nothing(point, tmp_path, reference):
 
 
 def _attempts(lay: Layout, condition: str, seed: int) -> list[dict]:
-    path = lay.trial_dir(condition, seed) / "attempts.jsonl"
+    path = lay.trial_dir(TrialId(condition, seed)) / "attempts.jsonl"
     if not path.is_file():
         return []
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -236,7 +237,7 @@ def test_trial_worker_killed_mid_training(tmp_path, reference):
     root = tmp_path / "runs"
     proc = start_in_background(root, "w")
     lay = Layout(root, "w")
-    victim = lay.trial_dir("learned_full", 42) / "attempts.jsonl"
+    victim = lay.trial_dir(TrialId("learned_full", 42)) / "attempts.jsonl"
     killed = None
     try:
         deadline = time.time() + 240

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.layout import Layout, read_json, trial_key, trial_name
+from pipelines.layout import Layout, read_json, trial_key
+from pmnet.trial_id import TrialId
 
 REPO = Path(__file__).resolve().parent.parent
 GRID = [(c, s) for s in (42, 43) for c in ("learned_full", "consolidator_only")]
@@ -115,7 +116,7 @@ def assert_same_training(got: dict, ref: dict) -> None:
 
 
 def attempts(lay: Layout, condition: str, seed: int) -> list[dict]:
-    path = lay.trial_dir(condition, seed) / "attempts.jsonl"
+    path = lay.trial_dir(TrialId(condition, seed)) / "attempts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -136,15 +137,15 @@ def check_trial_runs(client, runs, name: str, lay: Layout) -> dict:
     for r in runs:
         if "trial_key" in r.data.tags:
             by_key.setdefault(r.data.tags["trial_key"], []).append(r)
-    assert sorted(by_key) == sorted(trial_key(name, c, s) for c, s in GRID)
+    assert sorted(by_key) == sorted(trial_key(name, TrialId(c, s)) for c, s in GRID)
     parents = {r.info.run_id for r in runs if r.data.tags.get("role") == "pipeline"}
     assert len(parents) == 1
     for c, s in GRID:
-        found = by_key[trial_key(name, c, s)]
+        found = by_key[trial_key(name, TrialId(c, s))]
         assert len(found) == 1, f"{len(found)} MLflow runs for {c}-s{s}"
         run = found[0]
-        res = read_json(lay.result_path(c, s))
-        assert run.info.status == "FINISHED" and run.info.run_name == trial_name(c, s)
+        res = read_json(lay.result_path(TrialId(c, s)))
+        assert run.info.status == "FINISHED" and run.info.run_name == TrialId(c, s).name
         tags = run.data.tags
         assert (tags["condition"], tags["seed"], tags["preset"]) == (c, str(s), "debug")
         assert tags["phase1_sha256"] == res["phase1_sha256"]
@@ -155,7 +156,7 @@ def check_trial_runs(client, runs, name: str, lay: Layout) -> dict:
         val = client.get_metric_history(run.info.run_id, "val/updated_ltm")
         assert sorted(m.step for m in val) == steps
         assert run.data.metrics["test/updated_ltm"] == pytest.approx(res["test"]["updated_ltm"])
-        info = read_json(lay.trial_dir(c, s) / "trial.json")
+        info = read_json(lay.trial_dir(TrialId(c, s)) / "trial.json")
         assert info["mlflow_run_id"] == run.info.run_id
     return by_key
 
@@ -174,11 +175,11 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
     assert "[stage 3/3]" in out
     # results and the shared Phase-1 checkpoint
     for c, s in GRID:
-        res = read_json(lay.result_path(c, s))
+        res = read_json(lay.result_path(TrialId(c, s)))
         assert res["condition"] == c and res["seed"] == s and "updated_ltm" in res["test"]
         assert len(attempts(lay, c, s)) == 1
     digest = read_json(lay.pipeline_json)["phase1_sha256"]
-    assert {read_json(lay.result_path(c, s))["phase1_sha256"] for c, s in GRID} == {digest}
+    assert {read_json(lay.result_path(TrialId(c, s)))["phase1_sha256"] for c, s in GRID} == {digest}
     assert (lay.phase1_ckpt.stat().st_mode & 0o222) == 0  # read-only after Stage 1
     # the embedded MLflow server is gone, the store holds one run per trial
     assert wait_gone(str(root)) == []
@@ -197,8 +198,8 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
     # artifacts (proxied by the server into <root>/mlartifacts)
     art = lay.mlartifacts / exp.experiment_id
     for c, s in GRID:
-        rid = by_key[trial_key("e2e", c, s)][0].info.run_id
-        assert (art / rid / "artifacts" / "result" / f"{trial_name(c, s)}.json").is_file()
+        rid = by_key[trial_key("e2e", TrialId(c, s))][0].info.run_id
+        assert (art / rid / "artifacts" / "result" / f"{TrialId(c, s).name}.json").is_file()
         assert (art / rid / "artifacts" / "checkpoint" / "best_model.pt").is_file()
     assert (art / parent.info.run_id / "artifacts" / "report").is_dir()  # Stage 3's output
     md = (lay.report_dir / "report.md").read_text()
@@ -206,16 +207,52 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
     assert md.index("## Headline numbers") < md.index("## What ran") < md.index("## Raw records")
     # Tune keeps only meta.json per reported epoch; the weights are the trial's last.ckpt
     for c, s in GRID:
-        kept = list((lay.experiment_dir / trial_name(c, s)).glob("checkpoint_*"))
+        kept = list((lay.experiment_dir / TrialId(c, s).name).glob("checkpoint_*"))
         assert kept and all(sorted(os.listdir(d)) == ["meta.json"] for d in kept), kept
         meta = read_json(kept[-1] / "meta.json")
-        assert meta["final"] and meta["last_ckpt"] == str(lay.trial_dir(c, s) / "ckpt/last.ckpt")
+        last = lay.trial_dir(TrialId(c, s)) / "ckpt/last.ckpt"
+        assert meta["final"] and meta["last_ckpt"] == str(last)
     # status from disk
     rc, text = cli("status", "--root", str(root))
     assert rc == 0 and text.count("FINISHED") == 4, text
     timing = read_json(lay.timing_json)
     assert timing["trials_finished"] == 4 and timing["wall_s"] <= wall
     assert timing["sum_trial_train_s"] > 0
+
+
+def test_debug_pipeline_runs_two_variants_of_the_segments_grid(tmp_path):
+    """`--grid segments --variants ...` end to end: variant trials named, trained with their
+    own configuration, recorded (result, MLflow, status) and reported in tab:segments."""
+    root = tmp_path / "runs"
+    variants = {"T2-full": (2, "full"), "T4-truncated": (4, "truncated")}
+    rc, out = cli("start", "--preset", "debug", "--grid", "segments", "--variants",
+                  ",".join(variants), "--seeds", "42", "--stage1-cpus", "1",
+                  "--root", str(root), "--name", "seg")
+    assert rc == 0, out[-4000:]
+    assert "2/2 done" in out and "consolidator_only-T4-truncated-s42" in out
+    lay = Layout(root, "seg")
+    trials = [TrialId("consolidator_only", 42, v) for v in variants]
+    for t in trials:
+        res = read_json(lay.result_path(t))
+        assert res["variant"] == t.variant
+        assert (res["config"]["segments"], res["config"]["ltm_graph"]) == variants[t.variant]
+        assert res["variant_overrides"] == {"segments": variants[t.variant][0],
+                                            "ltm_graph": variants[t.variant][1]}
+    assert "final_ltm_seg1" in read_json(lay.result_path(trials[1]))["test"]
+    assert wait_gone(str(root)) == []
+    client, _, runs = mlflow_runs(f"sqlite:///{lay.mlflow_db}", "seg")
+    by_key = {r.data.tags["trial_key"]: r for r in runs if "trial_key" in r.data.tags}
+    assert sorted(by_key) == sorted(trial_key("seg", t) for t in trials)
+    for t in trials:
+        run = by_key[trial_key("seg", t)]
+        assert run.info.status == "FINISHED" and run.info.run_name == t.name
+        assert run.data.tags["variant"] == t.variant
+        assert run.data.params["variant.segments"] == str(variants[t.variant][0])
+    rc, text = cli("status", "--root", str(root))
+    assert rc == 0 and text.count("FINISHED") == 2 and "variant" in text, text
+    md = (lay.report_dir / "report.md").read_text()
+    assert "**Table `tab:segments`.**" in md and "## Headline numbers" not in md
+    assert "| 4 | truncated |" in md
 
 
 # -- a trial that crashes once; an external MLflow server ----------------------------------------
@@ -243,7 +280,7 @@ def crashed_once(tmp_path_factory, external_server):
     markers.mkdir()
     for c, s in GRID:
         if (c, s) != ("learned_full", 42):
-            (markers / trial_name(c, s)).write_text("no fault for this trial\n")
+            (markers / TrialId(c, s).name).write_text("no fault for this trial\n")
     root = base / "runs"
     rc, out = cli("start", *BASE, "--root", str(root), "--name", "crash", "--max-failures", "1",
                   env={"PMNET_TEST_FAULT_ONCE": str(markers),
@@ -264,9 +301,10 @@ def test_trial_crashing_once_resumes_from_its_checkpoint(crashed_once):
 
     state = tune_trials(lay.experiment_dir)
     assert state["learned_full-s42"]["num_failures"] == 1
-    assert all(state[trial_name(c, s)]["num_failures"] == 0 for c, s in GRID[1:])
+    assert all(state[TrialId(c, s).name]["num_failures"] == 0 for c, s in GRID[1:])
     for c, s in GRID:  # every trial, the retried one included, equals an uninterrupted run
-        assert_same_training(read_json(lay.result_path(c, s)), reference(lay.run_dir, c, s))
+        assert_same_training(read_json(lay.result_path(TrialId(c, s))),
+                             reference(lay.run_dir, c, s))
 
 
 def test_external_mlflow_server_receives_the_runs(crashed_once, external_server):
@@ -275,7 +313,7 @@ def test_external_mlflow_server_receives_the_runs(crashed_once, external_server)
     assert not lay.mlflow_db.exists()  # nothing went to the embedded store
     client, _, runs = mlflow_runs(external_server, "crash")
     by_key = check_trial_runs(client, runs, "crash", lay)  # the retry re-attached: 1 run
-    rid = by_key[trial_key("crash", "learned_full", 42)][0].info.run_id
+    rid = by_key[trial_key("crash", TrialId("learned_full", 42))][0].info.run_id
     assert "injected fault" in client.get_run(rid).data.tags.get("last_error", "")
 
 
@@ -319,12 +357,12 @@ def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
         ray.shutdown()
     assert out["errored"] == 4 and out["finished"] == 0
     for c, s in GRID:
-        info = read_json(lay.trial_dir(c, s) / "trial.json")
+        info = read_json(lay.trial_dir(TrialId(c, s)) / "trial.json")
         assert info["state"] == "ERROR"
         assert "Phase1Refused" in info["error"]
         assert "does not match its recorded sha256" in info["error"]
-        assert not lay.result_path(c, s).exists()
-        assert not (lay.trial_dir(c, s) / "attempts.jsonl").exists()  # no training began
+        assert not lay.result_path(TrialId(c, s)).exists()
+        assert not (lay.trial_dir(TrialId(c, s)) / "attempts.jsonl").exists()  # no training began
 
 
 # -- SIGKILL of the driver in the middle of Stage 2, then resume (slow) ---------------------------
@@ -366,10 +404,11 @@ def test_driver_killed_mid_stage2_then_resumed(tmp_path):
     assert "skipped" in out  # Stage 1 is not redone
     for name, data in finished.items():  # finished trials were not rerun
         c, s = name.rsplit("-s", 1)
-        assert lay.result_path(c, int(s)).read_bytes() == data
+        assert lay.result_path(TrialId(c, int(s))).read_bytes() == data
         assert [a["kind"] for a in attempts(lay, c, int(s))] == ["train"]
     for c, s in GRID:
-        assert_same_training(read_json(lay.result_path(c, s)), reference(lay.run_dir, c, s))
+        assert_same_training(read_json(lay.result_path(TrialId(c, s))),
+                             reference(lay.run_dir, c, s))
     client, _, runs = mlflow_runs(f"sqlite:///{lay.mlflow_db}", "kill")
     check_trial_runs(client, runs, "kill", lay)  # one run per trial, no duplicate epochs
 
@@ -416,9 +455,9 @@ def test_mlflow_server_killed_mid_stage2_trials_finish_and_resume_logs_them(tmp_
     out = (tmp_path / "driver.log").read_text()
     assert rc == 0, out[-4000:]  # every trial finished although tracking was gone
     for c, s in GRID:
-        assert read_json(lay.result_path(c, s))["condition"] == c
+        assert read_json(lay.result_path(TrialId(c, s)))["condition"] == c
     pending = [(c, s) for c, s in GRID
-               if read_json(lay.trial_dir(c, s) / "trial.json").get("mlflow_pending")]
+               if read_json(lay.trial_dir(TrialId(c, s)) / "trial.json").get("mlflow_pending")]
     assert len(pending) >= 3, pending
     assert "the next `make resume` logs them" in out
 
@@ -431,7 +470,7 @@ def test_mlflow_server_killed_mid_stage2_trials_finish_and_resume_logs_them(tmp_
     assert "from their result files" in out
     client, _, runs = mlflow_runs(backend, "dead")
     check_trial_runs(client, runs, "dead", lay)  # one FINISHED run per trial, every epoch
-    assert not any(read_json(lay.trial_dir(c, s) / "trial.json").get("mlflow_pending")
+    assert not any(read_json(lay.trial_dir(TrialId(c, s)) / "trial.json").get("mlflow_pending")
                    for c, s in GRID)
 
 
@@ -492,7 +531,8 @@ def test_two_node_cluster_runs_the_debug_pipeline(tmp_path):
         used = {attempts(lay, c, s)[0]["node_id"] for c, s in GRID}
         assert len(used) == 2, f"trials ran on {used}"
         for c, s in GRID:
-            assert_same_training(read_json(lay.result_path(c, s)), reference(lay.run_dir, c, s))
+            assert_same_training(read_json(lay.result_path(TrialId(c, s))),
+                                 reference(lay.run_dir, c, s))
     finally:
         for p in nodes:
             try:
@@ -529,7 +569,7 @@ def test_trials_share_one_gpu_with_fractional_resources(tmp_path):
     assert "0.5 GPU per trial" in out and "1 GPU)" in out  # Stage 1 takes the whole GPU
     lay = Layout(root, "gpu")
     for c, s in GRID:
-        assert read_json(lay.result_path(c, s))["config"]["precision"] == "auto"
+        assert read_json(lay.result_path(TrialId(c, s)))["config"]["precision"] == "auto"
         assert attempts(lay, c, s)[0]["cuda_visible_devices"] not in (None, "")
 
 

@@ -3,6 +3,7 @@ MLflow run naming and re-attachment, the Phase-1 hash gate, the on-disk status t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -18,12 +19,12 @@ from pipelines.layout import (
     PipelineError,
     read_json,
     trial_key,
-    trial_name,
     write_json,
 )
 from pipelines.status import status_text, trial_rows
 from pipelines.tracking import Tracker, check_tracking_uri
 from pipelines.trial import Phase1Refused, check_phase1
+from pmnet.trial_id import TrialId
 from tune_spaces import SpaceError
 
 
@@ -284,8 +285,8 @@ def tracker(tmp_path_factory):
 
 
 def test_trial_runs_are_named_and_reattached(tracker):
-    assert trial_name("learned_full", 42) == "learned_full-s42"
-    key = trial_key("pipe", "learned_full", 42)
+    assert TrialId("learned_full", 42).name == "learned_full-s42"
+    key = trial_key("pipe", TrialId("learned_full", 42))
     assert key == "pipe/learned_full-s42"
     exp = tracker.experiment("pmnet/pipe")
     assert tracker.experiment("pmnet/pipe") == exp  # get, not create twice
@@ -324,10 +325,10 @@ def test_status_reads_results_and_tune_state_from_disk(tmp_path):
     lay: Layout = plan.layout
     stages.write_meta(plan, status="running", driver={"pid": 2 ** 22 + 12345,
                                                        "host": socket.gethostname()})
-    write_json(lay.result_path("learned_full", 42), {
+    write_json(lay.result_path(TrialId("learned_full", 42)), {
         "condition": "learned_full", "seed": 42, "val": {"updated_ltm": 55.0},
         "test": {"updated_ltm": 50.5}})
-    write_json(lay.trial_dir("learned_full", 42) / "trial.json", {"mlflow_run_id": "abc"})
+    write_json(lay.trial_dir(TrialId("learned_full", 42)) / "trial.json", {"mlflow_run_id": "abc"})
     state = {"trial_data": [[json.dumps({"config": {"condition": "consolidator_only",
                                                     "seed": 42}, "status": "RUNNING"}),
                              json.dumps({"num_failures": 1,
@@ -364,6 +365,31 @@ def test_trial_context_is_typed_and_validated(tmp_path):
                      tracking_uri="http://127.0.0.1:5000")
     with pytest.raises(PipelineError, match="invalid pipeline name"):
         TrialContext(root=str(tmp_path), name="../x", train_config=cfg, phase1_sha256="a" * 64)
+    with pytest.raises(ValueError, match="TrialContext.variants: invalid variant name"):
+        TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="a" * 64,
+                     variants={"T4-s2": {}})
+    with pytest.raises(ValueError, match="overrides of 'v' must be a dict"):
+        TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="a" * 64,
+                     variants={"v": [("lr", 0.1)]})
+
+
+def test_a_trials_configuration_is_its_variants_and_phase1_seeds_are_refused(tmp_path):
+    from pipelines.trial import TrialContext, trial_config
+    from pmnet.train import TrainConfig
+
+    cfg = TrainConfig.from_name("debug")
+    ctx = TrialContext(root=str(tmp_path), name="p", train_config=cfg.to_dict(),
+                       phase1_sha256="a" * 64, cpus_per_trial=2.0,
+                       variants={"": {}, "T4-truncated": {"segments": 4,
+                                                          "ltm_graph": "truncated"}})
+    got = trial_config(ctx, TrialId("consolidator_only", 42, "T4-truncated"))
+    assert (got.segments, got.ltm_graph, got.threads) == (4, "truncated", 2)
+    assert trial_config(ctx, TrialId("consolidator_only", 42)) == dataclasses.replace(
+        cfg, threads=2)
+    with pytest.raises(ValueError, match="the grid has no variant 'T8-full'"):
+        trial_config(ctx, TrialId("consolidator_only", 42, "T8-full"))
+    with pytest.raises(ValueError, match="phase1_seed.* not supported yet"):
+        trial_config(ctx, TrialId("consolidator_only", 42, phase1_seed=1))
 
 
 # -- tracking never stalls or kills a trial; what it missed is logged from the results --------
@@ -394,7 +420,7 @@ class FakeTune:
         return self.latest
 
 
-def run_trial_here(ctx, condition: str, seed: int, fake: FakeTune) -> float:
+def run_trial_here(ctx, condition: str, seed: int, fake: FakeTune, variant: str = "") -> float:
     """pipelines.trial.train_trial in this process with FakeTune; the seconds it took."""
     import pipelines.trial as trial_mod
 
@@ -410,14 +436,14 @@ def run_trial_here(ctx, condition: str, seed: int, fake: FakeTune) -> float:
         threads = torch.get_num_threads()
         t0 = time.time()
         try:
-            trial_mod.train_trial({"condition": condition, "seed": seed}, ctx)
+            trial_mod.train_trial(TrialId(condition, seed, variant).to_config(), ctx)
         finally:
             torch.set_num_threads(threads)
     return time.time() - t0
 
 
 def _trial_ctx(root: Path, phase1: dict, tracking_uri: str | None = None,
-               experiment_id: str | None = None, **overrides):
+               experiment_id: str | None = None, variants: dict | None = None, **overrides):
     from pipelines.trial import TrialContext
     from pmnet.train import TrainConfig
 
@@ -429,7 +455,7 @@ def _trial_ctx(root: Path, phase1: dict, tracking_uri: str | None = None,
     cfg = TrainConfig.from_name("debug", threads=1, **overrides).to_dict()
     return TrialContext(root=str(root), name="t", train_config=cfg,
                         phase1_sha256=phase1["sha256"], tracking_uri=tracking_uri,
-                        experiment_id=experiment_id)
+                        experiment_id=experiment_id, variants=variants or {"": {}})
 
 
 DEAD_TRIALS = (("consolidator_only", 42), ("learned_full", 43))
@@ -449,7 +475,7 @@ def dead_server_trials(tmp_path_factory, phase1):
                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "120"}.items():
             mp.setenv(k, v)
         for c, s in DEAD_TRIALS:
-            fake = FakeTune(root.parent / "tune" / trial_name(c, s))
+            fake = FakeTune(root.parent / "tune" / TrialId(c, s).name)
             out["trials"][(c, s)] = {"fake": fake, "wall": run_trial_here(ctx, c, s, fake)}
         out["env_after"] = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
     return out
@@ -461,13 +487,13 @@ def test_a_dead_tracking_server_neither_stalls_nor_kills_a_trial(dead_server_tri
     lay = dead_server_trials["lay"]
     for (c, s), t in dead_server_trials["trials"].items():
         # trained to the end: result on disk, final report to Tune
-        res = read_json(lay.result_path(c, s))
+        res = read_json(lay.result_path(TrialId(c, s)))
         assert res["condition"] == c and "updated_ltm" in res["test"]
         assert t["fake"].reports[-1]["metrics"]["finished"] == 1
         # bounded: one failing call (refused: ~2 s) and then nothing waits for the server;
         # with MLflow's defaults (7 retries, backoff 2) the first call alone takes minutes
         assert t["wall"] < 60, t["wall"]
-        info = read_json(lay.trial_dir(c, s) / "trial.json")
+        info = read_json(lay.trial_dir(TrialId(c, s)) / "trial.json")
         assert info["state"] == "FINISHED"
         assert info["mlflow_pending"] is True
         assert "attaching" in info["mlflow_pending_reason"]
@@ -482,12 +508,12 @@ def test_tune_checkpoints_carry_no_weights_and_name_the_trials_last_ckpt(dead_se
     lay = dead_server_trials["lay"]
     for (c, s), t in dead_server_trials["trials"].items():
         epochs = [r for r in t["fake"].reports if r["files"] is not None]
-        assert len(epochs) == len(read_json(lay.result_path(c, s))["history"]) >= 1
+        assert len(epochs) == len(read_json(lay.result_path(TrialId(c, s)))["history"]) >= 1
         for r in epochs:  # only meta.json goes through Tune: no weights copied per epoch
             assert set(r["files"]) == {"meta.json"} and r["files"]["meta.json"] < 1024
         last = t["fake"].latest
         meta = json.loads((Path(last.path) / "meta.json").read_text())
-        assert meta["last_ckpt"] == str(lay.trial_dir(c, s) / "ckpt" / "last.ckpt")
+        assert meta["last_ckpt"] == str(lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt")
         assert meta["final"] is True and meta["epoch"] == epochs[-1]["metrics"]["epoch"]
         assert meta["last_ckpt_size"] == Path(meta["last_ckpt"]).stat().st_size
 
@@ -532,7 +558,7 @@ def test_backfill_logs_what_trials_could_not_from_their_result_files(dead_server
     t0 = time.time()
     assert backfill_results(lay, dead) == {"logged": 0, "pending": 2}
     assert time.time() - t0 < 20
-    assert all(read_json(lay.trial_dir(c, s) / "trial.json")["mlflow_pending"]
+    assert all(read_json(lay.trial_dir(TrialId(c, s)) / "trial.json")["mlflow_pending"]
                for c, s in DEAD_TRIALS)
 
     # a real store; one trial already has a RUNNING run with epoch 0 logged (it died
@@ -542,19 +568,19 @@ def test_backfill_logs_what_trials_could_not_from_their_result_files(dead_server
     exp = tracker.experiment("pmnet/t")
     parent, _ = tracker.attach_run(exp, "t", run_name="t")
     c1, s1 = DEAD_TRIALS[1]
-    early, _ = tracker.attach_run(exp, trial_key("t", c1, s1), run_name=trial_name(c1, s1),
-                                  parent_run_id=parent)
+    early, _ = tracker.attach_run(exp, trial_key("t", TrialId(c1, s1)),
+                                  run_name=TrialId(c1, s1).name, parent_run_id=parent)
     tracker.log_metrics(early, {"epoch": 0, "val/updated_ltm": 1.0}, step=0)
     runs = Runs(tracker=tracker, uri=uri, experiment_id=exp, parent=parent)
     assert backfill_results(lay, runs) == {"logged": 2, "pending": 0}
 
     client = MlflowClient(uri)
     for c, s in DEAD_TRIALS:
-        res = read_json(lay.result_path(c, s))
-        found = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', c, s)}'")
+        res = read_json(lay.result_path(TrialId(c, s)))
+        found = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c, s))}'")
         assert len(found) == 1
         run = found[0]
-        assert run.info.status == "FINISHED" and run.info.run_name == trial_name(c, s)
+        assert run.info.status == "FINISHED" and run.info.run_name == TrialId(c, s).name
         assert run.data.tags["mlflow.parentRunId"] == parent
         assert run.data.tags["phase1_sha256"] == res["phase1_sha256"]
         assert run.data.params["model.hidden"] == "32" and run.data.params["seed"] == str(s)
@@ -562,16 +588,16 @@ def test_backfill_logs_what_trials_could_not_from_their_result_files(dead_server
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch"))
         assert steps == [h["epoch"] for h in res["history"]]  # each epoch once
         assert [a.path for a in client.list_artifacts(run.info.run_id, "result")] == [
-            f"result/{trial_name(c, s)}.json"]
-        info = read_json(lay.trial_dir(c, s) / "trial.json")
+            f"result/{TrialId(c, s).name}.json"]
+        info = read_json(lay.trial_dir(TrialId(c, s)) / "trial.json")
         assert info["mlflow_run_id"] == run.info.run_id and info["mlflow_pending"] is False
         assert "mlflow_pending_reason" not in info
-    assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', c1, s1)}'")[
+    assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c1, s1))}'")[
         0].info.run_id == early
     # nothing left: a second pass logs nothing and duplicates nothing
     assert backfill_results(lay, runs) == {"logged": 0, "pending": 0}
     assert len(client.get_metric_history(early, "epoch")) == len(
-        read_json(lay.result_path(c1, s1))["history"])
+        read_json(lay.result_path(TrialId(c1, s1)))["history"])
 
 
 def _report_state(ckpt: Path) -> dict:
@@ -589,14 +615,14 @@ def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
 
     c, s = DEAD_TRIALS[0]
     ref = dead_server_trials["trials"][(c, s)]["fake"].reports  # uninterrupted, same config
-    ref_result = read_json(dead_server_trials["lay"].result_path(c, s))
+    ref_result = read_json(dead_server_trials["lay"].result_path(TrialId(c, s)))
     ctx = _trial_ctx(tmp_path / "runs", phase1)
     monkeypatch.setenv(FAULT_ENV, str(tmp_path / "markers"))
     fake = FakeTune(tmp_path / "tune")
     with pytest.raises(RuntimeError, match="injected fault after epoch 0"):
         run_trial_here(ctx, c, s, fake)
     lay = ctx.layout
-    last = lay.trial_dir(c, s) / "ckpt" / "last.ckpt"
+    last = lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt"
     # last.ckpt holds the report callback's state after epoch 0, although it is written
     # before that callback's epoch-end hook runs
     assert _report_state(last) == {"best": pytest.approx(
@@ -604,11 +630,11 @@ def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
     run_trial_here(ctx, c, s, fake)  # the retry, handed Tune's latest checkpoint
     assert _report_state(last)["final"] is True
     tries = [json.loads(line) for line in
-             (lay.trial_dir(c, s) / "attempts.jsonl").read_text().splitlines()]
+             (lay.trial_dir(TrialId(c, s)) / "attempts.jsonl").read_text().splitlines()]
     assert len(tries) == 2 and tries[0]["resume_from"] is None
-    assert tries[1]["resume_from"] == str(lay.trial_dir(c, s) / "ckpt" / "last.ckpt")
+    assert tries[1]["resume_from"] == str(lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt")
     assert tries[1]["resume_epoch"] == 0 and tries[1]["tune_checkpoint_epoch"] == 0
-    got = read_json(lay.result_path(c, s))
+    got = read_json(lay.result_path(TrialId(c, s)))
     for key in ("test", "val", "best_epoch", "history"):
         assert got[key] == ref_result[key], key
 
@@ -696,3 +722,108 @@ def test_a_pipeline_recorded_before_new_config_fields_still_continues(tmp_path):
     assert _plan(tmp_path).resumed  # same configuration: it continues, nothing "differs"
     with pytest.raises(PipelineError, match="max_epochs differ"):
         _plan(tmp_path, overrides={"max_epochs": 5})
+
+
+# -- variants: identity, records, status, a variant trial ----------------------------------
+
+
+def test_a_pipeline_recorded_before_variants_resumes_with_its_trials_named_as_before(tmp_path):
+    plan = _plan(tmp_path)
+    stages.write_meta(plan, status="finished")
+    meta = json.loads(plan.layout.pipeline_json.read_text())
+    assert set(meta["grid"]) == {"conditions", "seeds"}  # a default grid is recorded as before
+    del meta["space"]["variants"]  # what a pipeline.json of the previous version holds
+    plan.layout.pipeline_json.write_text(json.dumps(meta))
+    resumed = planning.plan_resume(root=tmp_path / "runs", name="p")
+    assert resumed.space == plan.space and not resumed.space.has_variants
+    assert [t.name for t in resumed.space.trials] == [
+        "learned_full-s42", "consolidator_only-s42", "learned_full-s43", "consolidator_only-s43"]
+    assert _plan(tmp_path).resumed  # `start` with the same configuration continues it
+    assert [r["trial"] for r in trial_rows(plan.layout)] == [t.name for t in plan.space.trials]
+
+
+def test_variants_are_part_of_a_pipelines_identity_and_refused_bad_in_its_record(tmp_path):
+    plan = _plan(tmp_path, grid="segments", variants="T2-full", seeds="42")
+    stages.write_meta(plan, status="finished")
+    grid = json.loads(plan.layout.pipeline_json.read_text())["grid"]
+    assert grid == {"conditions": ["consolidator_only"], "seeds": [42],
+                    "variants": {"T2-full": {"ltm_graph": "full", "segments": 2}}}
+    assert _plan(tmp_path, grid="segments", variants="T2-full", seeds="42").resumed
+    with pytest.raises(PipelineError, match=r"\(grid differ\)"):
+        _plan(tmp_path, grid="segments", variants="T2-full,T4-full", seeds="42")
+    meta = json.loads(plan.layout.pipeline_json.read_text())
+    meta["space"]["variants"][0]["overrides"]["phase1_lr"] = 0.1
+    plan.layout.pipeline_json.write_text(json.dumps(meta))
+    with pytest.raises(PipelineError, match="'space' record is not valid .*phase1_lr"):
+        planning.plan_resume(root=tmp_path / "runs", name="p")
+
+
+def test_status_shows_the_variant_of_each_trial(tmp_path):
+    plan = _plan(tmp_path, grid="segments", variants="T2-full,T4-truncated", seeds="42")
+    lay = plan.layout
+    stages.write_meta(plan, status="running", driver={"pid": 2 ** 22 + 12345,
+                                                       "host": socket.gethostname()})
+    done = TrialId("consolidator_only", 42, "T4-truncated")
+    write_json(lay.result_path(done), {**done.to_config(), "val": {"updated_ltm": 33.0},
+                                       "test": {"updated_ltm": 30.5}})
+    running = TrialId("consolidator_only", 42, "T2-full")
+    state = {"trial_data": [[json.dumps({"config": running.to_config(), "status": "ERROR"}),
+                             json.dumps({"num_failures": 3, "last_result": {}})]]}
+    write_json(lay.experiment_dir / "experiment_state-2026.json", state)
+    write_json(lay.trial_dir(running) / "trial.json", {"state": "ERROR", "error": "boom"})
+    rows = {r["trial"]: r for r in trial_rows(lay)}
+    assert list(rows) == ["consolidator_only-T2-full-s42", "consolidator_only-T4-truncated-s42"]
+    assert rows[done.name]["state"] == "FINISHED" and rows[done.name]["variant"] == "T4-truncated"
+    assert rows[done.name]["test updated_ltm"] == 30.5
+    assert rows[running.name]["state"] == "ERROR" and rows[running.name]["failures"] == 3
+    text = status_text(lay)
+    header = text.split("\n\n")[1].splitlines()[0].split()
+    assert header[:3] == ["condition", "variant", "seed"]
+    assert "consolidator_only-T2-full-s42: boom" in text
+    # a grid without variants keeps its table as it was
+    plain = _plan(tmp_path, name="q")
+    stages.write_meta(plain, status="finished")
+    table = status_text(plain.layout).split("\n\n")[1]
+    assert table.splitlines()[0].split()[:3] == ["condition", "seed", "state"]
+    assert len(table.splitlines()) == 2 + 4 and "default" not in table
+
+
+def test_a_variant_trial_trains_its_variants_configuration_and_records_the_variant(
+        tmp_path, phase1):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = Tracker(uri).experiment("pmnet/t")
+    overrides = {"segments": 3, "ltm_graph": "truncated"}
+    ctx = _trial_ctx(tmp_path / "runs", phase1, tracking_uri=uri, experiment_id=exp,
+                     variants={"": {}, "T3-truncated": overrides})
+    trial = TrialId("consolidator_only", 42, "T3-truncated")
+    fake = FakeTune(tmp_path / "tune")
+    run_trial_here(ctx, trial.condition, trial.seed, fake, variant=trial.variant)
+    lay = ctx.layout
+    path = lay.results_dir / "consolidator_only-T3-truncated-s42.json"
+    assert path == lay.result_path(trial)
+    res = read_json(path)
+    assert res["variant"] == "T3-truncated" and res["variant_overrides"] == overrides
+    assert res["config"]["segments"] == 3 and res["config"]["ltm_graph"] == "truncated"
+    assert {"final_ltm_seg1", "final_ltm_seg2", "seg3_stm"} <= set(res["test"])  # T = 3 ran
+    info = read_json(lay.trial_dir(trial) / "trial.json")
+    assert info["state"] == "FINISHED" and info["variant"] == "T3-truncated"
+    assert info["variant_overrides"] == overrides and not info["mlflow_pending"]
+    assert all(r["metrics"]["variant"] == "T3-truncated" for r in fake.reports)
+    meta = json.loads((Path(fake.latest.path) / "meta.json").read_text())
+    assert meta["variant"] == "T3-truncated"
+    run = MlflowClient(uri).search_runs(
+        [exp], "tags.trial_key = 't/consolidator_only-T3-truncated-s42'")[0]
+    assert run.info.run_name == trial.name and run.data.tags["variant"] == "T3-truncated"
+    params = run.data.params
+    assert params["variant"] == "T3-truncated" and params["variant.segments"] == "3"
+    assert params["segments"] == "3" and params["ltm_graph"] == "truncated"
+    # a default trial of the same pipeline: result and params exactly as before variants
+    run_trial_here(ctx, "consolidator_only", 42, FakeTune(tmp_path / "tune2"))
+    plain = read_json(lay.results_dir / "consolidator_only-s42.json")
+    assert "variant" not in plain and "variant_overrides" not in plain
+    assert plain["config"]["segments"] == 2
+    run = MlflowClient(uri).search_runs(
+        [exp], "tags.trial_key = 't/consolidator_only-s42'")[0]
+    assert "variant" not in run.data.tags and "variant" not in run.data.params

@@ -10,6 +10,7 @@ import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -708,10 +709,151 @@ def test_training_curves_keep_phase1_checkpoints_apart(tmp_path):
             "condition": "consolidator_only", "seed": 42, "phase1_seed": k, "history": history,
             "test": {"updated_ltm": 40.0}}))
     curves = stats.load_histories(results)
-    assert list(curves.columns[:4]) == ["phase", "condition", "seed", "phase1_seed"]
+    assert list(curves.columns[:5]) == ["phase", "condition", "variant", "seed", "phase1_seed"]
     assert "phase1_seed" not in stats.load_histories(FIXTURES).columns
     fig = report.figure_training_curves(curves)[0]
     lines = fig.figure.axes[0].get_lines()
     assert len(lines) == 2  # one per checkpoint, not one zig-zag through both
     assert [list(line.get_ydata()) for line in lines] == [[30.0, 31.0, 32.0],
                                                           [40.0, 41.0, 42.0]]
+
+
+# ------------------------------------------------------------------------------------------
+# variants: the segments tables and figure; existing reports unchanged
+# ------------------------------------------------------------------------------------------
+
+ISSUE9 = Path(__file__).resolve().parent.parent / "experiments" / "results" / "issue9" / \
+    "pipeline-cpu-20261122"
+
+
+def test_the_committed_issue9_report_is_rebuilt_unchanged(tmp_path):
+    """A run without variants gets exactly the report it got before variants existed: the
+    committed cpu pipeline's report.md and data files, rebuilt from its results."""
+    run = tmp_path / "run"
+    shutil.copytree(ISSUE9 / "results", run / "results")
+    for name in ("pipeline.json", "timing.json"):
+        shutil.copy(ISSUE9 / name, run / name)
+    paths = report.main_report(run)
+    assert paths["markdown"].read_text() == (ISSUE9 / "report.md").read_text()
+    for name in ("summary.csv", "comparisons.csv"):
+        assert paths[name].read_text() == (ISSUE9 / "data" / name).read_text(), name
+    # the tidy table only gains the (empty) variant column
+    got = pd.read_csv(paths["trials.csv"])
+    assert got["variant"].isna().all()
+    pd.testing.assert_frame_equal(got.drop(columns="variant"),
+                                  pd.read_csv(ISSUE9 / "data" / "trials.csv"))
+    assert not [p for p in paths if "segment" in p]
+
+
+@pytest.fixture(scope="module")
+def segments_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    from tests.test_stats import write_segment_results
+    from tune_spaces import segments
+
+    run = tmp_path_factory.mktemp("segments")
+    write_segment_results(run / "results", skip={("T8-truncated", 46)})
+    from pmnet.train import TrainConfig
+
+    space = segments(TrainConfig.from_name("cpu"))
+    meta = {"preset": "cpu", "status": "finished", "space": space.to_dict(),
+            "grid": {"conditions": ["consolidator_only"], "seeds": list(space.seeds),
+                     "variants": {v.name: v.as_dict() for v in space.variants}}}
+    (run / "pipeline.json").write_text(json.dumps(meta))
+    return run, report.main_report(run)
+
+
+def test_segments_table_is_recall_against_t_by_gradient_mode(segments_run):
+    from tests.test_stats import SEGMENT_SEEDS, segment_value
+
+    run, paths = segments_run
+    md = paths["tab-segments.md"].read_text()
+    rows = _md_rows(md)
+    assert rows[0] == ["T", "Gradient", "Updated LTM", "Segment 1", "Segment T−1",
+                       "Forced identity", "Fresh", "Seeds"]
+    body = {(r[0], r[1]): r for r in rows[2:]}
+    assert list(body) == [(str(t), g) for t in (2, 4, 8) for g in ("full", "truncated")]
+
+    def cell(t, graph, metric, seeds=SEGMENT_SEEDS):
+        v = np.array([segment_value(t, graph, s, metric) for s in seeds])
+        text = f"{v.mean():.2f} ± {v.std(ddof=1):.2f}"
+        return text + (f" [n={len(seeds)}]" if len(seeds) < len(SEGMENT_SEEDS) else "")
+
+    assert body[("4", "full")][2:] == [
+        cell(4, "full", "updated_ltm"), cell(4, "full", "final_ltm_seg1"),
+        cell(4, "full", "final_ltm_seg3"), cell(4, "full", "forced_identity"),
+        cell(4, "full", "fresh_ltm"), "5"]
+    assert body[("8", "truncated")][2] == cell(8, "truncated", "updated_ltm", (42, 43, 44, 45))
+    assert body[("8", "truncated")][4] == cell(8, "truncated", "final_ltm_seg7",
+                                               (42, 43, 44, 45))
+    assert body[("2", "full")][3:5] == ["", ""]  # T = 2: not computed / segment 1 again
+    assert "consolidator_only-T8-truncated: no result for seed 46" in md
+    # the paired comparisons: full - truncated at each T, Holm over the three
+    cmp_rows = _md_rows(paths["tab-segment-comparisons.md"].read_text())[2:]
+    assert [r[0] for r in cmp_rows] == [f"T = {t}: full - truncated" for t in (2, 4, 8)]
+    assert [r[1] for r in cmp_rows] == ["5", "5", "4"]
+    data = pd.read_csv(paths["segment_comparisons.csv"])
+    assert list(data["segments"]) == [2, 4, 8] and (data["holm_m"] == 3).all()
+    assert "Holm p adjusts over the 3 values of T" in paths["tab-segment-comparisons.md"
+                                                           ].read_text()
+    tex = paths["tab-segments.tex"].read_text()
+    assert r"\label{tab:segments}" in tex and tex.count(r"\midrule") == 1 + 2  # T groups
+
+
+def test_a_report_of_variants_only_leaves_the_papers_tables_out(segments_run):
+    run, paths = segments_run
+    text = paths["html"].read_text(encoding="utf-8")
+    doc = parse_html(text)
+    assert {t for t in doc.tables if t.startswith("tab:")} == {"tab:segments",
+                                                               "tab:segment-comparisons"}
+    assert "fig-segments" in doc.figures and "fig-training-phase2" in doc.figures
+    assert "the paper&#x27;s tables and comparisons read only the 0 trial(s) of the default "\
+        "variant, and there are none" in text
+    what = text[text.index('id="what-ran"'):text.index('id="tables"')]
+    assert "1 conditions x 6 variants x 5 seeds = 30 trials" in what
+    assert "T4-truncated (ltm_graph=truncated, segments=4)" in what
+    missing = text[text.index('id="missing-results"'):]
+    assert "no result: consolidator_only-T8-truncated seed 46" in missing
+    assert "unpaired seeds in &#x27;T = 8: full - truncated: updated_ltm&#x27;" in missing
+    assert "no result: consolidator_only seeds" not in missing  # no default variant expected
+    summary = pd.read_csv(paths["summary.csv"])
+    assert "consolidator_only-T4-full" in set(summary["condition"])
+    assert not (run / "report" / "data" / "comparisons.csv").exists()
+
+
+def test_paper_tables_read_the_default_variant_when_variants_are_mixed_in(tmp_path,
+                                                                          fixture_df):
+    from tests.test_stats import write_segment_results
+
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURES, results)
+    write_segment_results(results, seeds=(42, 43))
+    mixed = stats.load_results(results)
+    alone = {t.id: t.to_markdown() for t in report.build_tables(fixture_df)}
+    paths = report.build_report(mixed, tmp_path / "rep", meta={}, paper=None)
+    doc = parse_html(paths["html"].read_text(encoding="utf-8"))
+    assert set(ALL_TABLES) | {"tab:segments", "tab:segment-comparisons"} <= set(doc.tables)
+    for table_id, md in alone.items():  # the variants change none of the paper's tables
+        stem = table_id.replace(":", "-")
+        assert paths[f"{stem}.md"].read_text() == md, table_id
+    assert "fig-segments" in doc.figures
+    # without a grid in meta, the arms that ran are the expected ones (no cross product)
+    md = paths["markdown"].read_text()
+    missing = md[md.index("## Missing results"):]
+    assert "no result: identity_full" in missing  # the paper's conditions, as before
+    assert "learned_full-T" not in missing  # no condition x variant cross product
+    assert "no result: consolidator_only-T2-full seed 44" in missing  # seeds seen elsewhere
+
+
+def test_segments_figure_has_a_line_per_mode_and_skips_without_segment_variants(
+        tmp_path, fixture_df):
+    from tests.test_stats import write_segment_results
+
+    df = stats.load_results(write_segment_results(tmp_path, ts=(2, 4)))
+    fig = report.figure_segments(df)
+    assert fig.figure is not None and fig.skipped is None
+    (a, b) = fig.figure.axes[:2]
+    assert [t.get_text() for t in a.get_legend().get_texts()] == ["full", "truncated"]
+    lines = [ln for ln in a.get_lines() if ln.get_linestyle() == "-"]
+    assert len(lines) == 2 and all(len(ln.get_xdata()) == 2 for ln in lines)
+    assert any("T = 2" in n for n in fig.notes)
+    assert report.figure_segments(fixture_df).skipped == "no variant sets segments and ltm_graph"

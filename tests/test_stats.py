@@ -659,3 +659,150 @@ def test_compare_operators_pairs_each_operator_with_the_consolidator():
     # the paper's family ignores the operator trials entirely
     without = df[~df["condition"].str.startswith("operator_")]
     pd.testing.assert_frame_equal(stats.compare_all(df), stats.compare_all(without))
+
+
+# ------------------------------------------------------------------------------------------
+# variants (named Phase-2 overrides) and the segments grid
+# ------------------------------------------------------------------------------------------
+
+SEGMENT_TS = (2, 4, 8)
+SEGMENT_SEEDS = (42, 43, 44, 45, 46)
+
+
+def segment_value(t: int, graph: str, seed: int, metric: str) -> float:
+    """A deterministic synthetic recall: falls with T, lower for truncated, seed-dependent."""
+    base = {"updated_ltm": 60.0 - 5 * t - (8.0 if graph == "truncated" else 0.0),
+            "forced_identity": 20.0, "fresh_ltm": 10.0}.get(metric, 15.0)
+    return base + ((seed * (7 + len(graph)) + t * 3 + len(metric)) % 7) - 3.0
+
+
+def write_segment_results(directory: Path, *, seeds=SEGMENT_SEEDS, ts=SEGMENT_TS,
+                          graphs=("full", "truncated"), skip=()) -> Path:
+    """Result files of the segments grid as trials write them (variant, variant_overrides,
+    config), T > 2 with the per-position metrics; `skip`: (variant, seed) left out."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for t in ts:
+        for graph in graphs:
+            variant = f"T{t}-{graph}"
+            for seed in seeds:
+                if (variant, seed) in skip:
+                    continue
+                test = {m: segment_value(t, graph, seed, m)
+                        for m in ("updated_ltm", "forced_identity", "fresh_ltm", "seg2_stm",
+                                  "mean_stm", "mismatched_ltm")}
+                if t > 2:
+                    test.update({f"final_ltm_seg{k}": segment_value(t, graph, seed,
+                                                                    f"final_ltm_seg{k}")
+                                 for k in range(1, t)})
+                overrides = {"ltm_graph": graph, "segments": t}
+                obj = {"condition": "consolidator_only", "seed": seed, "variant": variant,
+                       "variant_overrides": overrides, "preset": "cpu",
+                       "phase1_sha256": "a" * 64, "select": "updated_ltm", "test": test,
+                       "val": {"updated_ltm": test["updated_ltm"]}, "best_epoch": 1,
+                       "trainable_params": 3104, "total_params": 300_000,
+                       "trainable_fraction": 0.01, "train_time_s": 5.0 * t,
+                       "config": {"segments": 2, "ltm_graph": "full", "lr": 0.001,
+                                  **overrides},
+                       "history": [{"epoch": 0, "val/updated_ltm": test["updated_ltm"]}]}
+                (directory / f"consolidator_only-{variant}-s{seed}.json").write_text(
+                    json.dumps(obj))
+    return directory
+
+
+def test_tables_without_variants_have_an_empty_variant_column():
+    df = stats.load_results(FIXTURES)
+    assert list(df.columns[:3]) == ["condition", "seed", "variant"]
+    assert (df["variant"] == "").all() and not stats.has_variant_results(df)
+    assert df.attrs["variant_fields"] == []
+    pd.testing.assert_frame_equal(stats.by_arm(df), df)
+    pd.testing.assert_frame_equal(stats.default_variant(df), df)
+    assert stats.segment_arms(df) == [] and stats.compare_segments(df).empty
+    assert "variant" not in stats.metric_columns(df)
+
+
+def test_load_results_with_variants(tmp_path):
+    write_segment_results(tmp_path, seeds=(42, 43), ts=(2, 4))
+    plain = {"condition": "consolidator_only", "seed": 42, "test": {"updated_ltm": 50.0},
+             "config": {"segments": 2, "ltm_graph": "full"}}
+    (tmp_path / "consolidator_only-s42.json").write_text(json.dumps(plain))
+    df = stats.load_results(tmp_path)
+    assert len(df) == 9 and stats.has_variant_results(df)
+    assert df.attrs["variant_fields"] == ["ltm_graph", "segments"]
+    cols = list(df.columns)
+    assert cols.index("source_file") < cols.index("ltm_graph") < cols.index("updated_ltm")
+    rows = df.set_index(["variant", "seed"])
+    assert rows.loc[("T4-truncated", 43), "segments"] == 4
+    assert rows.loc[("T4-truncated", 43), "ltm_graph"] == "truncated"
+    # the default trial's values of the overridden fields come from its own config
+    assert rows.loc[("", 42), "segments"] == 2 and rows.loc[("", 42), "ltm_graph"] == "full"
+    assert pd.api.types.is_numeric_dtype(df["segments"]) and df["ltm_graph"].dtype == object
+    assert math.isnan(rows.loc[("T2-full", 42), "final_ltm_seg1"])  # T = 2: not computed
+    assert rows.loc[("T4-full", 42), "final_ltm_seg3"] == segment_value(4, "full", 42,
+                                                                         "final_ltm_seg3")
+    # the variant fields are not metrics; each arm is summarised on its own
+    assert not {"segments", "ltm_graph", "variant"} & set(stats.metric_columns(df))
+    summary = stats.summarize(stats.by_arm(df), ["updated_ltm"])
+    assert list(summary["condition"]) == [
+        "consolidator_only", "consolidator_only-T2-full", "consolidator_only-T2-truncated",
+        "consolidator_only-T4-full", "consolidator_only-T4-truncated"]
+    assert list(summary["n"]) == [1, 2, 2, 2, 2]
+    assert list(stats.default_variant(df)["seed"]) == [42]
+    tidy = stats.write_tidy(df, tmp_path / "out")
+    assert list(pd.read_parquet(tidy["parquet"]).columns) == cols
+
+
+@pytest.mark.parametrize("obj, message", [
+    ({"condition": "a", "seed": 1, "variant": "T4-s3"}, "would read as a seed"),
+    ({"condition": "a", "seed": 1, "variant": "4T"}, "invalid variant name"),
+    ({"condition": "a-b", "seed": 1}, "condition"),
+    ({"condition": "a", "seed": 1, "variant": "v", "variant_overrides": [1]},
+     "variant_overrides"),
+])
+def test_load_results_refuses_bad_variants_naming_the_file(tmp_path, obj, message):
+    path = _write(tmp_path, "bad.json", json.dumps(obj))
+    with pytest.raises(ValueError, match=message) as info:
+        stats.load_results(tmp_path)
+    assert str(path) in str(info.value)
+
+
+def test_the_same_trial_twice_is_a_duplicate_but_not_across_variants(tmp_path):
+    for name, variant in (("one", "T4-full"), ("two", "T4-truncated"), ("three", "")):
+        _write(tmp_path, f"{name}.json", json.dumps({"condition": "a", "seed": 1,
+                                                     "variant": variant}))
+    assert len(stats.load_results(tmp_path)) == 3
+    _write(tmp_path, "four.json", json.dumps({"condition": "a", "seed": 1,
+                                              "variant": "T4-full"}))
+    with pytest.raises(ValueError, match="duplicate result for condition 'a' variant "
+                                         "'T4-full' seed 1"):
+        stats.load_results(tmp_path)
+
+
+def test_segment_arms_and_full_minus_truncated_paired_by_seed(tmp_path):
+    df = stats.load_results(write_segment_results(tmp_path,
+                                                  skip={("T8-truncated", 46)}))
+    arms = stats.segment_arms(df)
+    assert [(a.segments, a.ltm_graph) for a in arms] == [
+        (2, "full"), (2, "truncated"), (4, "full"), (4, "truncated"), (8, "full"),
+        (8, "truncated")]
+    assert arms[3].arm == "consolidator_only-T4-truncated"
+    out = stats.compare_segments(df)
+    assert list(out["label"]) == [f"T = {t}: full - truncated: updated_ltm"
+                                  for t in SEGMENT_TS]
+    assert list(out["segments"]) == list(SEGMENT_TS)
+    for row in out.to_dict("records"):  # by hand: the seed-wise differences
+        t = row["segments"]
+        seeds = [s for s in SEGMENT_SEEDS if not (t == 8 and s == 46)]
+        diffs = [segment_value(t, "full", s, "updated_ltm")
+                 - segment_value(t, "truncated", s, "updated_ltm") for s in seeds]
+        assert row["n"] == len(seeds) and row["mean_diff"] == pytest.approx(np.mean(diffs))
+        assert row["sd_diff"] == pytest.approx(np.std(diffs, ddof=1))
+        assert row["p"] == pytest.approx(sps.ttest_rel(
+            [segment_value(t, "full", s, "updated_ltm") for s in seeds],
+            [segment_value(t, "truncated", s, "updated_ltm") for s in seeds]).pvalue)
+    assert out["p_holm"].tolist() == pytest.approx(
+        multipletests(out["p"], method="holm")[1].tolist())
+    assert (out["holm_m"] == 3).all()
+    assert "seed 46 missing in consolidator_only-T8-truncated" in out["note"].iloc[2]
+    # a T with only one mode has nothing to pair
+    only_full = stats.load_results(write_segment_results(tmp_path / "f", graphs=("full",)))
+    assert len(stats.segment_arms(only_full)) == 3 and stats.compare_segments(only_full).empty

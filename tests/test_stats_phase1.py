@@ -106,7 +106,7 @@ def test_load_results_phase1_duplicates_and_bad_values(tmp_path):
         stats.load_results(tmp_path)
     (tmp_path / "copy.json").unlink()
     _trial(tmp_path, ON, 43, "x")
-    with pytest.raises(ValueError, match="'phase1_seed' must be an integer"):
+    with pytest.raises(ValueError, match="phase1_seed'? must be an integer"):
         stats.load_results(tmp_path)
 
 

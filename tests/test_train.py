@@ -1,6 +1,7 @@
 """Training: every phase and condition runs (fast_dev_run-sized), freezing is real, a killed
 run resumes to the same result, and bad input fails before training starts."""
 
+import dataclasses
 import errno
 import functools
 import json
@@ -19,6 +20,7 @@ from pmnet.config import ModelConfig
 from pmnet.io import atomic_link
 from pmnet.train import (
     CONDITIONS,
+    RESULT_KEYS,
     AtomicCheckpointIO,
     Phase0Module,
     Phase1Module,
@@ -62,6 +64,7 @@ def test_every_condition_trains_and_writes_a_result(phase1, condition, tmp_path)
     res = run_phase2(cfg, condition=condition, seed=42, phase1_ckpt=p1["checkpoint"],
                      out_dir=tmp_path, progress=False)
     on_disk = json.loads((tmp_path / "result.json").read_text())
+    assert set(on_disk) == RESULT_KEYS  # no record given: exactly the result's own keys
     assert on_disk["condition"] == condition and on_disk["seed"] == 42
     assert on_disk["phase1_sha256"] == p1["sha256"]
     for k in ("updated_ltm", "forced_identity", "fresh_ltm", "mismatched_ltm", "seg2_stm",
@@ -75,6 +78,21 @@ def test_every_condition_trains_and_writes_a_result(phase1, condition, tmp_path)
                if not torch.equal(a, b)}
     assert changed <= subset  # frozen parameters are bitwise unchanged
     assert changed  # and something did train
+
+
+def test_phase2_writes_a_callers_record_but_never_over_a_result_key(phase1, tmp_path):
+    cfg, p1 = phase1
+    with pytest.raises(ValueError, match=r"may not replace result key\(s\) \['seed'\]"):
+        run_phase2(cfg, condition="consolidator_only", seed=42, phase1_ckpt=p1["checkpoint"],
+                   out_dir=tmp_path / "refused", progress=False, record={"seed": 7})
+    assert not (tmp_path / "refused").exists()  # refused before any work
+    record = {"variant": "T3-full", "variant_overrides": {"segments": 3}}
+    res = run_phase2(dataclasses.replace(cfg, segments=3), condition="consolidator_only",
+                     seed=42, phase1_ckpt=p1["checkpoint"], out_dir=tmp_path, progress=False,
+                     record=record)
+    on_disk = json.loads((tmp_path / "result.json").read_text())
+    assert set(on_disk) == RESULT_KEYS | set(record) and on_disk == res
+    assert on_disk["variant_overrides"] == {"segments": 3} and on_disk["config"]["segments"] == 3
 
 
 def test_killed_run_resumes_to_the_same_result(phase1, tmp_path):

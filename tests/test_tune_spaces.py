@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pmnet.train import CONDITIONS, TrainConfig
+from pmnet.trial_id import TrialId
 from tune_spaces import (
     PAPER_CONDITIONS,
     PAPER_SEEDS,
     SPACES,
     Space,
     SpaceError,
+    Variant,
     default,
     get_space,
     paper,
@@ -44,8 +48,9 @@ def test_tiny_grid_derives_from_default():
     assert sp.name == "tiny" and sp.n_trials == 4
     assert sp.seeds == tuple(cfg.seeds)[:2]
     assert sp.cpus_per_trial == default(cfg).cpus_per_trial
-    assert sp.trials == [("learned_full", 42), ("consolidator_only", 42),
-                         ("learned_full", 43), ("consolidator_only", 43)]
+    assert sp.trials == [TrialId("learned_full", 42), TrialId("consolidator_only", 42),
+                         TrialId("learned_full", 43), TrialId("consolidator_only", 43)]
+    assert [t.name for t in sp.trials][:2] == ["learned_full-s42", "consolidator_only-s42"]
 
 
 def test_registry_and_derive():
@@ -63,7 +68,8 @@ def test_param_space_is_a_full_grid():
 
     sp = tiny(TrainConfig.from_name("debug"))
     variants = [cfg for _, cfg in generate_variants(sp.param_space())]
-    assert [(v["condition"], v["seed"]) for v in variants] == sp.trials
+    assert [TrialId.from_config(v) for v in variants] == sp.trials
+    assert set(sp.param_space()) == {"condition", "seed"}  # no variant key: configs as before
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -116,3 +122,129 @@ def test_the_pipeline_accepts_the_operators_grid():
     assert sp.name == "operators" and "operator_gru" in sp.conditions
     assert build_space(TrainConfig.from_name("debug"), grid="operators",
                        conditions="operator_ema").conditions == ("operator_ema",)
+
+
+# -- variants ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["debug", "cpu", "paper"])
+def test_segments_grid_is_the_consolidator_by_t_and_gradient_mode_by_the_presets_seeds(preset):
+    from pmnet.conditions import ALL_CONDITIONS
+    from tune_spaces import SEGMENT_COUNTS, SEGMENT_GRAPHS, segment_variants, segments
+
+    cfg = TrainConfig.from_name(preset)
+    sp = get_space("segments")(cfg)
+    assert get_space("segments") is segments and sp.name == "segments"
+    assert (SEGMENT_COUNTS, SEGMENT_GRAPHS) == ((2, 4, 8), ("full", "truncated"))
+    assert sp.conditions == ("consolidator_only",) and sp.seeds == tuple(cfg.seeds)
+    assert sp.variant_names == ["T2-full", "T2-truncated", "T4-full", "T4-truncated",
+                                "T8-full", "T8-truncated"]
+    assert sp.variant("T4-truncated").as_dict() == {"segments": 4, "ltm_graph": "truncated"}
+    assert sp.variants == segment_variants()
+    assert sp.n_trials == 6 * len(cfg.seeds) == len(set(sp.trials))
+    assert sp.resources() == default(cfg).resources()
+    sp.validate(ALL_CONDITIONS, cfg)
+    for v in sp.variants:  # each variant's TrainConfig: the preset's with T and the mode
+        got = v.apply(cfg)
+        assert (got.segments, got.ltm_graph) == (v.as_dict()["segments"],
+                                                 v.as_dict()["ltm_graph"])
+        assert got.phase1_lr == cfg.phase1_lr and got.model == cfg.model
+    # derive another grid from the same constants
+    assert [v.name for v in segment_variants((3,), ("full",))] == ["T3-full"]
+    assert "linear" in segments.__doc__
+
+
+def test_variant_trials_and_their_tune_configs():
+    from ray.tune.search.variant_generator import generate_variants
+
+    from tune_spaces import segments
+
+    sp = segments(TrainConfig.from_name("debug"))
+    assert sp.trials[:3] == [TrialId("consolidator_only", 42, "T2-full"),
+                             TrialId("consolidator_only", 43, "T2-full"),
+                             TrialId("consolidator_only", 42, "T2-truncated")]
+    assert sp.trials[0].name == "consolidator_only-T2-full-s42"
+    got = [TrialId.from_config(c) for _, c in generate_variants(sp.param_space())]
+    assert got == sp.trials  # Tune expands the grid in the order `trials` says
+    narrowed = sp.only_variants(["T8-full", "T2-full"])
+    assert narrowed.variant_names == ["T2-full", "T8-full"] and narrowed.n_trials == 4
+    with pytest.raises(SpaceError, match=r"unknown variant\(s\) \['T3-full'\]; known "
+                                         r"variants: 'T2-full'"):
+        sp.only_variants(["T3-full"])
+    with pytest.raises(SpaceError, match="only the default variant"):
+        default(TrainConfig.from_name("debug")).only_variants(["x"])
+
+
+def test_spaces_round_trip_and_old_stored_spaces_have_the_default_variant():
+    from tune_spaces import segments
+
+    cfg = TrainConfig.from_name("debug")
+    for sp in (segments(cfg), tiny(cfg), default(cfg).derive(variants=Variant("lr_hi",
+                                                                            {"lr": 0.01}))):
+        d = sp.to_dict()
+        assert Space.from_dict(d) == sp
+        assert Space.from_dict(json.loads(json.dumps(d))) == sp  # as stored in pipeline.json
+    old = tiny(cfg).to_dict()
+    del old["variants"]  # pipeline.json written before variants existed
+    back = Space.from_dict(old)
+    assert back == tiny(cfg) and back.variants == (Variant(),) and not back.has_variants
+    assert [t.name for t in back.trials] == ["learned_full-s42", "consolidator_only-s42",
+                                             "learned_full-s43", "consolidator_only-s43"]
+    # overrides compare equal whatever order they were given in
+    assert Variant("v", {"segments": 4, "lr": 0.1}) == Variant("v", {"lr": 0.1, "segments": 4})
+    with pytest.raises(SpaceError, match="variant record"):
+        Space.from_dict({**old, "variants": [{"name": "v", "sets": {}}]})
+
+
+@pytest.mark.parametrize("variants, message", [
+    ((Variant("bad", {"phase1_lr": 0.1}),),
+     "variant 'bad' sets 'phase1_lr', which is not a Phase-2-only TrainConfig field"),
+    ((Variant("bad", {"model.hidden": 8}),), "sets 'model.hidden', which is not a Phase-2"),
+    ((Variant("bad", {"no_such_field": 1}),), "sets 'no_such_field', which is not a Phase-2"),
+    ((Variant("bad", {"seeds": 1}),), "sets 'seeds', which the grid itself decides"),
+    ((Variant("bad", {"segments": 9}),),
+     r"variant bad \(segments=9\) gives an invalid training configuration: "
+     r"TrainConfig.segments must be an integer in 2..8"),
+    ((Variant("bad", {"ltm_graph": "sideways"}),), "TrainConfig.ltm_graph must be one of"),
+    ((Variant("bad", {"lr": "fast"}),), "TrainConfig.lr must be a number"),
+    ((Variant("T2", {"lr": 0.1}), Variant("t2", {"lr": 0.2})), r"listed twice .*\['T2', 't2'\]"),
+    ((), "variant list is empty"),
+    (("T2",), r"variants must be Variant\(name, overrides\)"),
+])
+def test_bad_variants_fail_with_a_clear_message_before_any_compute(variants, message):
+    from pmnet.conditions import ALL_CONDITIONS
+
+    cfg = TrainConfig.from_name("debug")
+    sp = tiny(cfg).derive(variants=variants)
+    with pytest.raises(SpaceError, match=message):
+        sp.validate(ALL_CONDITIONS, cfg)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("T4-s3", {}), "would read as a seed"),
+    (("4T", {}), "starting with a letter"),
+    (("", {"lr": 0.1}), "the default variant .* cannot set fields"),
+    (("v", {"lr": [0.1]}), "lr must be a single JSON value"),
+    (("v", {"lr": float("nan")}), "lr must be a single JSON value"),
+    (("v", {1: 0.1}), "must be a string"),
+    (("v", 3), "overrides must be a mapping"),
+])
+def test_bad_variant_records_are_refused_when_built(args, message):
+    with pytest.raises(SpaceError, match=message):
+        Variant(*args)
+
+
+def test_the_pipeline_builds_the_segments_grid_and_refuses_set_fields_its_variants_set():
+    from pipelines.layout import PipelineError
+    from pipelines.plan import build_space
+
+    cfg = TrainConfig.from_name("debug")
+    sp = build_space(cfg, grid="segments", variants="T2-full,T8-truncated", seeds="42")
+    assert sp.variant_names == ["T2-full", "T8-truncated"] and sp.n_trials == 2
+    with pytest.raises(PipelineError, match="--set segments: grid 'segments' sets this field"):
+        build_space(cfg, grid="segments", overrides={"segments": 4})
+    # a --set that makes one variant's configuration invalid is refused before any compute
+    bad = TrainConfig.from_name("debug", detach_ltm=True)
+    with pytest.raises(SpaceError, match="variant T2-truncated .* cannot be combined"):
+        build_space(bad, grid="segments")
+    assert build_space(bad, grid="segments", variants="T2-full,T4-full").n_trials == 4

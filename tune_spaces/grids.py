@@ -1,12 +1,18 @@
-"""Experiment grids for Stage 2 of the pipeline: `condition x seed`, plus trial resources.
+"""Experiment grids for Stage 2 of the pipeline: `condition x variant x seed`, plus trial
+resources.
 
 A grid is a plain function `(cfg, *, gpu) -> Space`. The base function is `default` (the
-preset's own `cfg.conditions x cfg.seeds`); the others derive from it with `Space.derive`,
-the way torchtitan's experiment configs derive from a base. To add a grid, write a function
-here and register it in `SPACES`; `python -m pipelines.run start --grid NAME` picks it.
+preset's own `cfg.conditions x cfg.seeds`, one default variant); the others derive from it
+with `Space.derive`, the way torchtitan's experiment configs derive from a base. To add a
+grid, write a function here and register it in `SPACES`; `python -m pipelines.run start
+--grid NAME` picks it.
 
     def my_grid(cfg, *, gpu=False):
         return default(cfg, gpu=gpu).derive(name="my_grid", seeds=(42, 43, 44))
+
+A `Variant` is a named set of Phase-2 TrainConfig overrides; every trial of the grid runs
+once per variant, from the pipeline's one Phase-1 checkpoint (so a variant may set only
+Phase-2-only fields). Each trial is a `pmnet.trial_id.TrialId`.
 
 The library package (`pmnet`) knows nothing about these grids.
 """
@@ -15,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.layout import PHASE2_ONLY_FIELDS
 from pmnet.conditions import CONDITIONS, OPERATOR_CONDITIONS, OPERATOR_REFERENCE, PAPER_SEEDS
+from pmnet.trial_id import DEFAULT_VARIANT, TrialId, variant_name_problem
 
 # the paper's Phase-2 grid (Section 6.2, Table "Parameter-isolation conditions"; Appendix
 # "Hyperparameters": seeds 42..46)
@@ -27,22 +35,113 @@ PAPER_CONDITIONS: tuple[str, ...] = tuple(CONDITIONS)
 # beyond the paper (issue 11): the Consolidator-only arm and one condition per alternative
 # consolidation operator, all trained alone from the same Phase-1 checkpoint
 OPERATOR_GRID_CONDITIONS: tuple[str, ...] = (OPERATOR_REFERENCE, *OPERATOR_CONDITIONS)
+# beyond the paper (issue 11, memory episodes of T > 2 segments): the episode lengths and the
+# gradient modes across boundaries (`TrainConfig.segments`, `TrainConfig.ltm_graph`) of the
+# `segments` grid, in the Consolidator-only setting
+SEGMENT_COUNTS: tuple[int, ...] = (2, 4, 8)
+SEGMENT_GRAPHS: tuple[str, ...] = ("full", "truncated")
+SEGMENT_CONDITIONS: tuple[str, ...] = (OPERATOR_REFERENCE,)
+
+#: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
+#: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions and
+#: seeds, the trial's threads) and the preset's notes
+GRID_DECIDED_FIELDS: tuple[str, ...] = ("seeds", "conditions", "threads", "notes")
+VARIANT_FIELDS: tuple[str, ...] = tuple(f for f in PHASE2_ONLY_FIELDS
+                                        if f not in GRID_DECIDED_FIELDS)
 
 
 class SpaceError(ValueError):
     """A grid or its resources are invalid (raised before any trial starts)."""
 
 
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, str)) or (
+        isinstance(value, float) and math.isfinite(value))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named set of Phase-2 TrainConfig overrides: `Variant("T4-truncated", {"segments": 4,
+    "ltm_graph": "truncated"})`. The default variant `Variant()` (name "") has none: the
+    pipeline's own configuration, and trial names without a variant part.
+
+    `overrides` is given as a mapping and kept as sorted (field, value) pairs (hashable,
+    equal whatever the order it was given in); values are JSON scalars. Whether the fields
+    may be set and give a valid TrainConfig is checked by `Space.validate`, which names the
+    grid.
+    """
+
+    name: str = DEFAULT_VARIANT
+    overrides: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()  # stored as sorted pairs
+
+    def __post_init__(self):
+        problem = variant_name_problem(self.name)
+        if problem:
+            raise SpaceError(problem)
+        try:
+            items = (self.overrides.items() if isinstance(self.overrides, Mapping)
+                     else tuple(self.overrides))
+            pairs = tuple(sorted((k, v) for k, v in items))
+        except (TypeError, ValueError) as e:
+            raise SpaceError(f"variant {self.name!r}: overrides must be a mapping of "
+                             f"TrainConfig field -> value, got {self.overrides!r}") from e
+        for key, value in pairs:
+            if not isinstance(key, str):
+                raise SpaceError(f"variant {self.name!r}: a field name must be a string, "
+                                 f"got {key!r}")
+            if not _scalar(value):
+                raise SpaceError(f"variant {self.name!r}: {key} must be a single JSON value "
+                                 f"(number, string, boolean or null), got {value!r}")
+        if len({k for k, _ in pairs}) != len(pairs):
+            raise SpaceError(f"variant {self.name!r}: a field is set twice in {pairs}")
+        if self.name == DEFAULT_VARIANT and pairs:
+            raise SpaceError(f"the default variant (no name) cannot set fields, got "
+                             f"{dict(pairs)}; give the variant a name")
+        object.__setattr__(self, "overrides", pairs)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.overrides)
+
+    def describe(self) -> str:
+        """`T4-truncated (ltm_graph=truncated, segments=4)`, or `default` for Variant()."""
+        if not self.name:
+            return "default"
+        sets = ", ".join(f"{k}={v}" for k, v in self.overrides)
+        return f"{self.name} ({sets})" if sets else self.name
+
+    def apply(self, cfg):
+        """The trial's TrainConfig: the pipeline's `cfg` with this variant's overrides
+        (TrainConfig validates the result; ValueError if it is not valid)."""
+        return dataclasses.replace(cfg, **self.as_dict()) if self.overrides else cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "overrides": self.as_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Variant:
+        if not isinstance(d, Mapping) or set(d) - {"name", "overrides"}:
+            raise SpaceError(f"a variant record must be {{'name': ..., 'overrides': {{...}}}}, "
+                             f"got {d!r}")
+        return cls(d.get("name", DEFAULT_VARIANT), d.get("overrides") or {})
+
+
+DEFAULT_VARIANTS: tuple[Variant, ...] = (Variant(),)
+
+
 @dataclass(frozen=True)
 class Space:
     """One Stage-2 experiment: the grid and how each trial is scheduled.
 
-    conditions, seeds: the grid (every condition runs with every seed).
+    conditions, seeds, variants: the grid (every condition runs with every variant and every
+        seed); `variants` defaults to the one default variant (the pipeline's configuration).
     cpus_per_trial: CPUs reserved per trial actor (also its torch thread count).
     gpus_per_trial: a fraction of one GPU (0 on CPU machines; 0.25 lets four trials share one
         GPU). Each trial trains on one device, so values above 1 are refused.
     max_concurrent: cap on trials running at once (0: as many as the resources allow).
     max_failures: how often a crashed trial is retried from its last checkpoint.
+
+    A trial's Phase-1 checkpoint is the pipeline's one checkpoint: `TrialId.phase1_seed` is
+    reserved for a later grid over several Phase-1 checkpoints and not exposed here.
     """
 
     name: str
@@ -52,23 +151,54 @@ class Space:
     gpus_per_trial: float = 0.0
     max_concurrent: int = 0
     max_failures: int = 2
+    variants: tuple[Variant, ...] = field(default=DEFAULT_VARIANTS)
 
     def derive(self, **changes: Any) -> Space:
         """A copy with some fields changed (sequences become tuples)."""
-        for key in ("conditions", "seeds"):
+        for key in ("conditions", "seeds", "variants"):
             if key in changes and changes[key] is not None:
                 value = changes[key]
-                changes[key] = (value,) if isinstance(value, (str, int)) else tuple(value)
+                single = (str, int, Variant)
+                changes[key] = (value,) if isinstance(value, single) else tuple(value)
         return dataclasses.replace(self, **changes)
 
     @property
-    def trials(self) -> list[tuple[str, int]]:
-        """Every (condition, seed) pair, in the order Tune expands the grid."""
-        return [(c, s) for s in self.seeds for c in self.conditions]
+    def has_variants(self) -> bool:
+        """Whether the grid has more than the one default variant."""
+        return tuple(self.variants) != DEFAULT_VARIANTS
+
+    @property
+    def variant_names(self) -> list[str]:
+        return [v.name for v in self.variants]
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise SpaceError(f"grid {self.name!r} has no variant {name!r}; its variants: "
+                         f"{', '.join(self.variant_names) or '(none)'}")
+
+    def only_variants(self, names: Iterable[str]) -> Space:
+        """The grid narrowed to the named variants, in the grid's order (`--variants`)."""
+        names = list(names)
+        unknown = [n for n in names if n not in self.variant_names]
+        if unknown:
+            known = ", ".join(repr(n) for n in self.variant_names if n) or (
+                "none: this grid has only the default variant")
+            raise SpaceError(f"grid {self.name!r}: unknown variant(s) {unknown}; known "
+                             f"variants: {known}")
+        return self.derive(variants=[v for v in self.variants if v.name in names])
+
+    @property
+    def trials(self) -> list[TrialId]:
+        """Every trial, in the order Tune expands the grid (`param_space`; Tune takes the keys
+        in sorted order: the condition varies fastest, then the seed, then the variant)."""
+        return [TrialId(c, int(s), v.name) for v in self.variants for s in self.seeds
+                for c in self.conditions]
 
     @property
     def n_trials(self) -> int:
-        return len(self.conditions) * len(self.seeds)
+        return len(self.conditions) * len(self.seeds) * len(self.variants)
 
     def resources(self) -> dict[str, float]:
         res = {"cpu": float(self.cpus_per_trial)}
@@ -77,27 +207,45 @@ class Space:
         return res
 
     def param_space(self) -> dict:
-        """The Tune search space: a full grid over condition and seed."""
+        """The Tune search space: a full grid over condition (x variant) x seed; the keys are
+        `TrialId.to_config`'s (no variant key for a grid of the default variant only)."""
         from ray import tune
 
-        return {"condition": tune.grid_search(list(self.conditions)),
-                "seed": tune.grid_search([int(s) for s in self.seeds])}
+        space = {"condition": tune.grid_search(list(self.conditions))}
+        if self.has_variants:
+            space["variant"] = tune.grid_search(self.variant_names)
+        space["seed"] = tune.grid_search([int(s) for s in self.seeds])
+        return space
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["conditions"], d["seeds"] = list(self.conditions), list(self.seeds)
+        d["variants"] = [v.to_dict() for v in self.variants]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Space:
+        """Read back `to_dict` (a space stored before variants existed has one default
+        variant)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise SpaceError(f"unknown Space field(s): {', '.join(sorted(unknown))}")
-        return cls(**{**d, "conditions": tuple(d["conditions"]), "seeds": tuple(d["seeds"])})
+        variants = d.get("variants")
+        if variants is None:
+            variants = DEFAULT_VARIANTS
+        elif isinstance(variants, (list, tuple)):
+            variants = tuple(Variant.from_dict(v) for v in variants)
+        else:
+            raise SpaceError(f"Space.variants must be a list of variant records, got "
+                             f"{variants!r}")
+        return cls(**{**d, "conditions": tuple(d["conditions"]), "seeds": tuple(d["seeds"]),
+                      "variants": variants})
 
-    def validate(self, known_conditions: Iterable[str]) -> Space:
-        """Raise SpaceError naming the first problem; return self when the space is sound."""
+    def validate(self, known_conditions: Iterable[str], cfg=None) -> Space:
+        """Raise SpaceError naming the first problem; return self when the space is sound.
+        With `cfg` (the pipeline's TrainConfig), each variant's TrainConfig is built too, so a
+        variant that makes it invalid is refused before any compute."""
         known = list(known_conditions)
         if isinstance(self.conditions, str) or not self.conditions:
             raise SpaceError(f"grid {self.name!r}: the condition list is empty")
@@ -118,6 +266,7 @@ class Space:
         dup_s = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
         if dup_s:
             raise SpaceError(f"grid {self.name!r}: seed(s) listed twice: {dup_s}")
+        self._validate_variants(cfg)
         cpus = _number(self.cpus_per_trial, "cpus_per_trial", self.name)
         if cpus <= 0:
             raise SpaceError(f"grid {self.name!r}: cpus_per_trial must be > 0, got {cpus}")
@@ -132,6 +281,39 @@ class Space:
                 raise SpaceError(f"grid {self.name!r}: {field_name} must be a non-negative "
                                  f"integer, got {v!r}")
         return self
+
+    def _validate_variants(self, cfg) -> None:
+        grid = f"grid {self.name!r}"
+        if isinstance(self.variants, Variant) or not self.variants:
+            raise SpaceError(f"{grid}: the variant list is empty (a grid without variants has "
+                             "the one default variant, Variant())")
+        if not all(isinstance(v, Variant) for v in self.variants):
+            raise SpaceError(f"{grid}: variants must be Variant(name, overrides), got "
+                             f"{list(self.variants)!r}")
+        folded = [v.name.lower() for v in self.variants]  # trial directories: case-blind too
+        dup = sorted({v.name for v in self.variants if folded.count(v.name.lower()) > 1})
+        if dup:
+            raise SpaceError(f"{grid}: variant name(s) listed twice (letter case ignored, "
+                             f"they name directories): {dup}")
+        for v in self.variants:
+            for key, _ in v.overrides:
+                if key in GRID_DECIDED_FIELDS:
+                    raise SpaceError(
+                        f"{grid}: variant {v.name!r} sets {key!r}, which the grid itself "
+                        f"decides ({', '.join(GRID_DECIDED_FIELDS)}); a variant may set only: "
+                        f"{', '.join(VARIANT_FIELDS)}")
+                if key not in VARIANT_FIELDS:
+                    raise SpaceError(
+                        f"{grid}: variant {v.name!r} sets {key!r}, which is not a Phase-2-only "
+                        "TrainConfig field: every trial of a pipeline starts from its one "
+                        f"Phase-1 checkpoint, so a variant may set only: "
+                        f"{', '.join(VARIANT_FIELDS)}")
+            if cfg is not None:
+                try:
+                    v.apply(cfg)
+                except (TypeError, ValueError) as e:
+                    raise SpaceError(f"{grid}: variant {v.describe()} gives an invalid "
+                                     f"training configuration: {e}") from e
 
 
 def _number(value: Any, what: str, grid: str) -> float:
@@ -184,8 +366,30 @@ def operators(cfg, *, gpu: bool = False) -> Space:
     return default(cfg, gpu=gpu).derive(name="operators", conditions=OPERATOR_GRID_CONDITIONS)
 
 
+def segment_variants(counts: Iterable[int] = SEGMENT_COUNTS,
+                     graphs: Iterable[str] = SEGMENT_GRAPHS) -> tuple[Variant, ...]:
+    """One variant per (T, gradient mode): `T<T>-<mode>` sets `segments` and `ltm_graph`."""
+    graphs = tuple(graphs)
+    return tuple(Variant(f"T{t}-{g}", {"segments": int(t), "ltm_graph": g})
+                 for t in counts for g in graphs)
+
+
+def segments(cfg, *, gpu: bool = False) -> Space:
+    """Memory episodes of T segments (issue 11): `consolidator_only` x T in SEGMENT_COUNTS x
+    `ltm_graph` in SEGMENT_GRAPHS (the full graph across boundaries, the paper's setting, and
+    truncated BPTT) x the preset's seeds; variants `T2-full`, `T2-truncated`, `T4-full`, ...
+
+    Cost grows about linearly in T: every training and evaluation episode runs T segments,
+    so a trial of T segments costs about T/2 two-segment trials, and one seed of this grid
+    about 2 x (1 + 2 + 4) = 14 (the same budget per trial: `episodes_per_epoch`, `max_epochs`).
+    Narrow it with `--variants T2-full,T4-full` or `--seeds`."""
+    return default(cfg, gpu=gpu).derive(name="segments", conditions=SEGMENT_CONDITIONS,
+                                        variants=segment_variants())
+
+
 SPACES: dict[str, Callable[..., Space]] = {
     "default": default, "paper": paper, "tiny": tiny, "core": core, "operators": operators,
+    "segments": segments,
 }
 
 
