@@ -158,7 +158,8 @@ def _parse_list(value, kind=str) -> tuple | None:
 
 def build_space(cfg, *, grid: str = "default", gpu: bool = False, conditions=None,
                 seeds=None, variants=None, cpus_per_trial=None, gpus_per_trial=None,
-                max_concurrent=None, max_failures=None, overrides=None) -> Space:
+                max_concurrent=None, max_failures=None, overrides=None,
+                phase1_seeds=None) -> Space:
     """The grid function's Space with the command line's changes, validated (each variant's
     TrainConfig built from `cfg`). `variants` narrows the grid's variants by name;
     `overrides` (the `--set` fields) must not be fields that the grid's variants set."""
@@ -169,7 +170,8 @@ def build_space(cfg, *, grid: str = "default", gpu: bool = False, conditions=Non
         space = space.only_variants(_parse_list(variants, str))
     changes = {k: v for k, v in {
         "conditions": _parse_list(conditions, str), "seeds": _parse_list(seeds, int),
-        "cpus_per_trial": cpus_per_trial, "gpus_per_trial": gpus_per_trial,
+        "phase1_seeds": _parse_list(phase1_seeds, int), "cpus_per_trial": cpus_per_trial,
+        "gpus_per_trial": gpus_per_trial,
         "max_concurrent": max_concurrent, "max_failures": max_failures,
     }.items() if v is not None}
     if changes:
@@ -182,6 +184,11 @@ def build_space(cfg, *, grid: str = "default", gpu: bool = False, conditions=Non
             f"{'this field' if len(clash) == 1 else 'these fields'} in its variants "
             f"({', '.join(v.describe() for v in space.variants if v.overrides)}), which would "
             "silently override it; leave it out, or pick variants with --variants")
+    if space.phase1_seeds and "phase1_seed" in (overrides or {}):
+        raise PipelineError(
+            f"--set phase1_seed: grid {space.name!r} trains one Phase-1 checkpoint per Phase-1 "
+            f"seed ({', '.join(str(k) for k in space.phase1_seeds)}), so a single phase1_seed "
+            "would be overridden; leave it out, or give the seeds with --phase1-seeds")
     return space
 
 
@@ -195,7 +202,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
              max_concurrent=None, max_failures=None, tracking_uri: str | None = None,
              ray_address: str | None = None, num_cpus: int | None = None,
              mlflow_host: str = "127.0.0.1", stage1_cpus: float | None = None,
-             phase1_from: str | os.PathLike | None = None,
+             phase1_from: str | os.PathLike | None = None, phase1_seeds=None,
              check_tracking: bool = True) -> Plan:
     """Validate a new pipeline (fast; no Ray, no training). PipelineError/SpaceError if bad."""
     from pmnet.train import TrainConfig
@@ -210,7 +217,8 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     space = build_space(cfg, grid=grid, gpu=gpu, conditions=conditions, seeds=seeds,
                         variants=variants, cpus_per_trial=cpus_per_trial,
                         gpus_per_trial=gpus_per_trial, max_concurrent=max_concurrent,
-                        max_failures=max_failures, overrides=overrides)
+                        max_failures=max_failures, overrides=overrides,
+                        phase1_seeds=phase1_seeds)
     root = check_writable(root)
     name = check_name(name or default_name(cfg.preset))
     uri = requested_tracking_uri(tracking_uri)

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="paper | cpu | debug (default: paper with a CUDA GPU, cpu otherwise)")
     p.add_argument("--grid", default="default",
                    help="grid function in tune_spaces (default, paper, tiny, core, operators, "
-                        "segments)")
+                        "segments, phase1_variance)")
     p.add_argument("--conditions", default=None, help="comma-separated conditions")
     p.add_argument("--variants", default=None,
                    help="comma-separated variants of the grid to run (e.g. T2-full,T4-full "
@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="retries of a crashed trial from its last checkpoint (default 2)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="TrainConfig override, e.g. --set max_epochs=3 --set model.hidden=32")
+    p.add_argument("--phase1-seeds", default=None, metavar="K1,K2,...",
+                   help="nest the grid under one Phase-1 checkpoint per Phase-1 seed (two or "
+                        "more; the Phase-1 variance analysis); grid phase1_variance uses 0,1,2")
     p.add_argument("--phase1-from", default=None, metavar="PATH",
                    help="reuse a finished Phase-1 checkpoint (a phase1.pt or its directory, "
                         "e.g. another pipeline's <run>/phase1) instead of training one; it "
@@ -128,7 +131,8 @@ def cmd_start(a) -> int:
         variants=a.variants, cpus_per_trial=a.cpus_per_trial, gpus_per_trial=a.gpus_per_trial,
         max_concurrent=a.max_concurrent, max_failures=a.max_failures,
         tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
-        mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus, phase1_from=a.phase1_from)
+        mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus, phase1_from=a.phase1_from,
+        phase1_seeds=a.phase1_seeds)
     print(f"preset: {plan.cfg.preset} ({plan.preset_reason})", flush=True)
     return run_plan(plan)
 

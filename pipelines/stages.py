@@ -188,7 +188,8 @@ def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> list[Stage1Job]:
                 and plan.phase1_from.slot_seed == slot.seed:
             digest = import_phase1(plan, slot)
         if digest is not None:
-            say(f"[stage 1/3] {slot.label}: skipped, {slot.ckpt} exists with a valid sha256 "
+            tag = f" {slot.label}:" if len(slots) > 1 else ""
+            say(f"[stage 1/3]{tag} skipped: {slot.ckpt} exists with a valid sha256 "
                 f"{digest[:12]}... for this config")
             jobs.append(Stage1Job(slot=slot, digest=digest))
         else:
@@ -282,7 +283,8 @@ def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
     write_json(slot.stage1_json, canon(info))
     job.digest, job.train_time_s = digest, float(res.get("train_time_s") or 0.0)
     kill_point("stage1-recorded")
-    say(f"[stage 1/3] {slot.label} done in {wall:.1f} s (training "
+    tag = f" {slot.label}" if slot.seed is not None else ""
+    say(f"[stage 1/3]{tag} done in {wall:.1f} s (training "
         f"{res['train_time_s']:.1f} s); sha256 {digest[:12]}...; test mean_stm "
         f"{res.get('metrics', {}).get('mean_stm', float('nan')):.2f}")
     rid = job.rid
@@ -383,11 +385,15 @@ def _first_error_line(trial, trials_dir: str) -> str:
     return "see the trial's error.txt"
 
 
-def trial_context(plan: Plan, runs: Runs, digest: str):
+def trial_context(plan: Plan, runs: Runs, p1: Stage1Result | str):
     from pipelines.trial import TrialContext
 
+    if isinstance(p1, str):
+        p1 = Stage1Result({None: p1}, 0.0)
     return TrialContext(root=str(plan.layout.root), name=plan.name,
-                        train_config=canon(plan.cfg.to_dict()), phase1_sha256=digest,
+                        train_config=canon(plan.cfg.to_dict()), phase1_sha256=p1.digest,
+                        phase1_sha256s={str(k): v for k, v in p1.digests.items()
+                                        if k is not None},
                         variants={v.name: v.as_dict() for v in plan.space.variants},
                         cpus_per_trial=plan.space.cpus_per_trial, tracking_uri=runs.uri,
                         experiment_id=runs.experiment_id, parent_run_id=runs.parent)
@@ -427,7 +433,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
             raise PipelineError(str(e)) from e
     digest = p1.digest
     rid = stage_run(plan, runs, "stage2-phase2")
-    ctx = trial_context(plan, runs, digest)
+    ctx = trial_context(plan, runs, p1)
     trainable = make_trainable(plan, ctx)
     exp_dir = lay.experiment_dir
     t0 = time.time()

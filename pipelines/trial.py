@@ -62,6 +62,9 @@ class TrialContext:
     root, name: the pipeline's storage root and name (`Layout(root, name)`).
     train_config: `TrainConfig.to_dict()` of the pipeline (read back with `from_dict`).
     phase1_sha256: the hash Stage 1 recorded; the trial refuses any other checkpoint.
+    phase1_sha256s: with K Phase-1 checkpoints ({str(phase1_seed): sha256}), the hash of each;
+        a trial with `phase1_seed` k loads `phase1-p1s<k>/phase1.pt` and checks it against
+        this one (`phase1_sha256` then names the set).
     variants: {variant name: its TrainConfig overrides} of the grid ("" -> {}: the default).
     cpus_per_trial: the trial's CPU reservation, also its torch thread count.
     tracking_uri, experiment_id, parent_run_id: MLflow, or all None when tracking is off.
@@ -72,6 +75,7 @@ class TrialContext:
     train_config: dict
     phase1_sha256: str
     variants: dict = field(default_factory=lambda: {"": {}})
+    phase1_sha256s: dict = field(default_factory=dict)
     cpus_per_trial: float = 1.0
     tracking_uri: str | None = None
     experiment_id: str | None = None
@@ -86,6 +90,11 @@ class TrialContext:
         if not (isinstance(self.phase1_sha256, str) and len(self.phase1_sha256) == 64):
             raise ValueError(f"TrialContext.phase1_sha256 must be a sha256 hex digest, got "
                              f"{self.phase1_sha256!r}")
+        if not isinstance(self.phase1_sha256s, dict) or not all(
+                isinstance(k, str) and k.isdigit() and isinstance(v, str) and len(v) == 64
+                for k, v in self.phase1_sha256s.items()):
+            raise ValueError("TrialContext.phase1_sha256s must be {str(phase1_seed): sha256}, "
+                             f"got {self.phase1_sha256s!r}")
         if not isinstance(self.variants, dict) or not self.variants:
             raise ValueError("TrialContext.variants must be {variant name: overrides}, got "
                              f"{self.variants!r}")
@@ -289,20 +298,37 @@ def variant_record(trial: TrialId, overrides: dict) -> dict:
     return {**trial.to_result(), "variant_overrides": dict(sorted(overrides.items()))}
 
 
+def trial_phase1(ctx: TrialContext, trial: TrialId) -> tuple[Path, str]:
+    """(the Phase-1 checkpoint the trial starts from, the sha256 Stage 1 recorded for it)."""
+    layout = ctx.layout
+    if trial.phase1_seed is None:
+        if ctx.phase1_sha256s:
+            raise ValueError(f"trial {trial.name}: this pipeline trains one Phase-1 checkpoint "
+                             f"per Phase-1 seed ({', '.join(sorted(ctx.phase1_sha256s))}); "
+                             "the trial names none")
+        return layout.phase1_ckpt, ctx.phase1_sha256
+    key = str(trial.phase1_seed)
+    if key not in ctx.phase1_sha256s:
+        have = ", ".join(sorted(ctx.phase1_sha256s)) or "none: it has a single checkpoint"
+        raise ValueError(f"trial {trial.name}: the pipeline has no Phase-1 checkpoint for "
+                         f"phase1_seed {trial.phase1_seed} (its Phase-1 seeds: {have})")
+    return layout.phase1_dir_for(trial.phase1_seed) / "phase1.pt", ctx.phase1_sha256s[key]
+
+
 def trial_config(ctx: TrialContext, trial: TrialId):
     """The trial's TrainConfig: the pipeline's, with its variant's overrides, and threads =
     the trial's CPUs when the preset leaves them to the pipeline."""
     from pmnet.train import TrainConfig
     from tune_spaces.grids import Variant
 
-    if trial.phase1_seed is not None:
-        raise ValueError(f"trial {trial.name}: several Phase-1 checkpoints (phase1_seed) are "
-                         "not supported yet; every trial starts from the pipeline's one")
+    trial_phase1(ctx, trial)  # a Phase-1 seed the pipeline has no checkpoint of: refused
     if trial.variant not in ctx.variants:
         raise ValueError(f"trial {trial.name}: the grid has no variant {trial.variant!r} "
                          f"(its variants: {sorted(ctx.variants)})")
     cfg = TrainConfig.from_dict(ctx.train_config)
     cfg = Variant(trial.variant, ctx.variants[trial.variant]).apply(cfg)
+    if trial.phase1_seed is not None:  # the checkpoint's own Phase-1 configuration
+        cfg = dataclasses.replace(cfg, phase1_seed=trial.phase1_seed)
     if not cfg.threads:
         cfg = dataclasses.replace(cfg, threads=ctx.threads)
     return cfg
@@ -334,7 +360,8 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     tracking = None
     try:
         # 1. the Phase-1 checkpoint, before anything else
-        digest = check_phase1(layout.phase1_ckpt, ctx.phase1_sha256)
+        p1_ckpt, p1_sha = trial_phase1(ctx, trial)
+        digest = check_phase1(p1_ckpt, p1_sha)
 
         # 2. MLflow: one run per trial, re-attached on retries and resumes; never fatal
         if ctx.tracking:
@@ -349,8 +376,8 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         update_json(info_path, {**trial_info, "state": "RUNNING"})
 
         # 3. + 4. train (or reuse a finished result) and record
-        final = _train_and_record(layout, cfg, cond, trial, record, digest, tracking,
-                                  result_path, setup)
+        final = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
+                                  tracking, result_path, setup)
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
         update_json(info_path, {**trial_info, "state": "ERROR", "error": error[:2000]})
@@ -398,8 +425,8 @@ def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, bool, dic
     return (last if last.is_file() else None), False, meta
 
 
-def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, digest, tracking,
-                      result_path, setup) -> dict:
+def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: Path,
+                      digest, tracking, result_path, setup) -> dict:
     from ray import tune
 
     from pmnet.train import checkpoint_epoch, run_phase2
@@ -429,7 +456,7 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, digest, t
                 log_epoch=tracking.log_epoch if tracking is not None else None,
                 resume_final=resume_final)
             result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
-                                phase1_ckpt=layout.phase1_ckpt, out_dir=tdir, callbacks=[cb],
+                                phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
                                 resume_from=resume_from, progress=False, record=record)
         copy_atomic(tdir / "result.json", result_path)
     else:

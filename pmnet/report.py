@@ -1781,6 +1781,20 @@ def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
         if p1.get("imported_from"):
             text += f"; imported from {p1['imported_from']} (`--phase1-from`), not trained here"
         facts.append(("Phase-1 checkpoint", text))
+    many = meta.get("phase1_checkpoints")
+    for k, info in sorted((many or {}).items(), key=lambda kv: int(kv[0])
+                          if str(kv[0]).isdigit() else 0) if isinstance(many, Mapping) else ():
+        if not isinstance(info, Mapping):
+            continue
+        text = f"sha256 {str(info.get('sha256'))[:12]}..."
+        stm = (info.get("metrics") or {}).get("mean_stm")
+        if isinstance(stm, (int, float)):
+            text += f"; test mean STM recall {stm:.2f}%"
+        if _minutes(info.get("train_time_s")):
+            text += f"; trained in {_minutes(info['train_time_s'])}"
+        if info.get("imported_from"):
+            text += f"; imported from {info['imported_from']}"
+        facts.append((f"Phase-1 checkpoint, phase1_seed {k}", text))
     timing = meta.get("timing") if isinstance(meta.get("timing"), Mapping) else {}
     parts = [f"{label} {_minutes(timing.get(key))}" for key, label in (
         ("wall_s", "pipeline"), ("phase1_train_s", "Phase-1 training"),
@@ -2230,6 +2244,13 @@ def main_report(
         loaded = _read_json_dict(run / name)
         if loaded is not None and key not in merged:
             merged[key] = loaded
+    checkpoints = {}  # K Phase-1 checkpoints: phase1-p1s<k>/stage1.json
+    for path in sorted(run.glob("phase1-p1s*/stage1.json")):
+        loaded = _read_json_dict(path)
+        if loaded is not None:
+            checkpoints[path.parent.name.removeprefix("phase1-p1s")] = loaded
+    if checkpoints and "phase1_checkpoints" not in merged:
+        merged["phase1_checkpoints"] = checkpoints
     merged.update(meta or {})
     report_dir = run / "report"
     curves = _collect_curves(run, results, report_dir)

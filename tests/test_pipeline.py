@@ -255,6 +255,42 @@ def test_debug_pipeline_runs_two_variants_of_the_segments_grid(tmp_path):
     assert "| 4 | truncated |" in md
 
 
+def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
+    """`--phase1-seeds 1,2` end to end: Stage 1 trains two checkpoints (one per Phase-1
+    seed, side by side), every trial starts from its own, and the report has the Phase-1
+    variance tables; a second start with the same name finds everything done."""
+    root = tmp_path / "runs"
+    conds = ("consolidator_only", "consolidator_only_routing_off")
+    args = ("start", "--preset", "debug", "--grid", "tiny", "--conditions", ",".join(conds),
+            "--seeds", "42,43", "--phase1-seeds", "1,2", "--root", str(root), "--name", "p1")
+    rc, out = cli(*args)
+    assert rc == 0, out[-4000:]
+    lay = Layout(root, "p1")
+    shas = {}
+    for k in (1, 2):
+        info = read_json(lay.phase1_dir_for(k) / "stage1.json")
+        assert info["phase1_seed"] == k and "imported_from" not in info
+        metrics = read_json(lay.phase1_dir_for(k) / "phase1_metrics.json")
+        assert metrics["train_config"]["phase1_seed"] == k
+        shas[k] = info["sha256"]
+    assert shas[1] != shas[2] and not lay.phase1_dir.exists()  # no single-checkpoint dir
+    meta = read_json(lay.pipeline_json)
+    assert meta["phase1_sha256s"] == {"1": shas[1], "2": shas[2]}
+    trials = [TrialId(c, s, phase1_seed=k) for k in (1, 2) for s in (42, 43) for c in conds]
+    for t in trials:
+        res = read_json(lay.result_path(t))
+        assert res["phase1_seed"] == t.phase1_seed
+        assert res["phase1_sha256"] == shas[t.phase1_seed]  # its own checkpoint, verified
+        assert res["config"]["phase1_seed"] == t.phase1_seed
+    assert wait_gone(str(root)) == []
+    md = (lay.report_dir / "report.md").read_text()
+    assert "**Table `tab:phase1-variance`.**" in md and "tab:phase1-checkpoints" in md
+    assert "Phase-1 checkpoint, phase1_seed 2" in md
+    rc, out = cli(*args)  # the same pipeline again: nothing trains
+    assert rc == 0, out[-4000:]
+    assert out.count("skipped") >= 2 and "Phase 1 as a Ray task" not in out
+
+
 # -- a trial that crashes once; an external MLflow server ----------------------------------------
 
 

@@ -373,7 +373,7 @@ def test_trial_context_is_typed_and_validated(tmp_path):
                      variants={"v": [("lr", 0.1)]})
 
 
-def test_a_trials_configuration_is_its_variants_and_phase1_seeds_are_refused(tmp_path):
+def test_a_trials_configuration_is_its_variants_and_unknown_phase1_seeds_are_refused(tmp_path):
     from pipelines.trial import TrialContext, trial_config
     from pmnet.train import TrainConfig
 
@@ -388,8 +388,29 @@ def test_a_trials_configuration_is_its_variants_and_phase1_seeds_are_refused(tmp
         cfg, threads=2)
     with pytest.raises(ValueError, match="the grid has no variant 'T8-full'"):
         trial_config(ctx, TrialId("consolidator_only", 42, "T8-full"))
-    with pytest.raises(ValueError, match="phase1_seed.* not supported yet"):
+    with pytest.raises(ValueError, match="no Phase-1 checkpoint for phase1_seed 1 .*single"):
         trial_config(ctx, TrialId("consolidator_only", 42, phase1_seed=1))
+
+
+def test_a_trial_of_phase1_seed_k_starts_from_checkpoint_k(tmp_path):
+    from pipelines.trial import TrialContext, trial_config, trial_phase1
+    from pmnet.train import TrainConfig
+
+    cfg = TrainConfig.from_name("debug")
+    ctx = TrialContext(root=str(tmp_path), name="p", train_config=cfg.to_dict(),
+                       phase1_sha256="a" * 64, phase1_sha256s={"1": "b" * 64, "2": "c" * 64})
+    trial = TrialId("consolidator_only", 42, phase1_seed=2)
+    path, sha = trial_phase1(ctx, trial)
+    assert path == tmp_path / "p" / "phase1-p1s2" / "phase1.pt" and sha == "c" * 64
+    assert trial_config(ctx, trial).phase1_seed == 2  # the checkpoint's own Phase-1 seed
+    assert trial_config(ctx, TrialId("consolidator_only", 42, phase1_seed=1)).phase1_seed == 1
+    with pytest.raises(ValueError, match="no Phase-1 checkpoint for phase1_seed 3 .*1, 2"):
+        trial_phase1(ctx, TrialId("consolidator_only", 42, phase1_seed=3))
+    with pytest.raises(ValueError, match="one Phase-1 checkpoint per Phase-1 seed .*names none"):
+        trial_phase1(ctx, TrialId("consolidator_only", 42))
+    with pytest.raises(ValueError, match="phase1_sha256s must be"):
+        TrialContext(root=str(tmp_path), name="p", train_config=cfg.to_dict(),
+                     phase1_sha256="a" * 64, phase1_sha256s={1: "b" * 64})
 
 
 # -- tracking never stalls or kills a trial; what it missed is logged from the results --------

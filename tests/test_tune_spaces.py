@@ -86,6 +86,9 @@ def test_param_space_is_a_full_grid():
     ({"cpus_per_trial": 0}, "cpus_per_trial must be > 0"),
     ({"max_failures": -1}, "max_failures"),
     ({"max_concurrent": 1.5}, "max_concurrent"),
+    ({"phase1_seeds": (0, -1)}, "Phase-1 seeds must be non-negative integers"),
+    ({"phase1_seeds": (0, 0)}, r"Phase-1 seed\(s\) listed twice: \[0\]"),
+    ({"phase1_seeds": (3,)}, "one Phase-1 seed .3. is not a Phase-1 variance grid"),
 ])
 def test_bad_spaces_fail_with_a_clear_message(changes, message):
     sp = tiny(TrainConfig.from_name("debug")).derive(**changes)
@@ -248,3 +251,44 @@ def test_the_pipeline_builds_the_segments_grid_and_refuses_set_fields_its_varian
     with pytest.raises(SpaceError, match="variant T2-truncated .* cannot be combined"):
         build_space(bad, grid="segments")
     assert build_space(bad, grid="segments", variants="T2-full,T4-full").n_trials == 4
+
+
+def test_phase1_variance_grid_nests_the_presets_grid_under_each_phase1_seed():
+    from ray.tune.search.variant_generator import generate_variants
+
+    from tune_spaces import phase1_variance
+    from tune_spaces.grids import PHASE1_VARIANCE_SEEDS
+
+    cfg = TrainConfig.from_name("cpu")
+    base, sp = default(cfg), phase1_variance(cfg)
+    assert sp.phase1_seeds == PHASE1_VARIANCE_SEEDS and len(PHASE1_VARIANCE_SEEDS) >= 2
+    assert (sp.conditions, sp.seeds) == (base.conditions, base.seeds)
+    assert sp.n_trials == base.n_trials * len(PHASE1_VARIANCE_SEEDS) == len(sp.trials)
+    assert {t.phase1_seed for t in sp.trials} == set(PHASE1_VARIANCE_SEEDS)
+    assert len({t.name for t in sp.trials}) == sp.n_trials  # every trial its own directory
+    assert sp.trials[0].name == "consolidator_only-p0-s42"
+    got = [TrialId.from_config(c) for _, c in generate_variants(sp.param_space())]
+    assert got == sp.trials  # Tune expands the grid in the order `trials` says
+    assert Space.from_dict(json.loads(json.dumps(sp.to_dict()))) == sp
+    old = base.to_dict()
+    del old["phase1_seeds"]  # a pipeline.json written before Phase-1 seeds existed
+    assert Space.from_dict(old) == base and base.phase1_keys == [None]
+    assert all(t.phase1_seed is None for t in base.trials)
+
+
+def test_the_pipeline_nests_any_grid_with_phase1_seeds_and_refuses_a_single_phase1_seed(
+        tmp_path):
+    from pipelines import plan as planning
+    from pipelines.layout import PipelineError
+
+    plan = planning.plan_new(root=tmp_path / "runs", name="p", preset="debug", grid="tiny",
+                             phase1_seeds="1,2")
+    assert plan.space.phase1_seeds == (1, 2)
+    slots = plan.phase1_slots
+    assert [s.seed for s in slots] == [1, 2] and [s.cfg.phase1_seed for s in slots] == [1, 2]
+    assert [s.dir.name for s in slots] == ["phase1-p1s1", "phase1-p1s2"]
+    assert planning.phase1_config_hash(slots[0].cfg) != planning.phase1_config_hash(slots[1].cfg)
+    with pytest.raises(PipelineError, match="--set phase1_seed: grid 'tiny' trains one"):
+        planning.plan_new(root=tmp_path / "runs", name="q", preset="debug", grid="tiny",
+                          phase1_seeds="1,2", overrides={"phase1_seed": 3})
+    assert not (tmp_path / "runs" / "q").exists()

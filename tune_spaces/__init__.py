@@ -1,10 +1,11 @@
-"""Experiment grids (condition x variant x seed) and trial resources for the pipeline's
-Stage 2."""
+"""Experiment grids (condition x variant x seed, optionally x Phase-1 seed) and trial
+resources for the pipeline's Stage 2."""
 
 from tune_spaces.grids import (
     OPERATOR_GRID_CONDITIONS,
     PAPER_CONDITIONS,
     PAPER_SEEDS,
+    PHASE1_VARIANCE_SEEDS,
     SEGMENT_CONDITIONS,
     SEGMENT_COUNTS,
     SEGMENT_GRAPHS,
@@ -18,14 +19,17 @@ from tune_spaces.grids import (
     get_space,
     operators,
     paper,
+    phase1_variance,
     segment_variants,
     segments,
     tiny,
 )
 
 __all__ = [
-    "OPERATOR_GRID_CONDITIONS", "PAPER_CONDITIONS", "PAPER_SEEDS", "SEGMENT_CONDITIONS",
+    "OPERATOR_GRID_CONDITIONS", "PAPER_CONDITIONS", "PAPER_SEEDS", "PHASE1_VARIANCE_SEEDS",
+    "SEGMENT_CONDITIONS",
     "SEGMENT_COUNTS", "SEGMENT_GRAPHS", "SPACES", "VARIANT_FIELDS", "Space", "SpaceError",
-    "Variant", "core", "default", "get_space", "operators", "paper", "segment_variants",
+    "Variant", "core", "default", "get_space", "operators", "paper",
+    "phase1_variance", "segment_variants",
     "segments", "tiny",
 ]

@@ -41,6 +41,9 @@ OPERATOR_GRID_CONDITIONS: tuple[str, ...] = (OPERATOR_REFERENCE, *OPERATOR_CONDI
 SEGMENT_COUNTS: tuple[int, ...] = (2, 4, 8)
 SEGMENT_GRAPHS: tuple[str, ...] = ("full", "truncated")
 SEGMENT_CONDITIONS: tuple[str, ...] = (OPERATOR_REFERENCE,)
+# the Phase-1 variance grid (issue 11): K = 3 Phase-1 checkpoints, the preset's grid under each
+# (seed 0 is every preset's own `phase1_seed`, so its checkpoint is the usual one)
+PHASE1_VARIANCE_SEEDS: tuple[int, ...] = (0, 1, 2)
 
 #: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
 #: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions and
@@ -140,8 +143,10 @@ class Space:
     max_concurrent: cap on trials running at once (0: as many as the resources allow).
     max_failures: how often a crashed trial is retried from its last checkpoint.
 
-    A trial's Phase-1 checkpoint is the pipeline's one checkpoint: `TrialId.phase1_seed` is
-    reserved for a later grid over several Phase-1 checkpoints and not exposed here.
+    phase1_seeds: empty (the paper's protocol: every trial starts from the pipeline's one
+        Phase-1 checkpoint), or K Phase-1 seeds: Stage 1 trains one checkpoint per seed
+        (`TrainConfig.phase1_seed = k`) and the whole grid is nested under each
+        (`TrialId.phase1_seed`), for the Phase-1 variance analysis (issue 11).
     """
 
     name: str
@@ -152,10 +157,11 @@ class Space:
     max_concurrent: int = 0
     max_failures: int = 2
     variants: tuple[Variant, ...] = field(default=DEFAULT_VARIANTS)
+    phase1_seeds: tuple[int, ...] = ()
 
     def derive(self, **changes: Any) -> Space:
         """A copy with some fields changed (sequences become tuples)."""
-        for key in ("conditions", "seeds", "variants"):
+        for key in ("conditions", "seeds", "variants", "phase1_seeds"):
             if key in changes and changes[key] is not None:
                 value = changes[key]
                 single = (str, int, Variant)
@@ -190,15 +196,22 @@ class Space:
         return self.derive(variants=[v for v in self.variants if v.name in names])
 
     @property
+    def phase1_keys(self) -> list[int | None]:
+        """The Phase-1 checkpoints the trials start from (None: the pipeline's only one)."""
+        return [int(k) for k in self.phase1_seeds] or [None]
+
+    @property
     def trials(self) -> list[TrialId]:
         """Every trial, in the order Tune expands the grid (`param_space`; Tune takes the keys
-        in sorted order: the condition varies fastest, then the seed, then the variant)."""
-        return [TrialId(c, int(s), v.name) for v in self.variants for s in self.seeds
-                for c in self.conditions]
+        in sorted order: the condition varies fastest, then the Phase-1 seed, then the seed,
+        then the variant)."""
+        return [TrialId(c, int(s), v.name, k) for v in self.variants for s in self.seeds
+                for k in self.phase1_keys for c in self.conditions]
 
     @property
     def n_trials(self) -> int:
-        return len(self.conditions) * len(self.seeds) * len(self.variants)
+        return (len(self.conditions) * len(self.seeds) * len(self.variants)
+                * len(self.phase1_keys))
 
     def resources(self) -> dict[str, float]:
         res = {"cpu": float(self.cpus_per_trial)}
@@ -214,6 +227,8 @@ class Space:
         space = {"condition": tune.grid_search(list(self.conditions))}
         if self.has_variants:
             space["variant"] = tune.grid_search(self.variant_names)
+        if self.phase1_seeds:
+            space["phase1_seed"] = tune.grid_search([int(k) for k in self.phase1_seeds])
         space["seed"] = tune.grid_search([int(s) for s in self.seeds])
         return space
 
@@ -221,6 +236,7 @@ class Space:
         d = dataclasses.asdict(self)
         d["conditions"], d["seeds"] = list(self.conditions), list(self.seeds)
         d["variants"] = [v.to_dict() for v in self.variants]
+        d["phase1_seeds"] = [int(k) for k in self.phase1_seeds]
         return d
 
     @classmethod
@@ -240,7 +256,7 @@ class Space:
             raise SpaceError(f"Space.variants must be a list of variant records, got "
                              f"{variants!r}")
         return cls(**{**d, "conditions": tuple(d["conditions"]), "seeds": tuple(d["seeds"]),
-                      "variants": variants})
+                      "variants": variants, "phase1_seeds": tuple(d.get("phase1_seeds") or ())})
 
     def validate(self, known_conditions: Iterable[str], cfg=None) -> Space:
         """Raise SpaceError naming the first problem; return self when the space is sound.
@@ -267,6 +283,22 @@ class Space:
         if dup_s:
             raise SpaceError(f"grid {self.name!r}: seed(s) listed twice: {dup_s}")
         self._validate_variants(cfg)
+        p1 = self.phase1_seeds
+        if isinstance(p1, (str, int)) or not isinstance(p1, (tuple, list)):
+            raise SpaceError(f"grid {self.name!r}: phase1_seeds must be a list of Phase-1 "
+                             f"seeds, got {p1!r}")
+        bad = [k for k in p1 if isinstance(k, bool) or not isinstance(k, int) or k < 0]
+        if bad:
+            raise SpaceError(f"grid {self.name!r}: Phase-1 seeds must be non-negative "
+                             f"integers, got {bad}")
+        dup_p = sorted({k for k in p1 if list(p1).count(k) > 1})
+        if dup_p:
+            raise SpaceError(f"grid {self.name!r}: Phase-1 seed(s) listed twice: {dup_p}")
+        if len(p1) == 1:
+            raise SpaceError(
+                f"grid {self.name!r}: one Phase-1 seed ({p1[0]}) is not a Phase-1 variance "
+                "grid; give two or more, or set the single checkpoint's seed with "
+                f"--set phase1_seed={p1[0]}")
         cpus = _number(self.cpus_per_trial, "cpus_per_trial", self.name)
         if cpus <= 0:
             raise SpaceError(f"grid {self.name!r}: cpus_per_trial must be > 0, got {cpus}")
@@ -387,9 +419,19 @@ def segments(cfg, *, gpu: bool = False) -> Space:
                                         variants=segment_variants())
 
 
+def phase1_variance(cfg, *, gpu: bool = False) -> Space:
+    """The preset's grid nested under K Phase-1 checkpoints (PHASE1_VARIANCE_SEEDS): Stage 1
+    trains one checkpoint per Phase-1 seed, every (condition, seed) trial runs from each, and
+    the report adds the headline effects with the checkpoint as a random factor
+    (`pmnet.stats.phase1_variance`) beside the paper's fixed-checkpoint tests. Costs K Phase-1
+    trainings and K times the trials; `--phase1-seeds` nests any grid the same way."""
+    return default(cfg, gpu=gpu).derive(name="phase1_variance",
+                                        phase1_seeds=PHASE1_VARIANCE_SEEDS)
+
+
 SPACES: dict[str, Callable[..., Space]] = {
     "default": default, "paper": paper, "tiny": tiny, "core": core, "operators": operators,
-    "segments": segments,
+    "segments": segments, "phase1_variance": phase1_variance,
 }
 
 
