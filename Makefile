@@ -20,6 +20,8 @@ endif
 PRESET ?=
 GRID ?=
 VARIANTS ?=
+SEEDS ?=
+CONDITIONS ?=
 NAME ?=
 PHASE1 ?=
 RUNS ?= $(CURDIR)/runs
@@ -47,8 +49,8 @@ lint: install ## ruff check
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py
 
-pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, GRID=default|paper|core|tiny|operators|segments, VARIANTS=T2-full,... of the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint)
-	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(NAME),--name $(NAME)) $(if $(PHASE1),--phase1-from $(PHASE1)) --root $(RUNS)
+pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, GRID=default|paper|core|tiny|operators|segments|phase1_variance, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint)
+	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(CONDITIONS),--conditions $(CONDITIONS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(NAME),--name $(NAME)) $(if $(PHASE1),--phase1-from $(PHASE1)) --root $(RUNS)
 
 resume: install ## resume the last (or NAME=...) pipeline
 	$(PY) -m pipelines.run resume $(if $(NAME),--name $(NAME)) --root $(RUNS)
