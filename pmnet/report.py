@@ -26,7 +26,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -852,22 +852,20 @@ def table_operators(ctx: _Context) -> Table:
     return _finish(ctx, table, miss)
 
 
-def table_operator_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table:
-    """Each operator minus the Consolidator on updated-mapping LTM recall, paired by seed."""
+def _family_comparison_table(ctx: _Context, comparisons: pd.DataFrame, table_id: str,
+                             caption: Callable[[int], str],
+                             label: Callable[[Mapping[str, Any]], str]) -> Table:
+    """A family of paired comparisons with its own Holm adjustment (operators, segments):
+    one row per comparison, `label(row)` naming it; `caption(m)` gets the Holm family size."""
     miss = _Missing(ctx)
     m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
     rows = []
     for r in comparisons.to_dict("records"):
         miss.check(r["cond_a"], r["metric_a"])
         miss.check(r["cond_b"], r["metric_b"])
-        rows.append([text_cell(f"{condition_label(r['cond_a'])} - Consolidator"),
-                     *_comparison_cells(r), text_cell(r["note"])])
+        rows.append([text_cell(label(r)), *_comparison_cells(r), text_cell(r["note"])])
     table = Table(
-        "tab:operator-comparisons",
-        "Each consolidation operator minus the Consolidator (consolidator_only) on "
-        "updated-mapping LTM recall, paired by seed (pp). Holm p adjusts over the "
-        f"{m} operator comparisons with a defined p (a family of its own). "
-        "Blank = not defined (see note).",
+        table_id, caption(m),
         ["Comparison", "n", "Mean diff ± SD", "95% CI", "t", "p", "Holm p", "d_z", "Note"],
         rows,
         notes=["With few seeds the intervals and tests are descriptive (paper Sections 6.3 "
@@ -876,6 +874,17 @@ def table_operator_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Tabl
     )
     table.missing = miss.lines()
     return table
+
+
+def table_operator_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table:
+    """Each operator minus the Consolidator on updated-mapping LTM recall, paired by seed."""
+    return _family_comparison_table(
+        ctx, comparisons, "tab:operator-comparisons",
+        lambda m: ("Each consolidation operator minus the Consolidator (consolidator_only) on "
+                   "updated-mapping LTM recall, paired by seed (pp). Holm p adjusts over the "
+                   f"{m} operator comparisons with a defined p (a family of its own). "
+                   "Blank = not defined (see note)."),
+        lambda r: f"{condition_label(r['cond_a'])} - Consolidator")
 
 
 #: the segments table's per-position recall columns (header, position: 1 = the first
@@ -952,27 +961,12 @@ def table_segments(ctx: _Context, arms: Sequence[stats.SegmentArm]) -> Table:
 
 def table_segment_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table:
     """Full graph minus truncated BPTT at each T on updated-mapping recall, paired by seed."""
-    miss = _Missing(ctx)
-    m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
-    rows = []
-    for r in comparisons.to_dict("records"):
-        miss.check(r["cond_a"], r["metric_a"])
-        miss.check(r["cond_b"], r["metric_b"])
-        rows.append([text_cell(r["label"].rsplit(": ", 1)[0]), *_comparison_cells(r),
-                     text_cell(r["note"])])
-    table = Table(
-        "tab:segment-comparisons",
-        "Full graph minus truncated BPTT on updated-mapping LTM recall at each T, paired by "
-        f"seed (pp). Holm p adjusts over the {m} values of T with a defined p (a family of "
-        "its own). Blank = not defined (see note).",
-        ["Comparison", "n", "Mean diff ± SD", "95% CI", "t", "p", "Holm p", "d_z", "Note"],
-        rows,
-        notes=["With few seeds the intervals and tests are descriptive (paper Sections 6.3 "
-               "and 9)."],
-        align=["l"] + ["r"] * 7 + ["p{6cm}"],
-    )
-    table.missing = miss.lines()
-    return table
+    return _family_comparison_table(
+        ctx, comparisons, "tab:segment-comparisons",
+        lambda m: ("Full graph minus truncated BPTT on updated-mapping LTM recall at each T, "
+                   f"paired by seed (pp). Holm p adjusts over the {m} values of T with a "
+                   "defined p (a family of its own). Blank = not defined (see note)."),
+        lambda r: r["label"].rsplit(": ", 1)[0])
 
 
 def build_segment_tables(
