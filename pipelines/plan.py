@@ -500,5 +500,5 @@ def check_phase1_source(path: str | os.PathLike, slots: list[Phase1Slot]) -> Pha
 
 def phase1_config_hash(cfg) -> str:
     """sha256 of the Phase-1 part of a TrainConfig (Phase-2-only fields left out)."""
-    d = {k: v for k, v in cfg.to_dict().items() if k not in PHASE2_ONLY_FIELDS}
-    return hashlib.sha256(json.dumps(canon(d), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(phase1_part(cfg.to_dict()), sort_keys=True).encode()
+                          ).hexdigest()

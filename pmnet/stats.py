@@ -41,7 +41,7 @@ from pmnet.conditions import CONDITIONS as _CONDITIONS
 from pmnet.conditions import OPERATOR_CONDITIONS as _OPERATOR_CONDITIONS
 from pmnet.conditions import OPERATOR_REFERENCE, PAPER_SEEDS
 from pmnet.io import atomic_path, atomic_write_text
-from pmnet.trial_id import DEFAULT_VARIANT, TrialId
+from pmnet.trial_id import DEFAULT_VARIANT, TrialId, as_int
 
 # ------------------------------------------------------------------------------------------
 # vocabulary
@@ -192,16 +192,11 @@ def _flatten_metrics(
     return out
 
 
-def _parse_seed(value: Any, path: Path, name: str = "seed") -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"result file {path}: '{name}' must be an integer, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-        return int(value)
-    raise ValueError(f"result file {path}: '{name}' must be an integer, got {value!r}")
+def _parse_seed(value: Any, path: Path) -> int:
+    try:
+        return as_int(value, "'seed'")
+    except ValueError as e:
+        raise ValueError(f"result file {path}: {e}") from None
 
 
 def _metric_order(names: Iterable[str]) -> list[str]:

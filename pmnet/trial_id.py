@@ -140,20 +140,14 @@ class TrialId:
     def to_config(self) -> dict[str, Any]:
         """The trial's Tune config: condition and seed, and variant / phase1_seed only when
         they are not the defaults (so a default trial's config is what it always was)."""
-        out: dict[str, Any] = {"condition": self.condition, "seed": self.seed}
-        if self.variant:
-            out["variant"] = self.variant
-        if self.phase1_seed is not None:
-            out["phase1_seed"] = self.phase1_seed
-        return out
+        return {"condition": self.condition, "seed": self.seed, **self.to_result()}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrialId:
         """Read back `to_config` (and a Tune config written before variants existed)."""
-        p1 = config.get("phase1_seed")
-        return cls(str(config["condition"]), _as_int(config["seed"], "seed"),
-                   str(config.get("variant") or ""),
-                   None if p1 is None else _as_int(p1, "phase1_seed"))
+        return cls.from_result({**config, "condition": str(config["condition"]),
+                                "seed": config["seed"],
+                                "variant": str(config.get("variant") or "")})
 
     def to_result(self) -> dict[str, Any]:
         """The identity keys a result file carries beyond condition and seed (none for a
@@ -170,12 +164,12 @@ class TrialId:
         """The trial of a result file's object (condition, seed, optional variant); ValueError
         naming the key that is wrong."""
         p1 = obj.get("phase1_seed")
-        return cls(obj.get("condition"), _as_int(obj.get("seed"), "seed"),
+        return cls(obj.get("condition"), as_int(obj.get("seed"), "seed"),
                    obj.get("variant") or DEFAULT_VARIANT,
-                   None if p1 is None else _as_int(p1, "phase1_seed"))
+                   None if p1 is None else as_int(p1, "phase1_seed"))
 
 
-def _as_int(value: Any, what: str) -> int:
+def as_int(value: Any, what: str) -> int:
     """An integer from a config or JSON value (3, 3.0, "3", numpy ints); ValueError else."""
     if isinstance(value, bool):
         raise ValueError(f"{what} must be an integer, got {value!r}")

@@ -111,17 +111,6 @@ def test_bad_segments_are_refused_before_any_work(command, value, message, capsy
     assert "argument --segments" in err and message in err and "missing-model" not in err
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread for the test (two threads contend badly on a busy 2-core machine)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_evaluate_on_t_segment_episodes(tmp_path, capsys, one_thread):
     import torch
 

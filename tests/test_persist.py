@@ -140,15 +140,6 @@ def test_cli_refuses_another_models_file_with_exit_2(model, saved, tmp_path, cap
     assert "written by another model" in capsys.readouterr().err
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread for the test (two threads contend badly on a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_t_segment_ltm_round_trip_through_the_cli(model, tmp_path, capsys, one_thread):
     """`ltm save --segments 3` stores T = 3; `answer` regenerates the 3-segment stream from
     the file and answers its final (segment-3) queries as the LTM never saved; another T is
