@@ -1740,13 +1740,15 @@ def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
     variants = _variants_from_meta(meta)
     if grid.get("conditions") and grid.get("seeds"):
         n_c, n_s = len(grid["conditions"]), len(grid["seeds"])
+        n_v = len(variants) or 1
+        n_k = len(space.get("phase1_seeds") or grid.get("phase1_seeds") or ()) or 1
+        text = f"{space.get('name', 'grid')}: {n_c} conditions"
         if variants:
-            n_v = len(variants)
-            text = (f"{space.get('name', 'grid')}: {n_c} conditions x {n_v} variants x {n_s} "
-                    f"seeds = {n_c * n_v * n_s} trials")
-        else:
-            text = (f"{space.get('name', 'grid')}: {n_c} conditions x {n_s} seeds = "
-                    f"{n_c * n_s} trials")
+            text += f" x {n_v} variants"
+        text += f" x {n_s} seeds"
+        if n_k > 1:
+            text += f" x {n_k} Phase-1 checkpoints"
+        text += f" = {n_c * n_v * n_s * n_k} trials"
         if space:
             gpu = f" + {space['gpus_per_trial']:g} GPU" if space.get("gpus_per_trial") else ""
             text += (f"; {space.get('cpus_per_trial', 1):g} CPU{gpu} per trial, "
@@ -1790,8 +1792,10 @@ def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
             text += f"; imported from {info['imported_from']}"
         facts.append((f"Phase-1 checkpoint, phase1_seed {k}", text))
     timing = meta.get("timing") if isinstance(meta.get("timing"), Mapping) else {}
+    p1_label = ("Phase-1 training (summed over the checkpoints trained here, which train side "
+                "by side)" if isinstance(many, Mapping) and len(many) > 1 else "Phase-1 training")
     parts = [f"{label} {_minutes(timing.get(key))}" for key, label in (
-        ("wall_s", "pipeline"), ("phase1_train_s", "Phase-1 training"),
+        ("wall_s", "pipeline"), ("phase1_train_s", p1_label),
         ("stage2_wall_s", "Stage 2"), ("sum_trial_train_s", "summed trial training"))
         if _minutes(timing.get(key))]
     if parts:

@@ -691,6 +691,23 @@ def test_report_with_phase1_checkpoints(tmp_path):
         ("consolidator_only", "updated_ltm"), "n"] == 5
 
 
+def test_what_ran_counts_the_phase1_checkpoints_of_a_nested_grid():
+    space = {"name": "phase1_variance", "conditions": ["consolidator_only", "x"],
+             "seeds": [42, 43, 44], "phase1_seeds": [0, 1, 2], "cpus_per_trial": 1.0,
+             "max_failures": 2}
+    checkpoints = {str(k): {"sha256": "ab" * 32, "train_time_s": 1200.0} for k in (1, 2)}
+    facts = dict(report._pipeline_facts({
+        "space": space, "grid": {"conditions": space["conditions"], "seeds": space["seeds"]},
+        "phase1_checkpoints": checkpoints, "timing": {"wall_s": 5833.0, "phase1_train_s": 2400.0}}))
+    assert facts["grid"].startswith(
+        "phase1_variance: 2 conditions x 3 seeds x 3 Phase-1 checkpoints = 18 trials")
+    assert "Phase-1 training (summed over the checkpoints trained here" in facts["wall time"]
+    one = dict(report._pipeline_facts({"space": {**space, "phase1_seeds": []},
+                                       "timing": {"phase1_train_s": 990.0}}))
+    assert one["grid"].startswith("phase1_variance: 2 conditions x 3 seeds = 6 trials")
+    assert one["wall time"] == "Phase-1 training 16.5 min"
+
+
 def test_report_is_unchanged_without_phase1_seeds(built, fixture_df):
     run, paths = built
     assert "phase1_variance.csv" not in paths and "phase1_checkpoints.csv" not in paths
