@@ -47,8 +47,7 @@ def _execute(plan: Plan) -> int:
     kill_point("start")
     say(f"[pipeline] {plan.name}: preset {plan.cfg.preset} ({plan.preset_reason}); "
         f"{'continuing' if plan.resumed else 'new'} run in {lay.run_dir}")
-    say(f"[pipeline] grid {sp.name}: {len(sp.conditions)} conditions x {len(sp.seeds)} seeds "
-        f"= {sp.n_trials} trials; {sp.cpus_per_trial:g} CPU"
+    say(f"[pipeline] grid {sp.name}: {sp.size}; {sp.cpus_per_trial:g} CPU"
         f"{f' + {sp.gpus_per_trial:g} GPU' if sp.gpus_per_trial else ''} per trial, "
         f"max_failures {sp.max_failures}")
 

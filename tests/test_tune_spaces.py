@@ -27,6 +27,7 @@ def test_paper_grid_is_six_conditions_by_five_seeds():
     assert sp.conditions == PAPER_CONDITIONS == tuple(CONDITIONS)
     assert sp.seeds == PAPER_SEEDS == (42, 43, 44, 45, 46)
     assert sp.n_trials == 30 and len(set(sp.trials)) == 30
+    assert sp.size == "6 conditions x 5 seeds = 30 trials"
     sp.validate(CONDITIONS)
 
 
@@ -145,6 +146,7 @@ def test_segments_grid_is_the_consolidator_by_t_and_gradient_mode_by_the_presets
     assert sp.variant("T4-truncated").as_dict() == {"segments": 4, "ltm_graph": "truncated"}
     assert sp.variants == segment_variants()
     assert sp.n_trials == 6 * len(cfg.seeds) == len(set(sp.trials))
+    assert sp.size == f"1 conditions x 6 variants x {len(cfg.seeds)} seeds = {sp.n_trials} trials"
     assert sp.resources() == default(cfg).resources()
     sp.validate(ALL_CONDITIONS, cfg)
     for v in sp.variants:  # each variant's TrainConfig: the preset's with T and the mode
@@ -264,6 +266,8 @@ def test_phase1_variance_grid_nests_the_presets_grid_under_each_phase1_seed():
     assert sp.phase1_seeds == PHASE1_VARIANCE_SEEDS and len(PHASE1_VARIANCE_SEEDS) >= 2
     assert (sp.conditions, sp.seeds) == (base.conditions, base.seeds)
     assert sp.n_trials == base.n_trials * len(PHASE1_VARIANCE_SEEDS) == len(sp.trials)
+    assert sp.size == (f"2 conditions x {len(cfg.seeds)} seeds x {len(PHASE1_VARIANCE_SEEDS)} "
+                       f"Phase-1 checkpoints = {sp.n_trials} trials")
     assert {t.phase1_seed for t in sp.trials} == set(PHASE1_VARIANCE_SEEDS)
     assert len({t.name for t in sp.trials}) == sp.n_trials  # every trial its own directory
     assert sp.trials[0].name == "consolidator_only-p0-s42"

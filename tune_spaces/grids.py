@@ -213,6 +213,18 @@ class Space:
         return (len(self.conditions) * len(self.seeds) * len(self.variants)
                 * len(self.phase1_keys))
 
+    @property
+    def size(self) -> str:
+        """`2 conditions x 3 seeds x 3 Phase-1 checkpoints = 18 trials` (variants and Phase-1
+        checkpoints named only where the grid has them)."""
+        parts = [f"{len(self.conditions)} conditions"]
+        if self.has_variants:
+            parts.append(f"{len(self.variants)} variants")
+        parts.append(f"{len(self.seeds)} seeds")
+        if self.phase1_seeds:
+            parts.append(f"{len(self.phase1_seeds)} Phase-1 checkpoints")
+        return f"{' x '.join(parts)} = {self.n_trials} trials"
+
     def resources(self) -> dict[str, float]:
         res = {"cpu": float(self.cpus_per_trial)}
         if self.gpus_per_trial:
