@@ -39,7 +39,7 @@ from matplotlib.figure import Figure
 from pmnet import stats
 from pmnet.io import atomic_write_bytes, atomic_write_text
 from pmnet.stats import CONDITIONS, condition_label
-from pmnet.trial_id import TrialId
+from pmnet.trial_id import TrialId, grid_size
 
 MISSING = "—"
 TARGETS = ("md", "tex", "html")
@@ -1739,16 +1739,9 @@ def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
     grid = meta.get("grid") if isinstance(meta.get("grid"), Mapping) else space
     variants = _variants_from_meta(meta)
     if grid.get("conditions") and grid.get("seeds"):
-        n_c, n_s = len(grid["conditions"]), len(grid["seeds"])
-        n_v = len(variants) or 1
-        n_k = len(space.get("phase1_seeds") or grid.get("phase1_seeds") or ()) or 1
-        text = f"{space.get('name', 'grid')}: {n_c} conditions"
-        if variants:
-            text += f" x {n_v} variants"
-        text += f" x {n_s} seeds"
-        if n_k > 1:
-            text += f" x {n_k} Phase-1 checkpoints"
-        text += f" = {n_c * n_v * n_s * n_k} trials"
+        n_k = len(space.get("phase1_seeds") or grid.get("phase1_seeds") or ())
+        text = (f"{space.get('name', 'grid')}: "
+                + grid_size(len(grid["conditions"]), len(grid["seeds"]), len(variants), n_k))
         if space:
             gpu = f" + {space['gpus_per_trial']:g} GPU" if space.get("gpus_per_trial") else ""
             text += (f"; {space.get('cpus_per_trial', 1):g} CPU{gpu} per trial, "

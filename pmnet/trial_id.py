@@ -169,6 +169,21 @@ class TrialId:
                    None if p1 is None else as_int(p1, "phase1_seed"))
 
 
+def grid_size(conditions: int, seeds: int, variants: int = 0, phase1_checkpoints: int = 0
+              ) -> str:
+    """`2 conditions x 3 seeds x 3 Phase-1 checkpoints = 18 trials`, one description of a
+    grid's size for the driver's log (`Space.size`) and the report's "What ran": variants and
+    Phase-1 checkpoints are named only where the grid has them (0 = it has not)."""
+    parts = [f"{conditions} conditions"]
+    if variants:
+        parts.append(f"{variants} variants")
+    parts.append(f"{seeds} seeds")
+    if phase1_checkpoints:
+        parts.append(f"{phase1_checkpoints} Phase-1 checkpoints")
+    n = conditions * seeds * max(variants, 1) * max(phase1_checkpoints, 1)
+    return f"{' x '.join(parts)} = {n} trials"
+
+
 def as_int(value: Any, what: str) -> int:
     """An integer from a config or JSON value (3, 3.0, "3", numpy ints); ValueError else."""
     if isinstance(value, bool):

@@ -93,3 +93,13 @@ def test_names_configs_and_result_keys_round_trip(trial):
 @given(_trials, _trials)
 def test_different_trials_have_different_names(a, b):
     assert (a == b) == (a.name == b.name)
+
+
+def test_grid_size_names_only_the_factors_a_grid_has():
+    from pmnet.trial_id import grid_size
+
+    assert grid_size(6, 5) == "6 conditions x 5 seeds = 30 trials"
+    assert grid_size(1, 3, variants=6) == "1 conditions x 6 variants x 3 seeds = 18 trials"
+    assert grid_size(2, 3, phase1_checkpoints=3) == (
+        "2 conditions x 3 seeds x 3 Phase-1 checkpoints = 18 trials")
+    assert grid_size(2, 2, 2, 2).endswith("= 16 trials")

@@ -27,7 +27,7 @@ from typing import Any
 
 from pipelines.layout import PHASE2_ONLY_FIELDS
 from pmnet.conditions import CONDITIONS, OPERATOR_CONDITIONS, OPERATOR_REFERENCE, PAPER_SEEDS
-from pmnet.trial_id import DEFAULT_VARIANT, TrialId, variant_name_problem
+from pmnet.trial_id import DEFAULT_VARIANT, TrialId, grid_size, variant_name_problem
 
 # the paper's Phase-2 grid (Section 6.2, Table "Parameter-isolation conditions"; Appendix
 # "Hyperparameters": seeds 42..46)
@@ -217,13 +217,8 @@ class Space:
     def size(self) -> str:
         """`2 conditions x 3 seeds x 3 Phase-1 checkpoints = 18 trials` (variants and Phase-1
         checkpoints named only where the grid has them)."""
-        parts = [f"{len(self.conditions)} conditions"]
-        if self.has_variants:
-            parts.append(f"{len(self.variants)} variants")
-        parts.append(f"{len(self.seeds)} seeds")
-        if self.phase1_seeds:
-            parts.append(f"{len(self.phase1_seeds)} Phase-1 checkpoints")
-        return f"{' x '.join(parts)} = {self.n_trials} trials"
+        return grid_size(len(self.conditions), len(self.seeds),
+                         len(self.variants) if self.has_variants else 0, len(self.phase1_seeds))
 
     def resources(self) -> dict[str, float]:
         res = {"cpu": float(self.cpus_per_trial)}
