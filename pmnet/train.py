@@ -428,6 +428,15 @@ class _PhaseModule(L.LightningModule):
         self._val_chunks: dict[str, list] = {}
         self._train_losses: list[float] = []
         self.test_metrics: dict[str, float] = {}
+        # training time across attempts: a checkpoint carries the time spent up to it, so a
+        # resumed run's train_time_s adds the earlier attempts (up to their last checkpoint)
+        self.prior_time_s = 0.0
+        self._attempt_start = time.time()
+
+    def elapsed_s(self) -> float:
+        """Seconds of training behind the current state: earlier attempts (as recorded in
+        the checkpoint this attempt resumed from) plus this attempt so far."""
+        return self.prior_time_s + (time.time() - self._attempt_start)
 
     def configure_optimizers(self):
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
@@ -469,6 +478,7 @@ class _PhaseModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["pmnet_history"] = list(self.history)
+        checkpoint["pmnet_train_time_s"] = self.elapsed_s()
         checkpoint["pmnet_rng"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             checkpoint["pmnet_rng"]["cuda"] = torch.cuda.get_rng_state_all()
@@ -477,6 +487,7 @@ class _PhaseModule(L.LightningModule):
         if self._trainer is not None and self.trainer.state.fn != "fit":
             return  # loading the best weights for testing keeps the full history
         self.history = list(checkpoint.get("pmnet_history", []))
+        self.prior_time_s = float(checkpoint.get("pmnet_train_time_s", 0.0))
         rng = checkpoint.get("pmnet_rng", {})
         if "torch" in rng:
             torch.set_rng_state(rng["torch"])
@@ -851,7 +862,7 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None,
                 weights_only=True)
     trainer.test(module, datamodule=data, ckpt_path="best", verbose=False, weights_only=True)
-    train_time = time.time() - t0
+    train_time = module.prior_time_s + (time.time() - t0)  # earlier attempts included
     meta = {"phase": 1, "train_config": cfg.to_dict(), "test": module.test_metrics,
             "history": module.history, "phase0": phase0, "train_time_s": train_time,
             "best_epoch": _best_epoch(ckpt)}
@@ -951,7 +962,8 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
         "val": val_best, "test": module.test_metrics,
         "test_stream_hash": task.content_hash(task.test_stream(cfg.test_episodes,
                                                                segments=cfg.segments)),
-        "train_time_s": time.time() - t0, "history": module.history,
+        # earlier attempts (up to the checkpoint this one resumed from) plus this one
+        "train_time_s": module.prior_time_s + (time.time() - t0), "history": module.history,
         "best_model": str(best_model), "config": cfg.flat(),
     }
     result = _jsonable({**result, **record})

@@ -9,6 +9,7 @@ import math
 import os
 import pickle
 import shutil
+import time
 from pathlib import Path
 
 import lightning as L
@@ -110,12 +111,17 @@ def test_killed_run_resumes_to_the_same_result(phase1, tmp_path):
         run_phase2(cfg2, condition="consolidator_only", seed=43, phase1_ckpt=p1["checkpoint"],
                    out_dir=tmp_path / "crash", callbacks=[Crash()], progress=False)
     assert (tmp_path / "crash" / "ckpt" / "last.ckpt").is_file()
-    torch.load(tmp_path / "crash" / "ckpt" / "last.ckpt", weights_only=True)
+    saved = torch.load(tmp_path / "crash" / "ckpt" / "last.ckpt", weights_only=True)
+    before = saved["pmnet_train_time_s"]  # the crashed attempt's time up to its checkpoint
+    t = time.time()
     resumed = run_phase2(cfg2, condition="consolidator_only", seed=43,
                          phase1_ckpt=p1["checkpoint"], out_dir=tmp_path / "crash",
                          progress=False)
+    wall = time.time() - t
     assert resumed["test"] == full["test"]
     assert len(resumed["history"]) == len(full["history"]) == 2
+    # train_time_s adds the crashed attempt's time: more than this attempt's wall alone
+    assert before > 0 and wall < resumed["train_time_s"] <= before + wall
 
 
 def test_each_epoch_writes_its_checkpoint_once(phase1, tmp_path, monkeypatch):
@@ -328,10 +334,13 @@ def test_paper_preset_runs_phase0_before_phase1(tmp_path, monkeypatch):
     assert meta["train_config"]["phase0_steps"] == 3
     # resuming Phase 1 (its last.ckpt exists) does not rerun Phase 0 and keeps its metrics
     calls.clear()
+    saved = torch.load(tmp_path / "phase1_ckpt" / "last.ckpt", weights_only=True)
     run_phase1(cfg, tmp_path, progress=False)
     assert 0 not in calls
     again = json.loads((tmp_path / "phase1_metrics.json").read_text())
     assert again["phase0"] == meta["phase0"]
+    # and its train_time_s keeps the first attempt's time, recorded in the checkpoint
+    assert again["train_time_s"] >= saved["pmnet_train_time_s"] > 0
 
 
 def test_phase2_consolidator_start_is_an_identity_drawn_from_the_seed(phase1):
