@@ -969,24 +969,44 @@ def table_segment_comparisons(ctx: _Context, comparisons: pd.DataFrame) -> Table
         lambda r: r["label"].rsplit(": ", 1)[0])
 
 
+def table_segment_identity(ctx: _Context, comparisons: pd.DataFrame) -> Table:
+    """Learned consolidation minus forced identity at each T and gradient mode, paired by
+    seed: does the trained operator still beat leaving LTM as the first boundary wrote it."""
+    return _family_comparison_table(
+        ctx, comparisons, "tab:segment-identity",
+        lambda m: ("Learned consolidation minus forced identity (the same checkpoint with "
+                   "identity consolidation at every boundary, on the same T-segment test "
+                   "episodes) on updated-mapping LTM recall at each T and gradient mode, "
+                   f"paired by seed (pp): the paper's test at T = 2, full. Holm p adjusts "
+                   f"over the {m} comparisons with a defined p (a family of its own). "
+                   "Blank = not defined (see note)."),
+        lambda r: r["label"].rsplit(": ", 1)[0])
+
+
 def build_segment_tables(
     df: pd.DataFrame,
     expected_seeds: Sequence[int] | None = None,
     comparisons: pd.DataFrame | None = None,
+    identity: pd.DataFrame | None = None,
 ) -> list[Table]:
     """The segments tables from a tidy frame with variant rows (:func:`stats.segment_arms`);
-    [] when no variant sets ``segments`` and ``ltm_graph``. The comparison table only when
-    some T has both a full and a truncated arm."""
+    [] when no variant sets ``segments`` and ``ltm_graph``. The full - truncated table only
+    when some T has both a full and a truncated arm; the learned - forced identity table
+    when some arm learns its consolidation."""
     arms = stats.segment_arms(df)
     if not arms:
         return []
     seeds = list(expected_seeds) if expected_seeds is not None else stats.expected_seed_set(df)
     if comparisons is None:
         comparisons = stats.compare_segments(df, expected_seeds=seeds)
+    if identity is None:
+        identity = stats.compare_segments_identity(df, expected_seeds=seeds)
     ctx = _Context(stats.by_arm(df), None, comparisons, seeds)
     tables = [table_segments(ctx, arms)]
     if len(comparisons):
         tables.append(table_segment_comparisons(ctx, comparisons))
+    if len(identity):
+        tables.append(table_segment_identity(ctx, identity))
     return tables
 
 
@@ -1990,7 +2010,8 @@ def build_report(
     Written (atomically): ``report.html`` (self-contained), ``report.md`` (figures linked),
     ``tables/<id>.md|.tex`` and ``tables/all_tables.tex``, ``figures/<id>.png|.pdf``,
     ``data/trials.csv|.parquet``, ``data/summary.csv``, ``data/comparisons.csv`` (and
-    ``operator_comparisons.csv`` / ``segment_comparisons.csv`` for those families).
+    ``operator_comparisons.csv`` / ``segment_comparisons.csv`` /
+    ``segment_identity_comparisons.csv`` for those families).
 
     Named variants (``variant`` column of the tidy frame; ``meta`` grid/space variants): the
     paper's tables, figures and comparisons read the trials of the default variant only (and
@@ -2071,14 +2092,16 @@ def build_report(
                else figure_training_curves(curves))
     operator_cmp = (stats.compare_operators(base, expected_seeds=seeds)
                     if stats.has_operator_results(base) else None)
-    segment_cmp = None
+    segment_cmp = segment_identity = None
     if stats.segment_arms(derived):
         segment_cmp = stats.compare_segments(derived, expected_seeds=seeds)
-        tables += build_segment_tables(derived, seeds, segment_cmp)
+        segment_identity = stats.compare_segments_identity(derived, expected_seeds=seeds)
+        tables += build_segment_tables(derived, seeds, segment_cmp, segment_identity)
         first_curve = next((i for i, f in enumerate(figures)
                             if f.id.startswith("fig-training")), len(figures))
         figures.insert(first_curve, figure_segments(derived))
-    families = [c for c in (comparisons, operator_cmp, segment_cmp) if c is not None and len(c)]
+    families = [c for c in (comparisons, operator_cmp, segment_cmp, segment_identity)
+                if c is not None and len(c)]
     missing = missing_results(
         derived, conditions, seeds,
         pd.concat(families, ignore_index=True) if len(families) > 1
@@ -2120,7 +2143,8 @@ def build_report(
     # each family of comparisons has its own Holm correction, so its own file
     for name, family in (("comparisons.csv", comparisons),
                          ("operator_comparisons.csv", operator_cmp),
-                         ("segment_comparisons.csv", segment_cmp)):
+                         ("segment_comparisons.csv", segment_cmp),
+                         ("segment_identity_comparisons.csv", segment_identity)):
         if family is None or (name != "comparisons.csv" and not len(family)):
             continue
         flat = family.copy()

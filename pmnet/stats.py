@@ -1370,6 +1370,41 @@ def segment_comparisons(df: pd.DataFrame, metric: str = "updated_ltm"
     return tuple(out)
 
 
+def segment_identity_comparisons(df: pd.DataFrame, metric: str = "updated_ltm"
+                                 ) -> tuple[Comparison, ...]:
+    """For each arm of :func:`segment_arms` whose condition learns its consolidation (all but
+    ``identity_full``): ``metric`` minus ``forced_identity`` in the same trials (the learned
+    operator against the same checkpoint with identity consolidation on the same T-segment
+    test episodes), the paper's learned - forced identity test at each T and mode. The label
+    names the condition when ``df`` has more than one."""
+    arms = [a for a in segment_arms(df) if a.condition != "identity_full"]
+    several = len({a.condition for a in arms}) > 1
+    return tuple(
+        Comparison(f"{f'{a.condition}, ' if several else ''}T = {a.segments}, {a.ltm_graph}: "
+                   f"learned - forced identity: {metric}",
+                   a.arm, metric, a.arm, "forced_identity", "ours:segments")
+        for a in arms)
+
+
+def compare_segments_identity(
+    df: pd.DataFrame,
+    metric: str = "updated_ltm",
+    *,
+    expected_seeds: Iterable[int] | None = None,
+    alpha: float = 0.05,
+) -> pd.DataFrame:
+    """:func:`compare_all` over :func:`segment_identity_comparisons` (learned - forced
+    identity for every T and mode, paired by seed; Holm over these comparisons only, a family
+    of their own), with ``segments`` and ``ltm_graph`` columns. Empty when ``df`` has no
+    segment arm."""
+    comparisons = segment_identity_comparisons(df, metric)
+    out = compare_all(by_arm(df), comparisons, expected_seeds=expected_seeds, alpha=alpha)
+    arms = {a.arm: a for a in segment_arms(df)}
+    out["segments"] = [arms[c].segments for c in out.get("cond_a", [])]
+    out["ltm_graph"] = [arms[c].ltm_graph for c in out.get("cond_a", [])]
+    return out
+
+
 def compare_segments(
     df: pd.DataFrame,
     metric: str = "updated_ltm",

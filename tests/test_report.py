@@ -812,6 +812,13 @@ def test_segments_table_is_recall_against_t_by_gradient_mode(segments_run):
     assert list(data["segments"]) == [2, 4, 8] and (data["holm_m"] == 3).all()
     assert "Holm p adjusts over the 3 values of T" in paths["tab-segment-comparisons.md"
                                                            ].read_text()
+    # learned - forced identity at each T and mode, a family of six
+    id_rows = _md_rows(paths["tab-segment-identity.md"].read_text())[2:]
+    assert [r[0] for r in id_rows] == [f"T = {t}, {g}: learned - forced identity"
+                                       for t in (2, 4, 8) for g in ("full", "truncated")]
+    assert [r[1] for r in id_rows] == ["5"] * 5 + ["4"]
+    ident = pd.read_csv(paths["segment_identity_comparisons.csv"])
+    assert (ident["holm_m"] == 6).all() and list(ident["segments"]) == [2, 2, 4, 4, 8, 8]
     tex = paths["tab-segments.tex"].read_text()
     assert r"\label{tab:segments}" in tex and tex.count(r"\midrule") == 1 + 2  # T groups
 
@@ -820,8 +827,8 @@ def test_a_report_of_variants_only_leaves_the_papers_tables_out(segments_run):
     run, paths = segments_run
     text = paths["html"].read_text(encoding="utf-8")
     doc = parse_html(text)
-    assert {t for t in doc.tables if t.startswith("tab:")} == {"tab:segments",
-                                                               "tab:segment-comparisons"}
+    assert {t for t in doc.tables if t.startswith("tab:")} == {
+        "tab:segments", "tab:segment-comparisons", "tab:segment-identity"}
     assert "fig-segments" in doc.figures and "fig-training-phase2" in doc.figures
     assert "the paper&#x27;s tables and comparisons read only the 0 trial(s) of the default "\
         "variant, and there are none" in text

@@ -806,3 +806,28 @@ def test_segment_arms_and_full_minus_truncated_paired_by_seed(tmp_path):
     # a T with only one mode has nothing to pair
     only_full = stats.load_results(write_segment_results(tmp_path / "f", graphs=("full",)))
     assert len(stats.segment_arms(only_full)) == 3 and stats.compare_segments(only_full).empty
+
+
+def test_learned_minus_forced_identity_at_each_segment_count_and_mode(tmp_path):
+    df = stats.load_results(write_segment_results(tmp_path,
+                                                  skip={("T4-full", 44)}))
+    out = stats.compare_segments_identity(df)
+    assert list(out["label"]) == [f"T = {t}, {g}: learned - forced identity: updated_ltm"
+                                  for t in SEGMENT_TS for g in ("full", "truncated")]
+    assert list(out["segments"]) == [t for t in SEGMENT_TS for _ in range(2)]
+    assert list(out["ltm_graph"]) == ["full", "truncated"] * 3
+    for row in out.to_dict("records"):  # by hand: updated minus forced identity, per seed
+        t, g = row["segments"], row["ltm_graph"]
+        seeds = [s for s in SEGMENT_SEEDS if not (t == 4 and g == "full" and s == 44)]
+        diffs = [segment_value(t, g, s, "updated_ltm") - segment_value(t, g, s,
+                                                                       "forced_identity")
+                 for s in seeds]
+        assert row["n"] == len(seeds) and row["mean_diff"] == pytest.approx(np.mean(diffs))
+        assert row["p"] == pytest.approx(sps.ttest_1samp(diffs, 0.0).pvalue)
+    assert (out["holm_m"] == 6).all()  # a family of its own: Holm over these six only
+    assert out["p_holm"].tolist() == pytest.approx(
+        multipletests(out["p"], method="holm")[1].tolist())
+    assert "seed 44 missing" in out["note"].iloc[2]
+    # a frame without segment arms has nothing to compare
+    plain = df[df["variant"] == "T2-full"].assign(variant="")
+    assert stats.compare_segments_identity(plain).empty
