@@ -1813,8 +1813,14 @@ def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
         if _minutes(timing.get(key))]
     if parts:
         runs = len(timing.get("invocations") or [])
-        facts.append(("wall time" + (f" (last of {runs} invocations)" if runs > 1 else ""),
-                      ", ".join(parts)))
+        if runs > 1:
+            label = f"wall time (last of {runs} timed invocations)"
+        elif timing.get("resumed"):  # an invocation that was killed wrote no timing
+            label = ("wall time (this invocation, a resume: earlier ones that did not finish "
+                     "are not timed; summed trial training counts them)")
+        else:
+            label = "wall time"
+        facts.append((label, ", ".join(parts)))
     versions = meta.get("versions") if isinstance(meta.get("versions"), Mapping) else {}
     if versions:
         facts.append(("versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))))

@@ -708,6 +708,20 @@ def test_what_ran_counts_the_phase1_checkpoints_of_a_nested_grid():
     assert one["wall time"] == "Phase-1 training 16.5 min"
 
 
+def test_what_ran_says_when_its_wall_time_is_one_of_several_invocations():
+    timing = {"wall_s": 600.0, "sum_trial_train_s": 1200.0}
+    label = next(k for k, _ in report._pipeline_facts({"timing": timing}))
+    assert label == "wall time"
+    resumed = dict(report._pipeline_facts({"timing": {**timing, "resumed": True,
+                                                      "invocations": [timing]}}))
+    (label,) = resumed
+    assert label.startswith("wall time (this invocation, a resume: earlier ones that did not")
+    assert resumed[label] == "pipeline 10.0 min, summed trial training 20.0 min"
+    two = dict(report._pipeline_facts({"timing": {**timing, "resumed": True,
+                                                  "invocations": [timing, timing]}}))
+    assert list(two) == ["wall time (last of 2 timed invocations)"]
+
+
 def test_report_is_unchanged_without_phase1_seeds(built, fixture_df):
     run, paths = built
     assert "phase1_variance.csv" not in paths and "phase1_checkpoints.csv" not in paths
