@@ -17,7 +17,6 @@ time of each step, file size, the refusals' exit codes and messages) and exits 1
 the restored answers equal the never-saved ones bit for bit and every refusal happened.
 """
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -27,8 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pmnet import task  # noqa: E402
-from pmnet.evaluate import digit_prediction  # noqa: E402
-from pmnet.persist import answer_final, consolidate_batch  # noqa: E402
+from pmnet.persist import answer_final, consolidate_batch, score_final  # noqa: E402
 from pmnet.runner import RunOptions  # noqa: E402
 from pmnet.train import get_condition, load_model_file  # noqa: E402
 
@@ -69,11 +67,7 @@ def main(argv: list[str]) -> int:
     stream = task.test_stream(opts["n"], segments=opts["segments"])
     state = consolidate_batch(model, stream, RunOptions(cond.consolidation, cond.ltm_routing))
     logits = answer_final(model, stream, state, ltm_routing=cond.ltm_routing)
-    live = {"updated_ltm": 100 * (digit_prediction(logits) == stream.target_digit[:, -1]
-                                  ).float().mean().item(),
-            "logits_sha256": hashlib.sha256(logits.float().contiguous().numpy().tobytes()
-                                            ).hexdigest(),
-            "wall_s": round(time.time() - t, 2)}
+    live = {**score_final(logits, stream), "wall_s": round(time.time() - t, 2)}
 
     code, stdout, err, wall = _cli("ltm", "save", model_file, "--out", str(ltm_file),
                                    "--condition", cond.name, "--stream", "test",

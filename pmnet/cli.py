@@ -137,11 +137,8 @@ def _stream(name: str, n: int, segments: int):
 
 def cmd_ltm(args) -> int:
     """Save a stream's LTM after every boundary, or answer its final queries from a file."""
-    import hashlib
-
     from pmnet import task
-    from pmnet.evaluate import digit_prediction
-    from pmnet.persist import answer_final, consolidate_batch, load_ltm, save_ltm
+    from pmnet.persist import answer_final, consolidate_batch, load_ltm, save_ltm, score_final
     from pmnet.runner import RunOptions
     from pmnet.train import get_condition, load_model_file
 
@@ -173,12 +170,9 @@ def cmd_ltm(args) -> int:
                          "recorded stream hash")
     logits = answer_final(model, stream, saved.state(model),
                           ltm_routing=bool(meta.get("ltm_routing", True)))
-    pred = digit_prediction(logits)
-    recall = 100 * (pred == stream.target_digit[:, -1]).float().mean().item()
-    out = {"updated_ltm": recall, "n": len(stream), "segments": saved.segments,
-           "condition": meta.get("condition"),
-           "logits_sha256": hashlib.sha256(logits.float().contiguous().numpy().tobytes()
-                                           ).hexdigest()}
+    score = score_final(logits, stream)
+    out = {"updated_ltm": score["updated_ltm"], "n": len(stream), "segments": saved.segments,
+           "condition": meta.get("condition"), "logits_sha256": score["logits_sha256"]}
     print(json.dumps(out, indent=2))
     return 0
 

@@ -198,3 +198,15 @@ def answer_final(model: PMNet, batch, state: MemoryState, *, ltm_routing: bool) 
         logits, _ = model(batch.query_tokens[:, -1], state, ltm_routing=ltm_routing,
                           logits="last")
     return logits
+
+
+def score_final(logits: Tensor, batch) -> dict[str, Any]:
+    """Recall of the final queries' logits from :func:`answer_final` against the last
+    segment's rule (``updated_ltm``, percent), and the sha256 of the float32 logits, the
+    fingerprint two runs compare bit for bit."""
+    from pmnet.evaluate import digit_prediction
+
+    hits = digit_prediction(logits) == batch.target_digit[:, -1]
+    return {"updated_ltm": 100 * hits.float().mean().item(),
+            "logits_sha256": hashlib.sha256(logits.float().contiguous().numpy().tobytes()
+                                            ).hexdigest()}

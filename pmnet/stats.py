@@ -1397,12 +1397,8 @@ def compare_segments_identity(
     identity for every T and mode, paired by seed; Holm over these comparisons only, a family
     of their own), with ``segments`` and ``ltm_graph`` columns. Empty when ``df`` has no
     segment arm."""
-    comparisons = segment_identity_comparisons(df, metric)
-    out = compare_all(by_arm(df), comparisons, expected_seeds=expected_seeds, alpha=alpha)
-    arms = {a.arm: a for a in segment_arms(df)}
-    out["segments"] = [arms[c].segments for c in out.get("cond_a", [])]
-    out["ltm_graph"] = [arms[c].ltm_graph for c in out.get("cond_a", [])]
-    return out
+    return _compare_segment_family(df, segment_identity_comparisons(df, metric),
+                                   ("segments", "ltm_graph"), expected_seeds, alpha)
 
 
 def compare_segments(
@@ -1415,10 +1411,19 @@ def compare_segments(
     """:func:`compare_all` over :func:`segment_comparisons` (full - truncated at each T, paired
     by seed; Holm over these comparisons only, a family of their own), with a ``segments``
     column. Empty when ``df`` has no such pair."""
-    comparisons = segment_comparisons(df, metric)
+    return _compare_segment_family(df, segment_comparisons(df, metric), ("segments",),
+                                   expected_seeds, alpha)
+
+
+def _compare_segment_family(df: pd.DataFrame, comparisons: Sequence[Comparison],
+                            columns: Sequence[str], expected_seeds: Iterable[int] | None,
+                            alpha: float) -> pd.DataFrame:
+    """:func:`compare_all` over one family of segment comparisons (its own Holm), with the
+    :class:`SegmentArm` fields ``columns`` of each row's first arm added as columns."""
     out = compare_all(by_arm(df), comparisons, expected_seeds=expected_seeds, alpha=alpha)
     arms = {a.arm: a for a in segment_arms(df)}
-    out["segments"] = [arms[c].segments for c in out.get("cond_a", [])]
+    for column in columns:
+        out[column] = [getattr(arms[c], column) for c in out.get("cond_a", [])]
     return out
 
 

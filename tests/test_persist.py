@@ -2,6 +2,7 @@
 one) answers the final queries bit for bit as the LTM never saved; another model's file, a
 corrupted, truncated or foreign file is refused with a clear error."""
 
+import hashlib
 import io
 import json
 import subprocess
@@ -23,6 +24,7 @@ from pmnet.persist import (
     load_ltm,
     model_fingerprint,
     save_ltm,
+    score_final,
 )
 from pmnet.runner import RunOptions, run_episodes
 from pmnet.train import MODEL_FORMAT, save_model_file
@@ -56,6 +58,13 @@ def test_restored_ltm_answers_bit_for_bit_like_the_ltm_never_saved(model, stream
     assert all(torch.equal(a, b) for a, b in zip(saved.ltm, state.ltm))
     restored = answer_final(model, stream, saved.state(model), ltm_routing=True)
     assert torch.equal(restored, direct)
+    # score_final: recall over the digit ids and the logits' fingerprint, equal for both
+    score = score_final(restored, stream)
+    assert score == score_final(direct, stream)
+    pred = direct[:, list(task.DIGIT_TOKENS)].argmax(-1)
+    assert score["updated_ltm"] == pytest.approx(
+        100 * (pred == stream.target_digit[:, 1]).float().mean().item())
+    assert score["logits_sha256"] == hashlib.sha256(direct.float().numpy().tobytes()).hexdigest()
     # and the file is loadable without unpickling code
     payload = torch.load(path, weights_only=True)
     assert payload["format"] == LTM_FORMAT and payload["model_sha256"] == model_fingerprint(model)
@@ -75,8 +84,6 @@ def test_a_new_process_answers_the_same(model, tmp_path):
     stream = task.test_stream(30)
     with torch.no_grad():
         logits = run_episodes(model, stream, RunOptions("learned", True))["updated_ltm"]
-    import hashlib
-
     assert restored["logits_sha256"] == hashlib.sha256(
         logits.float().contiguous().numpy().tobytes()).hexdigest()
     pred = logits[:, list(task.DIGIT_TOKENS)].argmax(-1)
