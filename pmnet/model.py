@@ -22,6 +22,14 @@ creates one with `model.add_operator(name)` and then calls `consolidate(state, m
 
 Every operation returns a new state; no tensor of a state is modified in place, so a
 state can be branched (auxiliary trajectories) without leaking into the original.
+
+Speed (issue 20): the maths is the paper's, written with few kernels, because a step of this
+model is thousands of small ops. Three autograd Functions with hand-written backward passes
+(`rms_norm`, `phase_softmax`, `scale_grad`), projections that share an input run as one
+matmul (q/k/v, gate/up, the key/value maps of every read module of a block), RoPE tables
+cached per model, and nothing in a forward pass waits for the device (no `.item()`).
+`tests/test_model_fused.py` checks the whole model against the literal code it replaced
+(`tests/oracle/model_235df21.py`), forward values and gradients.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from pmnet.config import ModelConfig
 
@@ -64,6 +73,77 @@ def rotation_angle(w_c: Tensor, w_s: Tensor, c: Tensor, s: Tensor) -> Tensor:
     atan2(Im(w conj z), Re(w conj z)) in (-pi, pi]. Exactly 0 when w == z bitwise
     (w_s c - w_c s is then x - x), which makes the operators' identity starts exact."""
     return torch.atan2(w_s * c - w_c * s, w_c * c + w_s * s)
+
+
+# -----------------------------------------------------------------------------------------
+# Fused operations: one autograd node each, backward written by hand
+# -----------------------------------------------------------------------------------------
+
+
+class _RMSNorm(torch.autograd.Function):
+    """y = w * x * rsqrt(mean(x^2) + eps) over the last dim, in fp32, returned in x's dtype.
+
+    The weight broadcasts against x (shape (D,), or (H, D) for per-head weights). Backward:
+    with xhat = x r, dx = r (g w - xhat mean(g w xhat)), dw = sum of g xhat over x's other
+    dims. Saves x and r (not xhat: half the bytes when x is bf16)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        xf = x.to(_at_least_fp32(x))
+        r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, r, weight)
+        return (xf * r * weight).to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor):
+        x, r, weight = ctx.saved_tensors
+        xhat = x.to(r.dtype) * r
+        gf = g.to(r.dtype)
+        gw = gf * weight
+        dx = r * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        dw = (gf * xhat).sum_to_size(weight.shape) if ctx.needs_input_grad[1] else None
+        return dx.to(x.dtype), dw, None
+
+
+def _at_least_fp32(x: Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dim (the same values as `F.rms_norm` in fp32; fp32 inside and
+    x's dtype out under autocast, so q and k stay half precision for flash attention)."""
+    return _RMSNorm.apply(x, weight, eps)
+
+
+class _PhaseSoftmax(torch.autograd.Function):
+    """p = softmax over `dim` of sum_m cos(q_m - k_m) / sqrt(P) (the phase attention scores
+    of the read and write modules); q broadcasts against k.
+
+    Backward: with s the scores and g_s = softmax'(g_p), d s / d k_m = sin(q_m - k_m) / sqrt(P)
+    and d s / d q_m = -sin(q_m - k_m) / sqrt(P), so g_k = sin(q - k) g_s / sqrt(P) and g_q is
+    -g_k summed back to q's shape. Saves q, k and p; q - k is recomputed."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, dim: int) -> Tensor:
+        p = torch.softmax(torch.cos(q - k).sum(-1) / math.sqrt(k.shape[-1]), dim=dim)
+        ctx.save_for_backward(q, k, p)
+        ctx.dim = dim
+        return p
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_p: Tensor):
+        q, k, p = ctx.saved_tensors
+        g_s = torch._softmax_backward_data(g_p, p, ctx.dim, p.dtype)
+        g_k = torch.sin(q - k) * (g_s / math.sqrt(k.shape[-1]))[..., None]
+        g_q = -g_k.sum_to_size(q.shape) if ctx.needs_input_grad[0] else None
+        return g_q, (g_k if ctx.needs_input_grad[1] else None), None
+
+
+def phase_softmax(q: Tensor, k: Tensor, dim: int) -> Tensor:
+    """softmax_dim( sum_m cos(q_m - k_m) / sqrt(P) ): (..., P) against (..., P) -> (...)."""
+    return _PhaseSoftmax.apply(q, k, dim)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -163,7 +243,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -177,11 +257,18 @@ def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor,
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: (B, heads, T, D); cos/sin: (T, D)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x * cos + rotated * sin).to(x.dtype)
+def signed_sin(sin: Tensor) -> Tensor:
+    """[-sin_1 ; sin_2] of a (..., D) table: rotate_half(x) * sin == roll(x, D/2) * signed_sin,
+    with rotate_half(x) = [-x_2 ; x_1] (the same products, bit for bit)."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """RoPE over the last dim: x * cos + rotate_half(x) * sin, in fp32, returned in x's dtype.
+    x: (..., T, heads, D) or any shape the (T, 1, D) / (T, D) tables broadcast against."""
+    rolled = torch.roll(x, x.shape[-1] // 2, dims=-1)  # [x_2 ; x_1]
+    return (x * cos + rolled * sin_signed).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -197,13 +284,18 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache):
+    def forward(self, x: Tensor, cos: Tensor, sin_signed: Tensor, cache):
+        """x: (B, T, H) normed input; cos / sin_signed: (T, 1, head_dim) RoPE tables."""
         cfg = self.cfg
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, cfg.n_head, cfg.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(B, T, cfg.n_kv_head, cfg.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, heads, T, D)
+        nq, nk, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        # q, k, v in one matmul; q and k normed per head (their own weights) in one call
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        qk, v = F.linear(x, w).view(B, T, nq + 2 * nk, D).split([nq + nk, nk], dim=2)
+        w_norm = torch.cat([self.q_norm.weight.expand(nq, D), self.k_norm.weight.expand(nk, D)])
+        qk = apply_rope(rms_norm(qk, w_norm, cfg.rms_eps), cos, sin_signed)
+        q, k = (t.transpose(1, 2) for t in qk.split([nq, nk], dim=2))  # (B, heads, T, D)
+        v = v.transpose(1, 2)
         if cache is not None:
             k = torch.cat([cache[0].to(k.dtype), k], dim=2)
             v = torch.cat([cache[1].to(v.dtype), v], dim=2)
@@ -261,17 +353,13 @@ class MLP(nn.Module):
         self.down = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate, up = F.linear(x, torch.cat([self.gate.weight, self.up.weight])).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 # -----------------------------------------------------------------------------------------
 # Memory modules
 # -----------------------------------------------------------------------------------------
-
-
-def phase_scores(q: Tensor, k: Tensor, dim: int) -> Tensor:
-    """sum_m cos(q_m - k_m) / sqrt(dim); q broadcasts against k: (..., P) -> (...)."""
-    return torch.cos(q - k).sum(-1) / math.sqrt(dim)
 
 
 class MemoryWrite(nn.Module):
@@ -301,7 +389,7 @@ class MemoryWrite(nn.Module):
         q = math.pi * torch.tanh(self.w_q(x).float())  # (B, T, P)
         v = math.pi * torch.tanh(self.w_o(self.w_v(x)).float())  # (B, T, P)
         k = math.pi * torch.tanh(self.w_k(phasor(a)).float())  # (B, T, K, P)
-        p = torch.softmax(phase_scores(q[:, :, None, :], k, self.P), dim=-1)  # (B, T, K)
+        p = phase_softmax(q[:, :, None, :], k, dim=-1)  # (B, T, K)
         delta = p[..., None] * v[:, :, None, :]  # (B, T, K, P)
         return delta, p
 
@@ -310,7 +398,9 @@ class MemoryRead(nn.Module):
     """Read of the visited group's K slots (every layer), Hr phase-attention heads.
 
     Keys/values from [sin; cos] of (memory state + static slot embedding); the memory state
-    includes M = (S + L) mod 2pi of every block visited so far (Eq. 3).
+    includes M = (S + L) mod 2pi of every block visited so far (Eq. 3). The features are the
+    same for every layer of a block, so `PMNet.forward` maps them for all the block's read
+    modules in one matmul (`read_keys_values`) and hands each module its keys and values.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -322,17 +412,29 @@ class MemoryRead(nn.Module):
         self.w_kv = nn.Linear(2 * P, 2 * Hr * P)
         self.w_out = nn.Linear(Hr * P, cfg.hidden)
 
-    def forward(self, h: Tensor, feat: Tensor) -> Tensor:
-        """h: (B, T, H); feat: (B, T, K, 2P) = [sin; cos] of (memory state + slot
-        embeddings), shared by the layers of a block -> (B, T, H)."""
-        B, T, K, P2 = feat.shape
-        P, Hr = P2 // 2, self.Hr
+    def forward(self, h: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """h: (B, T, H); k, v: (B, T, K, Hr, P) this module's keys (pi tanh applied) and
+        values of the visited group's slots (`read_keys_values`) -> (B, T, H)."""
+        B, T, K, Hr, P = k.shape
         q = math.pi * torch.tanh(self.w_q(self.norm(h)).float()).view(B, T, 1, Hr, P)
-        kv = self.w_kv(feat).float().view(B, T, K, 2, Hr, P)
-        k = math.pi * torch.tanh(kv[:, :, :, 0])  # (B, T, K, Hr, P)
-        p = torch.softmax(phase_scores(q, k, P), dim=2)  # (B, T, K, Hr)
-        out = (p[..., None] * kv[:, :, :, 1]).sum(2)  # (B, T, Hr, P)
+        p = phase_softmax(q, k, dim=2)  # (B, T, K, Hr)
+        out = (p[..., None] * v).sum(2)  # (B, T, Hr, P)
         return self.w_out(out.reshape(B, T, Hr * P).to(h.dtype))
+
+
+def read_keys_values(reads: list[MemoryRead], feat: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """Keys and values of several read modules from the same features, in one matmul.
+
+    feat: (B, T, K, 2P) = [sin; cos] of (memory state + slot embeddings) of a block. Each
+    module's `w_kv` maps it to (2, Hr, P): keys pi * tanh(.) and values. Returns one
+    (k, v) pair of (B, T, K, Hr, P) views per module, in order."""
+    B, T, K, P2 = feat.shape
+    n, Hr = len(reads), reads[0].Hr
+    w = torch.cat([r.w_kv.weight for r in reads]) if n > 1 else reads[0].w_kv.weight
+    b = torch.cat([r.w_kv.bias for r in reads]) if n > 1 else reads[0].w_kv.bias
+    keys, values = F.linear(feat, w, b).float().view(B, T, K, n, 2, Hr, P2 // 2).unbind(4)
+    keys = math.pi * torch.tanh(keys)  # (B, T, K, n, Hr, P)
+    return list(zip(keys.unbind(3), values.unbind(3)))
 
 
 class Consolidator(nn.Module):
@@ -607,6 +709,15 @@ class PMNet(nn.Module):
         # alternative consolidation operators, created at Phase 2 by `add_operator` (empty
         # here, so a Phase-1 model's parameters and state dict are those of the paper)
         self.operators = nn.ModuleDict()
+        # RoPE tables of positions 0 .. max_chunk - 1 as (T, 1, head_dim): constants, not in
+        # the state dict; positions beyond them are computed on the fly
+        cos, sin = rope_tables(torch.arange(cfg.max_chunk), cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos[:, None], persistent=False)
+        self.register_buffer("rope_sin", signed_sin(sin)[:, None], persistent=False)
+        # indices of each block's layers (every layer has a read module when memory is on):
+        # their keys and values are computed together, once per block
+        self.block_layers = [[i for i in range(cfg.n_layer) if i // cfg.write_period == b]
+                             for b in range(cfg.n_blocks)] if cfg.use_memory else []
         self._init_weights()
 
     @torch.no_grad()
@@ -694,15 +805,37 @@ class PMNet(nn.Module):
             raise ValueError(f"tokens must be non-empty, got shape {tuple(tokens.shape)}")
         if T > cfg.max_chunk:
             raise ValueError(f"chunk of {T} tokens exceeds max_chunk={cfg.max_chunk}")
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= cfg.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got [{lo}, {hi}]")
         if cfg.use_memory and state.batch_size != B:
             raise ValueError(f"state batch size {state.batch_size} != tokens batch size {B}")
         if len(state.kv) != cfg.n_layer:
             raise ValueError(
                 f"state has {len(state.kv)} KV entries, model has {cfg.n_layer} layers"
             )
+
+    def check_token_ids(self, tokens: Tensor) -> None:
+        """ValueError unless every id lies in [0, vocab_size). Reads the ids back to the host
+        (a device sync on a GPU), so `forward` does not call it: there an out-of-range id
+        fails in the embedding lookup (on the CPU as this ValueError, on CUDA as a device
+        assert). The task's episodes are in range by construction."""
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got "
+                             f"[{lo}, {hi}]")
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        try:
+            return self.embed(tokens)
+        except IndexError:  # the CPU kernel's range check: say what was wrong
+            self.check_token_ids(tokens)
+            raise
+
+    def _rope(self, pos: int, T: int, device) -> tuple[Tensor, Tensor]:
+        """cos and signed sin tables (T, 1, head_dim) of positions pos .. pos + T - 1."""
+        if pos + T <= self.rope_cos.shape[0]:
+            return self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]
+        cos, sin = rope_tables(torch.arange(pos, pos + T, device=device), self.cfg.head_dim,
+                               self.cfg.rope_theta)
+        return cos[:, None], signed_sin(sin)[:, None]
 
     def forward(
         self,
@@ -729,9 +862,8 @@ class PMNet(nn.Module):
         dev = tokens.device
         tokens = tokens.long()
 
-        h = self.embed(tokens)  # (B, T, H)
-        cos, sin = rope_tables(torch.arange(state.pos, state.pos + T, device=dev),
-                               cfg.head_dim, cfg.rope_theta)
+        h = self._embed(tokens)  # (B, T, H)
+        cos, sin = self._rope(state.pos, T, dev)
         kv = list(state.kv)
         stm, occ = list(state.stm), list(state.occ)
 
@@ -739,7 +871,7 @@ class PMNet(nn.Module):
             group = torch.zeros(B, T, dtype=torch.long, device=dev)  # visited group, block b
             u = torch.zeros(B, T, K, P, device=dev)  # memory state carried from blocks above
             causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()  # (T, T)
-        feat = None
+        read_kv = {}  # layer index -> (keys, values) of its read module, for this block
         routes = []
         for layer in self.layers:
             a_out, kv[layer.index] = layer.attn(layer.attn_norm(h), cos, sin, kv[layer.index])
@@ -752,10 +884,12 @@ class PMNet(nn.Module):
                 L_tok = _gather_groups(state.ltm[b], group)  # (B, T, K, P)  L_{b,g,j}
                 a = u + e + L_tok if ltm_routing else u + e  # routing state   Eq. 1 / Eq. 9
                 delta, p = layer.write(h, a)  # (B, T, K, P), (B, T, K)        Eq. 2
-                onehot = F.one_hot(group, G).to(delta.dtype)  # (B, T, G)
+                # (B, T, G) one-hot of each token's group, without F.one_hot's host-side check
+                onehot = (group[..., None] == torch.arange(G, device=dev)).to(delta.dtype)
+                written = onehot.sum(1)  # (B, G) tokens of each row written to each group
                 if self.training and delta.requires_grad:
                     # gradient of each delta scaled by 1/sqrt(#tokens of this row in its group)
-                    count = (onehot.sum(1, keepdim=True) * onehot).sum(-1)  # (B, T)
+                    count = written.gather(1, group)  # (B, T)
                     delta = scale_grad(delta, count.rsqrt()[..., None, None])
                 flat = delta.reshape(B, T, K * P).float()
                 # segmented causal prefix sum per (row, group), one batched matmul:
@@ -769,14 +903,17 @@ class PMNet(nn.Module):
                 M_tok = S_tok + L_tok  # (B, T, K, P)  Eq. 3; mod 2pi is implicit: M is
                 u = wrap(u + M_tok)  # only seen through sin/cos, u is wrapped to stay small
                 feat = phasor(u + e)  # (B, T, K, 2P) read features for this block's layers
+                idx = self.block_layers[b]
+                read_kv = dict(zip(idx, read_keys_values([self.layers[i].read for i in idx],
+                                                         feat)))
                 stm[b] = wrap(stm[b] + total)  # state after the chunk
-                occ[b] = occ[b] | (onehot.sum(1) > 0)  # (B, G)
+                occ[b] = occ[b] | (written > 0)  # (B, G)
                 routes.append(group)
                 group = group * K + p.argmax(-1)  # hard top-1 descent to the next block
                 if b + 1 == cfg.n_blocks:
                     routes.append(group)
             if layer.read is not None:
-                h = h + layer.read(h, feat)
+                h = h + layer.read(h, *read_kv[layer.index])
             h = h + layer.mlp(layer.mlp_norm(h))
 
         new_state = replace(state, kv=tuple(kv), stm=tuple(stm), occ=tuple(occ),

@@ -1,0 +1,833 @@
+"""PMNet with routed short-term memory (STM), long-term memory (LTM) and the Consolidator.
+
+The whole model, top to bottom, in one file. Equation numbers refer to
+`consolidator-paper.tex` ("Consolidator: Learning Persistent Routed Memory Across Context
+Boundaries"); PMNet details the paper defers to its predecessor follow `pmnet-mechanics.md`.
+
+Shapes: B batch, T tokens in the chunk, H hidden, K = branch (child slots per group),
+P = phase_dim (d_m), G_b = K**b groups in block b, Hr read heads.
+
+Memory lifecycle (Section 3.1), driven through an explicit `MemoryState`:
+
+    state = model.init_state(B)                         # empty KV, STM, occupancy; zero LTM
+    logits, state = model(tokens, state, ltm_routing=True)   # process a chunk: writes STM,
+                                                        # reads M = (S + L) mod 2pi  (Eq. 3)
+    state = model.consolidate(state, mode="learned")    # Eq. 8 (or mode="identity")
+    state = state.clear_context()                       # drop KV + STM + occupancy, keep LTM
+
+Besides the Consolidator (`learned`) and raw accumulation (`identity`), the boundary can use
+one of the alternative consolidation operators of `OPERATORS` (`ema`, `overwrite`, `linear`,
+`gru`; the paper's Limitations name them as untested). A Phase-1 checkpoint has none: Phase 2
+creates one with `model.add_operator(name)` and then calls `consolidate(state, mode=name)`.
+
+Every operation returns a new state; no tensor of a state is modified in place, so a
+state can be branched (auxiliary trajectories) without leaking into the original.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pmnet.config import ModelConfig
+
+TWO_PI = 2.0 * math.pi
+
+try:  # flash-attn is optional (the `flash` extra); used only on CUDA with half precision
+    from flash_attn import flash_attn_func  # type: ignore
+except Exception:  # pragma: no cover - not installed on CPU machines
+    flash_attn_func = None
+
+
+def wrap(x: Tensor) -> Tensor:
+    """Phase wrapping `x mod 2pi` into [0, 2pi)."""
+    return torch.remainder(x, TWO_PI)
+
+
+def phasor(x: Tensor) -> Tensor:
+    """[sin x ; cos x] along the last dim: (..., P) -> (..., 2P)."""
+    return torch.cat([torch.sin(x), torch.cos(x)], dim=-1)
+
+
+def angle_diff(x: Tensor) -> Tensor:
+    """The shortest-arc representative of the angle x: (x + pi) mod 2pi - pi, in [-pi, pi)."""
+    return wrap(x + math.pi) - math.pi
+
+
+def rotation_angle(w_c: Tensor, w_s: Tensor, c: Tensor, s: Tensor) -> Tensor:
+    """angle(w) - angle(z) for complex w = w_c + i w_s and unit z = c + i s, as
+    atan2(Im(w conj z), Re(w conj z)) in (-pi, pi]. Exactly 0 when w == z bitwise
+    (w_s c - w_c s is then x - x), which makes the operators' identity starts exact."""
+    return torch.atan2(w_s * c - w_c * s, w_c * c + w_s * s)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: Tensor) -> Tensor:
+        ctx.save_for_backward(scale)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (scale,) = ctx.saved_tensors
+        return grad * scale, None
+
+
+def scale_grad(x: Tensor, scale: Tensor) -> Tensor:
+    """Straight-through gradient scaling: forward value is exactly `x`, gradient is `scale * g`."""
+    return _ScaleGrad.apply(x, scale)
+
+
+# -----------------------------------------------------------------------------------------
+# Memory state
+# -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryState:
+    """Non-parametric state of a batch of memory episodes (one row per episode).
+
+    kv[l]   : (k, v), each (B, n_kv_head, T_cache, head_dim), or None   -- KV cache, layer l
+    stm[b]  : (B, G_b, K, P)  routed short-term memory of block b       -- S in the paper
+    occ[b]  : (B, G_b) bool   groups written in the current segment    -- O in Eq. 8
+    ltm[b]  : (B, G_b, K, P)  long-term memory of block b               -- L in the paper
+    pos     : tokens seen since the KV cache was last cleared (RoPE positions restart at 0)
+    routes  : diagnostics of the last chunk, n_blocks + 1 tensors (B, T): routes[b] is the
+              group each token visited in block b; routes[b + 1] % K is the child chosen by
+              block b's router (routes[n_blocks] holds the deepest block's choice)
+    """
+
+    kv: tuple
+    stm: tuple[Tensor, ...]
+    occ: tuple[Tensor, ...]
+    ltm: tuple[Tensor, ...]
+    pos: int = 0
+    routes: tuple = ()
+
+    @property
+    def batch_size(self) -> int:
+        return self.ltm[0].shape[0] if self.ltm else 0
+
+    def clear_context(self) -> MemoryState:
+        """Boundary reset: clear KV cache, STM and occupancy; keep LTM."""
+        return replace(
+            self,
+            kv=tuple(None for _ in self.kv),
+            stm=tuple(torch.zeros_like(s) for s in self.stm),
+            occ=tuple(torch.zeros_like(o) for o in self.occ),
+            pos=0,
+            routes=(),
+        )
+
+    def clear_kv(self) -> MemoryState:
+        """Clear only the KV cache (STM and LTM stay): the query sees memory, not tokens."""
+        return replace(self, kv=tuple(None for _ in self.kv), pos=0)
+
+    def fresh_ltm(self) -> MemoryState:
+        """Replace LTM by the zero phase vector (the paper's fresh-LTM control)."""
+        return replace(self, ltm=tuple(torch.zeros_like(x) for x in self.ltm))
+
+    def detach(self) -> MemoryState:
+        """Cut the autograd graph through every tensor (truncated BPTT)."""
+        kv = tuple(None if c is None else (c[0].detach(), c[1].detach()) for c in self.kv)
+        return replace(
+            self,
+            kv=kv,
+            stm=tuple(s.detach() for s in self.stm),
+            occ=self.occ,
+            ltm=tuple(x.detach() for x in self.ltm),
+        )
+
+    def detach_ltm(self) -> MemoryState:
+        """Detach only LTM (the paper's `detach_long_term_between_sleeps`)."""
+        return replace(self, ltm=tuple(x.detach() for x in self.ltm))
+
+    def with_ltm(self, ltm: tuple[Tensor, ...]) -> MemoryState:
+        return replace(self, ltm=tuple(ltm))
+
+
+# -----------------------------------------------------------------------------------------
+# Backbone pieces
+# -----------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin tables (T, head_dim) for RoPE, computed in fp32."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+                  / head_dim)
+    )
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (T, head_dim)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: (B, heads, T, D); cos/sin: (T, D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal sliding-window self-attention with RMSNorm on q and k per head, RoPE, KV cache."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.q_proj = nn.Linear(cfg.hidden, cfg.n_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.hidden, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, cfg.n_head, cfg.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, T, cfg.n_kv_head, cfg.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, heads, T, D)
+        if cache is not None:
+            k = torch.cat([cache[0].to(k.dtype), k], dim=2)
+            v = torch.cat([cache[1].to(v.dtype), v], dim=2)
+        keep = cfg.window - 1  # a query sees itself and the window-1 tokens before it
+        new_cache = (k[:, :, -keep:], v[:, :, -keep:]) if keep > 0 else None
+        dropout = cfg.attn_dropout if self.training else 0.0
+
+        if flash_attn_func is not None and x.is_cuda and q.dtype in (torch.float16,
+                                                                      torch.bfloat16):
+            out = flash_attn_func(  # (B, T, heads, D); bottom-right aligned causal mask
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout,
+                causal=True, window_size=(cfg.window - 1, 0),
+            ).reshape(B, T, -1)
+            return self.o_proj(out), new_cache
+
+        out = attend(q, k, v, cfg.window, dropout).transpose(1, 2).reshape(B, T, -1)
+        return self.o_proj(out), new_cache
+
+
+def attention_mask(n_query: int, n_key: int, window: int | None, device=None) -> Tensor:
+    """Boolean (n_query, n_key) mask, bottom-right aligned: the queries are the last
+    `n_query` of the `n_key` positions, query i (position n_key - n_query + i) sees key j iff
+    0 <= pos_i - j (causal) and, when `window` is given, pos_i - j < window."""
+    q_pos = torch.arange(n_key - n_query, n_key, device=device)
+    rel = q_pos[:, None] - torch.arange(n_key, device=device)[None, :]  # (n_query, n_key)
+    return (rel >= 0) & (rel < window) if window is not None else rel >= 0
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, window: int, dropout: float = 0.0) -> Tensor:
+    """Causal sliding-window SDPA; q: (B, heads, T, D), k/v: (B, kv_heads, n_cached + T, D).
+
+    When the window does not bind (n_cached + T <= window, always the case for this task's
+    segments) it is plain causal attention: SDPA's `is_causal` without a cache (top-left and
+    bottom-right alignment coincide when T_q == T_k), a bottom-right causal mask with one
+    (`is_causal` would be top-left aligned, wrong for T_q < T_k). Longer inputs get the
+    sliding-window mask.
+    """
+    T, n_key = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if n_key == T and T <= window:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                              enable_gqa=gqa)
+    mask = attention_mask(T, n_key, window if n_key > window else None, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                          enable_gqa=gqa)
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP without bias."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.up = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.down = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+# -----------------------------------------------------------------------------------------
+# Memory modules
+# -----------------------------------------------------------------------------------------
+
+
+def phase_scores(q: Tensor, k: Tensor, dim: int) -> Tensor:
+    """sum_m cos(q_m - k_m) / sqrt(dim); q broadcasts against k: (..., P) -> (...)."""
+    return torch.cos(q - k).sum(-1) / math.sqrt(dim)
+
+
+class MemoryWrite(nn.Module):
+    """Routed soft write of one hierarchy block (Eq. 1-2, Eq. 9 for the routing state).
+
+    Parameters: norm, W_q (H->P), W_k (2P->P) for slot keys, W_v (H->P, no bias),
+    W_o (P->P, bias; init N(0, 0.02), zero bias).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        P = cfg.phase_dim
+        self.P = P
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.w_q = nn.Linear(cfg.hidden, P)
+        self.w_k = nn.Linear(2 * P, P)
+        self.w_v = nn.Linear(cfg.hidden, P, bias=False)
+        self.w_o = nn.Linear(P, P)
+
+    def forward(self, h: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
+        """h: (B, T, H) hidden; a: (B, T, K, P) routing state of the visited group's slots.
+
+        Returns delta (B, T, K, P) = p_j * pi tanh(W_o W_v RMSNorm(h))  (Eq. 2) and
+        scores p (B, T, K).
+        """
+        x = self.norm(h)
+        q = math.pi * torch.tanh(self.w_q(x).float())  # (B, T, P)
+        v = math.pi * torch.tanh(self.w_o(self.w_v(x)).float())  # (B, T, P)
+        k = math.pi * torch.tanh(self.w_k(phasor(a)).float())  # (B, T, K, P)
+        p = torch.softmax(phase_scores(q[:, :, None, :], k, self.P), dim=-1)  # (B, T, K)
+        delta = p[..., None] * v[:, :, None, :]  # (B, T, K, P)
+        return delta, p
+
+
+class MemoryRead(nn.Module):
+    """Read of the visited group's K slots (every layer), Hr phase-attention heads.
+
+    Keys/values from [sin; cos] of (memory state + static slot embedding); the memory state
+    includes M = (S + L) mod 2pi of every block visited so far (Eq. 3).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        P, Hr = cfg.phase_dim, cfg.read_heads
+        self.P, self.Hr = P, Hr
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.w_q = nn.Linear(cfg.hidden, Hr * P)
+        self.w_kv = nn.Linear(2 * P, 2 * Hr * P)
+        self.w_out = nn.Linear(Hr * P, cfg.hidden)
+
+    def forward(self, h: Tensor, feat: Tensor) -> Tensor:
+        """h: (B, T, H); feat: (B, T, K, 2P) = [sin; cos] of (memory state + slot
+        embeddings), shared by the layers of a block -> (B, T, H)."""
+        B, T, K, P2 = feat.shape
+        P, Hr = P2 // 2, self.Hr
+        q = math.pi * torch.tanh(self.w_q(self.norm(h)).float()).view(B, T, 1, Hr, P)
+        kv = self.w_kv(feat).float().view(B, T, K, 2, Hr, P)
+        k = math.pi * torch.tanh(kv[:, :, :, 0])  # (B, T, K, Hr, P)
+        p = torch.softmax(phase_scores(q, k, P), dim=2)  # (B, T, K, Hr)
+        out = (p[..., None] * kv[:, :, :, 1]).sum(2)  # (B, T, Hr, P)
+        return self.w_out(out.reshape(B, T, Hr * P).to(h.dtype))
+
+
+class Consolidator(nn.Module):
+    """Shared slot-local gated phase transform C_psi (Eq. 6-7).
+
+    z = [cos S ; sin S]; r = W_d (SiLU(W_g z) * W_u z) + b_d; (c, s) = z (x) r as P complex
+    numbers; C(S) = atan2(s, c). W_d = 0 and b_d = (1..1 ; 0..0) make C the identity at init.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        P, C = cfg.phase_dim, cfg.consolidator_hidden
+        self.P = P
+        self.w_g = nn.Linear(2 * P, C, bias=False)
+        self.w_u = nn.Linear(2 * P, C, bias=False)
+        self.w_d = nn.Linear(C, 2 * P, bias=True)
+        self.reset_identity()
+
+    @torch.no_grad()
+    def reset_identity(self) -> None:
+        nn.init.zeros_(self.w_d.weight)
+        self.w_d.bias.copy_(torch.cat([torch.ones(self.P), torch.zeros(self.P)]))
+
+    @torch.no_grad()
+    def reinit(self, std: float, generator: torch.Generator) -> None:
+        """Fresh W_g, W_u ~ N(0, std) from `generator`, then the identity start (W_d = 0,
+        unit-phasor b_d): C stays exactly the identity whatever `std` is."""
+        if not std > 0:
+            raise ValueError(f"Consolidator init std must be > 0, got {std!r}")
+        for w in (self.w_g.weight, self.w_u.weight):
+            w.copy_(torch.randn(w.shape, generator=generator) * std)
+        self.reset_identity()
+
+    def forward(self, S: Tensor) -> Tensor:
+        """S: (..., P) phases -> C(S): (..., P) phases in [0, 2pi)."""
+        with torch.autocast(device_type=S.device.type, enabled=False):
+            S = S.float()
+            cos_s, sin_s = torch.cos(S), torch.sin(S)
+            z = torch.cat([cos_s, sin_s], dim=-1)  # (..., 2P)              Eq. 6
+            r = self.w_d(F.silu(self.w_g(z)) * self.w_u(z))  # (..., 2P)    Eq. 7
+            r_c, r_s = r[..., : self.P], r[..., self.P :]
+            c = cos_s * r_c - sin_s * r_s  # complex product, real part
+            s = cos_s * r_s + sin_s * r_c  # imaginary part
+            return wrap(torch.atan2(s, c))
+
+
+# -----------------------------------------------------------------------------------------
+# Alternative consolidation operators (issue 11; the paper's Limitations: "we do not compare
+# alternative learned overwrite, EMA, linear, or gated recurrent operators")
+# -----------------------------------------------------------------------------------------
+
+
+class ConsolidationOperator(nn.Module):
+    """A slot-local boundary operator L+ = f(S, L), shared across blocks, groups and slots,
+    used in Eq. 8 in place of L + C_psi(S) for occupied groups.
+
+    Every operator is written as the identity update plus a rotation:
+    L+ = wrap(L + S + delta(S, L)), where delta is the operator's own maths taken relative to
+    L + S (each subclass states f). At its identity start delta is exactly +-0, so L+ equals
+    `consolidate(mode="identity")` bit for bit. `reset(std, generator)` draws the random
+    matrices from N(0, std) and then sets the parameters that make the start exact.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.P = cfg.phase_dim
+
+    def delta(self, S: Tensor, L: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
+        raise NotImplementedError
+
+    def forward(self, S: Tensor, L: Tensor) -> Tensor:
+        """S, L: (..., P) phases -> L+: (..., P) in [0, 2pi)."""
+        with torch.autocast(device_type=S.device.type, enabled=False):
+            S, L = S.float(), L.float()
+            return wrap(L + S + self.delta(S, L))
+
+
+def _normal_(w: Tensor, std: float, generator: torch.Generator | None) -> None:
+    w.copy_(torch.randn(w.shape, generator=generator) * std)
+
+
+class EMAOperator(ConsolidationOperator):
+    """`ema`: L+ = L + alpha * angle_diff((L + S) - L) = L + alpha * angle_diff(S), wrapped.
+
+    An exponential moving average of the LTM phase toward the accumulated target L + S, with
+    a learned per-dimension rate alpha (P parameters). alpha = 1 is the identity operator
+    L + S, alpha = 0 keeps L, 0 < alpha < 1 moves part of the shortest arc.
+    delta = (alpha - 1) * angle_diff(S). Start: alpha = 1.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.alpha = nn.Parameter(torch.ones(cfg.phase_dim))
+
+    @torch.no_grad()
+    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
+        self.alpha.fill_(1.0)
+
+    def delta(self, S: Tensor, L: Tensor) -> Tensor:
+        return (self.alpha - 1.0) * angle_diff(S)
+
+
+class OverwriteOperator(ConsolidationOperator):
+    """`overwrite`: a learned gate that replaces the accumulated state by a candidate.
+
+    U = L + S (the identity update), C(S) a candidate of the Consolidator's form (Eq. 6-7,
+    its own parameters), g = gamma * sigmoid(W_a [cos S; sin S; cos L; sin L] + b_a):
+        L+ = U + g * angle_diff(C(S) - U), wrapped.
+    g = 0 accumulates (identity), g = 1 replaces L by C(S) alone. Per-dimension gate (P) and
+    per-dimension strength gamma (P). Start: gamma = 0 (exact identity), C(S) = S.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        P = cfg.phase_dim
+        self.candidate = Consolidator(cfg)
+        self.gate = nn.Linear(4 * P, P)
+        self.gamma = nn.Parameter(torch.zeros(P))
+        self.reset(cfg.init_std)
+
+    @torch.no_grad()
+    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
+        for w in (self.candidate.w_g.weight, self.candidate.w_u.weight, self.gate.weight):
+            _normal_(w, std, generator)
+        self.candidate.reset_identity()
+        self.gate.bias.zero_()
+        self.gamma.zero_()
+
+    def delta(self, S: Tensor, L: Tensor) -> Tensor:
+        U = L + S
+        x = torch.cat([torch.cos(S), torch.sin(S), torch.cos(L), torch.sin(L)], dim=-1)
+        g = self.gamma * torch.sigmoid(self.gate(x))  # (..., P)
+        return g * angle_diff(self.candidate(S) - U)
+
+
+class LinearOperator(ConsolidationOperator):
+    """`linear`: C(S) = atan2 of a linear map of z = [cos S; sin S]; L+ = L + C(S), wrapped.
+
+    w = (I + A) z + b (2P -> 2P, no gate, no nonlinearity), C(S) = atan2(w_sin, w_cos);
+    4P^2 + 2P parameters. Computed as delta = angle(w) - S = angle(w conj z), so A = 0, b = 0
+    (the start) give C(S) = S and L+ = L + S exactly.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.map = nn.Linear(2 * cfg.phase_dim, 2 * cfg.phase_dim)
+        self.reset(cfg.init_std)
+
+    @torch.no_grad()
+    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
+        nn.init.zeros_(self.map.weight)
+        nn.init.zeros_(self.map.bias)
+
+    def delta(self, S: Tensor, L: Tensor) -> Tensor:
+        c, s = torch.cos(S), torch.sin(S)
+        z = torch.cat([c, s], dim=-1)
+        w = z + self.map(z)  # (I + A) z + b
+        return rotation_angle(w[..., : self.P], w[..., self.P :], c, s)
+
+
+class GRUOperator(ConsolidationOperator):
+    """`gru`: a gated recurrent update on phasors; input x = [cos S; sin S], hidden
+    h = [cos L; sin L], a = [cos(L + S); sin(L + S)] (the identity update as a phasor):
+        r  = sigmoid(W_r x + U_r h + b_r)           reset gate   (2P)
+        u  = sigmoid(W_u x + U_u h + b_u)           update gate  (2P)
+        n  = tanh(W_n x + r * (U_n h) + b_n)        candidate residual
+        h' = (1 - u) * a + u * (a + n) = a + u * n
+        L+ = atan2(h'_sin, h'_cos) = L + S + angle(h' conj a), wrapped.
+    A GRU whose carried state is the accumulated phasor a and whose candidate is a + n; the
+    sum L + S is bilinear in the phasors, which no standard GRU candidate can produce, so
+    the accumulation is built in and the GRU learns the departure from it.
+    W_* (2P -> 2P, with bias) and U_* (2P -> 2P, no bias) for r, u, n: 24P^2 + 6P
+    parameters. Start: W_n = U_n = b_n = 0 (n = 0, so h' = a exactly); W_r, U_r, W_u, U_u
+    random, b_r = b_u = 0.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        P2 = 2 * cfg.phase_dim
+        self.w_x = nn.Linear(P2, 3 * P2)  # [W_r; W_u; W_n] x + [b_r; b_u; b_n]
+        self.w_h = nn.Linear(P2, 3 * P2, bias=False)  # [U_r; U_u; U_n] h
+        self.reset(cfg.init_std)
+
+    @torch.no_grad()
+    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
+        P2 = 2 * self.P
+        for w in (self.w_x.weight, self.w_h.weight):
+            _normal_(w, std, generator)
+            w[2 * P2 :].zero_()  # W_n, U_n = 0
+        self.w_x.bias.zero_()
+
+    def delta(self, S: Tensor, L: Tensor) -> Tensor:
+        U = L + S
+        x = torch.cat([torch.cos(S), torch.sin(S)], dim=-1)  # (..., 2P)
+        h = torch.cat([torch.cos(L), torch.sin(L)], dim=-1)
+        a_c, a_s = torch.cos(U), torch.sin(U)
+        gx_r, gx_u, gx_n = self.w_x(x).chunk(3, dim=-1)
+        gh_r, gh_u, gh_n = self.w_h(h).chunk(3, dim=-1)
+        r = torch.sigmoid(gx_r + gh_r)
+        u = torch.sigmoid(gx_u + gh_u)
+        n = torch.tanh(gx_n + r * gh_n)
+        h_new = torch.cat([a_c, a_s], dim=-1) + u * n
+        return rotation_angle(h_new[..., : self.P], h_new[..., self.P :], a_c, a_s)
+
+
+#: The alternative consolidation operators by name (the `mode` of `PMNet.consolidate`).
+OPERATORS: dict[str, type[ConsolidationOperator]] = {
+    "ema": EMAOperator,
+    "overwrite": OverwriteOperator,
+    "linear": LinearOperator,
+    "gru": GRUOperator,
+}
+
+
+def operator_parameter_counts(cfg: ModelConfig) -> dict[str, int]:
+    """{operator name: its parameter count} for a config (built on the meta device)."""
+    with torch.device("meta"):
+        return {name: sum(p.numel() for p in cls(cfg).parameters())
+                for name, cls in OPERATORS.items()}
+
+
+# -----------------------------------------------------------------------------------------
+# Decoder layer and model
+# -----------------------------------------------------------------------------------------
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        self.index = index
+        self.block = index // cfg.write_period
+        self.is_write = cfg.use_memory and index % cfg.write_period == 0
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.attn = Attention(cfg)
+        self.write = MemoryWrite(cfg) if self.is_write else None
+        self.read = MemoryRead(cfg) if cfg.use_memory else None
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+
+ConsolidationMode = Literal["learned", "identity", "ema", "overwrite", "linear", "gru"]
+#: Every `mode` of `PMNet.consolidate`: the paper's two, then the alternative operators.
+CONSOLIDATION_MODES: tuple[str, ...] = ("learned", "identity", *OPERATORS)
+LogitsMode = Literal["all", "last", "none"]
+TRAINABLE_SUBSETS = ("entire_model", "all_but_consolidator", "consolidator_only",
+                     "memory_consolidator")
+#: The trainable subset of the operator conditions: the parameters of the model's operator(s).
+OPERATOR_SUBSET = "operator_only"
+
+
+class PMNet(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)  # tied with the output head
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        if cfg.use_memory:
+            # static slot embeddings e_{b,g,j}: (G_b, K, P) per block, N(0, 0.02)
+            self.slot_emb = nn.ParameterList(
+                nn.Parameter(torch.empty(cfg.n_groups(b), cfg.branch, cfg.phase_dim))
+                for b in range(cfg.n_blocks)
+            )
+            self.consolidator = Consolidator(cfg)
+        else:
+            self.slot_emb = nn.ParameterList()
+            self.consolidator = None
+        # alternative consolidation operators, created at Phase 2 by `add_operator` (empty
+        # here, so a Phase-1 model's parameters and state dict are those of the paper)
+        self.operators = nn.ModuleDict()
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        std = self.cfg.init_std
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, std)
+        for e in self.slot_emb:
+            nn.init.normal_(e, 0.0, std)
+        if self.consolidator is not None:
+            self.consolidator.reset_identity()
+
+    # ---------------------------------------------------------------- state management
+    def init_state(self, batch_size: int, device=None) -> MemoryState:
+        """Empty KV cache, STM and occupancy; LTM at the zero phase vector."""
+        cfg = self.cfg
+        device = device if device is not None else self.embed.weight.device
+        shapes = [(batch_size, cfg.n_groups(b), cfg.branch, cfg.phase_dim)
+                  for b in range(cfg.n_blocks)] if cfg.use_memory else []
+        zeros = tuple(torch.zeros(s, device=device) for s in shapes)
+        occ = tuple(torch.zeros(s[:2], dtype=torch.bool, device=device) for s in shapes)
+        return MemoryState(kv=(None,) * cfg.n_layer, stm=zeros, occ=occ,
+                           ltm=tuple(torch.zeros_like(z) for z in zeros), pos=0)
+
+    def add_operator(self, name: str) -> ConsolidationOperator:
+        """Create the consolidation operator `name` (one of `OPERATORS`) at its identity start,
+        on the model's device, so that `consolidate(mode=name)` can use it. Phase-1
+        checkpoints have no operator: Phase 2 creates it fresh. Returns the existing one if
+        the model has it already. The global RNG is left as it was (the module's default
+        initialisation draws from a forked copy), so adding an operator changes no other
+        randomness of a run; `operator.reset(std, generator)` sets a seeded start."""
+        if name not in OPERATORS:
+            raise ValueError(f"unknown consolidation operator {name!r}; known: "
+                             f"{', '.join(OPERATORS)}")
+        if not self.cfg.use_memory:
+            raise ValueError("add_operator() needs a model built with use_memory=True")
+        if name not in self.operators:
+            with torch.random.fork_rng(devices=[]):
+                op = OPERATORS[name](self.cfg)
+            self.operators[name] = op.to(self.embed.weight.device)
+        return self.operators[name]
+
+    def consolidate(self, state: MemoryState, *, mode: ConsolidationMode) -> MemoryState:
+        """Boundary update of LTM (Eq. 8). Does not clear anything: call clear_context().
+
+        L+ = (L + C(S)) mod 2pi for occupied groups (learned), (L + S) mod 2pi (identity),
+        the operator's L+ = f(S, L) for an operator mode (ema, overwrite, linear, gru; the
+        model must have it, see `add_operator`), L unchanged for groups not written in this
+        segment.
+        """
+        if mode not in CONSOLIDATION_MODES:
+            raise ValueError(f"consolidation mode must be one of "
+                             f"{', '.join(CONSOLIDATION_MODES)}, got {mode!r}")
+        if not self.cfg.use_memory:
+            raise ValueError("consolidate() needs a model built with use_memory=True")
+        if mode in OPERATORS and mode not in self.operators:
+            raise ValueError(f"consolidation mode {mode!r} needs its operator: call "
+                             f"model.add_operator({mode!r}) first")
+        new_ltm = []
+        for S, O, L in zip(state.stm, state.occ, state.ltm):
+            if mode in OPERATORS:
+                new = self.operators[mode](S, L)  # (B, G, K, P), wrapped
+                new_ltm.append(torch.where(O[:, :, None, None], new, L))
+                continue
+            C = self.consolidator(S) if mode == "learned" else S  # (B, G, K, P)
+            new_ltm.append(torch.where(O[:, :, None, None], wrap(L + C), L))
+        return state.with_ltm(tuple(new_ltm))
+
+    # ---------------------------------------------------------------- forward
+    def _check_inputs(self, tokens: Tensor, state: MemoryState) -> None:
+        cfg = self.cfg
+        if not isinstance(tokens, Tensor):
+            raise ValueError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (batch, time), got {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        B, T = tokens.shape
+        if T == 0 or B == 0:
+            raise ValueError(f"tokens must be non-empty, got shape {tuple(tokens.shape)}")
+        if T > cfg.max_chunk:
+            raise ValueError(f"chunk of {T} tokens exceeds max_chunk={cfg.max_chunk}")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got [{lo}, {hi}]")
+        if cfg.use_memory and state.batch_size != B:
+            raise ValueError(f"state batch size {state.batch_size} != tokens batch size {B}")
+        if len(state.kv) != cfg.n_layer:
+            raise ValueError(
+                f"state has {len(state.kv)} KV entries, model has {cfg.n_layer} layers"
+            )
+
+    def forward(
+        self,
+        tokens: Tensor,
+        state: MemoryState,
+        *,
+        ltm_routing: bool,
+        logits: LogitsMode = "all",
+    ) -> tuple[Tensor | None, MemoryState]:
+        """Process one chunk of tokens: causal attention over the KV cache, routed STM
+        writes (Eq. 1-2, Eq. 9 when `ltm_routing`), reads of M = (S + L) mod 2pi (Eq. 3).
+
+        tokens: (B, T) ids. Returns logits (B, T, V) / (B, V) / None and the new state.
+        `ltm_routing=False` removes only the direct L term of Eq. 9 from the routing state.
+        """
+        if not isinstance(ltm_routing, bool):
+            raise ValueError(f"ltm_routing must be True or False, got {ltm_routing!r}")
+        if logits not in ("all", "last", "none"):
+            raise ValueError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
+        self._check_inputs(tokens, state)
+        cfg = self.cfg
+        B, T = tokens.shape
+        K, P = cfg.branch, cfg.phase_dim
+        dev = tokens.device
+        tokens = tokens.long()
+
+        h = self.embed(tokens)  # (B, T, H)
+        cos, sin = rope_tables(torch.arange(state.pos, state.pos + T, device=dev),
+                               cfg.head_dim, cfg.rope_theta)
+        kv = list(state.kv)
+        stm, occ = list(state.stm), list(state.occ)
+
+        if cfg.use_memory:
+            group = torch.zeros(B, T, dtype=torch.long, device=dev)  # visited group, block b
+            u = torch.zeros(B, T, K, P, device=dev)  # memory state carried from blocks above
+            causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()  # (T, T)
+        feat = None
+        routes = []
+        for layer in self.layers:
+            a_out, kv[layer.index] = layer.attn(layer.attn_norm(h), cos, sin, kv[layer.index])
+            h = h + a_out
+            if layer.write is not None:
+                b = layer.block
+                G = cfg.n_groups(b)
+                # static slot embeddings e_{b,g,j} of each token's group: (B, T, K, P)
+                e = F.embedding(group, self.slot_emb[b].view(G, K * P)).view(B, T, K, P)
+                L_tok = _gather_groups(state.ltm[b], group)  # (B, T, K, P)  L_{b,g,j}
+                a = u + e + L_tok if ltm_routing else u + e  # routing state   Eq. 1 / Eq. 9
+                delta, p = layer.write(h, a)  # (B, T, K, P), (B, T, K)        Eq. 2
+                onehot = F.one_hot(group, G).to(delta.dtype)  # (B, T, G)
+                if self.training and delta.requires_grad:
+                    # gradient of each delta scaled by 1/sqrt(#tokens of this row in its group)
+                    count = (onehot.sum(1, keepdim=True) * onehot).sum(-1)  # (B, T)
+                    delta = scale_grad(delta, count.rsqrt()[..., None, None])
+                flat = delta.reshape(B, T, K * P).float()
+                # segmented causal prefix sum per (row, group), one batched matmul:
+                # running[t] = sum_{t' <= t, group[t'] == group[t]} delta[t']
+                # and the per-group chunk totals; fp32 under any autocast (bmm would be bf16)
+                same = (group[:, :, None] == group[:, None, :]) & causal  # (B, T, T)
+                with torch.autocast(device_type=dev.type, enabled=False):
+                    running = torch.bmm(same.float(), flat).view(B, T, K, P)
+                    total = torch.bmm(onehot.float().transpose(1, 2), flat).view(B, G, K, P)
+                S_tok = _gather_groups(stm[b], group) + running  # STM of the token's group
+                M_tok = S_tok + L_tok  # (B, T, K, P)  Eq. 3; mod 2pi is implicit: M is
+                u = wrap(u + M_tok)  # only seen through sin/cos, u is wrapped to stay small
+                feat = phasor(u + e)  # (B, T, K, 2P) read features for this block's layers
+                stm[b] = wrap(stm[b] + total)  # state after the chunk
+                occ[b] = occ[b] | (onehot.sum(1) > 0)  # (B, G)
+                routes.append(group)
+                group = group * K + p.argmax(-1)  # hard top-1 descent to the next block
+                if b + 1 == cfg.n_blocks:
+                    routes.append(group)
+            if layer.read is not None:
+                h = h + layer.read(h, feat)
+            h = h + layer.mlp(layer.mlp_norm(h))
+
+        new_state = replace(state, kv=tuple(kv), stm=tuple(stm), occ=tuple(occ),
+                            pos=state.pos + T, routes=tuple(routes))
+        if logits == "none":
+            return None, new_state
+        if logits == "last":
+            h = h[:, -1]
+        out = F.linear(self.norm(h), self.embed.weight)  # tied output head
+        return out, new_state
+
+    # ---------------------------------------------------------------- parameter subsets
+    def memory_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Memory read/write/routing parameters (every read and write module, slot embeddings)."""
+        return [(n, p) for n, p in self.named_parameters()
+                if ".read." in n or ".write." in n or n.startswith("slot_emb.")]
+
+    def trainable_subset(self, name: str) -> list[tuple[str, nn.Parameter]]:
+        """Named trainable subsets of Table "Parameter-isolation conditions"."""
+        cons = [(n, p) for n, p in self.named_parameters() if n.startswith("consolidator.")]
+        if name == "entire_model":
+            return list(self.named_parameters())
+        if name == "all_but_consolidator":
+            return [(n, p) for n, p in self.named_parameters()
+                    if not n.startswith("consolidator.")]
+        if name == "consolidator_only":
+            return cons
+        if name == "memory_consolidator":
+            return self.memory_parameters() + cons
+        if name == OPERATOR_SUBSET:
+            return [(n, p) for n, p in self.named_parameters() if n.startswith("operators.")]
+        raise ValueError(
+            f"unknown trainable subset {name!r}; known: "
+            f"{', '.join(TRAINABLE_SUBSETS + (OPERATOR_SUBSET,))}"
+        )
+
+    def parameter_counts(self) -> dict:
+        """total; `subsets`: the paper's trainable subsets (plus `operator_only` when the model
+        has an operator); `operators`: what each alternative operator would add."""
+        total = sum(p.numel() for p in self.parameters())
+        subsets = {s: sum(p.numel() for _, p in self.trainable_subset(s))
+                   for s in TRAINABLE_SUBSETS} if self.cfg.use_memory else {}
+        if len(self.operators):
+            subsets[OPERATOR_SUBSET] = sum(p.numel()
+                                           for _, p in self.trainable_subset(OPERATOR_SUBSET))
+        operators = operator_parameter_counts(self.cfg) if self.cfg.use_memory else {}
+        return {"total": total, "subsets": subsets, "operators": operators}
+
+
+def _gather_groups(x: Tensor, group: Tensor) -> Tensor:
+    """x: (B, G, K, P) per-group state, group: (B, T) -> (B, T, K, P) each token's group state."""
+    B, G, K, P = x.shape
+    idx = group[:, :, None].expand(B, group.shape[1], K * P)
+    return torch.gather(x.reshape(B, G, K * P), 1, idx).view(B, -1, K, P)
