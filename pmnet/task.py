@@ -288,9 +288,17 @@ class _TensorBatch:
     def __len__(self) -> int:
         return int(next(iter(self._tensors().values())).shape[0])
 
-    def to(self, device: Any) -> Any:
-        """A copy with every tensor moved to `device`."""
-        return dataclasses.replace(self, **{k: v.to(device) for k, v in self._tensors().items()})
+    def to(self, device: Any, non_blocking: bool = False) -> Any:
+        """A copy with every tensor moved to `device` (`non_blocking`: asynchronous copies,
+        which only overlap with compute when the batch is in pinned memory)."""
+        return dataclasses.replace(self, **{k: v.to(device, non_blocking=non_blocking)
+                                            for k, v in self._tensors().items()})
+
+    def pin_memory(self) -> Any:
+        """A copy in page-locked host memory (what `DataLoader(pin_memory=True)` calls), so
+        that the copy to a GPU is asynchronous."""
+        return dataclasses.replace(self, **{k: v.pin_memory()
+                                            for k, v in self._tensors().items()})
 
     def slice(self, i: int, j: int) -> Any:
         """Episodes ``i:j`` (views, no copy)."""

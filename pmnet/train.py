@@ -80,6 +80,9 @@ MODEL_FORMAT = "pmnet-model/v1"
 # -----------------------------------------------------------------------------------------
 
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")
+#: TrainConfig.compile: which steps run through `torch.compile` (`off`: every step eager;
+#: `train`: the training step of every phase; `all`: the evaluation passes too)
+COMPILE_MODES = ("off", "train", "all")
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,10 @@ class TrainConfig:
     eval_batch_size: int = 250
     precision: str = "auto"  # bf16-mixed on CUDA, 32-true on CPU
     threads: int = 0  # CPU threads for torch (0: leave torch's default)
+    # speed (issue 20): `torch.compile` of the steps (COMPILE_MODES) and, on a CUDA device,
+    # the compiled steps replayed as CUDA graphs (torch.compile's "reduce-overhead" mode)
+    compile: str = "train"
+    cuda_graphs: bool = True
     # Phase 0: copy-task warm start (0 steps = off) ---------------------------------------
     phase0_steps: int = 0
     phase0_copy_len: int = 16
@@ -172,6 +179,12 @@ class TrainConfig:
                              f">= 0, got {cwd!r}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"TrainConfig.compile must be one of {COMPILE_MODES}, got "
+                             f"{self.compile!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"TrainConfig.cuda_graphs must be true or false, got "
+                             f"{self.cuda_graphs!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, "
                              f"got {self.precision!r}")
@@ -302,8 +315,10 @@ def _paper() -> TrainConfig:
     # "Backbone initialization: PMNet copy-task checkpoint, followed by ... Phase 1": that
     # checkpoint cannot be downloaded, so Phase 0 trains our own copy warm start first
     # (4,000 steps of batch 256, 16-byte payloads; why this budget: docs/choices.md).
+    # Compiled training and evaluation (on a GPU a step of thousands of small kernels is
+    # launch-bound: docs/results.md, "Speed").
     return TrainConfig(preset="paper", model=ModelConfig.from_name("paper"),
-                       phase0_steps=4_000, phase0_copy_len=16)
+                       phase0_steps=4_000, phase0_copy_len=16, compile="all")
 
 
 def _debug() -> TrainConfig:
@@ -312,8 +327,9 @@ def _debug() -> TrainConfig:
         batch_size=16, episodes_per_epoch=64, max_epochs=2, patience=2, val_episodes=48,
         test_episodes=48, eval_batch_size=48, phase0_steps=2, phase0_copy_len=8,
         phase1_lr=3e-3, phase1_max_epochs=2, phase1_episodes_per_epoch=64,
-        phase1_patience=2, phase1_curriculum=True, seeds=(42, 43),
-        notes=("tiny model and budgets for tests",),
+        phase1_patience=2, phase1_curriculum=True, seeds=(42, 43), compile="off",
+        notes=("tiny model and budgets for tests (eager: compiling would cost more than it "
+               "saves)",),
     )
 
 
@@ -377,8 +393,14 @@ class CopyBatches(Dataset):
         return task.make_copy_batch(self.bs, self.length, self.seed * 1_000_003 + i)
 
 
-def _loader(ds) -> DataLoader:
-    return DataLoader(ds, batch_size=None, shuffle=False, num_workers=0)
+def _loader(ds, pin_memory: bool = False) -> DataLoader:
+    """Batches in order; `pin_memory` (training on a GPU) puts each batch in page-locked
+    memory so that its copy to the device does not block the host."""
+    return DataLoader(ds, batch_size=None, shuffle=False, num_workers=0, pin_memory=pin_memory)
+
+
+def _on_gpu(trainer) -> bool:
+    return trainer is not None and trainer.strategy.root_device.type == "cuda"
 
 
 class EpisodeData(L.LightningDataModule):
@@ -394,7 +416,7 @@ class EpisodeData(L.LightningDataModule):
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         return _loader(EpochBatches(task.train_episodes(self.seed, epoch, self.n,
                                                         segments=self.segments),
-                                    self.cfg.batch_size))
+                                    self.cfg.batch_size), pin_memory=_on_gpu(self.trainer))
 
     def val_dataloader(self):
         v = task.validation_stream(self.cfg.val_episodes, segments=self.segments)
@@ -408,6 +430,43 @@ class EpisodeData(L.LightningDataModule):
 # -----------------------------------------------------------------------------------------
 # LightningModules
 # -----------------------------------------------------------------------------------------
+
+
+#: torch.compile's backend for the steps (tests use "aot_eager": the same graphs, forward and
+#: backward, run by eager kernels, without inductor's code generation)
+COMPILE_BACKEND = "inductor"
+
+
+def compile_step(fn, device: torch.device, cfg: TrainConfig):
+    """`torch.compile(fn)` (inductor), on a CUDA device with `cfg.cuda_graphs` in the
+    "reduce-overhead" mode: each graph is recorded once per input shape as a CUDA graph and
+    replayed, so a step costs a few launches instead of thousands. Every call then first
+    marks a new step (`cudagraph_mark_step_begin`): the previous step's outputs (read by
+    then) may be overwritten. Compiled graphs go to inductor's on-disk cache (see
+    `use_compile_cache`), so another process with the same graphs loads them."""
+    graphs = cfg.cuda_graphs and torch.device(device).type == "cuda"
+    mode = "reduce-overhead" if graphs and COMPILE_BACKEND == "inductor" else None
+    compiled = torch.compile(fn, backend=COMPILE_BACKEND, mode=mode)
+    if not graphs:
+        return compiled
+
+    @functools.wraps(fn)
+    def step(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return step
+
+
+def use_compile_cache(directory: str | Path) -> Path:
+    """Point inductor's and Triton's on-disk caches at `directory` (created), for this
+    process and the processes it starts: every process of a pipeline then shares the
+    compiled graphs, so a graph is compiled once per pipeline, not once per trial."""
+    directory = Path(directory).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
+    os.environ["TRITON_CACHE_DIR"] = str(directory / "triton")
+    return directory
 
 
 def freeze_to_subset(model: PMNet, subset: str) -> list[str]:
@@ -426,7 +485,12 @@ class _PhaseModule(L.LightningModule):
         self.cfg, self.model, self.lr = cfg, model, lr
         self.history: list[dict] = []
         self._val_chunks: dict[str, list] = {}
-        self._train_losses: list[float] = []
+        # the epoch's training losses, summed on the device (float64, the same sum as adding
+        # Python floats) and read back once per epoch: no host sync in a training step
+        self._loss_sum: torch.Tensor | None = None
+        self._loss_count = 0
+        self._steps: dict[str, object] = {}  # step functions, compiled as the config says
+        self._demos = task.N_DEMOS  # Phase 1: demonstrations of the current step
         self.test_metrics: dict[str, float] = {}
         # training time across attempts: a checkpoint carries the time spent up to it, so a
         # resumed run's train_time_s adds the earlier attempts (up to their last checkpoint)
@@ -470,11 +534,22 @@ class _PhaseModule(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def step_fn(self, fn, *, train: bool):
+        """`fn` as the steps run it: through `torch.compile` where `TrainConfig.compile` says
+        (`compile_step`), made once per module and function."""
+        name = fn.__name__
+        if name not in self._steps:
+            on = self.cfg.compile == "all" or (train and self.cfg.compile == "train")
+            self._steps[name] = compile_step(fn, self.device, self.cfg) if on else fn
+        return self._steps[name]
+
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
-        return batch.to(device)
+        return batch.to(device, non_blocking=True)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        self._train_losses.append(float(outputs["loss"]))
+        loss = outputs["loss"].detach().double()
+        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+        self._loss_count += 1
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["pmnet_history"] = list(self.history)
@@ -505,7 +580,7 @@ class _PhaseModule(L.LightningModule):
     on_test_epoch_start = on_validation_epoch_start
 
     def _collect(self, batch, full: bool) -> None:
-        for key, v in self._outcomes(batch, full).items():
+        for key, v in self.step_fn(self._outcomes, train=False)(batch, full).items():
             self._val_chunks.setdefault(key, []).append(v.cpu())
         self._val_batches.append(batch.to("cpu"))
 
@@ -521,9 +596,9 @@ class _PhaseModule(L.LightningModule):
 
     def _record_epoch(self, metrics: dict[str, float]) -> None:
         row = {"epoch": int(self.current_epoch)}
-        if self._train_losses:
-            row["train/loss"] = sum(self._train_losses) / len(self._train_losses)
-            self._train_losses = []
+        if self._loss_count:
+            row["train/loss"] = float(self._loss_sum) / self._loss_count
+            self._loss_sum, self._loss_count = None, 0
         row.update(metrics)
         self.history.append(row)
 
@@ -531,12 +606,15 @@ class _PhaseModule(L.LightningModule):
 class Phase0Module(_PhaseModule):
     """PMNet copy-paste warm start: the payload must cross a cleared KV cache in memory."""
 
-    def training_step(self, batch, batch_idx):
+    def copy_loss(self, batch):
         state = self.model.init_state(batch.context.shape[0], device=batch.context.device)
         _, state = self.model(batch.context, state, ltm_routing=False, logits="none")
         logits, _ = self.model(batch.prompt, state.clear_kv(), ltm_routing=False)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(),
+        return F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(),
                                ignore_index=task.IGNORE_INDEX)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.step_fn(self.copy_loss, train=True)(batch)
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
@@ -544,29 +622,58 @@ class Phase0Module(_PhaseModule):
 class Phase1Module(_PhaseModule):
     """STM rule induction: demonstrations -> clear KV -> held-out query (Consolidator frozen)."""
 
+    def demos_at(self, step: int) -> int:
+        """The number of demonstrations of training step `step`: N_DEMOS, or with the
+        curriculum a draw from U{1..N_DEMOS} deterministic in (Phase-1 seed, step), so a
+        resumed run draws what an uninterrupted one would."""
+        if not self.cfg.phase1_curriculum:
+            return task.N_DEMOS
+        g = torch.Generator().manual_seed(self.cfg.phase1_seed * 7919 + step)
+        return int(torch.randint(1, task.N_DEMOS + 1, (1,), generator=g))
+
+    def on_train_batch_start(self, batch, batch_idx):
+        # drawn here, on the host, before the step (the step itself reads nothing back)
+        self._demos = self.demos_at(self.global_step)
+
     def training_step(self, batch, batch_idx):
-        k = task.N_DEMOS
-        if self.cfg.phase1_curriculum:  # deterministic in (seed, global step): resumable
-            g = torch.Generator().manual_seed(self.cfg.phase1_seed * 7919 + self.global_step)
-            k = int(torch.randint(1, task.N_DEMOS + 1, (1,), generator=g))
+        k = self._demos
         context = batch.seg_tokens[:, 0, : task.DEMO_LEN * k]  # (B, 5k)
         query, target = batch.query_tokens[:, 0], batch.target[:, 0]
-        aux = self.cfg.phase1_aux_demo_loss > 0 and k > 1
-        state = self.model.init_state(context.shape[0], device=context.device)
-        demo_logits, state = self.model(context, state, ltm_routing=False,
-                                        logits="all" if aux else "none")
-        logits, _ = self.model(query, state.clear_kv(), ltm_routing=False, logits="last")
-        loss = F.cross_entropy(logits.float(), target)
-        self.log("train/query_loss", loss)
-        if aux:  # answers of demonstrations 2..k, predicted at their delimiter positions
-            pos = torch.arange(1, k, device=context.device) * task.DEMO_LEN + 3
-            aux_loss = F.cross_entropy(demo_logits[:, pos].float().flatten(0, 1),
-                                       context[:, pos + 1].flatten())
+        step = self.step_fn(self.stm_loss, train=True)
+        if self.cfg.compile != "off":  # one compiled graph for every number of demos
+            torch._dynamo.maybe_mark_dynamic(context, 1)
+        loss, query_loss, aux_loss = step(context, query, target)
+        self.log("train/query_loss", query_loss)
+        if aux_loss is not None and k > 1:
             self.log("train/aux_loss", aux_loss)
-            loss = loss + self.cfg.phase1_aux_demo_loss * aux_loss
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/demos", float(k))
         return loss
+
+    def stm_loss(self, context, query, target):
+        """(loss, query loss, auxiliary loss or None): the k demonstrations of `context`
+        (B, 5k), clear the KV cache, the held-out query; with TrainConfig.phase1_aux_demo_loss
+        plus that weight times the loss on the answers of demonstrations 2..k, predicted at
+        their delimiters (0 when k = 1: then the loss is the query loss, exactly)."""
+        B, n = context.shape
+        k = n // task.DEMO_LEN
+        aux = self.cfg.phase1_aux_demo_loss > 0
+        state = self.model.init_state(B, device=context.device)
+        demo_logits, state = self.model(context, state, ltm_routing=False,
+                                        logits="all" if aux else "none")
+        logits, _ = self.model(query, state.clear_kv(), ltm_routing=False, logits="last")
+        query_loss = F.cross_entropy(logits.float(), target)
+        if not aux:
+            return query_loss, query_loss, None
+        # demonstration d (0-based) spans positions 5d .. 5d + 4: its answer at 5d + 4 is
+        # predicted at its delimiter 5d + 3; the mean over the B (k - 1) answers of d >= 1
+        # written as sum / count (the same division cross_entropy's mean makes, bit for
+        # bit), so that k = 1 (no answer: 0 / 1) is the same graph as every other k
+        V = demo_logits.shape[-1]
+        pred = demo_logits.view(B, k, task.DEMO_LEN, V)[:, 1:, 3].float().flatten(0, 1)
+        answers = context.view(B, k, task.DEMO_LEN)[:, 1:, 4].flatten()
+        aux_loss = F.cross_entropy(pred, answers, reduction="sum") / max(B * (k - 1), 1)
+        return query_loss + self.cfg.phase1_aux_demo_loss * aux_loss, query_loss, aux_loss
 
     def _outcomes(self, batch, full: bool) -> dict:
         return episode_outcomes(self.model, batch, consolidation="learned", ltm_routing=False,
@@ -599,6 +706,14 @@ class Phase2Module(_PhaseModule):
         self.trainable = freeze_to_subset(model, condition.subset)
 
     def training_step(self, batch, batch_idx):
+        losses = self.step_fn(self.objective, train=True)(batch)
+        for name, value in losses.items():
+            self.log(f"train/{name}", value, prog_bar=name == "loss")
+        return losses["loss"]
+
+    def objective(self, batch) -> dict[str, torch.Tensor]:
+        """The condition's Phase-2 objective on one batch: {"loss", "loss_updated",
+        "loss_initial" (with TrainConfig.initial_ltm_loss), "loss_stm" (dual)}."""
         c = self.condition
         dual = c.objective == "dual"
         w_init = self.cfg.initial_ltm_loss
@@ -611,19 +726,19 @@ class Phase2Module(_PhaseModule):
         out = run_episodes(self.model, batch, opts)
         # Eq. 10: the last segment's query after the last boundary
         loss = F.cross_entropy(out["updated_ltm"].float(), batch.target[:, -1])
-        self.log("train/loss_updated", loss)
+        losses = {"loss_updated": loss}
         if w_init > 0:  # auxiliary (not in the paper): keep the first mapping readable
             init = F.cross_entropy(out["initial_ltm"].float(), batch.target[:, 0])
-            self.log("train/loss_initial", init)
+            losses["loss_initial"] = init
             loss = loss + w_init * init
         if dual:  # Eq. 11: + mean of the pre-consolidation STM query losses of every segment
             stm = functools.reduce(operator.add, (
                 F.cross_entropy(out[k].float(), batch.target[:, d])
                 for d, k in enumerate(stm_kinds))) / n_seg
-            self.log("train/loss_stm", stm)
+            losses["loss_stm"] = stm
             loss = loss + stm
-        self.log("train/loss", loss, prog_bar=True)
-        return loss
+        losses["loss"] = loss
+        return losses
 
     def _outcomes(self, batch, full: bool) -> dict:
         c = self.condition
@@ -969,6 +1084,39 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     result = _jsonable({**result, **record})
     atomic_write_json(out_dir / "result.json", result)
     return result
+
+
+def warm_compile(cfg: TrainConfig, *, condition: str, phase1_ckpt: str | Path,
+                 seed: int = 0) -> float:
+    """Compile a Phase-2 condition's steps once, so that its trials find them in the
+    on-disk cache (`use_compile_cache`) instead of each compiling them again.
+
+    Builds the trial's module as `run_phase2` does (checkpoint, Consolidator or operator
+    start, frozen subset) and runs one training step (forward and backward, no update) on
+    the first batch of the seed's stream, and with `compile="all"` one validation and one
+    test batch; nothing is written but the cache. The graphs depend on the condition, the
+    config and the shapes, not on the seed or the weights. Returns the seconds it took."""
+    t0 = time.time()
+    cond = get_condition(condition)
+    if cfg.compile == "off":
+        return 0.0
+    _setup_threads(cfg)
+    model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
+    if cond.consolidation in OPERATORS:
+        init_operator(model, cfg, cond.consolidation, seed)
+    else:
+        init_consolidator(model, cfg, seed)
+    module = Phase2Module(cfg, model, cond).train()
+    batch = task.train_episodes(seed, 0, cfg.batch_size, segments=cfg.segments)
+    module.objective(batch)  # eager first: a config error surfaces here, not in a trace
+    module.step_fn(module.objective, train=True)(batch)["loss"].backward()
+    if cfg.compile == "all":
+        module.eval()
+        for stream, full in ((task.validation_stream, False), (task.test_stream, True)):
+            episodes = stream(min(cfg.eval_batch_size, cfg.val_episodes if not full
+                                  else cfg.test_episodes), segments=cfg.segments)
+            module.step_fn(module._outcomes, train=False)(episodes, full)
+    return time.time() - t0
 
 
 def _best_index(history: list[dict], cond: Condition) -> int:

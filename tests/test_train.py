@@ -311,7 +311,7 @@ def test_paper_preset_runs_phase0_before_phase1(tmp_path, monkeypatch):
     assert TrainConfig.from_name("paper").phase0_steps > 0
     cfg = TrainConfig.from_name(  # the paper's protocol on the tiny model with tiny budgets
         "paper", model=ModelConfig.from_name("debug"), phase0_steps=3, batch_size=16,
-        warmup_steps=2, **TINY)
+        warmup_steps=2, compile="off", **TINY)
     calls, embed = [], {}
 
     def spy(phase, step):
