@@ -303,8 +303,7 @@ class Attention(nn.Module):
         new_cache = (k[:, :, -keep:], v[:, :, -keep:]) if keep > 0 else None
         dropout = cfg.attn_dropout if self.training else 0.0
 
-        if flash_attn_func is not None and x.is_cuda and q.dtype in (torch.float16,
-                                                                      torch.bfloat16):
+        if _flash_ok(q, k, v):
             out = flash_attn_func(  # (B, T, heads, D); bottom-right aligned causal mask
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout,
                 causal=True, window_size=(cfg.window - 1, 0),
@@ -313,6 +312,17 @@ class Attention(nn.Module):
 
         out = attend(q, k, v, cfg.window, dropout).transpose(1, 2).reshape(B, T, -1)
         return self.o_proj(out), new_cache
+
+
+#: the device type flash-attn runs on (a test points it at the CPU with a stand-in kernel)
+FLASH_DEVICE = "cuda"
+
+
+def _flash_ok(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """flash-attn is installed and q, k, v are half precision on its device (what autocast
+    gives: the projections are bf16 and `rms_norm` / RoPE keep their input's dtype)."""
+    return (flash_attn_func is not None and q.device.type == FLASH_DEVICE
+            and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype)
 
 
 def attention_mask(n_query: int, n_key: int, window: int | None, device=None) -> Tensor:

@@ -395,6 +395,38 @@ def test_bad_config_and_preset():
         model(tokens(), model.init_state(3), ltm_routing="on")
 
 
+def test_flash_branch_is_taken_under_autocast(monkeypatch):
+    """Under autocast the projections give bf16 and `rms_norm` / RoPE keep that dtype, so
+    q, k and v reach flash-attn in bf16 and the flash branch runs (on main, F.rms_norm is on
+    CUDA autocast's fp32 list: q and k arrived in fp32, the branch was skipped, and the gpu
+    test compared SDPA with itself). Emulated on the CPU: the flash device is pointed at
+    the CPU and flash-attn replaced by a stand-in with its interface (B, T, heads, D),
+    computed by SDPA; in fp32 the branch is not taken."""
+    from pmnet import model as M
+
+    calls = []
+
+    def flash(q, k, v, dropout_p, causal, window_size):
+        calls.append((q.dtype, k.dtype, v.dtype, causal, window_size))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return out.transpose(1, 2)
+
+    net = make("debug").eval()
+    x = tokens(T=12)
+    ref, _ = net(x, net.init_state(3), ltm_routing=True)
+    monkeypatch.setattr(M, "flash_attn_func", flash)
+    monkeypatch.setattr(M, "FLASH_DEVICE", "cpu")
+    fp32, _ = net(x, net.init_state(3), ltm_routing=True)
+    assert calls == [] and torch.equal(fp32, ref)  # fp32: SDPA, as before
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = net(x, net.init_state(3), ltm_routing=True)
+    assert len(calls) == net.cfg.n_layer
+    assert all(c[:3] == (torch.bfloat16,) * 3 for c in calls)
+    assert all(c[3:] == (True, (net.cfg.window - 1, 0)) for c in calls)
+    assert_close(out.float(), ref, atol=0.1, rtol=0.1)  # bf16 against fp32
+
+
 @pytest.mark.gpu
 def test_flash_attention_matches_sdpa_on_cuda():
     if not torch.cuda.is_available():
@@ -405,8 +437,15 @@ def test_flash_attention_matches_sdpa_on_cuda():
         pytest.skip("flash-attn not installed")
     net = make("debug").cuda().eval()
     x = tokens(T=40).cuda()
+    calls = []
+    real = M.flash_attn_func
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        a, _ = net(x, net.init_state(3), ltm_routing=True)
+        M.flash_attn_func = lambda *a, **k: calls.append(1) or real(*a, **k)
+        try:
+            a, _ = net(x, net.init_state(3), ltm_routing=True)
+        finally:
+            M.flash_attn_func = real
+        assert len(calls) == net.cfg.n_layer  # the flash branch ran, in every layer
         fa, M.flash_attn_func = M.flash_attn_func, None
         try:
             b, _ = net(x, net.init_state(3), ltm_routing=True)
