@@ -82,6 +82,12 @@ class Layout:
     def last_file(self) -> Path:
         return self.root / "LAST"
 
+    @property
+    def compile_cache(self) -> Path:
+        """torch.compile's on-disk cache, shared by every process of every pipeline under
+        this root (`pmnet.train.use_compile_cache`): a graph compiles once per root."""
+        return self.root / "compile-cache"
+
     # per pipeline -------------------------------------------------------------------------
     @property
     def run_dir(self) -> Path:

@@ -59,13 +59,14 @@ def write_meta(plan: Plan, **extra) -> dict:
 # -- Stage 1 ---------------------------------------------------------------------------------
 
 
-def _phase1_task(cfg_dict: dict, out_dir: str, threads: int) -> dict:
+def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str) -> dict:
     from pipelines.progress import PROGRESS_FILE, Phase1Progress
     from pipelines.trial import quiet_training_logs
 
     quiet_training_logs()
-    from pmnet.train import TrainConfig, run_phase1
+    from pmnet.train import TrainConfig, run_phase1, use_compile_cache
 
+    use_compile_cache(compile_cache)
     cfg = TrainConfig.from_dict(cfg_dict)
     if not cfg.threads:
         cfg = dataclasses.replace(cfg, threads=max(1, int(threads)))
@@ -206,7 +207,7 @@ def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> list[Stage1Job]:
             if p.exists():
                 p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
         jobs.append(Stage1Job(slot=slot, t0=time.time(), ref=task.remote(
-            slot.cfg.to_dict(), str(slot.dir), int(n_cpu))))
+            slot.cfg.to_dict(), str(slot.dir), int(n_cpu), str(plan.layout.compile_cache))))
     return jobs
 
 
@@ -419,6 +420,55 @@ def _retire_stale_experiment(lay, digest: str) -> None:
             f"{known[:12]}..., not {digest[:12]}...; moved to {aside.name}, trials restart")
 
 
+def _warm_task(cfg_dict: dict, condition: str, phase1_ckpt: str, compile_cache: str) -> float:
+    from pipelines.trial import quiet_training_logs
+
+    quiet_training_logs()
+    from pmnet.train import TrainConfig, use_compile_cache, warm_compile
+
+    use_compile_cache(compile_cache)
+    return warm_compile(TrainConfig.from_dict(cfg_dict), condition=condition,
+                        phase1_ckpt=phase1_ckpt)
+
+
+def warm_compile_cache(plan: Plan, ray, ctx) -> float:
+    """Before the Tuner: compile every distinct Phase-2 step of the trials still to run
+    (one per condition and variant: the graphs do not depend on the seed) into the root's
+    compile cache, as Ray tasks side by side with the trials' resources, so that trials
+    starting together do not each compile the same graphs. Nothing when the config does not
+    compile. A failure here only costs the trials their own compile; it is reported, not
+    raised. Returns the wall time."""
+    from pipelines.trial import trial_config, trial_phase1
+
+    if plan.cfg.compile == "off":
+        return 0.0
+    lay = plan.layout
+    todo = {}
+    for trial in plan.space.trials:
+        if not lay.result_path(trial).is_file():
+            todo.setdefault((trial.condition, trial.variant), trial)
+    if not todo:
+        return 0.0
+    t0 = time.time()
+    task = ray.remote(num_cpus=plan.space.cpus_per_trial, max_retries=0)(_warm_task)
+    refs = {}
+    for (condition, variant), trial in todo.items():
+        cfg = trial_config(ctx, trial)
+        refs[(condition, variant)] = task.remote(cfg.to_dict(), condition,
+                                                 str(trial_phase1(ctx, trial)[0]),
+                                                 str(lay.compile_cache))
+    say(f"[stage 2/3] compiling {len(refs)} distinct training step(s) into "
+        f"{lay.compile_cache} before the trials")
+    for (condition, variant), ref in refs.items():
+        arm = f"{condition}{'-' + variant if variant else ''}"
+        try:
+            say(f"[stage 2/3] compiled {arm} in {ray.get(ref):.0f} s")
+        except Exception as e:  # the trials compile for themselves
+            say(f"[stage 2/3] compiling {arm} failed ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); its trials compile it")
+    return time.time() - t0
+
+
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -> dict:
     from ray import tune
 
@@ -434,6 +484,9 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     digest = p1.digest
     rid = stage_run(plan, runs, "stage2-phase2")
     ctx = trial_context(plan, runs, p1)
+    import ray
+
+    warm_s = warm_compile_cache(plan, ray, ctx)
     trainable = make_trainable(plan, ctx)
     exp_dir = lay.experiment_dir
     t0 = time.time()
@@ -483,7 +536,8 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
         else:
             errored += 1
     out = {"wall_s": wall, "finished": finished, "errored": errored,
-           "sum_trial_train_s": sum(train_times), "n_trials": sp.n_trials}
+           "sum_trial_train_s": sum(train_times), "n_trials": sp.n_trials,
+           "compile_warm_s": warm_s}
     say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored in {wall:.1f} s")
     if rid:
         runs.safe("stage2 metrics", runs.tracker.log_metrics, rid,
@@ -535,6 +589,7 @@ def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float) -> dict:
     timing = {
         "wall_s": wall, "stage2_wall_s": s2["wall_s"], "phase1_train_s": p1_time,
         "sum_trial_train_s": sum_train, "trials_finished": s2["finished"],
+        "compile_warm_s": s2.get("compile_warm_s", 0.0),
         "overhead_s": wall - p1_time - sum_train,
         "overhead_ratio": wall / max(1e-9, p1_time + sum_train),
         "max_concurrent": conc or 0, "resumed": plan.resumed,

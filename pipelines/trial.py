@@ -341,7 +341,9 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
 
     quiet_training_logs()
     from pipelines.tracking import TrialTracking, trial_params, trial_run_tags
-    from pmnet.train import get_condition
+    from pmnet.train import get_condition, use_compile_cache
+
+    use_compile_cache(ctx.layout.compile_cache)  # the graphs Stage 2 compiled beforehand
 
     t_imported = time.time()
 
