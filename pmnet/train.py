@@ -480,8 +480,8 @@ class _PhaseModule(L.LightningModule):
         checkpoint["pmnet_history"] = list(self.history)
         checkpoint["pmnet_train_time_s"] = self.elapsed_s()
         checkpoint["pmnet_rng"] = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            checkpoint["pmnet_rng"]["cuda"] = torch.cuda.get_rng_state_all()
+        if self.device.type == "cuda":  # the device it trains on only (not every visible GPU)
+            checkpoint["pmnet_rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
 
     def on_load_checkpoint(self, checkpoint):
         if self._trainer is not None and self.trainer.state.fn != "fit":
@@ -491,8 +491,11 @@ class _PhaseModule(L.LightningModule):
         rng = checkpoint.get("pmnet_rng", {})
         if "torch" in rng:
             torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        state = rng.get("cuda")
+        if isinstance(state, (list, tuple)):  # written by get_rng_state_all (one per GPU)
+            state = state[0] if state else None
+        if state is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state, self.device)
 
     # evaluation: per-episode outcomes of every batch, summarised once per epoch --------
     def _outcomes(self, batch, full: bool) -> dict:

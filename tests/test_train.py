@@ -605,3 +605,45 @@ def test_an_operator_condition_trains_on_t_segment_episodes(phase1, tmp_path):
     assert res["trainable_params"] == operator_parameter_counts(cfg.model)["gru"]
     assert res["test"]["final_ltm_seg3"] == res["test"]["updated_ltm"]
     assert 0 <= res["test"]["final_ltm_seg1"] <= 100
+
+
+def test_rng_state_of_the_training_device_only(monkeypatch):
+    """A checkpoint carries the RNG state of the GPU the module trains on, not of every
+    visible GPU, and a trial resumed where it sees fewer GPUs than when it saved (Ray gives
+    each trial its own) restores that one state instead of failing (finding 7)."""
+    cfg = TrainConfig.from_name("debug")
+    module = Phase2Module(cfg, PMNet(cfg.model),
+                          CONDITIONS["consolidator_only"])
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=None: (
+        calls.append(("get", device)) or torch.tensor([7], dtype=torch.uint8)))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device=None: calls.append(
+        ("set", device, state.tolist())))
+
+    def all_states(states=None):
+        if states is not None and len(states) != torch.cuda.device_count():
+            raise RuntimeError("set_rng_state_all: more states than visible GPUs")
+        return [torch.tensor([1], dtype=torch.uint8)] * 2
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", all_states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", all_states)
+
+    ckpt: dict = {}
+    module.on_save_checkpoint(ckpt)  # on CPU: no CUDA state at all
+    assert "cuda" not in ckpt["pmnet_rng"] and calls == []
+    module._device = torch.device("cuda", 0)  # as Lightning sets it on a GPU
+    module.on_save_checkpoint(ckpt)
+    assert ckpt["pmnet_rng"]["cuda"].tolist() == [7]
+    assert calls == [("get", torch.device("cuda", 0))]
+    # a checkpoint written by get_rng_state_all on a two-GPU machine, resumed seeing one
+    old = {"pmnet_rng": {"torch": torch.get_rng_state(),
+                         "cuda": [torch.tensor([3], dtype=torch.uint8),
+                                  torch.tensor([4], dtype=torch.uint8)]}}
+    module.on_load_checkpoint(old)
+    assert calls[-1] == ("set", torch.device("cuda", 0), [3])
+    module._device = torch.device("cpu")  # resumed on CPU: the GPU state is not used
+    n = len(calls)
+    module.on_load_checkpoint(old)
+    assert len(calls) == n
