@@ -55,6 +55,7 @@ from pmnet.conditions import (  # noqa: F401
     PAPER_SEEDS,
     Condition,
     get_condition,
+    seed_problem,
 )
 from pmnet.config import ModelConfig
 from pmnet.evaluate import episode_outcomes, summarize
@@ -183,6 +184,11 @@ class TrainConfig:
             raise ValueError("TrainConfig.seeds is empty: give at least one Phase-2 seed")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
             raise ValueError(f"TrainConfig.seeds must be non-negative integers: {self.seeds}")
+        for what, value in [("phase1_seed", self.phase1_seed),
+                            *(("seeds", s) for s in self.seeds)]:
+            problem = seed_problem(value, f"TrainConfig.{what}")
+            if problem:
+                raise ValueError(problem)
         if not self.conditions:
             raise ValueError("TrainConfig.conditions is empty")
         for c in self.conditions:
@@ -919,6 +925,8 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     cond = get_condition(condition)  # validate everything before any compute
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if seed_problem(seed):
+        raise ValueError(seed_problem(seed))
     record = dict(record or {})
     clash = sorted(set(record) & RESULT_KEYS)
     if clash:

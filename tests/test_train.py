@@ -647,3 +647,22 @@ def test_rng_state_of_the_training_device_only(monkeypatch):
     n = len(calls)
     module.on_load_checkpoint(old)
     assert len(calls) == n
+
+
+def test_seeds_beyond_numpys_range_are_refused_before_any_compute(tmp_path):
+    """A seed above 2**32 - 1 passed validation and crashed every trial inside Lightning's
+    seed_everything (numpy's seed bound); it is refused by the config and by run_phase2
+    (finding 8). The bound itself is what seed_everything accepts."""
+    from pmnet.conditions import MAX_SEED
+
+    L.seed_everything(MAX_SEED, verbose=False)
+    with pytest.raises(ValueError):
+        L.seed_everything(MAX_SEED + 1, verbose=False)
+    TrainConfig.from_name("debug", seeds=(MAX_SEED,), phase1_seed=MAX_SEED)
+    for over in ({"seeds": (42, MAX_SEED + 1)}, {"phase1_seed": MAX_SEED + 1}):
+        with pytest.raises(ValueError, match="outside 0..4294967295"):
+            TrainConfig.from_name("debug", **over)
+    with pytest.raises(ValueError, match="outside 0..4294967295"):
+        run_phase2(TrainConfig.from_name("debug"), condition="consolidator_only",
+                   seed=MAX_SEED + 1, phase1_ckpt=tmp_path / "none.pt", out_dir=tmp_path / "o")
+    assert not (tmp_path / "o").exists()

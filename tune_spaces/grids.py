@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.layout import PHASE2_ONLY_FIELDS
-from pmnet.conditions import CONDITIONS, OPERATOR_CONDITIONS, OPERATOR_REFERENCE, PAPER_SEEDS
+from pmnet.conditions import (
+    CONDITIONS,
+    OPERATOR_CONDITIONS,
+    OPERATOR_REFERENCE,
+    PAPER_SEEDS,
+    seed_problem,
+)
 from pmnet.trial_id import DEFAULT_VARIANT, TrialId, grid_size, variant_name_problem
 
 # the paper's Phase-2 grid (Section 6.2, Table "Parameter-isolation conditions"; Appendix
@@ -286,6 +292,9 @@ class Space:
         if bad:
             raise SpaceError(f"grid {self.name!r}: seeds must be non-negative integers, "
                              f"got {bad}")
+        out_of_range = [seed_problem(s, "seed") for s in self.seeds if seed_problem(s)]
+        if out_of_range:
+            raise SpaceError(f"grid {self.name!r}: {out_of_range[0]}")
         dup_s = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
         if dup_s:
             raise SpaceError(f"grid {self.name!r}: seed(s) listed twice: {dup_s}")
@@ -298,6 +307,9 @@ class Space:
         if bad:
             raise SpaceError(f"grid {self.name!r}: Phase-1 seeds must be non-negative "
                              f"integers, got {bad}")
+        out_of_range = [seed_problem(k, "Phase-1 seed") for k in p1 if seed_problem(k)]
+        if out_of_range:
+            raise SpaceError(f"grid {self.name!r}: {out_of_range[0]}")
         dup_p = sorted({k for k in p1 if list(p1).count(k) > 1})
         if dup_p:
             raise SpaceError(f"grid {self.name!r}: Phase-1 seed(s) listed twice: {dup_p}")
