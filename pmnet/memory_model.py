@@ -436,8 +436,13 @@ def saved_fit(model_cfg: ModelConfig, condition: str, spec: StepSpec, precision:
     if len(probes) != 2 or probes[0] == probes[1]:
         raise ValueError(f"two distinct probe batches are needed, got {probes!r}")
     cond = get_condition(condition)
-    model = build_model(model_cfg, cond)
-    points = tuple((b, measure_step(model, cond, spec, b, precision)) for b in probes)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny batches: small ops, and no contention on a busy machine
+    try:
+        model = build_model(model_cfg, cond)
+        points = tuple((b, measure_step(model, cond, spec, b, precision)) for b in probes)
+    finally:
+        torch.set_num_threads(threads)
     (b1, m1), (b2, m2) = points
     per = (m2 - m1) / (b2 - b1)
     return SavedFit(fixed=max(0.0, m1 - per * b1), per_episode=per, probes=points)

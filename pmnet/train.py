@@ -35,6 +35,7 @@ import json
 import math
 import operator
 import os
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,9 @@ MODEL_FORMAT = "pmnet-model/v1"
 # -----------------------------------------------------------------------------------------
 
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")
+#: Where a phase trains (Lightning's accelerator names): a caller that knows which device it
+#: was given says so (a Ray trial: "gpu" when Ray gave it one); "auto" is Lightning's guess.
+ACCELERATORS = ("cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -216,10 +220,17 @@ class TrainConfig:
     def steps_per_epoch(self) -> int:
         return self.episodes_per_epoch // self.batch_size
 
-    def resolved_precision(self) -> str:
+    def resolved_precision(self, accelerator: str | None = None) -> str:
+        """The precision training runs in: the preset's, or for "auto" bf16-mixed on a GPU and
+        32-true on a CPU (`accelerator`: "gpu" or "cpu"; None: a GPU when CUDA is
+        available)."""
         if self.precision != "auto":
             return self.precision
-        return "bf16-mixed" if torch.cuda.is_available() else "32-true"
+        if accelerator is None:
+            accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+        if accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
+        return "bf16-mixed" if accelerator == "gpu" else "32-true"
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> TrainConfig:
@@ -804,7 +815,8 @@ class LastCheckpoint(Checkpoint):
 
 def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str | None,
              patience: int, callbacks, loggers, progress, ckpt_dir: Path | None,
-             max_steps: int = -1, name: str = "logs") -> tuple[L.Trainer, ModelCheckpoint | None]:
+             max_steps: int = -1, name: str = "logs",
+             accelerator: str = "auto") -> tuple[L.Trainer, ModelCheckpoint | None]:
     """The Lightning trainer of a phase. With a monitored metric: best.ckpt (written when the
     metric improves), last.ckpt (every epoch, see LastCheckpoint) and early stopping, all
     acting at train-epoch end in this order; the caller's callbacks come after them, so the
@@ -822,8 +834,9 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
     if progress is None:
         progress = os.isatty(2)
     trainer = L.Trainer(
-        max_epochs=max_epochs, max_steps=max_steps, accelerator="auto", devices=1,
-        precision=cfg.resolved_precision(), gradient_clip_val=cfg.grad_clip,
+        max_epochs=max_epochs, max_steps=max_steps, accelerator=accelerator, devices=1,
+        precision=cfg.resolved_precision(None if accelerator == "auto" else accelerator),
+        gradient_clip_val=cfg.grad_clip,
         gradient_clip_algorithm="norm", callbacks=cbs, plugins=[AtomicCheckpointIO()],
         logger=[CSVLogger(str(out_dir), name=name, version="")] + list(loggers),
         enable_progress_bar=bool(progress), enable_model_summary=False,
@@ -835,8 +848,12 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
 
 
 def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(),
-               progress: bool | None = None) -> dict:
-    """Phase 0 (if the preset has it) and Phase 1. Writes `phase1.pt` and its sha256."""
+               progress: bool | None = None, accelerator: str = "auto") -> dict:
+    """Phase 0 (if the preset has it) and Phase 1. Writes `phase1.pt` and its sha256.
+
+    `accelerator`: "cpu" or "gpu" (where the caller was given to train, e.g. what Ray gave
+    the task), or "auto" (Lightning's choice). The device and precision used are recorded."""
+    _check_accelerator(accelerator)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     _setup_threads(cfg)
@@ -856,7 +873,7 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
         m0 = Phase0Module(cfg, model, cfg.phase1_lr)
         tr, _ = _trainer(cfg, out_dir, max_epochs=1, monitor=None, patience=1,
                          callbacks=(), loggers=loggers, progress=progress, ckpt_dir=None,
-                         name="phase0_logs")
+                         name="phase0_logs", accelerator=accelerator)
         data = _loader(CopyBatches(cfg.phase0_steps, cfg.batch_size, cfg.phase0_copy_len,
                                    cfg.phase1_seed))
         tr.fit(m0, train_dataloaders=data)
@@ -867,19 +884,20 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.phase1_max_epochs,
                              monitor="val/mean_stm", patience=cfg.phase1_patience,
                              callbacks=callbacks, loggers=loggers, progress=progress,
-                             ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs")
+                             ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs",
+                             accelerator=accelerator)
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None,
                 weights_only=True)
     trainer.test(module, datamodule=data, ckpt_path="best", verbose=False, weights_only=True)
     train_time = module.prior_time_s + (time.time() - t0)  # earlier attempts included
     meta = {"phase": 1, "train_config": cfg.to_dict(), "test": module.test_metrics,
             "history": module.history, "phase0": phase0, "train_time_s": train_time,
-            "best_epoch": _best_epoch(ckpt)}
+            "best_epoch": _best_epoch(ckpt), **trained_on(trainer)}
     ckpt_path = out_dir / "phase1.pt"
     digest = save_model_file(ckpt_path, module.model, fmt=PHASE1_FORMAT, meta=_jsonable(meta))
     atomic_write_json(out_dir / "phase1_metrics.json", _jsonable(meta))
     return {"checkpoint": str(ckpt_path), "sha256": digest, "metrics": module.test_metrics,
-            "train_time_s": train_time}
+            "train_time_s": train_time, **trained_on(trainer)}
 
 
 def init_consolidator(model: PMNet, cfg: TrainConfig, seed: int) -> None:
@@ -911,18 +929,24 @@ RESULT_KEYS = frozenset({
     "condition", "seed", "preset", "phase1_sha256", "best_epoch", "trainable_params",
     "total_params", "trainable_fraction", "consolidation", "ltm_routing", "objective",
     "select", "val", "test", "test_stream_hash", "train_time_s", "history", "best_model",
-    "config"})
+    "config", "device", "precision"})
 
 
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
                out_dir: str | Path, callbacks=(), loggers=(), resume_from=None,
-               progress: bool | None = None, record: dict | None = None) -> dict:
+               progress: bool | None = None, record: dict | None = None,
+               accelerator: str = "auto") -> dict:
     """Train one Phase-2 trial (condition x seed) from the Phase-1 checkpoint; evaluate the
     selected checkpoint on the fixed test stream; write `result.json` and return it.
+
+    `accelerator`: "cpu" or "gpu" (where the caller was given to train: a Ray trial passes
+    what Ray gave it), or "auto" (Lightning's choice). result.json records the device and
+    precision the trainer used (`device`, `precision`).
 
     `record`: extra keys written into result.json as given (a caller's provenance, e.g. the
     pipeline's variant name and overrides); they may not replace a key of the result."""
     cond = get_condition(condition)  # validate everything before any compute
+    _check_accelerator(accelerator)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if seed_problem(seed):
@@ -947,7 +971,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
                              monitor=f"val/{cond.select}", patience=cfg.patience,
                              callbacks=callbacks, loggers=loggers, progress=progress,
-                             ckpt_dir=out_dir / "ckpt")
+                             ckpt_dir=out_dir / "ckpt", accelerator=accelerator)
     last = out_dir / "ckpt" / "last.ckpt"
     if resume_from is None and last.is_file():
         resume_from = last
@@ -975,11 +999,38 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
                                                                segments=cfg.segments)),
         # earlier attempts (up to the checkpoint this one resumed from) plus this one
         "train_time_s": module.prior_time_s + (time.time() - t0), "history": module.history,
-        "best_model": str(best_model), "config": cfg.flat(),
+        "best_model": str(best_model), "config": cfg.flat(), **trained_on(trainer),
     }
     result = _jsonable({**result, **record})
     atomic_write_json(out_dir / "result.json", result)
     return result
+
+
+def _check_accelerator(accelerator: str) -> None:
+    if accelerator not in ("auto", *ACCELERATORS):
+        raise ValueError(f"accelerator must be 'auto' or one of {ACCELERATORS}, got "
+                         f"{accelerator!r}")
+
+
+def device_name(device: torch.device) -> str:
+    """`NVIDIA GeForce RTX 4090 (cuda:0)`, or `cpu (<CPU model>)`."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} ({device})"
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f
+                          if ln.lower().startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{device.type} ({model or platform.processor() or 'unknown model'})"
+
+
+def trained_on(trainer: L.Trainer) -> dict[str, str]:
+    """Where and how a trainer actually trained: `device` (its root device, named) and
+    `precision` (Lightning's precision plugin: `bf16-mixed`, `32-true`, ...)."""
+    return {"device": device_name(trainer.strategy.root_device),
+            "precision": str(trainer.precision)}
 
 
 def _best_index(history: list[dict], cond: Condition) -> int:
