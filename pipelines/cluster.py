@@ -262,8 +262,9 @@ def init_ray(plan: Plan):
 
     ncpu = plan.num_cpus or os.cpu_count() or 1
     gpus = {}
-    if plan.cluster is not None and len(plan.cluster.nodes) == 1:
-        gpus = {"num_gpus": int(plan.cluster.nodes[0].gpus)}
+    planned = getattr(plan, "cluster", None)  # None: Ray detects the GPUs itself
+    if planned is not None and len(planned.nodes) == 1:
+        gpus = {"num_gpus": int(planned.nodes[0].gpus)}
     # address="local": always a new local instance, never another `ray start` cluster that
     # happens to run on this machine
     with _loopback_node_ip():
