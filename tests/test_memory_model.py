@@ -270,3 +270,16 @@ def test_the_paper_grid_packed_on_one_card_never_exceeds_it(card_gib, one_thread
     for a, b in itertools.combinations_with_replacement(fits, 2):  # every pair that Ray admits
         if fits[a].fraction + fits[b].fraction <= 1:
             assert peaks[a] + peaks[b] <= usable
+
+
+def test_finding1_the_default_quarter_gpu_overflows_the_papers_card(one_thread):
+    """Finding 1, verified: the grids' old default of 0.25 GPU per trial puts four trials on
+    one card; four `learned_full` trials at batch 256 in bf16 need far more than a 24 GiB
+    card, and even one `learned_full_dual` trial does not fit it."""
+    card = 24 * GiB
+    full = mm.trial_memory(PAPER, "learned_full", batch_size=256, precision="bf16-mixed")
+    dual = mm.trial_memory(PAPER, "learned_full_dual", batch_size=256, precision="bf16-mixed")
+    assert 4 * full.peak > card
+    assert 4 * (full.saved + full.weights + full.gradients + full.optimizer) > card  # no factor
+    assert dual.peak > mm.usable_bytes(card)
+    assert mm.gpu_share(full.peak, card).fraction == 1.0
