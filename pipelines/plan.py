@@ -426,12 +426,14 @@ def _check_existing(plan: Plan) -> None:
 def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 tracking_uri: str | None = None, ray_address: str | None = None,
                 num_cpus: int | None = None, mlflow_host: str = "127.0.0.1",
-                stage1_cpus: float | None = None, cluster: ClusterInfo | None = None) -> Plan:
+                stage1_cpus: float | None = None, cluster: ClusterInfo | None = None,
+                check_resources: bool = True) -> Plan:
     """The plan of an existing pipeline, read back from its pipeline.json/config.json.
 
     The grid, its resources and `max_failures` are the stored ones: Tune restores its own
     run configuration, so a resume cannot change them (errored trials get a new round of
-    retries on every resume)."""
+    retries on every resume); they are checked against the cluster found now, unless
+    `check_resources` is False (`report` computes nothing)."""
     from pipelines.layout import last_pipeline
     from pmnet.train import ALL_CONDITIONS, TrainConfig
 
@@ -467,13 +469,13 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         check_tracking_uri(uri)
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus)
     ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
-    if cluster is None:
+    if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.get("preset_reason", ""),
                 overrides=meta.get("overrides", {}), tracking_uri=uri,
                 ray_address=ray_address, num_cpus=num_cpus, mlflow_host=mlflow_host,
                 stage1_cpus=stage1_cpus, resumed=True, cluster=cluster)
-    problem = resource_problem(plan, cluster)
+    problem = resource_problem(plan, cluster) if check_resources else None
     if problem:
         raise PipelineError(f"pipeline {name!r} cannot continue here: {problem}")
     src = meta.get("phase1_from")

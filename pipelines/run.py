@@ -213,7 +213,8 @@ def cmd_report(a) -> int:
     root = Path(a.root).expanduser().absolute()
     name = a.name or last_pipeline(root)
     # the store the pipeline recorded (or --tracking-uri): a SQLite one is served again
-    plan = plan_resume(root=root, name=name, tracking_uri=a.tracking_uri)
+    plan = plan_resume(root=root, name=name, tracking_uri=a.tracking_uri,
+                       check_resources=False)  # the report computes nothing
     lay = plan.layout
     known = read_json(lay.tracking_json, {}) or {}
     runs = Runs()

@@ -363,3 +363,16 @@ def test_a_finished_trial_gives_its_cached_gpu_memory_back(tmp_path, phase1, mon
     ctx = _ctx(tmp_path / "runs", phase1)
     run_trial_here(ctx, "consolidator_only", 43, FakeTune(tmp_path / "tune"))
     assert emptied, "the trial left its cached GPU memory to the next trial of the actor"
+
+
+def test_a_resume_checks_the_stored_grid_against_the_cluster_a_report_does_not(tmp_path):
+    from pipelines.stages import write_meta
+
+    plan = _plan(tmp_path, cluster(HEAD, RTX))
+    write_meta(plan, status="finished")
+    with pytest.raises(PipelineError, match="cannot continue here: the grid asks up to .* GPU "
+                                            "per trial but no node"):
+        planning.plan_resume(root=tmp_path / "runs", name="p", cluster=cluster(HEAD))
+    again = planning.plan_resume(root=tmp_path / "runs", name="p", cluster=cluster(RTX))
+    assert again.space.gpu_shares == plan.space.gpu_shares  # the stored shares, unchanged
+    assert planning.plan_resume(root=tmp_path / "runs", name="p", check_resources=False)
