@@ -16,9 +16,12 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import socket
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +41,158 @@ SHARED_STORAGE_HELP = (
     "like) at the same path on every node, or pass a --root that is on one.")
 
 
+# -- what the cluster has: CPUs, GPUs and each GPU's memory, per node ---------------------------
+
+
+@dataclass(frozen=True)
+class GpuCard:
+    """One GPU as `nvidia-smi` reports it: its name and total memory in bytes."""
+
+    name: str
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of the cluster: its CPUs and GPUs (Ray's resources) and the GPUs' cards
+    (empty when they could not be read there)."""
+
+    label: str
+    cpus: float
+    gpus: float = 0.0
+    cards: tuple[GpuCard, ...] = ()
+
+    @property
+    def card_bytes(self) -> int | None:
+        """The memory of this node's smallest card (None: no GPU, or unknown)."""
+        return min(c.memory_bytes for c in self.cards) if self.cards else None
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What the pipeline may schedule on: every alive node (local Ray: this machine as Ray
+    will see it). Planning decides the preset, the resources of the trials and of Stage 1,
+    and the GPU shares from it (`pipelines.plan`), before anything is started or written."""
+
+    nodes: tuple[NodeInfo, ...]
+    where: str = "this machine"
+
+    @property
+    def gpu_nodes(self) -> tuple[NodeInfo, ...]:
+        return tuple(n for n in self.nodes if n.gpus >= 1)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpu_nodes)
+
+    def largest_cpus(self, *, gpu: bool) -> float:
+        """The CPUs of the largest node among the GPU nodes (gpu=True) or all nodes."""
+        nodes = self.gpu_nodes if gpu else self.nodes
+        return max((n.cpus for n in nodes), default=0.0)
+
+    @property
+    def card_bytes(self) -> int | None:
+        """The smallest card of the GPU nodes (a fractional GPU share must fit every card
+        Ray may place it on); None when no GPU node's cards are known."""
+        known = [n.card_bytes for n in self.gpu_nodes if n.card_bytes is not None]
+        return min(known) if known else None
+
+    def fits(self, cpus: float, gpus: float) -> bool:
+        """Whether one node has `cpus` CPUs and `gpus` GPUs at once (one task or actor)."""
+        return any(n.cpus >= cpus and n.gpus >= gpus for n in self.nodes)
+
+    def describe(self) -> str:
+        parts = []
+        for n in self.nodes:
+            gpu = ""
+            if n.gpus:
+                cards = ", ".join(sorted({f"{c.name} {c.memory_bytes / 2**30:.0f} GiB"
+                                          for c in n.cards})) or "memory unknown"
+                gpu = f" + {n.gpus:g} GPU ({cards})"
+            parts.append(f"{n.label}: {n.cpus:g} CPU{gpu}")
+        return f"{self.where}: " + "; ".join(parts)
+
+
+NVIDIA_SMI_QUERY = ("--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits")
+
+
+def local_cards(env: dict | None = None) -> tuple[GpuCard, ...]:
+    """This machine's NVIDIA GPUs as CUDA (and Ray) will see them: `nvidia-smi`, narrowed to
+    CUDA_VISIBLE_DEVICES when it is set (indices or UUIDs; empty: none). No GPU, or no
+    `nvidia-smi`: (). Never initialises CUDA in this process."""
+    env = os.environ if env is None else env
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ()
+    try:
+        out = subprocess.run([exe, *NVIDIA_SMI_QUERY], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    rows = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4 and parts[3].isdigit():
+            rows.append((parts[0], parts[1], parts[2], int(parts[3]) * 2**20))  # MiB
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        rows = [r for w in wanted for r in rows if w in (r[0], r[1])]
+    return tuple(GpuCard(name=name, memory_bytes=mem) for _, _, name, mem in rows)
+
+
+def describe_local(num_cpus: int | None = None,
+                   cards: Callable[[], tuple[GpuCard, ...]] = local_cards) -> ClusterInfo:
+    """This machine as the local Ray instance will see it (`init_ray` gives Ray these CPUs
+    and GPUs), without starting Ray."""
+    found = cards()
+    return ClusterInfo(nodes=(NodeInfo(label=socket.gethostname(), cpus=float(
+        num_cpus or os.cpu_count() or 1), gpus=float(len(found)), cards=found),))
+
+
+def probe_cards() -> tuple[GpuCard, ...]:
+    """Run on a node: its cards (`local_cards` there)."""
+    return local_cards()
+
+
+def describe_ray(ray, *, timeout: float = 60.0) -> ClusterInfo:
+    """Every alive node of a running Ray cluster: CPUs and GPUs from Ray's resources, the
+    cards of each GPU node from one small task pinned there (`num_cpus=0`, so busy nodes
+    answer too); a node whose cards cannot be read keeps none (memory unknown)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    task = ray.remote(num_cpus=0, max_retries=0)(probe_cards)
+    refs = {}
+    for node in alive:
+        if float(node.get("Resources", {}).get("GPU", 0)) >= 1:
+            refs[node["NodeID"]] = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node["NodeID"], soft=False)).remote()
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout) \
+        if refs else ([], [])
+    nodes = []
+    for node in alive:
+        res = node.get("Resources", {})
+        cards: tuple[GpuCard, ...] = ()
+        ref = refs.get(node["NodeID"])
+        if ref is not None and ref in ready:
+            try:
+                cards = tuple(ray.get(ref))
+            except Exception:  # noqa: BLE001 - memory unknown; planning says so
+                cards = ()
+        nodes.append(NodeInfo(label=node_label(node), cpus=float(res.get("CPU", 0)),
+                              gpus=float(res.get("GPU", 0)), cards=cards))
+    return ClusterInfo(nodes=tuple(nodes), where="the Ray cluster")
+
+
+def describe_cluster(ray_address: str | None, num_cpus: int | None = None) -> ClusterInfo:
+    """The cluster a pipeline will run on: this machine (local Ray, not started here) or the
+    running cluster at `ray_address` (connected to with `connect_ray`, as the driver will)."""
+    if not ray_address:
+        return describe_local(num_cpus)
+    return describe_ray(connect_ray(ray_address))
+
+
 def runtime_env() -> dict:
     """The job's runtime environment: the project's packages as `py_modules`, so a node needs
     the Python environment but no checkout, and the test hooks in PASS_ENV. Ray zips the
@@ -45,6 +200,10 @@ def runtime_env() -> dict:
     per node; on local Ray this measured no slower than the PYTHONPATH it replaces, so local
     and cluster runs ship the code the same way (docs/pipeline.md, "Clusters")."""
     env_vars = {k: os.environ[k] for k in PASS_ENV if os.environ.get(k)}
+    # trials sharing a GPU: the caching allocator grows segments instead of carving fixed
+    # ones, so fragmentation stays small (the memory model's ACTIVATION_FACTOR counts on it)
+    env_vars.setdefault("PYTORCH_CUDA_ALLOC_CONF", os.environ.get(
+        "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"))
     return {"py_modules": [str(REPO / p) for p in CODE_PACKAGES],
             "excludes": ["__pycache__", "*.pyc"], "env_vars": env_vars}
 
@@ -69,63 +228,67 @@ def _loopback_node_ip() -> Iterator[None]:
         constants.ENABLE_RAY_CLUSTER = before
 
 
-def init_ray(plan: Plan):
-    """Local Ray by default (loopback only, dashboard off, quiet); RAY_ADDRESS /
-    --ray-address: a cluster."""
+def _ray_kwargs() -> dict:
+    return dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
+                runtime_env=runtime_env(), ignore_reinit_error=True)
+
+
+def connect_ray(address: str):
+    """Connect to the running Ray cluster at `address` (the driver's one connection: the job's
+    runtime environment is set here, so planning and the stages share it)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter: silent at 0
-    if plan.ray_address:
-        # Ray >= 2.59 starts clusters with token authentication, and a client connecting to
-        # one needs RAY_AUTH_MODE=token (read when ray is imported; the token itself comes
-        # from ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH); token mode also
-        # connects to clusters without authentication
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # Ray >= 2.59 starts clusters with token authentication, and a client connecting to one
+    # needs RAY_AUTH_MODE=token (read when ray is imported; the token itself comes from
+    # ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH); token mode also connects to
+    # clusters without authentication
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
-    kwargs = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
-                  runtime_env=runtime_env(), ignore_reinit_error=True)
-    if plan.ray_address:
-        try:
-            ray.init(address=plan.ray_address, **kwargs)
-        except Exception as e:
-            raise PipelineError(f"cannot connect to the Ray cluster at {plan.ray_address} "
-                                f"(RAY_AUTH_MODE={os.environ.get('RAY_AUTH_MODE')}): {e}"
-                                ) from e
-    else:
-        ncpu = plan.num_cpus or os.cpu_count() or 1
-        # address="local": always a new local instance, never another `ray start` cluster
-        # that happens to run on this machine
-        with _loopback_node_ip():
-            ray.init(address="local", num_cpus=ncpu, _node_ip_address=LOOPBACK,
-                     object_store_memory=min(2 << 30, (512 << 20) + ncpu * (128 << 20)),
-                     **kwargs)
+    try:
+        ray.init(address=address, **_ray_kwargs())
+    except Exception as e:
+        raise PipelineError(f"cannot connect to the Ray cluster at {address} "
+                            f"(RAY_AUTH_MODE={os.environ.get('RAY_AUTH_MODE')}): {e}") from e
     return ray
 
 
-def _node_capacity(ray) -> tuple[float, float]:
-    """(largest CPU count, largest GPU count) of any alive node."""
-    cpus, gpus = 0.0, 0.0
-    for node in ray.nodes():
-        if node.get("Alive"):
-            res = node.get("Resources", {})
-            cpus = max(cpus, float(res.get("CPU", 0)))
-            gpus = max(gpus, float(res.get("GPU", 0)))
-    return cpus, gpus
+def init_ray(plan: Plan):
+    """Local Ray by default (loopback only, dashboard off, quiet; the CPUs and GPUs planning
+    saw, `plan.cluster`); RAY_ADDRESS / --ray-address: a cluster."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter: silent at 0
+    if plan.ray_address:
+        return connect_ray(plan.ray_address)
+    import ray
+
+    ncpu = plan.num_cpus or os.cpu_count() or 1
+    gpus = {}
+    planned = getattr(plan, "cluster", None)  # None: Ray detects the GPUs itself
+    if planned is not None and len(planned.nodes) == 1:
+        gpus = {"num_gpus": int(planned.nodes[0].gpus)}
+    # address="local": always a new local instance, never another `ray start` cluster that
+    # happens to run on this machine
+    with _loopback_node_ip():
+        ray.init(address="local", num_cpus=ncpu, _node_ip_address=LOOPBACK,
+                 object_store_memory=min(2 << 30, (512 << 20) + ncpu * (128 << 20)),
+                 **gpus, **_ray_kwargs())
+    return ray
 
 
-def check_cluster(plan: Plan, ray) -> tuple[float, float]:
-    """What must hold before Stage 1: the grid fits a node, and every node sees the root."""
-    cpus, gpus = _node_capacity(ray)
-    sp = plan.space
-    if sp.gpus_per_trial > 0 and gpus == 0:
-        raise PipelineError(f"the grid asks {sp.gpus_per_trial} GPU per trial but no Ray node "
-                            "has a GPU; use --gpus-per-trial 0 (or a CPU preset)")
-    if sp.cpus_per_trial > cpus:
-        raise PipelineError(f"the grid asks {sp.cpus_per_trial:g} CPUs per trial but the "
-                            f"largest Ray node has {cpus:g}; lower --cpus-per-trial")
+def check_cluster(plan: Plan, ray) -> ClusterInfo:
+    """What must hold before Stage 1: the grid still fits the running cluster (planning
+    checked it; a cluster can change since), and every node sees the root. Returns the
+    cluster as it is now (local Ray: as planned)."""
+    from pipelines.plan import resource_problem
+
+    cluster = plan.cluster if (plan.cluster is not None and not plan.ray_address) \
+        else describe_ray(ray)
+    problem = resource_problem(plan, cluster)
+    if problem:
+        raise PipelineError(f"the cluster changed since planning: {problem}")
     checked = check_storage(plan.layout.root, ray)
     if plan.ray_address:
         say(f"[pipeline] all {len(checked)} Ray nodes see the storage root {plan.layout.root}")
-    return cpus, gpus
+    return cluster
 
 
 # -- does every node see the storage root? ----------------------------------------------------

@@ -47,9 +47,12 @@ def _execute(plan: Plan) -> int:
     kill_point("start")
     say(f"[pipeline] {plan.name}: preset {plan.cfg.preset} ({plan.preset_reason}); "
         f"{'continuing' if plan.resumed else 'new'} run in {lay.run_dir}")
-    say(f"[pipeline] grid {sp.name}: {sp.size}; {sp.cpus_per_trial:g} CPU"
-        f"{f' + {sp.gpus_per_trial:g} GPU' if sp.gpus_per_trial else ''} per trial, "
+    say(f"[pipeline] grid {sp.name}: {sp.size}; {sp.describe_resources()}, "
         f"max_failures {sp.max_failures}")
+    if plan.memory:
+        say("[pipeline] GPU memory per trial (memory model, pmnet/memory_model.py): "
+            + ", ".join(f"{c}{'-' + v if v else ''} {b / 2**30:.1f} GiB"
+                        for (c, v), b in plan.memory.items()))
 
     runs = Runs()
     server = server_for(plan)  # a SQLite store (embedded or sqlite:) is served, shared per store
@@ -59,11 +62,10 @@ def _execute(plan: Plan) -> int:
             server.start()
         t_ray = time.time()
         ray = init_ray(plan)
-        cpus, gpus = check_cluster(plan, ray)
+        cluster = check_cluster(plan, ray)
         where = f"Ray cluster {plan.ray_address}" if plan.ray_address else "local Ray"
-        say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s "
-            f"(largest node: {cpus:g} CPU, {gpus:g} GPU)")
-        jobs = stage1_start(plan, ray, cpus, gpus)  # run while the MLflow server starts
+        say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
+        jobs = stage1_start(plan, ray, cluster)  # run while the MLflow server starts
         kill_point("stage1-submitted")
         uri = server.wait_ready() if server is not None else plan.tracking_uri
         runs = open_tracking(plan, uri)

@@ -37,11 +37,12 @@ from pmnet.trial_id import TrialId
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 EXPERIMENT_DIRNAME = "stage2"
-# Phase-2-only fields of TrainConfig: changing them does not change the Phase-1 checkpoint.
+# Phase-2-only fields of TrainConfig: changing them does not change the Phase-1 checkpoint
+# (nor do the speed settings threads, compile and cuda_graphs: they move only fp32 rounding).
 PHASE2_ONLY_FIELDS = ("lr", "episodes_per_epoch", "max_epochs", "patience", "seeds",
                       "conditions", "detach_ltm", "notes", "threads", "consolidator_init_std",
                       "consolidator_lr", "consolidator_weight_decay", "initial_ltm_loss",
-                      "segments", "ltm_graph")
+                      "segments", "ltm_graph", "compile", "cuda_graphs")
 
 
 class PipelineError(RuntimeError):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.cluster import ClusterInfo, describe_cluster
 from pipelines.layout import (
     PHASE2_ONLY_FIELDS,
     Layout,
@@ -92,6 +93,10 @@ class Plan:
     # a finished Phase-1 checkpoint of another run that Stage 1 copies in instead of
     # training (`start --phase1-from`), checked against this pipeline's Phase-1 config
     phase1_from: Phase1Source | None = None
+    # the nodes the pipeline runs on, as planning saw them (`pipelines.cluster`)
+    cluster: ClusterInfo | None = None
+    # per arm, the memory model's peak on the GPU (planning with GPUs), for the log
+    memory: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -115,22 +120,14 @@ class Plan:
                             f"seed {phase1_seed!r}")
 
 
-def cuda_available() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
-
-def choose_preset(preset: str | None) -> tuple[str, str]:
-    """(preset, why): an explicit preset wins; else `paper` with a CUDA GPU, `cpu` without."""
+def choose_preset(preset: str | None, cluster: ClusterInfo) -> tuple[str, str]:
+    """(preset, why): an explicit preset wins; else `paper` when a node of the cluster has a
+    GPU (Ray's resources, not the driver's own torch), `cpu` when none has."""
     if preset:
         return preset, "given with --preset / PRESET="
-    if cuda_available():
-        return "paper", "a CUDA GPU is visible (torch.cuda.is_available())"
-    return "cpu", "no CUDA GPU is visible (torch.cuda.is_available() is False)"
+    if cluster.has_gpu:
+        return "paper", (f"{len(cluster.gpu_nodes)} node(s) of {cluster.where} have a GPU")
+    return "cpu", f"no node of {cluster.where} has a GPU"
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
@@ -203,17 +200,27 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
              ray_address: str | None = None, num_cpus: int | None = None,
              mlflow_host: str = "127.0.0.1", stage1_cpus: float | None = None,
              phase1_from: str | os.PathLike | None = None, phase1_seeds=None,
-             check_tracking: bool = True) -> Plan:
-    """Validate a new pipeline (fast; no Ray, no training). PipelineError/SpaceError if bad."""
+             check_tracking: bool = True, cluster: ClusterInfo | None = None,
+             gpu_mem_gib: float | None = None, allow_cpu_paper: bool = False) -> Plan:
+    """Validate a new pipeline (no training, nothing written). PipelineError/SpaceError if bad.
+
+    `cluster`: the nodes to plan for (default: `describe_cluster`: this machine without
+    starting Ray, or the running cluster at the Ray address). `gpu_mem_gib`: the memory of
+    each GPU in GiB, instead of what `nvidia-smi` reports on the GPU nodes.
+    `allow_cpu_paper`: run the paper preset even where the chosen nodes have no GPU."""
     from pmnet.train import TrainConfig
 
-    preset, reason = choose_preset(preset)
+    check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib)
+    ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
+    if cluster is None:
+        cluster = describe_cluster(ray_address, num_cpus)
+    preset, reason = choose_preset(preset, cluster)
     overrides = dict(overrides or {})
     try:
         cfg = TrainConfig.from_name(preset, **overrides)
     except (TypeError, ValueError) as e:
         raise PipelineError(f"bad training configuration: {e}") from e
-    gpu = cuda_available() if gpus_per_trial is None else bool(gpus_per_trial)
+    gpu = cluster.has_gpu if gpus_per_trial is None else bool(gpus_per_trial)
     space = build_space(cfg, grid=grid, gpu=gpu, conditions=conditions, seeds=seeds,
                         variants=variants, cpus_per_trial=cpus_per_trial,
                         gpus_per_trial=gpus_per_trial, max_concurrent=max_concurrent,
@@ -226,11 +233,140 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
         check_tracking_uri(uri)
     plan = Plan(layout=Layout(root, name), cfg=cfg, space=space, preset_reason=reason,
                 overrides=overrides, tracking_uri=uri, ray_address=ray_address,
-                num_cpus=num_cpus, mlflow_host=mlflow_host, stage1_cpus=stage1_cpus)
+                num_cpus=num_cpus, mlflow_host=mlflow_host, stage1_cpus=stage1_cpus,
+                cluster=cluster)
+    fit_to_cluster(plan, explicit_gpus=gpus_per_trial is not None, gpu_mem_gib=gpu_mem_gib,
+                   allow_cpu_paper=allow_cpu_paper)
     if phase1_from is not None:
         plan.phase1_from = check_phase1_source(phase1_from, plan.phase1_slots)
     _check_existing(plan)
     return _check_resources(plan)
+
+
+def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None) -> None:
+    """The numeric compute flags, before anything looks at the cluster."""
+    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)
+                                 or num_cpus < 1):
+        raise PipelineError(f"--num-cpus must be a positive integer, got {num_cpus!r}")
+    if stage1_cpus is not None and not stage1_cpus > 0:
+        raise PipelineError(f"--stage1-cpus must be > 0, got {stage1_cpus!r}")
+    if gpu_mem_gib is not None and not (isinstance(gpu_mem_gib, (int, float))
+                                        and 0 < gpu_mem_gib < 10_000):
+        raise PipelineError(f"--gpu-mem must be the memory of one GPU in GiB (e.g. 24 or 80), "
+                            f"got {gpu_mem_gib!r}")
+
+
+# -- resources: what the grid asks of the cluster, checked before anything is written -------
+
+
+def uses_gpu(plan: Plan) -> bool:
+    """Whether the trials (and so Stage 1) train on GPUs."""
+    return plan.space.gpus_per_trial > 0
+
+
+def memory_arms(cfg, space: Space) -> dict[tuple[str, str], Any]:
+    """The memory model's `TrialMemory` of every arm (condition x variant) of the grid on a
+    GPU, in the precision the trials will train in there."""
+    from pmnet.memory_model import StepSpec, trial_memory
+
+    precision = cfg.resolved_precision("gpu")
+    out = {}
+    for v in space.variants:
+        vcfg = v.apply(cfg)
+        for c in space.conditions:
+            out[(c, v.name)] = trial_memory(vcfg.model, c, batch_size=vcfg.batch_size,
+                                            precision=precision,
+                                            spec=StepSpec.from_config(vcfg))
+    return out
+
+
+def _arm(condition: str, variant: str) -> str:
+    return f"{condition}-{variant}" if variant else condition
+
+
+def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
+                   gpu_mem_gib: float | None = None, allow_cpu_paper: bool = False) -> Plan:
+    """Check every resource the pipeline will ask for against `plan.cluster`, and choose each
+    arm's GPU share from the memory model (unless --gpus-per-trial gave one, which is then
+    checked against it). PipelineError naming the problem; nothing is started or written."""
+    from pipelines.cpu_estimate import estimate
+    from pmnet.memory_model import describe_bytes, gpu_share, usable_bytes
+
+    cluster, sp, cfg = plan.cluster, plan.space, plan.cfg
+    gpu = uses_gpu(plan)
+    where = cluster.where
+    if gpu and not cluster.has_gpu:
+        raise PipelineError(
+            f"the grid asks {sp.gpus_per_trial:g} GPU per trial but no node of {where} has a "
+            f"GPU ({cluster.describe()}); use --gpus-per-trial 0 (or a CPU preset)")
+    kind = "GPU node" if gpu else "node"
+    largest = cluster.largest_cpus(gpu=gpu)
+    if sp.cpus_per_trial > largest:
+        raise PipelineError(
+            f"the grid asks {sp.cpus_per_trial:g} CPUs per trial but the largest {kind} of "
+            f"{where} has {largest:g} ({cluster.describe()}); lower --cpus-per-trial")
+    if plan.stage1_cpus is not None and plan.stage1_cpus > largest:
+        raise PipelineError(
+            f"--stage1-cpus {plan.stage1_cpus:g}: Stage 1 runs on one {kind} and the largest "
+            f"of {where} has {largest:g} CPUs ({cluster.describe()})")
+    if cfg.preset == "paper" and not gpu and not allow_cpu_paper:
+        total = sum(n.cpus for n in cluster.nodes)
+        est = estimate(cfg, n_trials=sp.n_trials, cpus=total)
+        raise PipelineError(
+            f"the paper preset is built for a GPU, and its trials would train on CPUs here "
+            f"(no GPU on the chosen nodes of {where}): the whole pipeline would take "
+            f"{est.describe()}. Run it where a GPU is, or choose the cpu preset (PRESET=cpu), "
+            "or pass --allow-cpu-paper if you mean it")
+    if not gpu:
+        return plan
+    card = int(gpu_mem_gib * 2**30) if gpu_mem_gib is not None else cluster.card_bytes
+    if card is None:
+        raise PipelineError(
+            f"the memory of the GPUs of {where} is unknown (nvidia-smi gave nothing there: "
+            f"{cluster.describe()}); give each GPU's memory with --gpu-mem GiB (e.g. 24)")
+    memories = memory_arms(cfg, sp)
+    plan.memory = {k: m.peak for k, m in memories.items()}
+    usable = usable_bytes(card)
+    card_s = f"a {card / 2**30:.0f} GiB card ({describe_bytes(usable)} usable)"
+    how = f"`pmnet info --preset {cfg.preset} --gpu-mem {card / 2**30:.0f}` shows every figure"
+    if explicit_gpus:
+        for (c, v), m in memories.items():
+            if m.peak > sp.gpus_per_trial * usable:
+                raise PipelineError(
+                    f"--gpus-per-trial {sp.gpus_per_trial:g}: a trial of {_arm(c, v)} needs "
+                    f"{describe_bytes(m.peak)} of GPU memory at batch {m.batch_size} in "
+                    f"{m.precision}, more than {sp.gpus_per_trial:g} of {card_s}; raise it, "
+                    f"or leave it out and each condition gets its share ({how})")
+        return plan
+    shares = []
+    for (c, v), m in memories.items():
+        share = gpu_share(m.peak, card)
+        if share is None:
+            raise PipelineError(
+                f"a trial of {_arm(c, v)} needs {describe_bytes(m.peak)} of GPU memory at batch "
+                f"{m.batch_size} in {m.precision}, more than {card_s}: it cannot run there. "
+                f"Leave it out (--conditions / CONDITIONS=), use larger GPUs, or lower "
+                f"batch_size (--set batch_size=..., not the paper's) ({how})")
+        shares.append((c, v, share.fraction))
+    plan.space = sp.derive(gpu_shares=tuple(shares),
+                           gpus_per_trial=max(f for _, _, f in shares)).validate(
+        list(sp.conditions), None)
+    return plan
+
+
+def resource_problem(plan: Plan, cluster: ClusterInfo) -> str | None:
+    """Why the stored grid cannot run on `cluster` (a resume, or the cluster changed since
+    planning), None when it can."""
+    sp = plan.space
+    gpu = uses_gpu(plan)
+    if gpu and not cluster.has_gpu:
+        return (f"the grid asks up to {sp.gpus_per_trial:g} GPU per trial but no node of "
+                f"{cluster.where} has a GPU ({cluster.describe()})")
+    largest = cluster.largest_cpus(gpu=gpu)
+    if sp.cpus_per_trial > largest:
+        return (f"the grid asks {sp.cpus_per_trial:g} CPUs per trial but the largest "
+                f"{'GPU node' if gpu else 'node'} of {cluster.where} has {largest:g}")
+    return None
 
 
 def grid_record(space: Space) -> dict:
@@ -290,12 +426,14 @@ def _check_existing(plan: Plan) -> None:
 def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 tracking_uri: str | None = None, ray_address: str | None = None,
                 num_cpus: int | None = None, mlflow_host: str = "127.0.0.1",
-                stage1_cpus: float | None = None) -> Plan:
+                stage1_cpus: float | None = None, cluster: ClusterInfo | None = None,
+                check_resources: bool = True) -> Plan:
     """The plan of an existing pipeline, read back from its pipeline.json/config.json.
 
     The grid, its resources and `max_failures` are the stored ones: Tune restores its own
     run configuration, so a resume cannot change them (errored trials get a new round of
-    retries on every resume)."""
+    retries on every resume); they are checked against the cluster found now, unless
+    `check_resources` is False (`report` computes nothing)."""
     from pipelines.layout import last_pipeline
     from pmnet.train import ALL_CONDITIONS, TrainConfig
 
@@ -329,10 +467,17 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         uri = stored_uri
     if uri:
         check_tracking_uri(uri)
+    check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus)
+    ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
+    if cluster is None and check_resources:
+        cluster = describe_cluster(ray_address, num_cpus)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.get("preset_reason", ""),
                 overrides=meta.get("overrides", {}), tracking_uri=uri,
                 ray_address=ray_address, num_cpus=num_cpus, mlflow_host=mlflow_host,
-                stage1_cpus=stage1_cpus, resumed=True)
+                stage1_cpus=stage1_cpus, resumed=True, cluster=cluster)
+    problem = resource_problem(plan, cluster) if check_resources else None
+    if problem:
+        raise PipelineError(f"pipeline {name!r} cannot continue here: {problem}")
     src = meta.get("phase1_from")
     if isinstance(src, dict) and not plan.phase1_slot(src.get("slot_seed")).ckpt.is_file():
         # imported, then removed: import it again (checked again)
@@ -341,16 +486,10 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
 
 
 def _check_resources(plan: Plan) -> Plan:
-    """The compute-side inputs: Ray address, CPU counts, the MLflow host, and a Phase-1
-    checkpoint already on disk. Reads only; nothing is started or written."""
-    if plan.num_cpus is not None and (isinstance(plan.num_cpus, bool)
-                                      or not isinstance(plan.num_cpus, int)
-                                      or plan.num_cpus < 1):
-        raise PipelineError(f"--num-cpus must be a positive integer, got {plan.num_cpus!r}")
-    if plan.stage1_cpus is not None and not plan.stage1_cpus > 0:
-        raise PipelineError(f"--stage1-cpus must be > 0, got {plan.stage1_cpus!r}")
+    """The compute-side inputs left: the MLflow host, and a Phase-1 checkpoint already on
+    disk (the CPU counts and the Ray address are checked first, `check_compute_flags`).
+    Reads only; nothing is started or written."""
     check_host(plan.mlflow_host)
-    plan.ray_address = check_ray_address(plan.ray_address or os.environ.get("RAY_ADDRESS"))
     for slot in plan.phase1_slots:
         digest = existing_phase1(plan, slot=slot)
         src = plan.phase1_from

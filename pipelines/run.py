@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase1-seeds", default=None, metavar="K1,K2,...",
                    help="nest the grid under one Phase-1 checkpoint per Phase-1 seed (two or "
                         "more; the Phase-1 variance analysis); grid phase1_variance uses 0,1,2")
+    p.add_argument("--gpu-mem", type=float, default=None, metavar="GIB",
+                   help="memory of each GPU in GiB (default: what nvidia-smi reports on the "
+                        "GPU nodes); each condition's GPU share is chosen to fit it")
+    p.add_argument("--allow-cpu-paper", action="store_true",
+                   help="run the paper preset even where the chosen nodes have no GPU "
+                        "(refused otherwise, with the estimated time: days to years)")
     p.add_argument("--phase1-from", default=None, metavar="PATH",
                    help="reuse a finished Phase-1 checkpoint (a phase1.pt or its directory, "
                         "e.g. another pipeline's <run>/phase1) instead of training one; it "
@@ -132,7 +138,7 @@ def cmd_start(a) -> int:
         max_concurrent=a.max_concurrent, max_failures=a.max_failures,
         tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
         mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus, phase1_from=a.phase1_from,
-        phase1_seeds=a.phase1_seeds)
+        phase1_seeds=a.phase1_seeds, gpu_mem_gib=a.gpu_mem, allow_cpu_paper=a.allow_cpu_paper)
     print(f"preset: {plan.cfg.preset} ({plan.preset_reason})", flush=True)
     return run_plan(plan)
 
@@ -207,7 +213,8 @@ def cmd_report(a) -> int:
     root = Path(a.root).expanduser().absolute()
     name = a.name or last_pipeline(root)
     # the store the pipeline recorded (or --tracking-uri): a SQLite one is served again
-    plan = plan_resume(root=root, name=name, tracking_uri=a.tracking_uri)
+    plan = plan_resume(root=root, name=name, tracking_uri=a.tracking_uri,
+                       check_resources=False)  # the report computes nothing
     lay = plan.layout
     known = read_json(lay.tracking_json, {}) or {}
     runs = Runs()

@@ -59,9 +59,27 @@ def write_meta(plan: Plan, **extra) -> dict:
 # -- Stage 1 ---------------------------------------------------------------------------------
 
 
+STARTED_FILE = "started.json"  # written by a Phase-1 task as it starts (the driver's bound)
+
+
+def stage1_start_timeout_s() -> float:
+    """How long the driver waits for the first Phase-1 task to start before it says why and
+    stops (PMNET_STAGE1_START_TIMEOUT_S; default 600 s: worker start, runtime environment
+    and imports take seconds to a few minutes on a cluster)."""
+    try:
+        return max(1.0, float(os.environ.get("PMNET_STAGE1_START_TIMEOUT_S", 600)))
+    except ValueError:
+        return 600.0
+
+
 def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str) -> dict:
+    from pmnet.io import atomic_write_json
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(out_dir) / STARTED_FILE, {  # first: the driver waits for this
+        "time": time.time(), "host": socket.gethostname(), "pid": os.getpid()})
     from pipelines.progress import PROGRESS_FILE, Phase1Progress
-    from pipelines.trial import quiet_training_logs
+    from pipelines.trial import assigned_device, quiet_training_logs
 
     quiet_training_logs()
     from pmnet.train import TrainConfig, run_phase1, use_compile_cache
@@ -70,7 +88,7 @@ def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str)
     cfg = TrainConfig.from_dict(cfg_dict)
     if not cfg.threads:
         cfg = dataclasses.replace(cfg, threads=max(1, int(threads)))
-    return run_phase1(cfg, out_dir, progress=False,
+    return run_phase1(cfg, out_dir, progress=False, accelerator=assigned_device(),
                       callbacks=[Phase1Progress(Path(out_dir) / PROGRESS_FILE)])
 
 
@@ -97,8 +115,20 @@ def _wait_phase1(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
     pending = {job.ref: job for job in jobs}
     every = progress_every_s()
     error: Exception | None = None
+    bound = stage1_start_timeout_s()
+    t_submit = min(job.t0 for job in jobs)
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=every)
+        ready, _ = ray.wait(list(pending), num_returns=len(pending),
+                            timeout=min(every, bound))
+        if not ready and not any(_started(job) for job in jobs) \
+                and time.time() - t_submit >= bound:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise PipelineError(
+                f"Stage 1 did not start within {bound:.0f} s: its Ray task asks for "
+                f"{jobs[0].cpus:g} CPU and {jobs[0].gpus:g} GPU on one node, and no node gave "
+                f"them (busy, or too small: {jobs[0].cluster}). Free the resources, or lower "
+                "--stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
         for job in list(pending.values()):
             info = read_json(job.slot.dir / PROGRESS_FILE)
             job.progress = info if isinstance(info, dict) and info.get("time", 0) >= job.t0 \
@@ -121,6 +151,15 @@ def _wait_phase1(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
                              label=job.slot.label if len(jobs) > 1 else ""))
     if error is not None:
         raise error
+
+
+def _started(job: Stage1Job) -> bool:
+    """Whether the job's task has started: its started.json exists (the driver removes an
+    old one before it submits the task, so no clock is compared across machines); a job
+    with nothing to run counts as started."""
+    if job.ref is None:
+        return True
+    return (job.slot.dir / STARTED_FILE).is_file()  # removed before the task was submitted
 
 
 def _log_epochs(runs: Runs, rid: str, history: list[dict], logged: set[int]) -> None:
@@ -149,6 +188,9 @@ class Stage1Job:
     rid: str | None = None  # its Stage-1 MLflow run
     progress: dict | None = None  # the task's last progress record
     train_time_s: float = 0.0
+    cpus: float = 0.0  # what its Ray task asks for
+    gpus: float = 0.0
+    cluster: str = ""  # the nodes it may run on, in words (for the bound's message)
 
 
 @dataclass
@@ -168,16 +210,33 @@ class Stage1Result:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _stage1_cpus(plan: Plan, cpus: float, n_tasks: int) -> float:
-    """CPUs (and torch threads) of each Phase-1 task: --stage1-cpus, else the largest
-    node's CPUs shared among the tasks (at least one each; Ray queues what does not fit)."""
+@dataclass(frozen=True)
+class Stage1Resources:
+    """What each Phase-1 task asks Ray for: a whole GPU when the trials train on GPUs, and
+    the CPUs (also its torch threads) of the node it can run on."""
+
+    cpus: float
+    gpus: int
+
+
+def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
+    """--stage1-cpus, else the CPUs of the largest node that can run the task, shared among
+    the tasks (at least one each; Ray queues what does not fit): with GPU trials the largest
+    GPU node (the task needs its GPU), without them the largest node. Planning checked that
+    such a node exists (`pipelines.plan.fit_to_cluster`)."""
+    from pipelines.plan import uses_gpu
+
+    gpu = uses_gpu(plan)
+    node_cpus = cluster.largest_cpus(gpu=gpu)
     if plan.stage1_cpus:
-        return max(1.0, min(cpus, float(plan.stage1_cpus)))
-    total = float(plan.num_cpus or cpus)
-    return max(1.0, float(int(min(cpus, total) // max(1, n_tasks))))
+        cpus = max(1.0, min(node_cpus, float(plan.stage1_cpus)))
+    else:
+        total = float(plan.num_cpus or node_cpus)
+        cpus = max(1.0, float(int(min(node_cpus, total) // max(1, n_tasks))))
+    return Stage1Resources(cpus=cpus, gpus=1 if gpu else 0)
 
 
-def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> list[Stage1Job]:
+def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
     """For every Phase-1 checkpoint of the plan: skip (a valid one is there), import
     (`--phase1-from`), or submit its Phase-1 task; don't wait."""
     slots = plan.phase1_slots
@@ -198,16 +257,20 @@ def stage1_start(plan: Plan, ray, cpus: float, gpus: float) -> list[Stage1Job]:
     if not todo:
         return jobs
     phases = "Phase 0 + Phase 1" if plan.cfg.phase0_steps > 0 else "Phase 1"
-    n_cpu = _stage1_cpus(plan, cpus, len(todo))
-    n_gpu = 1 if gpus >= 1 and plan.space.gpus_per_trial > 0 else 0
-    task = ray.remote(num_cpus=n_cpu, num_gpus=n_gpu, max_retries=1)(_phase1_task)
+    res = stage1_resources(plan, cluster, len(todo))
+    task = ray.remote(num_cpus=res.cpus, num_gpus=res.gpus, max_retries=1)(_phase1_task)
     for slot in todo:
-        say(f"[stage 1/3] {phases} as a Ray task ({n_cpu:g} CPU, {n_gpu} GPU) -> {slot.dir}")
+        say(f"[stage 1/3] {phases} as a Ray task ({res.cpus:g} CPU, {res.gpus} GPU) -> "
+            f"{slot.dir}")
         for p in (slot.ckpt, slot.sidecar):  # a retrain replaces them
             if p.exists():
                 p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
-        jobs.append(Stage1Job(slot=slot, t0=time.time(), ref=task.remote(
-            slot.cfg.to_dict(), str(slot.dir), int(n_cpu), str(plan.layout.compile_cache))))
+        slot.dir.mkdir(parents=True, exist_ok=True)
+        (slot.dir / STARTED_FILE).unlink(missing_ok=True)  # the task writes it as it starts
+        jobs.append(Stage1Job(slot=slot, t0=time.time(), cpus=res.cpus, gpus=res.gpus,
+                              cluster=cluster.describe(), ref=task.remote(
+                                  slot.cfg.to_dict(), str(slot.dir), int(res.cpus),
+                                  str(plan.layout.compile_cache))))
     return jobs
 
 
@@ -337,8 +400,14 @@ def _progress_callback_class():
             say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
 
         def on_trial_complete(self, iteration, trials, trial, **info):
+            from pipelines.trial import CONFIG_ERROR
+
             done = {t.trial_id for t in trials if t.status == "TERMINATED"} | {trial.trial_id}
             r = trial.last_result or {}
+            if r.get(CONFIG_ERROR):
+                say(f"[stage 2/3] {_tname(trial)} failed, not retried (its configuration "
+                    f"cannot run): {str(r[CONFIG_ERROR]).splitlines()[0][:300]}")
+                return
             v, sel = r.get("test/updated_ltm"), r.get("best/select")
             best = self._best(list(trials), trial) or (trial, v)
             best_s = (f"{best[1]:.2f} ({_tname(best[0])})"
@@ -400,13 +469,41 @@ def trial_context(plan: Plan, runs: Runs, p1: Stage1Result | str):
                         experiment_id=runs.experiment_id, parent_run_id=runs.parent)
 
 
+@dataclass(frozen=True)
+class TrialResources:
+    """Tune's resource request of a trial from its config (picklable): the grid's CPUs and
+    the GPU share of the trial's arm (`Space.resources_for`)."""
+
+    space: Any
+
+    def __call__(self, config: dict):
+        from ray.tune.execution.placement_groups import resource_dict_to_pg_factory
+
+        return resource_dict_to_pg_factory(self.space.resources_for(TrialId.from_config(config)))
+
+
 def make_trainable(plan: Plan, ctx):
     from ray import tune
 
     from pipelines.trial import train_trial
 
-    return tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
-                               plan.space.resources())
+    sp = plan.space
+    resources = TrialResources(sp) if sp.gpu_shares else sp.resources()
+    return tune.with_resources(tune.with_parameters(train_trial, ctx=ctx), resources)
+
+
+def _refused_trials(plan: Plan) -> list[str]:
+    """Trials of the grid that a configuration error ended (trial.json says so) and that have
+    no result: Tune recorded them as finished, so only a new experiment runs them again."""
+    from pipelines.trial import CONFIG_ERROR
+
+    lay = plan.layout
+    out = []
+    for t in plan.space.trials:
+        info = read_json(lay.trial_dir(t) / "trial.json", {}) or {}
+        if info.get(CONFIG_ERROR) and not lay.result_path(t).is_file():
+            out.append(t.name)
+    return out
 
 
 def _retire_stale_experiment(lay, digest: str) -> None:
@@ -421,14 +518,14 @@ def _retire_stale_experiment(lay, digest: str) -> None:
 
 
 def _warm_task(cfg_dict: dict, condition: str, phase1_ckpt: str, compile_cache: str) -> float:
-    from pipelines.trial import quiet_training_logs
+    from pipelines.trial import assigned_device, quiet_training_logs
 
     quiet_training_logs()
     from pmnet.train import TrainConfig, use_compile_cache, warm_compile
 
     use_compile_cache(compile_cache)
     return warm_compile(TrainConfig.from_dict(cfg_dict), condition=condition,
-                        phase1_ckpt=phase1_ckpt)
+                        phase1_ckpt=phase1_ckpt, accelerator=assigned_device())
 
 
 def warm_compile_cache(plan: Plan, ray, ctx) -> float:
@@ -440,7 +537,7 @@ def warm_compile_cache(plan: Plan, ray, ctx) -> float:
     raised. Returns the wall time."""
     from pipelines.trial import trial_config, trial_phase1
 
-    if plan.cfg.compile == "off":
+    if "phase2" not in plan.cfg.compile and "eval" not in plan.cfg.compile:
         return 0.0
     lay = plan.layout
     todo = {}
@@ -450,10 +547,12 @@ def warm_compile_cache(plan: Plan, ray, ctx) -> float:
     if not todo:
         return 0.0
     t0 = time.time()
-    task = ray.remote(num_cpus=plan.space.cpus_per_trial, max_retries=0)(_warm_task)
     refs = {}
     for (condition, variant), trial in todo.items():
         cfg = trial_config(ctx, trial)
+        res = plan.space.resources_for(trial)  # the trial's own CPUs and GPU share
+        task = ray.remote(num_cpus=res["cpu"], num_gpus=res.get("gpu", 0),
+                          max_retries=0)(_warm_task)
         refs[(condition, variant)] = task.remote(cfg.to_dict(), condition,
                                                  str(trial_phase1(ctx, trial)[0]),
                                                  str(lay.compile_cache))
@@ -491,6 +590,14 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     exp_dir = lay.experiment_dir
     t0 = time.time()
     _retire_stale_experiment(lay, digest)
+    refused = _refused_trials(plan) if exp_dir.exists() else []
+    if refused:  # a configuration error ended them without a retry; a resume tries again
+        aside = lay.run_dir / f"{exp_dir.name}-refused-{time.strftime('%Y%m%d-%H%M%S')}"
+        exp_dir.rename(aside)
+        say(f"[stage 2/3] {len(refused)} trial(s) ended on a configuration error "
+            f"({', '.join(refused[:4])}{', ...' if len(refused) > 4 else ''}); a new Tune "
+            f"experiment runs them again (the old one is in {aside.name}): finished trials "
+            "reuse their results, the others resume from their checkpoints")
     tuner = None
     if tune.Tuner.can_restore(str(exp_dir)):
         n_done = sum(1 for t in sp.trials if lay.result_path(t).is_file())

@@ -514,6 +514,9 @@ def record_result(tracker: Tracker, run_id: str, result: dict, result_path: str 
                                  "trainable_params": result.get("trainable_params") or 0},
                         step=int(result.get("best_epoch") or 0))
     tracker.log_artifact(run_id, result_path, "result")
+    trained_on = {k: result[k] for k in ("device", "precision") if result.get(k)}
+    if trained_on:  # where the trial actually trained (pmnet.train.trained_on)
+        tracker.set_tags(run_id, trained_on)
     best_model = result.get("best_model")
     if best_model and Path(best_model).is_file():
         if result.get("preset") in SMALL_PRESETS:

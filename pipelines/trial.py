@@ -48,6 +48,7 @@ from pipelines.layout import (
     update_json,
     write_json,
 )
+from pmnet.conditions import seed_problem
 from pmnet.io import atomic_copy
 from pmnet.trial_id import TrialId, variant_name_problem
 
@@ -122,8 +123,45 @@ class TrialContext:
         return bool(self.tracking_uri and self.experiment_id)
 
 
-class Phase1Refused(RuntimeError):
+class TrialConfigError(Exception):
+    """A trial's configuration cannot run (its identity, variant, seed, Phase-1 checkpoint):
+    deterministic, so retrying cannot help. The trial records it, reports it to Tune and ends
+    without raising, so Tune does not retry it (`max_failures` is for crashes); it counts as
+    errored, and a `resume` runs it again (a fresh Tune experiment, `stages.stage2`)."""
+
+
+class Phase1Refused(TrialConfigError):
     """The Phase-1 checkpoint is missing, tampered with, or not the one Stage 1 produced."""
+
+
+def assigned_device() -> str:
+    """Where this Ray task or actor trains: "gpu" when Ray gave it a GPU (or a share of one:
+    `ray.get_gpu_ids()`), else "cpu" -- never a GPU that Ray did not count for it (with 0
+    GPUs Ray 2.60 no longer hides the machine's GPUs, so Lightning's "auto" would take one).
+    Outside Ray (in-process tests): "cpu"."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return "gpu" if ray.get_gpu_ids() else "cpu"
+    except Exception:  # noqa: BLE001 - no Ray worker context: nothing was assigned
+        pass
+    return "cpu"
+
+
+def release_device_memory() -> None:
+    """Give the GPU memory a finished trial cached back (Tune reuses the actor for the next
+    trial, whose share of the card must not hold the last trial's cache)."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - best effort; nothing to free without CUDA
+        pass
 
 
 def quiet_training_logs() -> None:
@@ -351,8 +389,15 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     layout = ctx.layout
     tdir = layout.trial_dir(trial)
     info_path = tdir / "trial.json"
-    cfg = trial_config(ctx, trial)
-    cond = get_condition(trial.condition)
+    try:
+        cfg = trial_config(ctx, trial)
+        cond = get_condition(trial.condition)
+        problem = seed_problem(trial.seed, "the trial's seed")
+        if problem:
+            raise ValueError(problem)
+    except ValueError as e:
+        _refuse(trial, info_path, TrialConfigError(str(e)), {**trial.to_config()})
+        return
     key = trial_key(layout.name, trial)
     record = variant_record(trial, ctx.variants[trial.variant])
 
@@ -380,16 +425,41 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         # 3. + 4. train (or reuse a finished result) and record
         final = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
                                   tracking, result_path, setup)
+    except TrialConfigError as e:  # deterministic: recorded once, not retried by Tune
+        if tracking is not None:
+            tracking.fail(f"{type(e).__name__}: {e}")
+        _refuse(trial, info_path, e, trial_info)
+        return
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
         update_json(info_path, {**trial_info, "state": "ERROR", "error": error[:2000]})
         if tracking is not None:
             tracking.fail(error)
         raise
+    finally:
+        release_device_memory()
     update_json(info_path, {**trial_info, "state": "FINISHED", "result": str(result_path)})
     shutil.rmtree(tdir / ".tune_ckpt", ignore_errors=True)
     tune.report({k: (float("nan") if v is None else v) for k, v in final.items()}
                 | trial.to_config())
+
+
+#: The key of a trial's last Tune report when it was refused for its configuration.
+CONFIG_ERROR = "config_error"
+
+
+def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> None:
+    """End a trial whose configuration cannot run: trial.json says why (state ERROR,
+    `config_error`), and its one Tune report carries the reason, so the trial ends once
+    (Tune does not retry a trial that returns) and the driver counts it as errored (it has no
+    result file)."""
+    from ray import tune
+
+    message = f"{type(error).__name__}: {error}"
+    log.error("trial %s refused: %s", trial.name, message)
+    update_json(info_path, {**info, "state": "ERROR", "error": message[:2000],
+                            CONFIG_ERROR: True})
+    tune.report({CONFIG_ERROR: message[:2000], "finished": 0} | trial.to_config())
 
 
 CKPT_ORIGIN = "ckpt_origin.json"  # the Phase-1 sha256 the trial's ckpt/ descends from
@@ -440,6 +510,7 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
     attempt = {"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
                "node_id": _node_id(),
                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+               "accelerator": assigned_device(),
                "resume_from": None, "kind": "reuse" if done else "train", **setup}
     if done is None:
         discarded = discard_foreign_checkpoints(tdir, digest)
@@ -459,7 +530,8 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
                 resume_final=resume_final)
             result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
                                 phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
-                                resume_from=resume_from, progress=False, record=record)
+                                resume_from=resume_from, progress=False, record=record,
+                                accelerator=attempt["accelerator"])
         copy_atomic(tdir / "result.json", result_path)
     else:
         _append_attempt(tdir, attempt)

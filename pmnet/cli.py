@@ -42,9 +42,10 @@ def cmd_info(args) -> int:
         counts = PMNet(cfg).parameter_counts()
     # how the preset's training departs from the paper (a model-only preset has no notes)
     notes = list(TRAIN_PRESETS[args.preset]().notes) if args.preset in TRAIN_PRESETS else []
+    memory = _memory_table(args) if (args.memory or args.gpu_mem is not None) else None
     if args.json:
         print(json.dumps({"preset": args.preset, "config": cfg.to_dict(), **counts,
-                          "notes": notes}, indent=2))
+                          "notes": notes, **({"memory": memory} if memory else {})}, indent=2))
         return 0
     print(f"preset {args.preset}")
     for k, v in cfg.to_dict().items():
@@ -65,7 +66,69 @@ def cmd_info(args) -> int:
               "\n% of total + operator)")
         for name, n in counts["operators"].items():
             print(f"{'operator ' + name:<24} {n:>12,} {100 * n / (total + n):>9.3f}%")
+    if memory:
+        _print_memory(memory)
     return 0
+
+
+def _memory_table(args) -> dict:
+    """Per condition, a Phase-2 trial's GPU memory (pmnet.memory_model) at the preset's
+    batch in the precision it trains in on a GPU; with --gpu-mem, how many share a card."""
+    from pmnet.conditions import CONDITIONS, get_condition
+    from pmnet.memory_model import GiB, StepSpec, gpu_share, trial_memory, usable_bytes
+    from pmnet.train import TRAIN_PRESETS
+
+    tcfg = TRAIN_PRESETS[args.preset]() if args.preset in TRAIN_PRESETS else None
+    if tcfg is None:
+        raise ValueError(f"--memory needs a training preset ({', '.join(TRAIN_PRESETS)})")
+    batch = args.batch_size or tcfg.batch_size
+    precision = args.precision or tcfg.resolved_precision("gpu")
+    names = [c.strip() for c in args.conditions.split(",")] if args.conditions \
+        else list(CONDITIONS)
+    for name in names:
+        get_condition(name)
+    card = int(args.gpu_mem * GiB) if args.gpu_mem is not None else None
+    rows = {}
+    for name in names:
+        m = trial_memory(tcfg.model, name, batch_size=batch, precision=precision,
+                         spec=StepSpec.from_config(tcfg))
+        row = {**{k: m.to_dict()[k] for k in ("saved", "activations", "weights", "gradients",
+                                                "optimizer", "context", "peak")},
+               "saved_fixed": m.fit.fixed, "saved_per_episode": m.fit.per_episode}
+        if card is not None:
+            share = gpu_share(m.peak, card)
+            row["trials_per_gpu"] = share.trials_per_gpu if share else 0
+            row["gpu_share"] = share.fraction if share else None
+        rows[name] = row
+    return {"batch_size": batch, "precision": precision, "gpu_mem_gib": args.gpu_mem,
+            "usable_bytes": usable_bytes(card) if card else None, "conditions": rows}
+
+
+def _print_memory(memory: dict) -> None:
+    from pmnet.memory_model import ACTIVATION_FACTOR, GiB
+
+    gib = lambda b: f"{b / GiB:.2f}"  # noqa: E731
+    card = memory["gpu_mem_gib"]
+    print(f"\nGPU memory of one Phase-2 trial (pmnet/memory_model.py), batch "
+          f"{memory['batch_size']}, {memory['precision']}; GiB; activations = "
+          f"{ACTIVATION_FACTOR} x saved for backward")
+    head = (f"{'condition':<30} {'saved':>7} {'activ.':>7} {'weights':>7} {'grads':>7} "
+            f"{'AdamW':>7} {'context':>7} {'peak':>7}")
+    if card is not None:
+        head += f" {'per ' + format(card, 'g') + ' GiB GPU':>16} {'GPU share':>9}"
+    print(head)
+    for name, r in memory["conditions"].items():
+        line = (f"{name:<30} {gib(r['saved']):>7} {gib(r['activations']):>7} "
+                f"{gib(r['weights']):>7} {gib(r['gradients']):>7} {gib(r['optimizer']):>7} "
+                f"{gib(r['context']):>7} {gib(r['peak']):>7}")
+        if card is not None:
+            share = r["gpu_share"]
+            line += (f" {r['trials_per_gpu']:>16} {share:>9g}" if share else
+                     f" {'does not fit':>16} {'-':>9}")
+        print(line)
+    if card is not None:
+        print(f"(usable: {memory['usable_bytes'] / GiB:.2f} GiB of the {card:g} GiB card; a "
+              "trial asks Ray for its GPU share, so trials sharing a GPU always fit it)")
 
 
 def cmd_episodes(args) -> int:
@@ -192,6 +255,17 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("info", help="a preset's config and parameter counts")
     s.add_argument("--preset", default="paper")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--memory", action="store_true",
+                   help="measure each condition's GPU memory per trial (pmnet/memory_model.py; "
+                        "seconds per condition on a CPU for the paper model)")
+    s.add_argument("--gpu-mem", type=float, default=None, metavar="GIB",
+                   help="with the memory figures, how many trials share a GPU of GIB GiB")
+    s.add_argument("--batch-size", type=_int, default=None,
+                   help="batch of the memory figures (default: the preset's)")
+    s.add_argument("--precision", default=None, choices=("bf16-mixed", "16-mixed", "32-true"),
+                   help="precision of the memory figures (default: the preset's on a GPU)")
+    s.add_argument("--conditions", default=None,
+                   help="conditions of the memory figures (default: the paper's six)")
     s.set_defaults(fn=cmd_info)
 
     s = sub.add_parser("episodes", help="write episodes as JSON lines")

@@ -85,6 +85,25 @@ ALL_CONDITIONS: dict[str, Condition] = {**CONDITIONS, **OPERATOR_CONDITIONS}
 #: Phase-2 seeds of the paper (Appendix "Hyperparameters and Architecture").
 PAPER_SEEDS: tuple[int, ...] = (42, 43, 44, 45, 46)
 
+#: The largest seed (Phase-2 seed, `phase1_seed`, Phase-1 seeds) every generator a run seeds
+#: accepts: Lightning's `seed_everything` seeds numpy's legacy generator, whose bound is
+#: 2**32 - 1 (it raises above it). torch's `manual_seed` takes up to 2**64 - 1 and numpy's
+#: `default_rng` (the episode streams) any non-negative integer; the seeds derived from these
+#: (`phase1_seed * 7919 + step` for torch, `phase1_seed + 1_000_000` for numpy) stay inside
+#: those ranges. So numpy's legacy bound is the binding one.
+MAX_SEED = 2**32 - 1
+
+
+def seed_problem(value, what: str = "seed") -> str | None:
+    """Why `value` cannot seed a run (None when it can): a non-negative integer at most
+    MAX_SEED."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{what} must be an integer, got {value!r}"
+    if not 0 <= value <= MAX_SEED:
+        return (f"{what} {value} is outside 0..{MAX_SEED} (2**32 - 1, the range of numpy's "
+                "seed, which Lightning's seed_everything uses)")
+    return None
+
 
 def get_condition(name: str) -> Condition:
     if name not in ALL_CONDITIONS:

@@ -1866,6 +1866,11 @@ def _run_facts(df: pd.DataFrame) -> list[tuple[str, str]]:
             if col == "phase1_sha256" and len(values) > 1 and not _one_sha_per_phase1_seed(df):
                 text += " (WARNING: trials come from different Phase-1 checkpoints)"
             facts.append((f"{col} (from results)", text))
+    if all(c in df.columns for c in stats.DEVICE_COLUMNS):  # where the trials trained
+        used = df[list(stats.DEVICE_COLUMNS)].fillna("not recorded").value_counts(sort=False)
+        facts.append(("trained on (from results)", "; ".join(
+            f"{device}, {precision}: {n} trial{'s' if n != 1 else ''}"
+            for (device, precision), n in sorted(used.items()))))
     params = []
     for condition in stats.ordered_conditions(df["condition"]):
         if "trainable_params" not in df.columns:

@@ -47,9 +47,12 @@ detaching LTM cuts every gradient path across that boundary.
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
 from dataclasses import dataclass
 
+import torch.nn.functional as F
 from torch import Tensor
 
 from pmnet.model import CONSOLIDATION_MODES, PMNet
@@ -213,3 +216,37 @@ def run_episodes(model: PMNet, batch, opts: RunOptions) -> dict[str, Tensor]:
             out[STM_KINDS[d]] = stm_query(model, batch.seg_tokens[:, d],
                                           batch.query_tokens[:, d])
     return _ordered(out)
+
+
+def phase2_losses(model: PMNet, batch, condition, *, detach_ltm: bool = False,
+                  ltm_graph: str = "full", initial_ltm_loss: float = 0.0) -> dict[str, Tensor]:
+    """The Phase-2 objective of a condition (`pmnet.conditions.Condition`) on one batch:
+    {"loss", "loss_updated", "loss_initial" (initial_ltm_loss > 0), "loss_stm" (dual)}.
+
+    Eq. 10: cross-entropy of the last segment's query after the last boundary; Eq. 11 (the
+    dual objective) adds the mean of every segment's pre-consolidation STM query loss;
+    `initial_ltm_loss` (not in the paper) adds that weight times the first mapping's loss
+    after the first boundary. The one definition: `Phase2Module` trains on it and
+    `pmnet.memory_model` measures it."""
+    dual = condition.objective == "dual"
+    n_seg = batch.seg_tokens.shape[1]
+    stm_kinds = STM_KINDS[:n_seg]
+    queries = ("updated_ltm",) + (("initial_ltm",) if initial_ltm_loss > 0 else ())
+    queries += stm_kinds if dual else ()
+    opts = RunOptions(condition.consolidation, condition.ltm_routing, detach_ltm=detach_ltm,
+                      ltm_graph=ltm_graph, queries=queries)
+    out = run_episodes(model, batch, opts)
+    loss = F.cross_entropy(out["updated_ltm"].float(), batch.target[:, -1])  # Eq. 10
+    losses = {"loss_updated": loss}
+    if initial_ltm_loss > 0:  # auxiliary (not in the paper): keep the first mapping readable
+        init = F.cross_entropy(out["initial_ltm"].float(), batch.target[:, 0])
+        losses["loss_initial"] = init
+        loss = loss + initial_ltm_loss * init
+    if dual:  # Eq. 11: + mean of the pre-consolidation STM query losses of every segment
+        stm = functools.reduce(operator.add, (
+            F.cross_entropy(out[k].float(), batch.target[:, d])
+            for d, k in enumerate(stm_kinds))) / n_seg
+        losses["loss_stm"] = stm
+        loss = loss + stm
+    losses["loss"] = loss
+    return losses

@@ -72,6 +72,9 @@ META_COLUMNS: tuple[str, ...] = (
 )
 _IDENTITY = ("condition", "seed", "variant")
 _STRING_META = ("preset", "phase1_sha256")
+#: Where each trial trained (`pmnet.train.trained_on`): columns only when a result has them
+#: (results written before they were recorded keep the table as it was).
+DEVICE_COLUMNS = ("device", "precision")
 _NUMERIC_META = tuple(c for c in META_COLUMNS if c not in _IDENTITY + _STRING_META)
 #: Numeric columns that describe the run rather than measure it (never summarised).
 _NOT_METRICS = frozenset({"seed", "phase1_seed", "trainable_params", "total_params",
@@ -248,6 +251,7 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
     warnings: list[str] = []
     seen: dict[TrialId, Path] = {}
     any_phase1 = False
+    any_device = False
     test_names: set[str] = set()
     val_names: set[str] = set()
     variant_fields: dict[str, None] = {}  # ordered set
@@ -284,9 +288,10 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
         seen[trial] = path
         row: dict[str, Any] = {"condition": condition, "seed": seed, "variant": trial.variant,
                                "source_file": path.name, PHASE1_SEED: phase1_seed}
-        for name in _STRING_META:
+        for name in _STRING_META + DEVICE_COLUMNS:
             value = obj.get(name)
             row[name] = None if value is None else str(value)
+        any_device = any_device or any(obj.get(n) is not None for n in DEVICE_COLUMNS)
         for name in _NUMERIC_META:
             num = _scalar(obj.get(name))
             if num is None:
@@ -314,6 +319,9 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
             row[name] = overrides.get(name, config.get(name) if isinstance(config, Mapping)
                                       else None)
     columns = list(META_COLUMNS) + ["source_file"] + fields
+    if any_device:
+        columns[columns.index("phase1_sha256") + 1:columns.index("phase1_sha256") + 1] = list(
+            DEVICE_COLUMNS)
     if any_phase1:
         columns.insert(columns.index("seed") + 1, PHASE1_SEED)
     columns += [m for m in _metric_order(test_names) if m not in columns]
@@ -324,7 +332,7 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
     if any_phase1:
         df[PHASE1_SEED] = df[PHASE1_SEED].astype("Int64")
     keep = ("condition", "seed", PHASE1_SEED, "variant", "source_file") + _STRING_META \
-        + tuple(fields)
+        + DEVICE_COLUMNS + tuple(fields)
     numeric = [n for n in df.columns if n not in keep]
     df = pd.concat([df.drop(columns=numeric),  # one block per dtype, not one insert per column
                     df[numeric].apply(pd.to_numeric, errors="coerce").astype("float64")],

@@ -33,8 +33,8 @@ import functools
 import hashlib
 import json
 import math
-import operator
 import os
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,12 +55,13 @@ from pmnet.conditions import (  # noqa: F401
     PAPER_SEEDS,
     Condition,
     get_condition,
+    seed_problem,
 )
 from pmnet.config import ModelConfig
 from pmnet.evaluate import episode_outcomes, summarize
 from pmnet.io import atomic_link, atomic_path, atomic_write_bytes, atomic_write_json
 from pmnet.model import OPERATORS, PMNet
-from pmnet.runner import LTM_GRAPHS, RunOptions, run_episodes
+from pmnet.runner import LTM_GRAPHS, phase2_losses
 
 PHASE1_FORMAT = "pmnet-phase1/v1"
 MODEL_FORMAT = "pmnet-model/v1"
@@ -80,9 +81,12 @@ MODEL_FORMAT = "pmnet-model/v1"
 # -----------------------------------------------------------------------------------------
 
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")
-#: TrainConfig.compile: which steps run through `torch.compile` (`off`: every step eager;
-#: `train`: the training step of every phase; `all`: the evaluation passes too)
-COMPILE_MODES = ("off", "train", "all")
+#: The steps TrainConfig.compile can name: each phase's training step, and the evaluation
+#: passes (validation and test) of every phase
+COMPILE_STEPS = ("phase0", "phase1", "phase2", "eval")
+#: Where a phase trains (Lightning's accelerator names): a caller that knows which device it
+#: was given says so (a Ray trial: "gpu" when Ray gave it one); "auto" is Lightning's guess.
+ACCELERATORS = ("cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,10 @@ class TrainConfig:
     eval_batch_size: int = 250
     precision: str = "auto"  # bf16-mixed on CUDA, 32-true on CPU
     threads: int = 0  # CPU threads for torch (0: leave torch's default)
-    # speed (issue 20): `torch.compile` of the steps (COMPILE_MODES) and, on a CUDA device,
-    # the compiled steps replayed as CUDA graphs (torch.compile's "reduce-overhead" mode)
-    compile: str = "train"
+    # speed (issue 20): the steps that run through `torch.compile` (of COMPILE_STEPS; `off`
+    # or an empty list: none) and, on a CUDA device, the compiled steps replayed as CUDA
+    # graphs (torch.compile's "reduce-overhead" mode)
+    compile: tuple[str, ...] = COMPILE_STEPS
     cuda_graphs: bool = True
     # Phase 0: copy-task warm start (0 steps = off) ---------------------------------------
     phase0_steps: int = 0
@@ -179,9 +184,15 @@ class TrainConfig:
                              f">= 0, got {cwd!r}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas}")
-        if self.compile not in COMPILE_MODES:
-            raise ValueError(f"TrainConfig.compile must be one of {COMPILE_MODES}, got "
-                             f"{self.compile!r}")
+        if isinstance(self.compile, str) or tuple(self.compile) == ("off",):
+            # "off" (or one step name given alone) as a --set value or a keyword
+            object.__setattr__(self, "compile", () if self.compile in ("off", ("off",))
+                               else (self.compile,))
+        unknown = [c for c in self.compile if c not in COMPILE_STEPS]
+        if unknown or len(set(self.compile)) != len(self.compile):
+            raise ValueError(f"TrainConfig.compile must list steps of {COMPILE_STEPS} (or be "
+                             f"'off'), each once, got {self.compile!r}")
+        object.__setattr__(self, "compile", tuple(self.compile))
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"TrainConfig.cuda_graphs must be true or false, got "
                              f"{self.cuda_graphs!r}")
@@ -196,6 +207,11 @@ class TrainConfig:
             raise ValueError("TrainConfig.seeds is empty: give at least one Phase-2 seed")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
             raise ValueError(f"TrainConfig.seeds must be non-negative integers: {self.seeds}")
+        for what, value in [("phase1_seed", self.phase1_seed),
+                            *(("seeds", s) for s in self.seeds)]:
+            problem = seed_problem(value, f"TrainConfig.{what}")
+            if problem:
+                raise ValueError(problem)
         if not self.conditions:
             raise ValueError("TrainConfig.conditions is empty")
         for c in self.conditions:
@@ -223,10 +239,17 @@ class TrainConfig:
     def steps_per_epoch(self) -> int:
         return self.episodes_per_epoch // self.batch_size
 
-    def resolved_precision(self) -> str:
+    def resolved_precision(self, accelerator: str | None = None) -> str:
+        """The precision training runs in: the preset's, or for "auto" bf16-mixed on a GPU and
+        32-true on a CPU (`accelerator`: "gpu" or "cpu"; None: a GPU when CUDA is
+        available)."""
         if self.precision != "auto":
             return self.precision
-        return "bf16-mixed" if torch.cuda.is_available() else "32-true"
+        if accelerator is None:
+            accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+        if accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
+        return "bf16-mixed" if accelerator == "gpu" else "32-true"
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> TrainConfig:
@@ -258,7 +281,7 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> TrainConfig:
         d = dict(d)
         d["model"] = ModelConfig.from_dict(d["model"])
-        for k in ("betas", "seeds", "conditions", "notes"):
+        for k in LIST_FIELDS:
             if k in d:
                 d[k] = tuple(d[k])
         return cls(**d)
@@ -284,7 +307,7 @@ def _check_keys(cls, overrides: dict, what: str, prefix: str = "") -> None:
 
 
 #: TrainConfig fields holding lists: `--set conditions=a,b` gives ("a", "b")
-LIST_FIELDS = ("betas", "seeds", "conditions", "notes")
+LIST_FIELDS = ("betas", "seeds", "conditions", "notes", "compile")
 
 
 def parse_overrides(items: list[str] | None) -> dict:
@@ -318,7 +341,7 @@ def _paper() -> TrainConfig:
     # Compiled training and evaluation (on a GPU a step of thousands of small kernels is
     # launch-bound: docs/results.md, "Speed").
     return TrainConfig(preset="paper", model=ModelConfig.from_name("paper"),
-                       phase0_steps=4_000, phase0_copy_len=16, compile="all")
+                       phase0_steps=4_000, phase0_copy_len=16)
 
 
 def _debug() -> TrainConfig:
@@ -327,7 +350,7 @@ def _debug() -> TrainConfig:
         batch_size=16, episodes_per_epoch=64, max_epochs=2, patience=2, val_episodes=48,
         test_episodes=48, eval_batch_size=48, phase0_steps=2, phase0_copy_len=8,
         phase1_lr=3e-3, phase1_max_epochs=2, phase1_episodes_per_epoch=64,
-        phase1_patience=2, phase1_curriculum=True, seeds=(42, 43), compile="off",
+        phase1_patience=2, phase1_curriculum=True, seeds=(42, 43), compile=(),
         notes=("tiny model and budgets for tests (eager: compiling would cost more than it "
                "saves)",),
     )
@@ -344,7 +367,9 @@ def _cpu() -> TrainConfig:
         phase1_lr=1e-3, phase1_max_epochs=40, phase1_episodes_per_epoch=12_800,
         phase1_patience=40, phase1_curriculum=True, phase1_aux_demo_loss=1.0,
         consolidator_init_std=0.18, consolidator_lr=3e-3, consolidator_weight_decay=0.0,
-        seeds=PAPER_SEEDS,
+        # compiled: the Phase-2 step only (on 2 cores the compiles of Phase 1 and of the
+        # evaluation passes cost more than they save: docs/choices.md, "Speed")
+        seeds=PAPER_SEEDS, compile=("phase2",),
         conditions=("consolidator_only", "consolidator_only_routing_off"),
         notes=(
             "small model (hidden 64, 4 layers, a write every layer, phase dim 16; 0.30M)",
@@ -534,12 +559,16 @@ class _PhaseModule(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    #: this phase's name in TrainConfig.compile (COMPILE_STEPS)
+    phase: str = ""
+
     def step_fn(self, fn, *, train: bool):
-        """`fn` as the steps run it: through `torch.compile` where `TrainConfig.compile` says
-        (`compile_step`), made once per module and function."""
+        """`fn` as the steps run it: through `torch.compile` where `TrainConfig.compile` names
+        this phase's training step (`train`) or "eval" (`compile_step`), made once per module
+        and function."""
         name = fn.__name__
         if name not in self._steps:
-            on = self.cfg.compile == "all" or (train and self.cfg.compile == "train")
+            on = (self.phase if train else "eval") in self.cfg.compile
             self._steps[name] = compile_step(fn, self.device, self.cfg) if on else fn
         return self._steps[name]
 
@@ -555,8 +584,8 @@ class _PhaseModule(L.LightningModule):
         checkpoint["pmnet_history"] = list(self.history)
         checkpoint["pmnet_train_time_s"] = self.elapsed_s()
         checkpoint["pmnet_rng"] = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            checkpoint["pmnet_rng"]["cuda"] = torch.cuda.get_rng_state_all()
+        if self.device.type == "cuda":  # the device it trains on only (not every visible GPU)
+            checkpoint["pmnet_rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
 
     def on_load_checkpoint(self, checkpoint):
         if self._trainer is not None and self.trainer.state.fn != "fit":
@@ -566,8 +595,11 @@ class _PhaseModule(L.LightningModule):
         rng = checkpoint.get("pmnet_rng", {})
         if "torch" in rng:
             torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        state = rng.get("cuda")
+        if isinstance(state, (list, tuple)):  # written by get_rng_state_all (one per GPU)
+            state = state[0] if state else None
+        if state is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state, self.device)
 
     # evaluation: per-episode outcomes of every batch, summarised once per epoch --------
     def _outcomes(self, batch, full: bool) -> dict:
@@ -606,6 +638,8 @@ class _PhaseModule(L.LightningModule):
 class Phase0Module(_PhaseModule):
     """PMNet copy-paste warm start: the payload must cross a cleared KV cache in memory."""
 
+    phase = "phase0"
+
     def copy_loss(self, batch):
         state = self.model.init_state(batch.context.shape[0], device=batch.context.device)
         _, state = self.model(batch.context, state, ltm_routing=False, logits="none")
@@ -622,6 +656,8 @@ class Phase0Module(_PhaseModule):
 class Phase1Module(_PhaseModule):
     """STM rule induction: demonstrations -> clear KV -> held-out query (Consolidator frozen)."""
 
+    phase = "phase1"
+
     def demos_at(self, step: int) -> int:
         """The number of demonstrations of training step `step`: N_DEMOS, or with the
         curriculum a draw from U{1..N_DEMOS} deterministic in (Phase-1 seed, step), so a
@@ -637,10 +673,12 @@ class Phase1Module(_PhaseModule):
 
     def training_step(self, batch, batch_idx):
         k = self._demos
-        context = batch.seg_tokens[:, 0, : task.DEMO_LEN * k]  # (B, 5k)
+        # a copy: the batch is a slice of the epoch's tensors, and a compiled step would
+        # otherwise specialise on its (varying) offset into them
+        context = batch.seg_tokens[:, 0, : task.DEMO_LEN * k].clone()  # (B, 5k)
         query, target = batch.query_tokens[:, 0], batch.target[:, 0]
         step = self.step_fn(self.stm_loss, train=True)
-        if self.cfg.compile != "off":  # one compiled graph for every number of demos
+        if self.phase in self.cfg.compile:  # one compiled graph for every number of demos
             torch._dynamo.maybe_mark_dynamic(context, 1)
         loss, query_loss, aux_loss = step(context, query, target)
         self.log("train/query_loss", query_loss)
@@ -666,13 +704,16 @@ class Phase1Module(_PhaseModule):
         if not aux:
             return query_loss, query_loss, None
         # demonstration d (0-based) spans positions 5d .. 5d + 4: its answer at 5d + 4 is
-        # predicted at its delimiter 5d + 3; the mean over the B (k - 1) answers of d >= 1
-        # written as sum / count (the same division cross_entropy's mean makes, bit for
-        # bit), so that k = 1 (no answer: 0 / 1) is the same graph as every other k
+        # predicted at its delimiter 5d + 3; the mean over the B (k - 1) answers of d >= 1,
+        # written without data-dependent or sliced shapes (every answer's loss, those of
+        # d = 0 masked out, sum / count), so that every k, k = 1 (0 / 1) included, is the
+        # same compiled graph
         V = demo_logits.shape[-1]
-        pred = demo_logits.view(B, k, task.DEMO_LEN, V)[:, 1:, 3].float().flatten(0, 1)
-        answers = context.view(B, k, task.DEMO_LEN)[:, 1:, 4].flatten()
-        aux_loss = F.cross_entropy(pred, answers, reduction="sum") / max(B * (k - 1), 1)
+        pred = demo_logits.view(B, k, task.DEMO_LEN, V)[:, :, 3].float()  # (B, k, V)
+        answers = context.view(B, k, task.DEMO_LEN)[:, :, 4]  # (B, k)
+        per_answer = F.cross_entropy(pred.transpose(1, 2), answers, reduction="none")
+        later = torch.arange(k, device=context.device) >= 1  # demonstrations 2..k
+        aux_loss = (per_answer * later).sum() / max(B * (k - 1), 1)
         return query_loss + self.cfg.phase1_aux_demo_loss * aux_loss, query_loss, aux_loss
 
     def _outcomes(self, batch, full: bool) -> dict:
@@ -700,6 +741,8 @@ VAL_LOGGED = ("updated_ltm", "seg1_stm", "seg2_stm", "mean_stm", "dual", "update
 class Phase2Module(_PhaseModule):
     """Consolidation training for one condition: Eq. 10 (or Eq. 11 for the dual objective)."""
 
+    phase = "phase2"
+
     def __init__(self, cfg: TrainConfig, model: PMNet, condition: Condition):
         super().__init__(cfg, model, cfg.lr)
         self.condition = condition
@@ -712,33 +755,10 @@ class Phase2Module(_PhaseModule):
         return losses["loss"]
 
     def objective(self, batch) -> dict[str, torch.Tensor]:
-        """The condition's Phase-2 objective on one batch: {"loss", "loss_updated",
-        "loss_initial" (with TrainConfig.initial_ltm_loss), "loss_stm" (dual)}."""
-        c = self.condition
-        dual = c.objective == "dual"
-        w_init = self.cfg.initial_ltm_loss
-        n_seg = batch.seg_tokens.shape[1]
-        stm_kinds = tuple(f"seg{t}_stm" for t in range(1, n_seg + 1))
-        queries = ("updated_ltm",) + (("initial_ltm",) if w_init > 0 else ())
-        queries += stm_kinds if dual else ()
-        opts = RunOptions(c.consolidation, c.ltm_routing, detach_ltm=self.cfg.detach_ltm,
-                          ltm_graph=self.cfg.ltm_graph, queries=queries)
-        out = run_episodes(self.model, batch, opts)
-        # Eq. 10: the last segment's query after the last boundary
-        loss = F.cross_entropy(out["updated_ltm"].float(), batch.target[:, -1])
-        losses = {"loss_updated": loss}
-        if w_init > 0:  # auxiliary (not in the paper): keep the first mapping readable
-            init = F.cross_entropy(out["initial_ltm"].float(), batch.target[:, 0])
-            losses["loss_initial"] = init
-            loss = loss + w_init * init
-        if dual:  # Eq. 11: + mean of the pre-consolidation STM query losses of every segment
-            stm = functools.reduce(operator.add, (
-                F.cross_entropy(out[k].float(), batch.target[:, d])
-                for d, k in enumerate(stm_kinds))) / n_seg
-            losses["loss_stm"] = stm
-            loss = loss + stm
-        losses["loss"] = loss
-        return losses
+        """The condition's Phase-2 objective on one batch (`runner.phase2_losses`)."""
+        cfg = self.cfg
+        return phase2_losses(self.model, batch, self.condition, detach_ltm=cfg.detach_ltm,
+                             ltm_graph=cfg.ltm_graph, initial_ltm_loss=cfg.initial_ltm_loss)
 
     def _outcomes(self, batch, full: bool) -> dict:
         c = self.condition
@@ -910,7 +930,8 @@ class LastCheckpoint(Checkpoint):
 
 def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str | None,
              patience: int, callbacks, loggers, progress, ckpt_dir: Path | None,
-             max_steps: int = -1, name: str = "logs") -> tuple[L.Trainer, ModelCheckpoint | None]:
+             max_steps: int = -1, name: str = "logs",
+             accelerator: str = "auto") -> tuple[L.Trainer, ModelCheckpoint | None]:
     """The Lightning trainer of a phase. With a monitored metric: best.ckpt (written when the
     metric improves), last.ckpt (every epoch, see LastCheckpoint) and early stopping, all
     acting at train-epoch end in this order; the caller's callbacks come after them, so the
@@ -928,8 +949,9 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
     if progress is None:
         progress = os.isatty(2)
     trainer = L.Trainer(
-        max_epochs=max_epochs, max_steps=max_steps, accelerator="auto", devices=1,
-        precision=cfg.resolved_precision(), gradient_clip_val=cfg.grad_clip,
+        max_epochs=max_epochs, max_steps=max_steps, accelerator=accelerator, devices=1,
+        precision=cfg.resolved_precision(None if accelerator == "auto" else accelerator),
+        gradient_clip_val=cfg.grad_clip,
         gradient_clip_algorithm="norm", callbacks=cbs, plugins=[AtomicCheckpointIO()],
         logger=[CSVLogger(str(out_dir), name=name, version="")] + list(loggers),
         enable_progress_bar=bool(progress), enable_model_summary=False,
@@ -941,8 +963,12 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
 
 
 def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(),
-               progress: bool | None = None) -> dict:
-    """Phase 0 (if the preset has it) and Phase 1. Writes `phase1.pt` and its sha256."""
+               progress: bool | None = None, accelerator: str = "auto") -> dict:
+    """Phase 0 (if the preset has it) and Phase 1. Writes `phase1.pt` and its sha256.
+
+    `accelerator`: "cpu" or "gpu" (where the caller was given to train, e.g. what Ray gave
+    the task), or "auto" (Lightning's choice). The device and precision used are recorded."""
+    _check_accelerator(accelerator)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     _setup_threads(cfg)
@@ -962,7 +988,7 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
         m0 = Phase0Module(cfg, model, cfg.phase1_lr)
         tr, _ = _trainer(cfg, out_dir, max_epochs=1, monitor=None, patience=1,
                          callbacks=(), loggers=loggers, progress=progress, ckpt_dir=None,
-                         name="phase0_logs")
+                         name="phase0_logs", accelerator=accelerator)
         data = _loader(CopyBatches(cfg.phase0_steps, cfg.batch_size, cfg.phase0_copy_len,
                                    cfg.phase1_seed))
         tr.fit(m0, train_dataloaders=data)
@@ -973,19 +999,20 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.phase1_max_epochs,
                              monitor="val/mean_stm", patience=cfg.phase1_patience,
                              callbacks=callbacks, loggers=loggers, progress=progress,
-                             ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs")
+                             ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs",
+                             accelerator=accelerator)
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None,
                 weights_only=True)
     trainer.test(module, datamodule=data, ckpt_path="best", verbose=False, weights_only=True)
     train_time = module.prior_time_s + (time.time() - t0)  # earlier attempts included
     meta = {"phase": 1, "train_config": cfg.to_dict(), "test": module.test_metrics,
             "history": module.history, "phase0": phase0, "train_time_s": train_time,
-            "best_epoch": _best_epoch(ckpt)}
+            "best_epoch": _best_epoch(ckpt), **trained_on(trainer)}
     ckpt_path = out_dir / "phase1.pt"
     digest = save_model_file(ckpt_path, module.model, fmt=PHASE1_FORMAT, meta=_jsonable(meta))
     atomic_write_json(out_dir / "phase1_metrics.json", _jsonable(meta))
     return {"checkpoint": str(ckpt_path), "sha256": digest, "metrics": module.test_metrics,
-            "train_time_s": train_time}
+            "train_time_s": train_time, **trained_on(trainer)}
 
 
 def init_consolidator(model: PMNet, cfg: TrainConfig, seed: int) -> None:
@@ -1017,20 +1044,28 @@ RESULT_KEYS = frozenset({
     "condition", "seed", "preset", "phase1_sha256", "best_epoch", "trainable_params",
     "total_params", "trainable_fraction", "consolidation", "ltm_routing", "objective",
     "select", "val", "test", "test_stream_hash", "train_time_s", "history", "best_model",
-    "config"})
+    "config", "device", "precision"})
 
 
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
                out_dir: str | Path, callbacks=(), loggers=(), resume_from=None,
-               progress: bool | None = None, record: dict | None = None) -> dict:
+               progress: bool | None = None, record: dict | None = None,
+               accelerator: str = "auto") -> dict:
     """Train one Phase-2 trial (condition x seed) from the Phase-1 checkpoint; evaluate the
     selected checkpoint on the fixed test stream; write `result.json` and return it.
+
+    `accelerator`: "cpu" or "gpu" (where the caller was given to train: a Ray trial passes
+    what Ray gave it), or "auto" (Lightning's choice). result.json records the device and
+    precision the trainer used (`device`, `precision`).
 
     `record`: extra keys written into result.json as given (a caller's provenance, e.g. the
     pipeline's variant name and overrides); they may not replace a key of the result."""
     cond = get_condition(condition)  # validate everything before any compute
+    _check_accelerator(accelerator)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if seed_problem(seed):
+        raise ValueError(seed_problem(seed))
     record = dict(record or {})
     clash = sorted(set(record) & RESULT_KEYS)
     if clash:
@@ -1051,7 +1086,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
                              monitor=f"val/{cond.select}", patience=cfg.patience,
                              callbacks=callbacks, loggers=loggers, progress=progress,
-                             ckpt_dir=out_dir / "ckpt")
+                             ckpt_dir=out_dir / "ckpt", accelerator=accelerator)
     last = out_dir / "ckpt" / "last.ckpt"
     if resume_from is None and last.is_file():
         resume_from = last
@@ -1079,7 +1114,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
                                                                segments=cfg.segments)),
         # earlier attempts (up to the checkpoint this one resumed from) plus this one
         "train_time_s": module.prior_time_s + (time.time() - t0), "history": module.history,
-        "best_model": str(best_model), "config": cfg.flat(),
+        "best_model": str(best_model), "config": cfg.flat(), **trained_on(trainer),
     }
     result = _jsonable({**result, **record})
     atomic_write_json(out_dir / "result.json", result)
@@ -1087,36 +1122,73 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
 
 
 def warm_compile(cfg: TrainConfig, *, condition: str, phase1_ckpt: str | Path,
-                 seed: int = 0) -> float:
+                 seed: int = 0, accelerator: str = "cpu") -> float:
     """Compile a Phase-2 condition's steps once, so that its trials find them in the
     on-disk cache (`use_compile_cache`) instead of each compiling them again.
 
     Builds the trial's module as `run_phase2` does (checkpoint, Consolidator or operator
-    start, frozen subset) and runs one training step (forward and backward, no update) on
-    the first batch of the seed's stream, and with `compile="all"` one validation and one
-    test batch; nothing is written but the cache. The graphs depend on the condition, the
-    config and the shapes, not on the seed or the weights. Returns the seconds it took."""
+    start, frozen subset) on the trial's device in the trial's precision (`accelerator`,
+    `TrainConfig.resolved_precision`: the graphs differ by device and autocast) and runs
+    one training step (forward and backward, no update) on the first batch of the seed's
+    stream, and when "eval" compiles one validation and one test batch; nothing is written
+    but the cache. The graphs depend on the condition, the config, the device and the
+    shapes, not on the seed or the weights. Returns the seconds it took."""
     t0 = time.time()
     cond = get_condition(condition)
-    if cfg.compile == "off":
+    _check_accelerator(accelerator)
+    if "phase2" not in cfg.compile and "eval" not in cfg.compile:
         return 0.0
     _setup_threads(cfg)
+    device = torch.device("cuda" if accelerator == "gpu" else "cpu")
+    precision = cfg.resolved_precision("gpu" if device.type == "cuda" else "cpu")
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
     if cond.consolidation in OPERATORS:
         init_operator(model, cfg, cond.consolidation, seed)
     else:
         init_consolidator(model, cfg, seed)
-    module = Phase2Module(cfg, model, cond).train()
-    batch = task.train_episodes(seed, 0, cfg.batch_size, segments=cfg.segments)
-    module.objective(batch)  # eager first: a config error surfaces here, not in a trace
-    module.step_fn(module.objective, train=True)(batch)["loss"].backward()
-    if cfg.compile == "all":
+    module = Phase2Module(cfg, model, cond).to(device).train()
+    batch = task.train_episodes(seed, 0, cfg.batch_size, segments=cfg.segments).to(device)
+    with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
+        module.objective(batch)  # eager first: a config error surfaces here, not in a trace
+        loss = module.step_fn(module.objective, train=True)(batch)["loss"]
+    loss.backward()
+    if "eval" in cfg.compile:
         module.eval()
         for stream, full in ((task.validation_stream, False), (task.test_stream, True)):
             episodes = stream(min(cfg.eval_batch_size, cfg.val_episodes if not full
                                   else cfg.test_episodes), segments=cfg.segments)
-            module.step_fn(module._outcomes, train=False)(episodes, full)
+            with torch.autocast(device.type, dtype=half or torch.bfloat16,
+                                enabled=half is not None):
+                module.step_fn(module._outcomes, train=False)(episodes.to(device), full)
     return time.time() - t0
+
+
+def _check_accelerator(accelerator: str) -> None:
+    if accelerator not in ("auto", *ACCELERATORS):
+        raise ValueError(f"accelerator must be 'auto' or one of {ACCELERATORS}, got "
+                         f"{accelerator!r}")
+
+
+def device_name(device: torch.device) -> str:
+    """`NVIDIA GeForce RTX 4090 (cuda:0)`, or `cpu (<CPU model>)`."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} ({device})"
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f
+                          if ln.lower().startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{device.type} ({model or platform.processor() or 'unknown model'})"
+
+
+def trained_on(trainer: L.Trainer) -> dict[str, str]:
+    """Where and how a trainer actually trained: `device` (its root device, named) and
+    `precision` (Lightning's precision plugin: `bf16-mixed`, `32-true`, ...)."""
+    return {"device": device_name(trainer.strategy.root_device),
+            "precision": str(trainer.precision)}
 
 
 def _best_index(history: list[dict], cond: Condition) -> int:

@@ -128,6 +128,7 @@ class Case:
 
 
 S = ["start", "--preset", "debug", "--grid", "tiny", "--root", "ROOT"]
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # the same refusal on a machine with a GPU
 CASES = [
     Case("unknown preset", ["start", "--preset", "huge", "--root", "ROOT"], "unknown preset"),
     Case("unknown grid", [*S, "--grid", "nope"], "unknown grid"),
@@ -138,6 +139,18 @@ CASES = [
     Case("zero CPUs per trial", [*S, "--cpus-per-trial", "0"], "cpus_per_trial"),
     Case("more than one GPU per trial", [*S, "--gpus-per-trial", "1.5"], "fraction of one GPU"),
     Case("negative retries", [*S, "--max-failures", "-1"], "max_failures"),
+    Case("more CPUs per trial than any node has", [*S, "--cpus-per-trial", "1000"],
+         r"asks 1000 CPUs per trial but the largest node of this machine has"),
+    Case("a GPU share on a machine without a GPU", [*S, "--gpus-per-trial", "0.5"],
+         "asks 0.5 GPU per trial but no node of this machine has a GPU",
+         env=NO_GPU),
+    Case("more Stage-1 CPUs than any node has", [*S, "--stage1-cpus", "1000"],
+         r"--stage1-cpus 1000: Stage 1 runs on one node and the largest"),
+    Case("GPU memory that is not a size", [*S, "--gpu-mem", "0"], "--gpu-mem must be"),
+    Case("the paper preset where no node has a GPU", ["start", "--preset", "paper", "--root",
+                                                        "ROOT"],
+         r"the paper preset is built for a GPU.*would take at least .* days",
+         env=NO_GPU),
     Case("pipeline name with a path", [*S, "--name", "../escape"], "invalid pipeline name"),
     Case("zero local CPUs", [*S, "--num-cpus", "0"], "--num-cpus must be a positive integer"),
     Case("zero Stage-1 CPUs", [*S, "--stage1-cpus", "0"], "--stage1-cpus must be > 0"),
@@ -186,6 +199,12 @@ CASES = [
     Case("a single Phase-1 seed", [*S, "--phase1-seeds", "3"],
          "is not a Phase-1 variance grid"),
     Case("a Phase-1 seed listed twice", [*S, "--phase1-seeds", "1,1"], "listed twice"),
+    Case("a seed beyond numpy's range", [*S, "--seeds", "42,99999999999999999999"],
+         r"seed 99999999999999999999 is outside 0\.\.4294967295"),
+    Case("a Phase-1 seed beyond numpy's range", [*S, "--phase1-seeds", "0,4294967296"],
+         r"Phase-1 seed 4294967296 is outside 0\.\.4294967295"),
+    Case("phase1_seed beyond numpy's range", [*S, "--set", "phase1_seed=4294967296"],
+         r"TrainConfig.phase1_seed 4294967296 is outside 0\.\.4294967295", kind="--set"),
     Case("--set phase1_seed with Phase-1 seeds",
          [*S, "--phase1-seeds", "1,2", "--set", "phase1_seed=3"], "--set phase1_seed",
          kind="--set"),

@@ -128,3 +128,25 @@ def test_evaluate_on_t_segment_episodes(tmp_path, capsys, one_thread):
     assert metrics["segments"] == 3
     assert metrics["stream_hash"] == task.content_hash(task.test_stream(6, segments=3))
     assert {"final_ltm_seg1", "final_ltm_seg3", "seg3_stm"} <= set(metrics)
+
+
+def test_info_prints_each_conditions_gpu_memory_and_packing(capsys):
+    """`pmnet info --gpu-mem G`: per condition the memory model's figures at the preset's
+    batch, and how many trials share a G GiB card (never more than fit it)."""
+    from pmnet.memory_model import usable_bytes
+
+    assert main(["info", "--preset", "debug", "--gpu-mem", "1.5", "--json"]) == 0
+    mem = json.loads(capsys.readouterr().out)["memory"]
+    assert mem["batch_size"] == 16 and mem["precision"] == "bf16-mixed"
+    usable = usable_bytes(int(1.5 * 2**30))
+    assert len(mem["conditions"]) == 6
+    for name, row in mem["conditions"].items():
+        assert row["peak"] == sum(row[k] for k in ("activations", "weights", "gradients",
+                                                    "optimizer", "context")), name
+        assert row["trials_per_gpu"] * row["peak"] <= usable
+        if row["trials_per_gpu"]:
+            assert row["gpu_share"] * usable >= row["peak"]
+    assert main(["info", "--preset", "debug", "--gpu-mem", "1.5"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU memory of one Phase-2 trial" in out and "learned_full_dual" in out
+    assert "per 1.5 GiB GPU" in out

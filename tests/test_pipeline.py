@@ -27,7 +27,11 @@ from pmnet.trial_id import TrialId
 
 REPO = Path(__file__).resolve().parent.parent
 GRID = [(c, s) for s in (42, 43) for c in ("learned_full", "consolidator_only")]
-BASE = ["--preset", "debug", "--grid", "tiny", "--stage1-cpus", "1"]
+# --gpus-per-trial 0: trials and Stage 1 on the CPU on any machine, so that results compare
+# exactly with in-process reference runs (on CUDA `gather` and SDPA's backward are not
+# deterministic); the `gpu` test asks for a GPU explicitly
+BASE = ["--preset", "debug", "--grid", "tiny", "--stage1-cpus", "1", "--gpus-per-trial", "0"]
+GPU_BASE = ["--preset", "debug", "--grid", "tiny", "--stage1-cpus", "1"]
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -105,7 +109,7 @@ def reference(run_dir: Path, condition: str, seed: int) -> dict:
         with tempfile.TemporaryDirectory() as out:
             return run_phase2(cfg, condition=condition, seed=seed,
                               phase1_ckpt=run_dir / "phase1" / "phase1.pt", out_dir=out,
-                              progress=False)
+                              progress=False, accelerator="cpu")  # as the CPU trials
     finally:
         torch.set_num_threads(threads)
 
@@ -366,7 +370,7 @@ def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
     from pmnet.train import TrainConfig, run_phase1
 
     plan = planning.plan_new(root=tmp_path / "runs", name="tamper", preset="debug", grid="tiny",
-                           max_failures=0, num_cpus=2)
+                           max_failures=2, num_cpus=2, gpus_per_trial=0)
     lay = plan.layout
     import torch
 
@@ -399,6 +403,13 @@ def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
         assert "does not match its recorded sha256" in info["error"]
         assert not lay.result_path(TrialId(c, s)).exists()
         assert not (lay.trial_dir(TrialId(c, s)) / "attempts.jsonl").exists()  # no training began
+        # a configuration error is not retried (max_failures 2 would have run it 3 times):
+        # Tune saw one attempt that ended with the reason, and no failure
+        assert info["config_error"] is True
+        tune_dir = lay.experiment_dir / TrialId(c, s).name
+        assert not (tune_dir / "error.txt").exists()
+        reports = [json.loads(ln) for ln in (tune_dir / "result.json").read_text().splitlines()]
+        assert len(reports) == 1 and "does not match" in reports[0]["config_error"]
 
 
 # -- SIGKILL of the driver in the middle of Stage 2, then resume (slow) ---------------------------
@@ -599,14 +610,17 @@ def _cuda() -> bool:
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_trials_share_one_gpu_with_fractional_resources(tmp_path):
     root = tmp_path / "runs"
-    rc, out = cli("start", *BASE, "--root", str(root), "--name", "gpu", "--gpus-per-trial",
-                  "0.5", "--cpus-per-trial", "1")
+    rc, out = cli("start", *GPU_BASE, "--root", str(root), "--name", "gpu",
+                  "--gpus-per-trial", "0.5", "--cpus-per-trial", "1")
     assert rc == 0, out[-4000:]
     assert "0.5 GPU per trial" in out and "1 GPU)" in out  # Stage 1 takes the whole GPU
     lay = Layout(root, "gpu")
     for c, s in GRID:
-        assert read_json(lay.result_path(TrialId(c, s)))["config"]["precision"] == "auto"
+        result = read_json(lay.result_path(TrialId(c, s)))
+        assert result["config"]["precision"] == "auto"
+        assert result["precision"] == "bf16-mixed" and "(cuda:0)" in result["device"]
         assert attempts(lay, c, s)[0]["cuda_visible_devices"] not in (None, "")
+        assert attempts(lay, c, s)[0]["accelerator"] == "gpu"
 
 
 # -- services: one MLflow server per store, loopback-only local Ray, code shipping, storage -----

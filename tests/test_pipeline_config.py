@@ -91,13 +91,16 @@ def test_cli_reports_configuration_errors_with_exit_code_2(tmp_path, capsys):
     assert rc == 2 and "no pipeline" in capsys.readouterr().err
 
 
-def test_preset_choice_follows_the_gpu(monkeypatch):
-    monkeypatch.setattr(planning, "cuda_available", lambda: False)
-    assert planning.choose_preset(None)[0] == "cpu"
-    monkeypatch.setattr(planning, "cuda_available", lambda: True)
-    preset, why = planning.choose_preset(None)
-    assert preset == "paper" and "CUDA" in why
-    assert planning.choose_preset("debug") == ("debug", "given with --preset / PRESET=")
+def test_preset_choice_follows_the_gpu():
+    from pipelines.cluster import ClusterInfo, GpuCard, NodeInfo
+
+    cpu_only = ClusterInfo((NodeInfo("head", 64),), where="the Ray cluster")
+    assert planning.choose_preset(None, cpu_only)[0] == "cpu"
+    worker = NodeInfo("w", 8, 1, (GpuCard("H100", 80 << 30),))
+    with_gpu = ClusterInfo((NodeInfo("head", 64), worker), where="the Ray cluster")
+    preset, why = planning.choose_preset(None, with_gpu)
+    assert preset == "paper" and "1 node(s) of the Ray cluster have a GPU" in why
+    assert planning.choose_preset("debug", with_gpu) == ("debug", "given with --preset / PRESET=")
 
 
 def test_overrides_and_lists_are_parsed():
@@ -201,7 +204,7 @@ def test_phase1_from_imports_a_checked_checkpoint_instead_of_training(tmp_path, 
     plan = _plan(tmp_path, phase1_from=src_dir)  # a directory holding phase1.pt
     assert plan.phase1_from.sha256 == phase1["sha256"]
     assert not (tmp_path / "runs").exists()  # planning wrote nothing
-    [job] = stages.stage1_start(plan, ray=None, cpus=1.0, gpus=0.0)  # no Ray: nothing trains
+    [job] = stages.stage1_start(plan, ray=None, cluster=plan.cluster)  # no Ray: nothing trains
     lay = plan.layout
     assert job.digest == phase1["sha256"] and job.ref is None
     assert lay.phase1_ckpt.read_bytes() == Path(phase1["checkpoint"]).read_bytes()
@@ -217,14 +220,14 @@ def test_phase1_from_imports_a_checked_checkpoint_instead_of_training(tmp_path, 
     # from now on the run's own checkpoint is the one Stage 1 finds (a resume needs no source)
     assert stages.existing_phase1(plan) == phase1["sha256"]
     again = _plan(tmp_path, phase1_from=Path(phase1["checkpoint"]))  # same name, same file
-    assert again.resumed and stages.stage1_start(again, None, 1.0, 0.0)[0].digest == job.digest
+    assert again.resumed and stages.stage1_start(again, None, again.cluster)[0].digest == job.digest
     # the run's checkpoint removed: resume imports it again from the recorded source
     for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):
         p.chmod(0o644)
         p.unlink()
     resumed = planning.plan_resume(root=tmp_path / "runs", name="p")
     assert resumed.phase1_from.sha256 == phase1["sha256"]
-    assert stages.stage1_start(resumed, None, 1.0, 0.0)[0].digest == phase1["sha256"]
+    assert stages.stage1_start(resumed, None, resumed.cluster)[0].digest == phase1["sha256"]
 
 
 @pytest.mark.parametrize("case, message", [

@@ -97,6 +97,9 @@ def test_phase2_writes_a_callers_record_but_never_over_a_result_key(phase1, tmp_
 
 
 def test_killed_run_resumes_to_the_same_result(phase1, tmp_path):
+    """Resumed equals uninterrupted, exactly: pinned to the CPU (accelerator="cpu"), where
+    every kernel is deterministic; on CUDA `gather` and SDPA's backward are not, so an exact
+    comparison there would fail for a reason that is not a resume bug."""
     cfg, p1 = phase1
     cfg2 = TrainConfig.from_name("debug", **{**TINY, "max_epochs": 2})
 
@@ -106,17 +109,19 @@ def test_killed_run_resumes_to_the_same_result(phase1, tmp_path):
                 raise RuntimeError("injected crash in epoch 1")
 
     full = run_phase2(cfg2, condition="consolidator_only", seed=43,
-                      phase1_ckpt=p1["checkpoint"], out_dir=tmp_path / "full", progress=False)
+                      phase1_ckpt=p1["checkpoint"], out_dir=tmp_path / "full", progress=False,
+                      accelerator="cpu")
     with pytest.raises(RuntimeError, match="injected"):
         run_phase2(cfg2, condition="consolidator_only", seed=43, phase1_ckpt=p1["checkpoint"],
-                   out_dir=tmp_path / "crash", callbacks=[Crash()], progress=False)
+                   out_dir=tmp_path / "crash", callbacks=[Crash()], progress=False,
+                   accelerator="cpu")
     assert (tmp_path / "crash" / "ckpt" / "last.ckpt").is_file()
     saved = torch.load(tmp_path / "crash" / "ckpt" / "last.ckpt", weights_only=True)
     before = saved["pmnet_train_time_s"]  # the crashed attempt's time up to its checkpoint
     t = time.time()
     resumed = run_phase2(cfg2, condition="consolidator_only", seed=43,
                          phase1_ckpt=p1["checkpoint"], out_dir=tmp_path / "crash",
-                         progress=False)
+                         progress=False, accelerator="cpu")
     wall = time.time() - t
     assert resumed["test"] == full["test"]
     assert len(resumed["history"]) == len(full["history"]) == 2
@@ -605,3 +610,64 @@ def test_an_operator_condition_trains_on_t_segment_episodes(phase1, tmp_path):
     assert res["trainable_params"] == operator_parameter_counts(cfg.model)["gru"]
     assert res["test"]["final_ltm_seg3"] == res["test"]["updated_ltm"]
     assert 0 <= res["test"]["final_ltm_seg1"] <= 100
+
+
+def test_rng_state_of_the_training_device_only(monkeypatch):
+    """A checkpoint carries the RNG state of the GPU the module trains on, not of every
+    visible GPU, and a trial resumed where it sees fewer GPUs than when it saved (Ray gives
+    each trial its own) restores that one state instead of failing (finding 7)."""
+    cfg = TrainConfig.from_name("debug")
+    module = Phase2Module(cfg, PMNet(cfg.model),
+                          CONDITIONS["consolidator_only"])
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=None: (
+        calls.append(("get", device)) or torch.tensor([7], dtype=torch.uint8)))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device=None: calls.append(
+        ("set", device, state.tolist())))
+
+    def all_states(states=None):
+        if states is not None and len(states) != torch.cuda.device_count():
+            raise RuntimeError("set_rng_state_all: more states than visible GPUs")
+        return [torch.tensor([1], dtype=torch.uint8)] * 2
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", all_states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", all_states)
+
+    ckpt: dict = {}
+    module.on_save_checkpoint(ckpt)  # on CPU: no CUDA state at all
+    assert "cuda" not in ckpt["pmnet_rng"] and calls == []
+    module._device = torch.device("cuda", 0)  # as Lightning sets it on a GPU
+    module.on_save_checkpoint(ckpt)
+    assert ckpt["pmnet_rng"]["cuda"].tolist() == [7]
+    assert calls == [("get", torch.device("cuda", 0))]
+    # a checkpoint written by get_rng_state_all on a two-GPU machine, resumed seeing one
+    old = {"pmnet_rng": {"torch": torch.get_rng_state(),
+                         "cuda": [torch.tensor([3], dtype=torch.uint8),
+                                  torch.tensor([4], dtype=torch.uint8)]}}
+    module.on_load_checkpoint(old)
+    assert calls[-1] == ("set", torch.device("cuda", 0), [3])
+    module._device = torch.device("cpu")  # resumed on CPU: the GPU state is not used
+    n = len(calls)
+    module.on_load_checkpoint(old)
+    assert len(calls) == n
+
+
+def test_seeds_beyond_numpys_range_are_refused_before_any_compute(tmp_path):
+    """A seed above 2**32 - 1 passed validation and crashed every trial inside Lightning's
+    seed_everything (numpy's seed bound); it is refused by the config and by run_phase2
+    (finding 8). The bound itself is what seed_everything accepts."""
+    from pmnet.conditions import MAX_SEED
+
+    L.seed_everything(MAX_SEED, verbose=False)
+    with pytest.raises(ValueError):
+        L.seed_everything(MAX_SEED + 1, verbose=False)
+    TrainConfig.from_name("debug", seeds=(MAX_SEED,), phase1_seed=MAX_SEED)
+    for over in ({"seeds": (42, MAX_SEED + 1)}, {"phase1_seed": MAX_SEED + 1}):
+        with pytest.raises(ValueError, match="outside 0..4294967295"):
+            TrainConfig.from_name("debug", **over)
+    with pytest.raises(ValueError, match="outside 0..4294967295"):
+        run_phase2(TrainConfig.from_name("debug"), condition="consolidator_only",
+                   seed=MAX_SEED + 1, phase1_ckpt=tmp_path / "none.pt", out_dir=tmp_path / "o")
+    assert not (tmp_path / "o").exists()

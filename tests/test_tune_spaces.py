@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pmnet.train import CONDITIONS, TrainConfig
+from pmnet.train import ALL_CONDITIONS, CONDITIONS, TrainConfig
 from pmnet.trial_id import TrialId
 from tune_spaces import (
     PAPER_CONDITIONS,
@@ -296,3 +296,15 @@ def test_the_pipeline_nests_any_grid_with_phase1_seeds_and_refuses_a_single_phas
         planning.plan_new(root=tmp_path / "runs", name="q", preset="debug", grid="tiny",
                           phase1_seeds="1,2", overrides={"phase1_seed": 3})
     assert not (tmp_path / "runs" / "q").exists()
+
+
+def test_seeds_beyond_numpys_range_are_refused():
+    from pmnet.conditions import MAX_SEED
+
+    cfg = TrainConfig.from_name("debug")
+    base = default(cfg)
+    base.derive(seeds=(MAX_SEED,)).validate(ALL_CONDITIONS, cfg)
+    with pytest.raises(SpaceError, match="seed 4294967296 is outside"):
+        base.derive(seeds=(42, MAX_SEED + 1)).validate(ALL_CONDITIONS, cfg)
+    with pytest.raises(SpaceError, match="Phase-1 seed 4294967296 is outside"):
+        base.derive(phase1_seeds=(0, MAX_SEED + 1)).validate(ALL_CONDITIONS, cfg)

@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.layout import PHASE2_ONLY_FIELDS
-from pmnet.conditions import CONDITIONS, OPERATOR_CONDITIONS, OPERATOR_REFERENCE, PAPER_SEEDS
+from pmnet.conditions import (
+    CONDITIONS,
+    OPERATOR_CONDITIONS,
+    OPERATOR_REFERENCE,
+    PAPER_SEEDS,
+    seed_problem,
+)
 from pmnet.trial_id import DEFAULT_VARIANT, TrialId, grid_size, variant_name_problem
 
 # the paper's Phase-2 grid (Section 6.2, Table "Parameter-isolation conditions"; Appendix
@@ -147,6 +153,10 @@ class Space:
         Phase-1 checkpoint), or K Phase-1 seeds: Stage 1 trains one checkpoint per seed
         (`TrainConfig.phase1_seed = k`) and the whole grid is nested under each
         (`TrialId.phase1_seed`), for the Phase-1 variance analysis (issue 11).
+    gpu_shares: the GPU fraction of each arm, (condition, variant name, fraction), chosen by
+        planning from the memory model so that trials sharing a card fit it
+        (`pipelines.plan`); empty: every trial asks `gpus_per_trial`. With shares,
+        `gpus_per_trial` is the largest of them.
     """
 
     name: str
@@ -158,6 +168,7 @@ class Space:
     max_failures: int = 2
     variants: tuple[Variant, ...] = field(default=DEFAULT_VARIANTS)
     phase1_seeds: tuple[int, ...] = ()
+    gpu_shares: tuple[tuple[str, str, float], ...] = ()
 
     def derive(self, **changes: Any) -> Space:
         """A copy with some fields changed (sequences become tuples)."""
@@ -221,10 +232,35 @@ class Space:
                          len(self.variants) if self.has_variants else 0, len(self.phase1_seeds))
 
     def resources(self) -> dict[str, float]:
+        """The uniform request (`cpu`, and `gpu` = gpus_per_trial when set); with GPU shares
+        each trial asks `resources_for(trial)`."""
         res = {"cpu": float(self.cpus_per_trial)}
         if self.gpus_per_trial:
             res["gpu"] = float(self.gpus_per_trial)
         return res
+
+    def gpus_for(self, trial: TrialId) -> float:
+        """The GPU fraction `trial` asks for: its arm's share, else `gpus_per_trial`."""
+        for condition, variant, share in self.gpu_shares:
+            if condition == trial.condition and variant == trial.variant:
+                return float(share)
+        return float(self.gpus_per_trial)
+
+    def resources_for(self, trial: TrialId) -> dict[str, float]:
+        """Tune's resource dict of one trial (`cpu`, and `gpu` when it has a share)."""
+        res = {"cpu": float(self.cpus_per_trial)}
+        if self.gpus_for(trial):
+            res["gpu"] = self.gpus_for(trial)
+        return res
+
+    def describe_resources(self) -> str:
+        """`2 CPU + 0.25 GPU per trial`, or with shares per arm
+        `2 CPU per trial; GPU share: learned_full 1, consolidator_only 0.3333`."""
+        if not self.gpu_shares:
+            gpu = f" + {self.gpus_per_trial:g} GPU" if self.gpus_per_trial else ""
+            return f"{self.cpus_per_trial:g} CPU{gpu} per trial"
+        shares = ", ".join(f"{c}{'-' + v if v else ''} {g:g}" for c, v, g in self.gpu_shares)
+        return f"{self.cpus_per_trial:g} CPU per trial; GPU share: {shares}"
 
     def param_space(self) -> dict:
         """The Tune search space: a full grid over condition (x variant) x seed; the keys are
@@ -244,6 +280,7 @@ class Space:
         d["conditions"], d["seeds"] = list(self.conditions), list(self.seeds)
         d["variants"] = [v.to_dict() for v in self.variants]
         d["phase1_seeds"] = [int(k) for k in self.phase1_seeds]
+        d["gpu_shares"] = [[c, v, float(g)] for c, v, g in self.gpu_shares]
         return d
 
     @classmethod
@@ -262,8 +299,15 @@ class Space:
         else:
             raise SpaceError(f"Space.variants must be a list of variant records, got "
                              f"{variants!r}")
+        shares = d.get("gpu_shares") or ()
+        try:
+            shares = tuple((str(c), str(v), float(g)) for c, v, g in shares)
+        except (TypeError, ValueError) as e:
+            raise SpaceError(f"Space.gpu_shares must be [condition, variant, fraction] "
+                             f"records, got {d.get('gpu_shares')!r}") from e
         return cls(**{**d, "conditions": tuple(d["conditions"]), "seeds": tuple(d["seeds"]),
-                      "variants": variants, "phase1_seeds": tuple(d.get("phase1_seeds") or ())})
+                      "variants": variants, "phase1_seeds": tuple(d.get("phase1_seeds") or ()),
+                      "gpu_shares": shares})
 
     def validate(self, known_conditions: Iterable[str], cfg=None) -> Space:
         """Raise SpaceError naming the first problem; return self when the space is sound.
@@ -286,6 +330,9 @@ class Space:
         if bad:
             raise SpaceError(f"grid {self.name!r}: seeds must be non-negative integers, "
                              f"got {bad}")
+        out_of_range = [seed_problem(s, "seed") for s in self.seeds if seed_problem(s)]
+        if out_of_range:
+            raise SpaceError(f"grid {self.name!r}: {out_of_range[0]}")
         dup_s = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
         if dup_s:
             raise SpaceError(f"grid {self.name!r}: seed(s) listed twice: {dup_s}")
@@ -298,6 +345,9 @@ class Space:
         if bad:
             raise SpaceError(f"grid {self.name!r}: Phase-1 seeds must be non-negative "
                              f"integers, got {bad}")
+        out_of_range = [seed_problem(k, "Phase-1 seed") for k in p1 if seed_problem(k)]
+        if out_of_range:
+            raise SpaceError(f"grid {self.name!r}: {out_of_range[0]}")
         dup_p = sorted({k for k in p1 if list(p1).count(k) > 1})
         if dup_p:
             raise SpaceError(f"grid {self.name!r}: Phase-1 seed(s) listed twice: {dup_p}")
@@ -314,6 +364,13 @@ class Space:
             raise SpaceError(
                 f"grid {self.name!r}: gpus_per_trial must be a fraction of one GPU in [0, 1] "
                 f"(each trial trains on a single device), got {gpus}")
+        for condition, variant, share in self.gpu_shares:
+            if condition not in self.conditions or variant not in self.variant_names:
+                raise SpaceError(f"grid {self.name!r}: a GPU share names an arm that is not in "
+                                 f"the grid: {condition!r}, variant {variant!r}")
+            if not 0 < _number(share, "a GPU share", self.name) <= 1:
+                raise SpaceError(f"grid {self.name!r}: the GPU share of {condition!r} must be "
+                                 f"in (0, 1], got {share}")
         for field_name in ("max_concurrent", "max_failures"):
             v = getattr(self, field_name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
