@@ -101,13 +101,14 @@ class _RMSNorm(torch.autograd.Function):
         xhat = x.to(r.dtype) * r
         gf = g.to(r.dtype)
         gw = gf * weight
-        dx = r * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        # gw - xhat * mean(gw xhat) as one addcmul
+        dx = r * torch.addcmul(gw, xhat, (gw * xhat).mean(-1, keepdim=True), value=-1.0)
         dw = (gf * xhat).sum_to_size(weight.shape) if ctx.needs_input_grad[1] else None
         return dx.to(x.dtype), dw, None
 
 
 def _at_least_fp32(x: Tensor) -> torch.dtype:
-    return torch.promote_types(x.dtype, torch.float32)
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
