@@ -41,7 +41,6 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO / "benchmarks" / "results"
 SEG, QUERY = 40, 4
 
 
@@ -146,7 +145,7 @@ def main(argv=None) -> int:
         ap.error(f"--reference {ref}: no modeling_pmnet.py there (a checkout of swgoo/pmnet)")
     sys.path.insert(0, str(REPO / "benchmarks"))
     from bench_model import code_version, machine
-    from bench_step import Proc
+    from bench_step import Proc, save_result
 
     started = time.time()
     models = [m for m in args.models.split(",") if m]
@@ -189,10 +188,7 @@ def main(argv=None) -> int:
            "wall_s": time.time() - started, "code": code_version(), "machine": machine("cpu"),
            "summary": summary, "times_s": times}
     if not args.no_save:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        path = RESULTS_DIR / f"reference-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-        path.write_text(json.dumps(out, indent=1))
-        print(f"wrote {path}")
+        save_result(out, "reference")
     return 0
 
 

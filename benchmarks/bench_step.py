@@ -231,6 +231,15 @@ class Proc:
         self.p.wait(timeout=60)
 
 
+def save_result(out: dict, prefix: str) -> Path:
+    """Write `out` to benchmarks/results/<prefix>-<YYYYmmdd-HHMMSS>.json and say where."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{prefix}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(out, indent=1))
+    print(f"wrote {path}")
+    return path
+
+
 def run_kind(args, kind: str, trees: dict[str, Path], cache_dir: Path) -> dict:
     procs, ready = {}, {}
     for variant in args.variants:
@@ -333,10 +342,7 @@ def main(argv=None) -> int:
                                                           else "    -"))
         print(f"{kind:40s} " + " ".join(f"{c:>14s}" for c in cells))
     if not args.no_save:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        path = RESULTS_DIR / f"step-{args.preset}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-        path.write_text(json.dumps(out, indent=1))
-        print(f"wrote {path}")
+        save_result(out, f"step-{args.preset}")
     return 0
 
 
