@@ -1,5 +1,5 @@
 """`pmnet` command line: info, episodes, train (phase1 / phase2), evaluate, ltm (save / answer),
-report."""
+diagnose, report."""
 
 from __future__ import annotations
 
@@ -240,6 +240,18 @@ def cmd_ltm(args) -> int:
     return 0
 
 
+def cmd_diagnose(args) -> int:
+    """Route diagnostics of a model file on the validation stream (pmnet.diagnose)."""
+    from pmnet.diagnose import diagnose_file, format_diagnostics
+    from pmnet.io import atomic_write_json
+
+    diag = diagnose_file(args.checkpoint, n=args.n)
+    if args.out:
+        atomic_write_json(Path(args.out), diag.to_dict())
+    print(json.dumps(diag.to_dict(), indent=2) if args.json else format_diagnostics(diag))
+    return 0
+
+
 def cmd_report(args) -> int:
     from pmnet.report import main_report
 
@@ -312,6 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save: episodes of T segments, 2..8 (default 2); answer: refuse a "
                         "file written from another T (default: the file's)")
     s.set_defaults(fn=cmd_ltm)
+
+    s = sub.add_parser("diagnose", help="do a checkpoint's routes matter? margins, random "
+                       "routes, removed writes, L's effect on routes (validation stream)")
+    s.add_argument("checkpoint", help="a model file (phase1.pt or a Phase-2 best_model.pt)")
+    s.add_argument("--n", type=_int, default=1000, help="validation episodes (default 1000)")
+    s.add_argument("--out", help="also write the diagnostics as JSON (atomically)")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.set_defaults(fn=cmd_diagnose)
 
     s = sub.add_parser("report", help="rebuild a pipeline run's report from its results")
     s.add_argument("run_dir")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -700,6 +700,22 @@ TRAINABLE_SUBSETS = ("entire_model", "all_but_consolidator", "consolidator_only"
 OPERATOR_SUBSET = "operator_only"
 
 
+class RouteProbe(Protocol):
+    """An intervention on the routed writes of a forward pass, for route diagnostics
+    (`pmnet.diagnose`); set as `model.probe`, None (the default) in training and evaluation.
+
+    routing_uses_ltm(b): whether block b's routing state adds L (Eq. 9) when ltm_routing is on;
+    on_write(b, delta, p): the delta block b writes (B, T, K, P), given its scores p (B, T, K);
+    choose(b, p): the child (B, T) each token descends to from block b (top-1: p.argmax(-1)).
+    """
+
+    def routing_uses_ltm(self, block: int) -> bool: ...
+
+    def on_write(self, block: int, delta: Tensor, p: Tensor) -> Tensor: ...
+
+    def choose(self, block: int, p: Tensor) -> Tensor: ...
+
+
 class PMNet(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -729,6 +745,7 @@ class PMNet(nn.Module):
         # their keys and values are computed together, once per block
         self.block_layers = [[i for i in range(cfg.n_layer) if i // cfg.write_period == b]
                              for b in range(cfg.n_blocks)] if cfg.use_memory else []
+        self.probe: RouteProbe | None = None  # route diagnostics only (pmnet.diagnose)
         self._init_weights()
 
     @torch.no_grad()
@@ -884,6 +901,7 @@ class PMNet(nn.Module):
             causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()  # (T, T)
         read_kv = {}  # layer index -> (keys, values) of its read module, for this block
         routes = []
+        probe = self.probe
         for layer in self.layers:
             a_out, kv[layer.index] = layer.attn(layer.attn_norm(h), cos, sin, kv[layer.index])
             h = h + a_out
@@ -893,8 +911,11 @@ class PMNet(nn.Module):
                 # static slot embeddings e_{b,g,j} of each token's group: (B, T, K, P)
                 e = F.embedding(group, self.slot_emb[b].view(G, K * P)).view(B, T, K, P)
                 L_tok = _gather_groups(state.ltm[b], group)  # (B, T, K, P)  L_{b,g,j}
-                a = u + e + L_tok if ltm_routing else u + e  # routing state   Eq. 1 / Eq. 9
+                with_l = ltm_routing and (probe is None or probe.routing_uses_ltm(b))
+                a = u + e + L_tok if with_l else u + e  # routing state        Eq. 1 / Eq. 9
                 delta, p = layer.write(h, a)  # (B, T, K, P), (B, T, K)        Eq. 2
+                if probe is not None:
+                    delta = probe.on_write(b, delta, p)
                 # (B, T, G) one-hot of each token's group, without F.one_hot's host-side check
                 onehot = (group[..., None] == torch.arange(G, device=dev)).to(delta.dtype)
                 written = onehot.sum(1)  # (B, G) tokens of each row written to each group
@@ -920,7 +941,8 @@ class PMNet(nn.Module):
                 stm[b] = wrap(stm[b] + total)  # state after the chunk
                 occ[b] = occ[b] | (written > 0)  # (B, G)
                 routes.append(group)
-                group = group * K + p.argmax(-1)  # hard top-1 descent to the next block
+                # hard top-1 descent to the next block
+                group = group * K + (p.argmax(-1) if probe is None else probe.choose(b, p))
                 if b + 1 == cfg.n_blocks:
                     routes.append(group)
             if layer.read is not None:

@@ -1,0 +1,307 @@
+"""Route diagnostics: do the hard routes of a checkpoint matter, and does LTM steer them?
+
+The paper's second claim (routing on - off) needs routes that matter: a token's top-1 descent
+(`PMNet.forward`, `group * K + p.argmax(-1)`) decides which slots it writes and reads below
+the root. These measurements, on the validation stream only, say whether they do (issue 21):
+
+    margin               per block: median of top-1 minus top-2 routing probability and the
+                         mean largest probability over the K children, over every token of the
+                         STM passes (near-ties: routes decided by noise)
+    stm                  immediate STM recall (mean of seg{t}_stm), the Phase-1 metric
+    stm_random_routes    the same with every top-1 choice replaced by a uniform random child
+                         (the root group is visited by every token, so blocks >= 1 only)
+    stm_without_block    the same with block b's writes removed (its STM stays empty)
+    stm_without_blocks_from  the same with the writes of blocks b .. n_blocks - 1 removed
+    ltm_route_change     per block: fraction of segment-2 tokens whose child choice differs
+                         between routing with L (Eq. 9) and without, after the first
+                         consolidation (the checkpoint's condition's operator; identity for a
+                         Phase-1 checkpoint)
+    updated_without_ltm_route  a Phase-2 model whose condition routes with L: updated-LTM
+                         recall with L removed from the routing state of block b only, of
+                         every block (which is routing off, checked against it)
+
+Each recall is a percentage of the same episodes; a difference of two of them is paired, so
+its noise is smaller than the +-3 pp of one 1,000-episode stream (`agreement` gives the
+fraction of episodes whose predicted digit did not change).
+
+The interventions go through `PMNet.probe` (`RouteProbe`), which the model consults only when
+it is set; training and evaluation never set it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pmnet import task
+from pmnet.evaluate import episode_outcomes, evaluate
+from pmnet.model import PMNet
+
+DIAGNOSE_SEED = 20_211  # the random-route draws (independent of every data stream)
+
+
+@dataclass
+class Probe:
+    """A `pmnet.model.RouteProbe`: random top-1 choices, removed writes, L removed from the
+    routing state of some blocks, and (record=True) the routing probabilities' margins."""
+
+    random_routes: bool = False
+    drop_writes: frozenset[int] = frozenset()
+    no_ltm_routing: frozenset[int] = frozenset()
+    seed: int = DIAGNOSE_SEED
+    record: bool = False
+    margins: dict[int, list[Tensor]] = field(default_factory=dict)  # top-1 minus top-2
+    top: dict[int, list[Tensor]] = field(default_factory=dict)  # largest probability
+
+    def __post_init__(self):
+        self._gen: torch.Generator | None = None
+
+    def routing_uses_ltm(self, block: int) -> bool:
+        return block not in self.no_ltm_routing
+
+    def on_write(self, block: int, delta: Tensor, p: Tensor) -> Tensor:
+        if self.record:
+            top2 = p.detach().float().topk(2, dim=-1).values  # (B, T, 2)
+            self.margins.setdefault(block, []).append((top2[..., 0] - top2[..., 1]).flatten())
+            self.top.setdefault(block, []).append(top2[..., 0].flatten())
+        return torch.zeros_like(delta) if block in self.drop_writes else delta
+
+    def choose(self, block: int, p: Tensor) -> Tensor:
+        if not self.random_routes:
+            return p.argmax(-1)
+        if self._gen is None or self._gen.device != p.device:
+            self._gen = torch.Generator(device=p.device).manual_seed(self.seed)
+        return torch.randint(p.shape[-1], p.shape[:-1], generator=self._gen, device=p.device)
+
+
+@contextlib.contextmanager
+def probing(model: PMNet, probe: Probe):
+    """Run `model` with `probe` set; always removed afterwards."""
+    if model.probe is not None:
+        raise RuntimeError("the model already has a probe set")
+    model.probe = probe
+    try:
+        yield probe
+    finally:
+        model.probe = None
+
+
+@dataclass(frozen=True)
+class Recall:
+    """A recall (percent) and, for an intervention, its paired change against the plain run."""
+
+    recall: float
+    drop: float | None = None  # plain - intervened, percentage points (positive: it hurt)
+    agreement: float | None = None  # % of episodes whose predicted digit is unchanged
+
+
+@dataclass(frozen=True)
+class RouteDiagnostics:
+    checkpoint: str
+    kind: str  # "phase1" or "phase2"
+    condition: str | None
+    episodes: int
+    n_blocks: int
+    margin_median: list[float]  # per block
+    top_prob_mean: list[float]  # per block
+    stm: Recall
+    stm_random_routes: Recall
+    stm_without_block: list[Recall]  # per block
+    stm_without_blocks_from: list[Recall | None]  # per block b: blocks b.. removed (b >= 1)
+    ltm_route_change: list[float]  # per block, % of segment-2 tokens
+    updated_ltm: Recall | None = None  # Phase-2 model routing with L
+    updated_without_ltm_route: list[Recall] | None = None  # per block
+    updated_routing_off: Recall | None = None  # L removed from every block
+
+    @property
+    def random_route_drop(self) -> float:
+        return float(self.stm_random_routes.drop)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# -----------------------------------------------------------------------------------------
+# measurements
+# -----------------------------------------------------------------------------------------
+
+
+def _stm_predictions(model: PMNet, stream, batch_size: int) -> tuple[Tensor, Tensor]:
+    """Predicted digits and hits (N, T) of every segment's immediate STM query."""
+    device = next(model.parameters()).device
+    n_seg = stream.seg_tokens.shape[1]
+    preds = []
+    for i in range(0, len(stream), batch_size):
+        out = episode_outcomes(model, stream[i:i + batch_size].to(device),
+                               consolidation="identity", ltm_routing=False, ltm=False)
+        preds.append(torch.stack([out[f"pred/seg{t}_stm"] for t in range(1, n_seg + 1)],
+                                 1).cpu())
+    pred = torch.cat(preds)
+    return pred, pred == stream.target_digit
+
+
+def _updated_predictions(model: PMNet, stream, batch_size: int, consolidation: str,
+                         ltm_routing: bool) -> tuple[Tensor, Tensor]:
+    device = next(model.parameters()).device
+    preds = []
+    for i in range(0, len(stream), batch_size):
+        out = episode_outcomes(model, stream[i:i + batch_size].to(device),
+                               consolidation=consolidation, ltm_routing=ltm_routing,
+                               full=False, stm=False)
+        preds.append(out["pred/updated_ltm"].cpu())
+    pred = torch.cat(preds)
+    return pred, pred == stream.target_digit[:, -1]
+
+
+def _recall(hits: Tensor, base: tuple[Tensor, Tensor] | None = None,
+            pred: Tensor | None = None) -> Recall:
+    r = 100 * hits.float().mean().item()
+    if base is None:
+        return Recall(r)
+    base_pred, base_hits = base
+    return Recall(r, drop=100 * base_hits.float().mean().item() - r,
+                  agreement=100 * (pred == base_pred).float().mean().item())
+
+
+def _with(model: PMNet, probe: Probe, fn, *args):
+    was = model.training
+    model.eval()
+    try:
+        with probing(model, probe), torch.no_grad():
+            return fn(model, *args)
+    finally:
+        model.train(was)
+
+
+@torch.no_grad()
+def ltm_route_change(model: PMNet, stream, consolidation: str, batch_size: int) -> list[float]:
+    """Per block, % of the last segment's tokens whose child choice differs between routing
+    with and without L, after every earlier segment was processed and consolidated."""
+    device = next(model.parameters()).device
+    K, nb = model.cfg.branch, model.cfg.n_blocks
+    changed = torch.zeros(nb, dtype=torch.float64)
+    count = 0
+    for i in range(0, len(stream), batch_size):
+        seg = stream[i:i + batch_size].to(device).seg_tokens
+        state = model.init_state(seg.shape[0], device=device)
+        for d in range(seg.shape[1] - 1):
+            _, state = model(seg[:, d], state, ltm_routing=True, logits="none")
+            state = model.consolidate(state, mode=consolidation).clear_context()
+        _, on = model(seg[:, -1], state, ltm_routing=True, logits="none")
+        _, off = model(seg[:, -1], state, ltm_routing=False, logits="none")
+        for b in range(nb):  # routes[b + 1] % K: the child block b chose
+            changed[b] += ((on.routes[b + 1] % K) != (off.routes[b + 1] % K)).sum().item()
+        count += on.routes[0].numel()
+    return [100 * c / count for c in changed.tolist()]
+
+
+def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | None = None,
+             consolidation: str = "identity", ltm_routing: bool = False,
+             batch_size: int = 250) -> RouteDiagnostics:
+    """Every route diagnostic of `model` on `stream` (see the module docstring).
+
+    consolidation / ltm_routing: the checkpoint's condition (a Phase-1 checkpoint: identity,
+    no Phase-2 condition). The Phase-2 measurements run when `condition` is given."""
+    if not model.cfg.use_memory:
+        raise ValueError("route diagnostics need a model with memory (use_memory=True)")
+    nb = model.cfg.n_blocks
+    plain = Probe(record=True)
+    base = _with(model, plain, _stm_predictions, stream, batch_size)
+    margins = [torch.cat(plain.margins[b]).median().item() for b in range(nb)]
+    tops = [torch.cat(plain.top[b]).mean().item() for b in range(nb)]
+
+    def stm_under(probe: Probe) -> Recall:
+        pred, hits = _with(model, probe, _stm_predictions, stream, batch_size)
+        return _recall(hits, base, pred)
+
+    random_routes = stm_under(Probe(random_routes=True))
+    without = [stm_under(Probe(drop_writes=frozenset({b}))) for b in range(nb)]
+    without_from = [None] + [stm_under(Probe(drop_writes=frozenset(range(b, nb))))
+                             for b in range(1, nb)]
+    changes = _with(model, Probe(), ltm_route_change, stream, consolidation, batch_size)
+    out = dict(checkpoint=checkpoint, kind="phase2" if condition else "phase1",
+               condition=condition, episodes=len(stream), n_blocks=nb, margin_median=margins,
+               top_prob_mean=tops, stm=_recall(base[1]), stm_random_routes=random_routes,
+               stm_without_block=without, stm_without_blocks_from=without_from,
+               ltm_route_change=changes)
+    if condition is not None and ltm_routing:
+        def updated(probe: Probe, routing: bool = True):
+            return _with(model, probe, _updated_predictions, stream, batch_size,
+                         consolidation, routing)
+
+        ub = updated(Probe())
+        out["updated_ltm"] = _recall(ub[1])
+        out["updated_without_ltm_route"] = [
+            _recall(h, ub, p) for p, h in (updated(Probe(no_ltm_routing=frozenset({b})))
+                                           for b in range(nb))]
+        p_off, h_off = updated(Probe(no_ltm_routing=frozenset(range(nb))))
+        out["updated_routing_off"] = _recall(h_off, ub, p_off)
+    return RouteDiagnostics(**out)
+
+
+def diagnose_file(path: str | Path, *, n: int = 1000, batch_size: int = 250,
+                  segments: int = task.N_SEGMENTS) -> RouteDiagnostics:
+    """Load a model file (phase1.pt or a Phase-2 best_model.pt) and diagnose it on the first
+    `n` episodes of the validation stream (never the test stream)."""
+    from pmnet.conditions import get_condition
+    from pmnet.train import load_model_file
+
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ValueError(f"the number of validation episodes must be a positive integer, "
+                         f"got {n!r}")
+    if not Path(path).is_file():
+        raise ValueError(f"model file not found: {path}")
+    model, payload = load_model_file(path)
+    meta = payload.get("meta") or {}
+    name = meta.get("condition") if isinstance(meta, dict) else None
+    stream = task.validation_stream(n, segments=segments)
+    if name is None:
+        return diagnose(model, stream, checkpoint=str(path), batch_size=batch_size)
+    cond = get_condition(name)
+    return diagnose(model, stream, checkpoint=str(path), condition=name,
+                    consolidation=cond.consolidation, ltm_routing=cond.ltm_routing,
+                    batch_size=batch_size)
+
+
+def stm_recall(model: PMNet, stream, probe: Probe | None = None, batch_size: int = 250) -> float:
+    """Mean immediate STM recall (the Phase-1 metric) with an optional probe."""
+    with probing(model, probe or Probe()):
+        return evaluate(model, stream, consolidation="identity", ltm_routing=False,
+                        ltm=False, batch_size=batch_size)["mean_stm"]
+
+
+def _pp(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1f}"
+
+
+def format_diagnostics(d: RouteDiagnostics) -> str:
+    """A plain-text table of `d` (what `pmnet diagnose` prints)."""
+    lines = [f"{d.checkpoint}: {d.kind}" + (f" ({d.condition})" if d.condition else "")
+             + f", {d.episodes} validation episodes",
+             f"STM recall {d.stm.recall:.1f}%; random routes {d.stm_random_routes.recall:.1f}% "
+             f"(drop {_pp(d.stm_random_routes.drop)} pp, "
+             f"{d.stm_random_routes.agreement:.1f}% of answers unchanged)",
+             "",
+             f"{'block':>5} {'margin':>8} {'top p':>6} {'-writes b':>10} {'-writes b..':>12}"
+             f" {'L changes':>10}" + (f" {'-L route b':>11}" if d.updated_ltm else "")]
+    for b in range(d.n_blocks):
+        frm = d.stm_without_blocks_from[b]
+        row = (f"{b:>5} {d.margin_median[b]:>8.4f} {d.top_prob_mean[b]:>6.3f} "
+               f"{_pp(d.stm_without_block[b].drop):>10} "
+               f"{_pp(frm.drop if frm else None):>12} {d.ltm_route_change[b]:>9.1f}%")
+        if d.updated_without_ltm_route:
+            row += f" {_pp(d.updated_without_ltm_route[b].drop):>11}"
+        lines.append(row)
+    lines.append("(drops in pp of STM recall: positive means the intervention hurt; margin: "
+                 "median top-1 minus top-2 routing probability)")
+    if d.updated_ltm is not None:
+        lines.append(f"updated-LTM recall {d.updated_ltm.recall:.1f}%; L removed from every "
+                     f"block's routing: {d.updated_routing_off.recall:.1f}% "
+                     f"(drop {_pp(d.updated_routing_off.drop)} pp)")
+    return "\n".join(lines)

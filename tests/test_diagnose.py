@@ -1,0 +1,188 @@
+"""Route diagnostics (pmnet/diagnose.py): each measurement on a model built so that routes
+matter and on one built so that they cannot, plus the probe's own mechanics."""
+
+import json
+
+import pytest
+import torch
+
+from pmnet import task
+from pmnet.cli import main
+from pmnet.config import ModelConfig
+from pmnet.diagnose import Probe, diagnose, diagnose_file, ltm_route_change, probing, stm_recall
+from pmnet.evaluate import evaluate
+from pmnet.model import PMNet
+from pmnet.train import MODEL_FORMAT, PHASE1_FORMAT, save_model_file
+
+N = 32  # validation episodes: enough for predictions to change, seconds on a CPU
+
+
+def _model(seed: int = 0) -> PMNet:
+    """The debug model (two blocks: the root group every token visits, then 4 groups chosen
+    by the root's top-1 route), with weights large enough that memory moves the logits."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig.from_name("debug")
+    assert cfg.n_blocks == 2
+    model = PMNet(cfg).eval()
+    with torch.no_grad():  # x20 the N(0, 0.02) init of every memory map
+        for layer in model.layers:
+            for lin in (layer.read.w_q, layer.read.w_kv, layer.read.w_out, layer.write.w_k,
+                        layer.write.w_v, layer.write.w_o):
+                lin.weight.mul_(20)
+    return model
+
+
+def routes_cannot_matter() -> PMNet:
+    """Block 1's read outputs zero: nothing below the root reaches the logits, so which child a
+    token descends to changes no prediction."""
+    model = _model()
+    with torch.no_grad():
+        model.layers[1].read.w_out.weight.zero_()
+        model.layers[1].read.w_out.bias.zero_()
+    return model
+
+
+def routes_matter() -> PMNet:
+    """The root's read outputs zero: only the routed block 1 reaches the logits."""
+    model = _model()
+    with torch.no_grad():
+        model.layers[0].read.w_out.weight.zero_()
+        model.layers[0].read.w_out.bias.zero_()
+    return model
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return task.validation_stream(N)
+
+
+def test_a_model_whose_routes_cannot_matter_shows_exactly_no_effect(stream):
+    d = diagnose(routes_cannot_matter(), stream)
+    assert d.stm_random_routes.drop == 0.0 and d.stm_random_routes.agreement == 100.0
+    assert d.stm_without_block[1].drop == 0.0 and d.stm_without_block[1].agreement == 100.0
+    assert d.stm_without_blocks_from[1].agreement == 100.0
+    # the mechanism is at work: removing the root's writes does change answers
+    assert d.stm_without_block[0].agreement < 100.0
+    assert d.random_route_drop == 0.0
+
+
+def test_a_model_whose_routes_matter_shows_the_effect(stream):
+    d = diagnose(routes_matter(), stream)
+    assert d.stm_random_routes.agreement < 90.0
+    assert d.stm_without_block[1].agreement < 90.0
+    assert d.stm_without_blocks_from[1] == d.stm_without_block[1]  # blocks 1.. is block 1
+    assert d.stm_without_blocks_from[0] is None
+    assert len(d.margin_median) == len(d.top_prob_mean) == d.n_blocks == 2
+    assert all(0.0 <= m <= 1.0 for m in d.margin_median)
+    assert all(0.25 <= t <= 1.0 for t in d.top_prob_mean)  # the largest of 4 probabilities
+
+
+def test_drops_are_paired_differences_of_the_recalls(stream):
+    model = routes_matter()
+    d = diagnose(model, stream)
+    assert d.stm.recall == pytest.approx(stm_recall(model, stream), abs=1e-9)
+    for r in [d.stm_random_routes, *d.stm_without_block]:
+        assert r.drop == pytest.approx(d.stm.recall - r.recall, abs=1e-9)
+    assert d.stm_without_block[1].recall == pytest.approx(
+        stm_recall(model, stream, Probe(drop_writes=frozenset({1}))), abs=1e-9)
+
+
+def test_l_changes_routes_only_when_l_is_not_zero(stream):
+    model = _model()
+    changed = ltm_route_change(model, stream, "identity", batch_size=N)
+    assert len(changed) == 2 and max(changed) > 0.0
+    # no writes: STM and so L (identity consolidation) stay zero, routes cannot change
+    with probing(model, Probe(drop_writes=frozenset({0, 1}))):
+        assert ltm_route_change(model, stream, "identity", batch_size=N) == [0.0, 0.0]
+
+
+def test_a_plain_probe_leaves_every_logit_unchanged(stream):
+    model = _model()
+    batch = stream[:8]
+    state = model.init_state(8)
+    out, s1 = model(batch.seg_tokens[:, 0], state, ltm_routing=True)
+    with probing(model, Probe(record=True)) as probe:
+        out2, s2 = model(batch.seg_tokens[:, 0], state, ltm_routing=True)
+    assert torch.equal(out, out2)
+    assert all(torch.equal(a, b) for a, b in zip(s1.routes, s2.routes))
+    assert sorted(probe.margins) == [0, 1]
+    assert model.probe is None
+
+
+def test_margins_of_known_scores():
+    probe = Probe(record=True)
+    p = torch.tensor([[[0.5, 0.3, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]]])
+    delta = torch.ones(1, 2, 4, 3)
+    assert torch.equal(probe.on_write(0, delta, p), delta)
+    assert torch.allclose(probe.margins[0][0], torch.tensor([0.2, 0.0]))
+    assert torch.allclose(probe.top[0][0], torch.tensor([0.5, 0.25]))
+    dropped = Probe(drop_writes=frozenset({0}))
+    assert torch.equal(dropped.on_write(0, delta, p), torch.zeros_like(delta))
+    assert torch.equal(dropped.on_write(1, delta, p), delta)
+
+
+def test_random_routes_are_uniform_children_drawn_from_a_fixed_seed():
+    p = torch.softmax(torch.randn(64, 40, 4), -1)
+    a = Probe(random_routes=True).choose(0, p)
+    b = Probe(random_routes=True).choose(0, p)
+    assert torch.equal(a, b) and a.shape == (64, 40)
+    assert set(a.unique().tolist()) == {0, 1, 2, 3}
+    assert (a != p.argmax(-1)).float().mean() > 0.5  # about 3/4 differ
+    assert torch.equal(Probe().choose(0, p), p.argmax(-1))
+
+
+def test_probing_removes_the_probe_after_an_error_and_refuses_nesting():
+    model = _model()
+    with pytest.raises(RuntimeError, match="boom"):
+        with probing(model, Probe()):
+            raise RuntimeError("boom")
+    assert model.probe is None
+    with probing(model, Probe()):
+        with pytest.raises(RuntimeError, match="already has a probe"):
+            with probing(model, Probe()):
+                pass
+
+
+def test_l_removed_from_every_block_is_routing_off(stream):
+    model = _model()
+    d = diagnose(model, stream, condition="consolidator_only", consolidation="learned",
+                 ltm_routing=True)
+    on = evaluate(model, stream, consolidation="learned", ltm_routing=True, full=False,
+                  stm=False)
+    off = evaluate(model, stream, consolidation="learned", ltm_routing=False, full=False,
+                   stm=False)
+    assert d.updated_ltm.recall == pytest.approx(on["updated_ltm"], abs=1e-9)
+    assert d.updated_routing_off.recall == pytest.approx(off["updated_ltm"], abs=1e-9)
+    assert len(d.updated_without_ltm_route) == 2
+    assert d.kind == "phase2"
+
+
+def test_a_routing_off_model_gets_no_ltm_routing_ablation(stream):
+    d = diagnose(_model(), stream, condition="consolidator_only_routing_off",
+                 consolidation="learned", ltm_routing=False)
+    assert d.updated_ltm is None and d.updated_without_ltm_route is None
+
+
+def test_diagnose_file_reads_the_condition_of_a_phase2_model(tmp_path):
+    model = _model()
+    p1, p2 = tmp_path / "phase1.pt", tmp_path / "best_model.pt"
+    save_model_file(p1, model, fmt=PHASE1_FORMAT, meta={})
+    save_model_file(p2, model, fmt=MODEL_FORMAT, meta={"condition": "consolidator_only"})
+    d1 = diagnose_file(p1, n=16)
+    d2 = diagnose_file(p2, n=16)
+    assert (d1.kind, d1.condition, d1.updated_ltm) == ("phase1", None, None)
+    assert (d2.kind, d2.condition) == ("phase2", "consolidator_only")
+    assert d2.stm == d1.stm  # the same weights: the same STM measurements
+
+
+def test_cli_diagnose_writes_json_and_refuses_bad_input(tmp_path, capsys):
+    path = tmp_path / "phase1.pt"
+    save_model_file(path, _model(), fmt=PHASE1_FORMAT, meta={})
+    out = tmp_path / "d.json"
+    assert main(["diagnose", str(path), "--n", "8", "--out", str(out)]) == 0
+    assert "random routes" in capsys.readouterr().out
+    assert json.loads(out.read_text())["episodes"] == 8
+    assert main(["diagnose", str(tmp_path / "missing.pt")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["diagnose", str(path), "--n", "0"]) == 2
+    assert "positive integer" in capsys.readouterr().err
