@@ -343,7 +343,8 @@ def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
     info = {"config_hash": phase1_config_hash(slot.cfg), "sha256": digest,
             "checkpoint": str(slot.ckpt), "phase1_seed": slot.cfg.phase1_seed,
             "train_time_s": res.get("train_time_s"), "wall_s": wall,
-            "metrics": res.get("metrics", {})}
+            "metrics": res.get("metrics", {}),
+            **({"routes": res["routes"]} if res.get("routes") else {})}
     write_json(slot.stage1_json, canon(info))
     job.digest, job.train_time_s = digest, float(res.get("train_time_s") or 0.0)
     kill_point("stage1-recorded")
@@ -366,6 +367,9 @@ def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
                    "train_time_s": res.get("train_time_s", 0)})
         if slot.metrics_json.is_file():
             runs.safe("stage1 artifact", tr.log_artifact, rid, slot.metrics_json)
+        if res.get("routes"):
+            drop = res["routes"]["stm_random_routes"]["drop"]
+            runs.safe("stage1 metrics", tr.log_metrics, rid, {"val/random_route_drop": drop})
         if plan.cfg.preset in ("debug", "cpu"):
             runs.safe("stage1 artifact", tr.log_artifact, rid, slot.ckpt, "checkpoint")
             runs.safe("stage1 artifact", tr.log_artifact, rid, slot.sidecar, "checkpoint")

@@ -782,6 +782,47 @@ def table_shortcut_diagnostics(ctx: _Context) -> Table:
     return _finish(ctx, table, miss)
 
 
+def has_last_epoch(df: pd.DataFrame) -> bool:
+    """Whether the results recorded the last epoch's test metrics (issue 21)."""
+    return f"{stats.LAST_PREFIX}updated_ltm" in df.columns
+
+
+def table_selected_vs_last(ctx: _Context) -> Table:
+    """The validation-selected epoch's test recall beside the last epoch's, per condition
+    (ours, issue 21): a selection that often picks an early epoch shows here."""
+    miss = _Missing(ctx)
+    conditions = stats.ordered_conditions(ctx.df["condition"]) if not ctx.df.empty else []
+    rows = []
+    for c in conditions:
+        epochs = ctx.df.loc[ctx.df["condition"] == c, "best_epoch"].dropna()
+        last = ctx.df.loc[ctx.df["condition"] == c, "last_epoch"].dropna()
+        row = [condition_label(c),
+               text_cell(" ".join(str(int(e)) for e in epochs) if len(epochs) else MISSING),
+               text_cell(str(int(last.max())) if len(last) else MISSING)]
+        for metric in ("updated_ltm", "forced_identity"):
+            label = f"last - selected epoch: {c} {metric}"
+            row += [ctx.stat(miss, c, metric, paper=False),
+                    ctx.stat(miss, c, f"{stats.LAST_PREFIX}{metric}", paper=False),
+                    ctx.paired(miss, label, spec=stats.Comparison(
+                        label, c, f"{stats.LAST_PREFIX}{metric}", c, metric,
+                        "ours:selected-vs-last"), paper=False)]
+        rows.append(row)
+    table = Table(
+        "tab:selected-vs-last",
+        "The validation-selected epoch beside the last epoch (ours, not in the paper): the "
+        "selected epoch of each seed, the last epoch, and test recall (%) of the updated "
+        "mapping and of forced identity at each, mean ± SD, with the paired difference last - "
+        "selected (pp).",
+        ["Condition", "Selected epochs (by seed)", "Last epoch", "Updated LTM (selected)",
+         "Updated LTM (last)", "Last - selected", "Forced identity (selected)",
+         "Forced identity (last)", "Last - selected"],
+        rows,
+        notes=["Every other table reads the selected epoch, as the paper does."],
+        align=["l", "l"] + ["r"] * 7,
+    )
+    return _finish(ctx, table, miss)
+
+
 def _comparison_cells(r: Mapping[str, Any]) -> list[Cell]:
     """n, mean diff ± SD, CI, t, p, Holm p and d_z of one row of :func:`stats.compare_all`."""
     return [
@@ -1219,6 +1260,82 @@ def table_phase1_checkpoints(analysis: stats.Phase1Analysis) -> Table:
     )
 
 
+def _routes_by_checkpoint(meta: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(Phase-1 seed label, route diagnostics) of each Phase-1 checkpoint whose Stage 1
+    recorded them (`stage1.json` "routes", from `pmnet.diagnose` at the end of Phase 1)."""
+    out = []
+    many = meta.get("phase1_checkpoints")
+    if isinstance(many, Mapping):
+        for key in sorted(many, key=lambda k: (len(str(k)), str(k))):
+            rec = many[key]
+            if isinstance(rec, Mapping) and isinstance(rec.get("routes"), Mapping):
+                out.append((str(key), rec["routes"]))
+    one = meta.get("phase1")
+    if not out and isinstance(one, Mapping) and isinstance(one.get("routes"), Mapping):
+        out.append((str(one.get("phase1_seed", 0)), one["routes"]))
+    return out
+
+
+def _per_block(values: Sequence[Any], fmt: str) -> Cell:
+    return text_cell(" / ".join("–" if v is None else format(v, fmt) for v in values))
+
+
+def table_routes(meta: Mapping[str, Any]) -> Table | None:
+    """Do the hard routes of each Phase-1 checkpoint matter (issue 21, ours)? STM recall on the
+    validation stream, with every top-1 route replaced by a random child, with each block's
+    writes removed; how often L changes a route; the routing margins. None when no Stage 1
+    recorded them."""
+    checkpoints = _routes_by_checkpoint(meta)
+    if not checkpoints:
+        return None
+    rows: list[list[Cell]] = []
+    for label, d in checkpoints:
+        rnd = d["stm_random_routes"]
+        rows.append([
+            text_cell(label),
+            Cell("int", int(d["episodes"])),
+            Cell("num", d["stm"]["recall"]),
+            Cell("num", rnd["recall"]),
+            Cell("num", rnd["drop"], signed=True),
+            _per_block([r["drop"] for r in d["stm_without_block"]], "+.1f"),
+            _per_block(d["ltm_route_change"], ".0f"),
+            _per_block(d["margin_median"], ".3f"),
+        ])
+    return Table(
+        "tab:routes",
+        "Do the routes matter? Route diagnostics of each Phase-1 checkpoint on the validation "
+        "stream (ours, not in the paper; `pmnet diagnose`): immediate STM recall (%), the same "
+        "with every top-1 route replaced by a uniform random child and its drop (pp), the "
+        "drop with block b's writes removed (blocks 0 / 1 / ...), the % of segment-2 routes "
+        "that adding L (identity consolidation) changes, and the median top-1 minus top-2 "
+        "routing probability per block.",
+        ["Phase-1 seed", "Episodes", "STM", "Random routes", "Drop", "Writes removed (drop)",
+         "L changes routes (%)", "Margin"],
+        rows,
+        notes=["A drop is paired (the same episodes); positive means the intervention hurt. "
+               "Random routes leave the root group (block 0), which every token visits, as "
+               "it is. Near-zero margins mean routes decided by near-ties."],
+        align=["l", "r", "r", "r", "r", "l", "l", "l"],
+    )
+
+
+def routes_frame(meta: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per (Phase-1 checkpoint, block) of the recorded route diagnostics."""
+    rows = []
+    for label, d in _routes_by_checkpoint(meta):
+        for b in range(int(d["n_blocks"])):
+            frm = d["stm_without_blocks_from"][b]
+            rows.append({
+                "phase1_seed": label, "block": b, "episodes": d["episodes"],
+                "stm": d["stm"]["recall"], "stm_random_routes": d["stm_random_routes"]["recall"],
+                "random_route_drop": d["stm_random_routes"]["drop"],
+                "margin_median": d["margin_median"][b], "top_prob_mean": d["top_prob_mean"][b],
+                "writes_removed_drop": d["stm_without_block"][b]["drop"],
+                "writes_removed_from_drop": None if frm is None else frm["drop"],
+                "ltm_route_change": d["ltm_route_change"][b]})
+    return pd.DataFrame(rows)
+
+
 def build_tables(
     df: pd.DataFrame,
     paper: stats.PaperReference | None = None,
@@ -1258,6 +1375,7 @@ def build_tables(
         table_dual_objective_aggregate(ctx),
         table_dual_objective_per_seed(ctx),
         table_shortcut_diagnostics(ctx),
+        *([table_selected_vs_last(ctx)] if has_last_epoch(ctx.df) else []),
         table_paired_comparisons(ctx, comparisons),
         *operators,
         *([table_phase1_variance(phase1), table_phase1_checkpoints(phase1)]
@@ -2099,6 +2217,9 @@ def build_report(
     comparisons = stats.compare_all(base, expected_seeds=seeds) if paper_part else None
     tables = (build_tables(base, paper, comparisons, seeds, phase1=phase1)
               if paper_part else [])
+    routes = table_routes(meta)  # Phase-1 route diagnostics, where Stage 1 recorded them
+    if routes is not None:
+        tables.append(routes)
     figures = (make_figures(base, curves) if paper_part
                else figure_training_curves(curves))
     operator_cmp = (stats.compare_operators(base, expected_seeds=seeds)
@@ -2172,6 +2293,10 @@ def build_report(
                 if col in flat.columns:
                     flat[col] = flat[col].map(lambda v: " ".join(str(s) for s in v))
             paths[name] = atomic_write_text(data_dir / name, flat.to_csv(index=False))
+
+    if routes is not None:
+        paths["route_diagnostics.csv"] = atomic_write_text(
+            data_dir / "route_diagnostics.csv", routes_frame(meta).to_csv(index=False))
 
     paths[RAW_RECORDS] = atomic_write_text(
         data_dir / RAW_RECORDS, json.dumps(dict(meta), indent=1, sort_keys=True, default=str))

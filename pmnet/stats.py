@@ -78,7 +78,7 @@ DEVICE_COLUMNS = ("device", "precision")
 _NUMERIC_META = tuple(c for c in META_COLUMNS if c not in _IDENTITY + _STRING_META)
 #: Numeric columns that describe the run rather than measure it (never summarised).
 _NOT_METRICS = frozenset({"seed", "phase1_seed", "trainable_params", "total_params",
-                          "trainable_fraction"})
+                          "trainable_fraction", "last_epoch"})
 #: ``df.attrs`` key listing the TrainConfig fields that some trial's variant overrides (each a
 #: column of the tidy table, never summarised as a metric)
 VARIANT_FIELDS_ATTR = "variant_fields"
@@ -87,6 +87,10 @@ VARIANT_FIELDS_ATTR = "variant_fields"
 #: Present only when some result file carries a top-level ``phase1_seed`` (pipelines with K
 #: Phase-1 checkpoints, issue 11); nullable integer (``Int64``), missing where a file has none.
 PHASE1_SEED = "phase1_seed"
+
+#: Prefix of the tidy columns of the last epoch's test metrics (result.json "test_last"),
+#: beside the validation-selected epoch's (present only when some result has them).
+LAST_PREFIX = "last_"
 
 #: Test metrics in the order tables and CSVs show them; unknown metrics follow sorted.
 KNOWN_METRICS: tuple[str, ...] = (
@@ -254,6 +258,7 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
     any_device = False
     test_names: set[str] = set()
     val_names: set[str] = set()
+    last_names: set[str] = set()
     variant_fields: dict[str, None] = {}  # ordered set
     for path in _result_paths(paths_or_dir):
         obj = _read_json_object(path)
@@ -310,6 +315,11 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
         val_names.update(val)
         row.update(test)
         row.update({f"val_{k}": v for k, v in val.items()})
+        if obj.get("test_last") is not None:  # the last epoch's weights (issue 21)
+            last = _flatten_metrics(obj.get("test_last"), path, "test_last", warnings)
+            last_names.update(last)
+            row.update({f"{LAST_PREFIX}{k}": v for k, v in last.items()})
+            row["last_epoch"] = _scalar(obj.get("last_epoch"))
         rows.append(row)
 
     fields = [f for f in variant_fields if f not in META_COLUMNS]
@@ -326,6 +336,8 @@ def load_results(paths_or_dir: str | os.PathLike[str] | Iterable[Any]) -> pd.Dat
         columns.insert(columns.index("seed") + 1, PHASE1_SEED)
     columns += [m for m in _metric_order(test_names) if m not in columns]
     columns += [f"val_{m}" for m in _metric_order(val_names)]
+    if last_names:  # only results that recorded the last epoch's test metrics
+        columns += ["last_epoch"] + [f"{LAST_PREFIX}{m}" for m in _metric_order(last_names)]
     df = pd.DataFrame(rows, columns=columns)
     df["seed"] = df["seed"].astype("int64")
     df["variant"] = df["variant"].fillna(DEFAULT_VARIANT).astype(str)

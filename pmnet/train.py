@@ -1011,8 +1011,29 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
     ckpt_path = out_dir / "phase1.pt"
     digest = save_model_file(ckpt_path, module.model, fmt=PHASE1_FORMAT, meta=_jsonable(meta))
     atomic_write_json(out_dir / "phase1_metrics.json", _jsonable(meta))
+    routes = phase1_route_diagnostics(cfg, module.model, out_dir)
     return {"checkpoint": str(ckpt_path), "sha256": digest, "metrics": module.test_metrics,
-            "train_time_s": train_time, **trained_on(trainer)}
+            "train_time_s": train_time, **trained_on(trainer),
+            **({"routes": routes} if routes is not None else {})}
+
+
+ROUTES_FILE = "route_diagnostics.json"
+
+
+def phase1_route_diagnostics(cfg: TrainConfig, model: PMNet, out_dir: Path) -> dict | None:
+    """Do the trained checkpoint's routes matter? `pmnet.diagnose` on the validation stream
+    (`val_episodes`), written to `route_diagnostics.json` beside the checkpoint; None for a
+    model without memory."""
+    from pmnet.diagnose import diagnose
+
+    if not model.cfg.use_memory:
+        return None
+    device = next(model.parameters()).device
+    stream = task.validation_stream(cfg.val_episodes)
+    d = diagnose(model.to(device), stream, checkpoint=str(out_dir / "phase1.pt"),
+                 batch_size=cfg.eval_batch_size).to_dict()
+    atomic_write_json(out_dir / ROUTES_FILE, _jsonable(d))
+    return d
 
 
 def init_consolidator(model: PMNet, cfg: TrainConfig, seed: int) -> None:
@@ -1044,7 +1065,7 @@ RESULT_KEYS = frozenset({
     "condition", "seed", "preset", "phase1_sha256", "best_epoch", "trainable_params",
     "total_params", "trainable_fraction", "consolidation", "ltm_routing", "objective",
     "select", "val", "test", "test_stream_hash", "train_time_s", "history", "best_model",
-    "config", "device", "precision"})
+    "config", "device", "precision", "last_epoch", "test_last"})
 
 
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
@@ -1094,7 +1115,18 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says (everything saved is tensors and plain types)
     trainer.fit(module, datamodule=data, ckpt_path=str(resume_from) if resume_from else None,
                 weights_only=True)
+    # the last epoch's weights on the test stream too, beside the validation-selected ones
+    # (issue 21: a selection that picks an early epoch is then visible); the same numbers
+    # when the last epoch is the selected one
+    best_epoch = _best_epoch(ckpt)
+    last_epoch = int(module.history[-1]["epoch"]) if module.history else None
+    test_last = None
+    if last_epoch is not None and best_epoch != last_epoch:
+        trainer.test(module, datamodule=data, ckpt_path=None, verbose=False)
+        test_last = dict(module.test_metrics)
     trainer.test(module, datamodule=data, ckpt_path="best", verbose=False, weights_only=True)
+    if test_last is None:
+        test_last = dict(module.test_metrics)
     counts = model.parameter_counts()
     trainable = sum(p.numel() for _, p in model.trainable_subset(cond.subset))
     best_model = out_dir / "best_model.pt"
@@ -1105,11 +1137,11 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
                 if k.startswith("val/")}
     result = {
         "condition": condition, "seed": seed, "preset": cfg.preset, "phase1_sha256": digest,
-        "best_epoch": _best_epoch(ckpt), "trainable_params": trainable,
+        "best_epoch": best_epoch, "last_epoch": last_epoch, "trainable_params": trainable,
         "total_params": counts["total"], "trainable_fraction": trainable / counts["total"],
         "consolidation": cond.consolidation, "ltm_routing": cond.ltm_routing,
         "objective": cond.objective, "select": cond.select,
-        "val": val_best, "test": module.test_metrics,
+        "val": val_best, "test": module.test_metrics, "test_last": test_last,
         "test_stream_hash": task.content_hash(task.test_stream(cfg.test_episodes,
                                                                segments=cfg.segments)),
         # earlier attempts (up to the checkpoint this one resumed from) plus this one

@@ -274,6 +274,7 @@ def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
     for k in (1, 2):
         info = read_json(lay.phase1_dir_for(k) / "stage1.json")
         assert info["phase1_seed"] == k and "imported_from" not in info
+        assert info["routes"]["stm"]["recall"] >= 0  # the route diagnostics of Stage 1
         metrics = read_json(lay.phase1_dir_for(k) / "phase1_metrics.json")
         assert metrics["train_config"]["phase1_seed"] == k
         shas[k] = info["sha256"]
@@ -290,9 +291,19 @@ def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
     md = (lay.report_dir / "report.md").read_text()
     assert "**Table `tab:phase1-variance`.**" in md and "tab:phase1-checkpoints" in md
     assert "Phase-1 checkpoint, phase1_seed 2" in md
+    assert "**Table `tab:routes`.**" in md  # a row per checkpoint
+    assert len(read_csv_rows(lay.report_dir / "data" / "route_diagnostics.csv")) == 2 * 2
     rc, out = cli(*args)  # the same pipeline again: nothing trains
     assert rc == 0, out[-4000:]
     assert out.count("skipped") >= 2 and "Phase 1 as a Ray task" not in out
+
+
+
+def read_csv_rows(path) -> list[dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 # -- a trial that crashes once; an external MLflow server ----------------------------------------

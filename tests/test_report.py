@@ -895,3 +895,64 @@ def test_segments_figure_has_a_line_per_mode_and_skips_without_segment_variants(
     assert len(lines) == 2 and all(len(ln.get_xdata()) == 2 for ln in lines)
     assert any("T = 2" in n for n in fig.notes)
     assert report.figure_segments(fixture_df).skipped == "no variant sets segments and ltm_graph"
+
+
+def _routes(drop: float, stm: float = 60.0) -> dict:
+    """A recorded `pmnet.diagnose.RouteDiagnostics.to_dict()` of a 2-block model."""
+    rec = {"recall": stm - drop, "drop": drop, "agreement": 80.0}
+    return {"checkpoint": "phase1.pt", "kind": "phase1", "condition": None, "episodes": 1000,
+            "n_blocks": 2, "margin_median": [0.01, 0.2], "top_prob_mean": [0.4, 0.6],
+            "stm": {"recall": stm, "drop": None, "agreement": None},
+            "stm_random_routes": rec, "stm_without_block": [rec, rec],
+            "stm_without_blocks_from": [None, rec], "ltm_route_change": [50.0, 12.5],
+            "updated_ltm": None, "updated_without_ltm_route": None,
+            "updated_routing_off": None}
+
+
+def test_routes_table_has_a_row_per_phase1_checkpoint_that_recorded_them(tmp_path):
+    write_phase1_results(tmp_path / "results")
+    for k, drop in ((0, 12.5), (1, 3.0), (2, 20.0)):
+        (tmp_path / f"phase1-p1s{k}").mkdir()
+        (tmp_path / f"phase1-p1s{k}" / "stage1.json").write_text(json.dumps(
+            {"phase1_seed": k, "routes": _routes(drop)}))
+    paths = report.main_report(tmp_path)
+    doc = parse_html(paths["html"].read_text(encoding="utf-8"))
+    body = doc.tables["tab:routes"]["body"]
+    assert [row[0] for row in body] == ["0", "1", "2"]
+    assert [row[4] for row in body] == ["+12.50", "+3.00", "+20.00"]
+    assert body[0][6] == "50 / 12"  # L changes routes, per block
+    flat = pd.read_csv(paths["route_diagnostics.csv"])
+    assert len(flat) == 6 and flat["random_route_drop"].tolist() == [12.5] * 2 + [3.0] * 2 + [
+        20.0] * 2
+
+
+def test_routes_table_reads_a_single_checkpoint_and_is_left_out_without_records():
+    assert report.table_routes({}) is None
+    assert report.table_routes({"phase1": {"sha256": "x"}}) is None
+    table = report.table_routes({"phase1": {"phase1_seed": 0, "routes": _routes(11.0)}})
+    assert table.id == "tab:routes" and len(table.rows) == 1
+    assert "+11.00" in table.to_markdown()
+
+
+def test_selected_vs_last_table_pairs_the_last_epoch_with_the_selected(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for i, seed in enumerate((42, 43, 44)):
+        for condition, best in (("consolidator_only", 9), ("consolidator_only_routing_off", 0)):
+            test = {"updated_ltm": 40.0 + i, "forced_identity": 20.0}
+            last = {"updated_ltm": 40.0 + i + (0.0 if best == 9 else 5.0 + i),
+                    "forced_identity": 20.0}
+            (results / f"{condition}__seed{seed}.json").write_text(json.dumps({
+                "condition": condition, "seed": seed, "best_epoch": best, "last_epoch": 9,
+                "test": test, "test_last": last, "val": {}}))
+    df = stats.load_results(results)
+    assert {"last_epoch", "last_updated_ltm", "last_forced_identity"} <= set(df.columns)
+    tables = {t.id: t for t in report.build_tables(df, paper=None)}
+    body = _md_rows(tables["tab:selected-vs-last"].to_markdown())
+    rows = {r[0]: r for r in body[2:]}
+    off = rows[report.condition_label("consolidator_only_routing_off")]
+    on = rows[report.condition_label("consolidator_only")]
+    assert off[1] == "0 0 0" and off[2] == "9" and off[5].startswith("+6.00 ± 1.00")
+    assert on[1] == "9 9 9" and on[5].startswith("+0.00")
+    assert "tab:selected-vs-last" not in {t.id for t in report.build_tables(
+        df.drop(columns=[c for c in df.columns if c.startswith("last_")]), paper=None)}

@@ -59,6 +59,18 @@ def test_phase1_writes_checkpoint_with_hash(phase1):
     assert torch.count_nonzero(model.consolidator.w_d.weight) == 0
 
 
+def test_phase1_records_its_route_diagnostics_on_the_validation_stream(phase1):
+    cfg, res = phase1
+    routes = res["routes"]
+    on_disk = json.loads((Path(res["checkpoint"]).parent / "route_diagnostics.json").read_text())
+    assert on_disk == routes and routes["episodes"] == cfg.val_episodes
+    assert routes["kind"] == "phase1" and len(routes["margin_median"]) == cfg.model.n_blocks
+    # the diagnostics' STM recall is the validation stream's, the same as the best epoch's
+    val = max(row["val/mean_stm"] for row in json.loads(
+        (Path(res["checkpoint"]).parent / "phase1_metrics.json").read_text())["history"])
+    assert routes["stm"]["recall"] == pytest.approx(val, abs=1e-6)
+
+
 @pytest.mark.parametrize("condition", list(CONDITIONS))
 def test_every_condition_trains_and_writes_a_result(phase1, condition, tmp_path):
     cfg, p1 = phase1
@@ -671,3 +683,19 @@ def test_seeds_beyond_numpys_range_are_refused_before_any_compute(tmp_path):
         run_phase2(TrainConfig.from_name("debug"), condition="consolidator_only",
                    seed=MAX_SEED + 1, phase1_ckpt=tmp_path / "none.pt", out_dir=tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def test_phase2_records_the_last_epochs_test_metrics_beside_the_selected_ones(phase1, tmp_path):
+    """An unchanging model (a Consolidator learning rate of 1e-30) ties every epoch's
+    validation score, so the first epoch stays selected while the last epoch is evaluated
+    separately: the same weights, so the same test metrics by two paths."""
+    cfg, p1 = phase1
+    cfg = dataclasses.replace(cfg, max_epochs=3, patience=3, consolidator_lr=1e-30)
+    res = run_phase2(cfg, condition="consolidator_only", seed=42,
+                     phase1_ckpt=p1["checkpoint"], out_dir=tmp_path, progress=False)
+    assert (res["best_epoch"], res["last_epoch"]) == (0, 2)
+    assert set(res["test_last"]) == set(res["test"])
+    for k in ("updated_ltm", "forced_identity", "mean_stm"):
+        assert res["test_last"][k] == res["test"][k], k
+    on_disk = json.loads((tmp_path / "result.json").read_text())
+    assert on_disk["test_last"] == res["test_last"]
