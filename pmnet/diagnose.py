@@ -12,6 +12,8 @@ the root. These measurements, on the validation stream only, say whether they do
                          (the root group is visited by every token, so blocks >= 1 only)
     stm_without_block    the same with block b's writes removed (its STM stays empty)
     stm_without_blocks_from  the same with the writes of blocks b .. n_blocks - 1 removed
+    route_concentration  per block: the share of a segment's tokens in its most visited group
+                         (100: the routes are collapsed onto one path)
     ltm_route_change     per block: fraction of segment-2 tokens whose child choice differs
                          between routing with L (Eq. 9) and without, after the first
                          consolidation (the checkpoint's condition's operator; identity for a
@@ -115,6 +117,7 @@ class RouteDiagnostics:
     stm_without_block: list[Recall]  # per block
     stm_without_blocks_from: list[Recall | None]  # per block b: blocks b.. removed (b >= 1)
     ltm_route_change: list[float]  # per block, % of segment-2 tokens
+    route_concentration: list[float]  # per block, % of tokens in the most visited group
     updated_ltm: Recall | None = None  # Phase-2 model routing with L
     updated_without_ltm_route: list[Recall] | None = None  # per block
     updated_routing_off: Recall | None = None  # L removed from every block
@@ -201,6 +204,29 @@ def ltm_route_change(model: PMNet, stream, consolidation: str, batch_size: int) 
     return [100 * c / count for c in changed.tolist()]
 
 
+@torch.no_grad()
+def route_concentration(model: PMNet, stream, batch_size: int) -> list[float]:
+    """Per block, the mean over episodes of the share (%) of the first segment's tokens that
+    visit the episode's most visited group (block 0: 100, one group; 100 at a deeper block:
+    every token takes one path, the routes are collapsed; 100/K^b: spread evenly)."""
+    device = next(model.parameters()).device
+    nb = model.cfg.n_blocks
+    share = torch.zeros(nb, dtype=torch.float64)
+    count = 0
+    for i in range(0, len(stream), batch_size):
+        seg = stream[i:i + batch_size].to(device).seg_tokens[:, 0]
+        _, state = model(seg, model.init_state(seg.shape[0], device=device), ltm_routing=False,
+                         logits="none")
+        T = seg.shape[1]
+        for b in range(nb):
+            G = model.cfg.n_groups(b)
+            hist = torch.zeros(seg.shape[0], G, device=device).scatter_add_(
+                1, state.routes[b], torch.ones_like(state.routes[b], dtype=torch.float))
+            share[b] += (hist.max(1).values / T).sum().item()
+        count += seg.shape[0]
+    return [100 * v / count for v in share.tolist()]
+
+
 def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | None = None,
              consolidation: str = "identity", ltm_routing: bool = False,
              batch_size: int = 250) -> RouteDiagnostics:
@@ -225,11 +251,12 @@ def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | Non
     without_from = [None] + [stm_under(Probe(drop_writes=frozenset(range(b, nb))))
                              for b in range(1, nb)]
     changes = _with(model, Probe(), ltm_route_change, stream, consolidation, batch_size)
+    concentration = _with(model, Probe(), route_concentration, stream, batch_size)
     out = dict(checkpoint=checkpoint, kind="phase2" if condition else "phase1",
                condition=condition, episodes=len(stream), n_blocks=nb, margin_median=margins,
                top_prob_mean=tops, stm=_recall(base[1]), stm_random_routes=random_routes,
                stm_without_block=without, stm_without_blocks_from=without_from,
-               ltm_route_change=changes)
+               ltm_route_change=changes, route_concentration=concentration)
     if condition is not None and ltm_routing:
         def updated(probe: Probe, routing: bool = True):
             return _with(model, probe, _updated_predictions, stream, batch_size,
@@ -289,12 +316,14 @@ def format_diagnostics(d: RouteDiagnostics) -> str:
              f"{d.stm_random_routes.agreement:.1f}% of answers unchanged)",
              "",
              f"{'block':>5} {'margin':>8} {'top p':>6} {'-writes b':>10} {'-writes b..':>12}"
-             f" {'L changes':>10}" + (f" {'-L route b':>11}" if d.updated_ltm else "")]
+             f" {'L changes':>10} {'top group':>10}"
+             + (f" {'-L route b':>11}" if d.updated_ltm else "")]
     for b in range(d.n_blocks):
         frm = d.stm_without_blocks_from[b]
         row = (f"{b:>5} {d.margin_median[b]:>8.4f} {d.top_prob_mean[b]:>6.3f} "
                f"{_pp(d.stm_without_block[b].drop):>10} "
-               f"{_pp(frm.drop if frm else None):>12} {d.ltm_route_change[b]:>9.1f}%")
+               f"{_pp(frm.drop if frm else None):>12} {d.ltm_route_change[b]:>9.1f}%"
+               f" {d.route_concentration[b]:>9.1f}%")
         if d.updated_without_ltm_route:
             row += f" {_pp(d.updated_without_ltm_route[b].drop):>11}"
         lines.append(row)

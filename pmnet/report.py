@@ -1299,6 +1299,7 @@ def table_routes(meta: Mapping[str, Any]) -> Table | None:
             Cell("num", rnd["drop"], signed=True),
             _per_block([r["drop"] for r in d["stm_without_block"]], "+.1f"),
             _per_block(d["ltm_route_change"], ".0f"),
+            _per_block(d.get("route_concentration") or [None] * int(d["n_blocks"]), ".0f"),
             _per_block(d["margin_median"], ".3f"),
         ])
     return Table(
@@ -1307,15 +1308,16 @@ def table_routes(meta: Mapping[str, Any]) -> Table | None:
         "stream (ours, not in the paper; `pmnet diagnose`): immediate STM recall (%), the same "
         "with every top-1 route replaced by a uniform random child and its drop (pp), the "
         "drop with block b's writes removed (blocks 0 / 1 / ...), the % of segment-2 routes "
-        "that adding L (identity consolidation) changes, and the median top-1 minus top-2 "
-        "routing probability per block.",
+        "that adding L (identity consolidation) changes, the % of a segment's tokens in its "
+        "most visited group (100: every token takes one path), and the median top-1 minus "
+        "top-2 routing probability per block.",
         ["Phase-1 seed", "Episodes", "STM", "Random routes", "Drop", "Writes removed (drop)",
-         "L changes routes (%)", "Margin"],
+         "L changes routes (%)", "Top group (%)", "Margin"],
         rows,
         notes=["A drop is paired (the same episodes); positive means the intervention hurt. "
                "Random routes leave the root group (block 0), which every token visits, as "
                "it is. Near-zero margins mean routes decided by near-ties."],
-        align=["l", "r", "r", "r", "r", "l", "l", "l"],
+        align=["l", "r", "r", "r", "r", "l", "l", "l", "l"],
     )
 
 
@@ -1332,7 +1334,8 @@ def routes_frame(meta: Mapping[str, Any]) -> pd.DataFrame:
                 "margin_median": d["margin_median"][b], "top_prob_mean": d["top_prob_mean"][b],
                 "writes_removed_drop": d["stm_without_block"][b]["drop"],
                 "writes_removed_from_drop": None if frm is None else frm["drop"],
-                "ltm_route_change": d["ltm_route_change"][b]})
+                "ltm_route_change": d["ltm_route_change"][b],
+                "route_concentration": (d.get("route_concentration") or [None] * (b + 1))[b]})
     return pd.DataFrame(rows)
 
 

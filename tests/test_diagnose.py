@@ -9,7 +9,15 @@ import torch
 from pmnet import task
 from pmnet.cli import main
 from pmnet.config import ModelConfig
-from pmnet.diagnose import Probe, diagnose, diagnose_file, ltm_route_change, probing, stm_recall
+from pmnet.diagnose import (
+    Probe,
+    diagnose,
+    diagnose_file,
+    ltm_route_change,
+    probing,
+    route_concentration,
+    stm_recall,
+)
 from pmnet.evaluate import evaluate
 from pmnet.model import PMNet
 from pmnet.train import MODEL_FORMAT, PHASE1_FORMAT, save_model_file
@@ -186,3 +194,18 @@ def test_cli_diagnose_writes_json_and_refuses_bad_input(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
     assert main(["diagnose", str(path), "--n", "0"]) == 2
     assert "positive integer" in capsys.readouterr().err
+
+
+class _AlwaysFirstChild(Probe):
+    def choose(self, block, p):
+        return torch.zeros(p.shape[:-1], dtype=torch.long, device=p.device)
+
+
+def test_route_concentration_is_100_for_one_path_and_lower_for_random_routes(stream):
+    model = _model()
+    with probing(model, _AlwaysFirstChild()):
+        assert route_concentration(model, stream, batch_size=N) == [100.0, 100.0]
+    with probing(model, Probe(random_routes=True)):
+        top, spread = route_concentration(model, stream, batch_size=N)
+    assert top == 100.0 and 25.0 < spread < 50.0  # ~40 tokens over 4 groups at random
+    assert len(diagnose(model, stream).route_concentration) == 2
