@@ -10,6 +10,9 @@ the root. These measurements, on the validation stream only, say whether they do
     stm                  immediate STM recall (mean of seg{t}_stm), the Phase-1 metric
     stm_random_routes    the same with every top-1 choice replaced by a uniform random child
                          (the root group is visited by every token, so blocks >= 1 only)
+    stm_one_path         the same with every token sent down one path (child 0 at every
+                         block): routes without content. Learned routes that beat random ones
+                         but not this are only consistent, not content-addressed
     stm_without_block    the same with block b's writes removed (its STM stays empty)
     stm_without_blocks_from  the same with the writes of blocks b .. n_blocks - 1 removed
     route_concentration  per block: the share of a segment's tokens in its most visited group
@@ -54,6 +57,7 @@ class Probe:
     routing state of some blocks, and (record=True) the routing probabilities' margins."""
 
     random_routes: bool = False
+    one_path: bool = False  # every token descends to child 0: one shared path, no content
     drop_writes: frozenset[int] = frozenset()
     no_ltm_routing: frozenset[int] = frozenset()
     seed: int = DIAGNOSE_SEED
@@ -75,6 +79,8 @@ class Probe:
         return torch.zeros_like(delta) if block in self.drop_writes else delta
 
     def choose(self, block: int, p: Tensor) -> Tensor:
+        if self.one_path:
+            return torch.zeros(p.shape[:-1], dtype=torch.long, device=p.device)
         if not self.random_routes:
             return p.argmax(-1)
         if self._gen is None or self._gen.device != p.device:
@@ -114,6 +120,7 @@ class RouteDiagnostics:
     top_prob_mean: list[float]  # per block
     stm: Recall
     stm_random_routes: Recall
+    stm_one_path: Recall
     stm_without_block: list[Recall]  # per block
     stm_without_blocks_from: list[Recall | None]  # per block b: blocks b.. removed (b >= 1)
     ltm_route_change: list[float]  # per block, % of segment-2 tokens
@@ -247,6 +254,7 @@ def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | Non
         return _recall(hits, base, pred)
 
     random_routes = stm_under(Probe(random_routes=True))
+    one_path = stm_under(Probe(one_path=True))
     without = [stm_under(Probe(drop_writes=frozenset({b}))) for b in range(nb)]
     without_from = [None] + [stm_under(Probe(drop_writes=frozenset(range(b, nb))))
                              for b in range(1, nb)]
@@ -255,6 +263,7 @@ def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | Non
     out = dict(checkpoint=checkpoint, kind="phase2" if condition else "phase1",
                condition=condition, episodes=len(stream), n_blocks=nb, margin_median=margins,
                top_prob_mean=tops, stm=_recall(base[1]), stm_random_routes=random_routes,
+               stm_one_path=one_path,
                stm_without_block=without, stm_without_blocks_from=without_from,
                ltm_route_change=changes, route_concentration=concentration)
     if condition is not None and ltm_routing:
@@ -313,7 +322,8 @@ def format_diagnostics(d: RouteDiagnostics) -> str:
              + f", {d.episodes} validation episodes",
              f"STM recall {d.stm.recall:.1f}%; random routes {d.stm_random_routes.recall:.1f}% "
              f"(drop {_pp(d.stm_random_routes.drop)} pp, "
-             f"{d.stm_random_routes.agreement:.1f}% of answers unchanged)",
+             f"{d.stm_random_routes.agreement:.1f}% of answers unchanged); one path for "
+             f"every token {d.stm_one_path.recall:.1f}% (drop {_pp(d.stm_one_path.drop)} pp)",
              "",
              f"{'block':>5} {'margin':>8} {'top p':>6} {'-writes b':>10} {'-writes b..':>12}"
              f" {'L changes':>10} {'top group':>10}"

@@ -1297,6 +1297,7 @@ def table_routes(meta: Mapping[str, Any]) -> Table | None:
             Cell("num", d["stm"]["recall"]),
             Cell("num", rnd["recall"]),
             Cell("num", rnd["drop"], signed=True),
+            Cell("num", d["stm_one_path"]["drop"], signed=True) if "stm_one_path" in d else NA,
             _per_block([r["drop"] for r in d["stm_without_block"]], "+.1f"),
             _per_block(d["ltm_route_change"], ".0f"),
             _per_block(d.get("route_concentration") or [None] * int(d["n_blocks"]), ".0f"),
@@ -1307,17 +1308,19 @@ def table_routes(meta: Mapping[str, Any]) -> Table | None:
         "Do the routes matter? Route diagnostics of each Phase-1 checkpoint on the validation "
         "stream (ours, not in the paper; `pmnet diagnose`): immediate STM recall (%), the same "
         "with every top-1 route replaced by a uniform random child and its drop (pp), the "
-        "drop with block b's writes removed (blocks 0 / 1 / ...), the % of segment-2 routes "
-        "that adding L (identity consolidation) changes, the % of a segment's tokens in its "
-        "most visited group (100: every token takes one path), and the median top-1 minus "
-        "top-2 routing probability per block.",
-        ["Phase-1 seed", "Episodes", "STM", "Random routes", "Drop", "Writes removed (drop)",
+        "drop with every token sent down one path (child 0 at every block: routes without "
+        "content), the drop with block b's writes removed (blocks 0 / 1 / ...), the % of "
+        "segment-2 routes that adding L (identity consolidation) changes, the % of a "
+        "segment's tokens in its most visited group (100: every token takes one path), and "
+        "the median top-1 minus top-2 routing probability per block.",
+        ["Phase-1 seed", "Episodes", "STM", "Random routes", "Drop", "One path (drop)",
+         "Writes removed (drop)",
          "L changes routes (%)", "Top group (%)", "Margin"],
         rows,
         notes=["A drop is paired (the same episodes); positive means the intervention hurt. "
                "Random routes leave the root group (block 0), which every token visits, as "
                "it is. Near-zero margins mean routes decided by near-ties."],
-        align=["l", "r", "r", "r", "r", "l", "l", "l", "l"],
+        align=["l", "r", "r", "r", "r", "r", "l", "l", "l", "l"],
     )
 
 
@@ -1331,6 +1334,7 @@ def routes_frame(meta: Mapping[str, Any]) -> pd.DataFrame:
                 "phase1_seed": label, "block": b, "episodes": d["episodes"],
                 "stm": d["stm"]["recall"], "stm_random_routes": d["stm_random_routes"]["recall"],
                 "random_route_drop": d["stm_random_routes"]["drop"],
+                "one_path_drop": (d.get("stm_one_path") or {}).get("drop"),
                 "margin_median": d["margin_median"][b], "top_prob_mean": d["top_prob_mean"][b],
                 "writes_removed_drop": d["stm_without_block"][b]["drop"],
                 "writes_removed_from_drop": None if frm is None else frm["drop"],

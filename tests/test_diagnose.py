@@ -67,6 +67,7 @@ def stream():
 def test_a_model_whose_routes_cannot_matter_shows_exactly_no_effect(stream):
     d = diagnose(routes_cannot_matter(), stream)
     assert d.stm_random_routes.drop == 0.0 and d.stm_random_routes.agreement == 100.0
+    assert d.stm_one_path.agreement == 100.0
     assert d.stm_without_block[1].drop == 0.0 and d.stm_without_block[1].agreement == 100.0
     assert d.stm_without_blocks_from[1].agreement == 100.0
     # the mechanism is at work: removing the root's writes does change answers
@@ -76,7 +77,7 @@ def test_a_model_whose_routes_cannot_matter_shows_exactly_no_effect(stream):
 
 def test_a_model_whose_routes_matter_shows_the_effect(stream):
     d = diagnose(routes_matter(), stream)
-    assert d.stm_random_routes.agreement < 90.0
+    assert d.stm_random_routes.agreement < 90.0 and d.stm_one_path.agreement < 90.0
     assert d.stm_without_block[1].agreement < 90.0
     assert d.stm_without_blocks_from[1] == d.stm_without_block[1]  # blocks 1.. is block 1
     assert d.stm_without_blocks_from[0] is None
@@ -196,14 +197,9 @@ def test_cli_diagnose_writes_json_and_refuses_bad_input(tmp_path, capsys):
     assert "positive integer" in capsys.readouterr().err
 
 
-class _AlwaysFirstChild(Probe):
-    def choose(self, block, p):
-        return torch.zeros(p.shape[:-1], dtype=torch.long, device=p.device)
-
-
 def test_route_concentration_is_100_for_one_path_and_lower_for_random_routes(stream):
     model = _model()
-    with probing(model, _AlwaysFirstChild()):
+    with probing(model, Probe(one_path=True)):
         assert route_concentration(model, stream, batch_size=N) == [100.0, 100.0]
     with probing(model, Probe(random_routes=True)):
         top, spread = route_concentration(model, stream, batch_size=N)

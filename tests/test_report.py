@@ -903,7 +903,7 @@ def _routes(drop: float, stm: float = 60.0) -> dict:
     return {"checkpoint": "phase1.pt", "kind": "phase1", "condition": None, "episodes": 1000,
             "n_blocks": 2, "margin_median": [0.01, 0.2], "top_prob_mean": [0.4, 0.6],
             "stm": {"recall": stm, "drop": None, "agreement": None},
-            "stm_random_routes": rec, "stm_without_block": [rec, rec],
+            "stm_random_routes": rec, "stm_one_path": rec, "stm_without_block": [rec, rec],
             "stm_without_blocks_from": [None, rec], "ltm_route_change": [50.0, 12.5],
             "route_concentration": [100.0, 90.0],
             "updated_ltm": None, "updated_without_ltm_route": None,
@@ -921,8 +921,9 @@ def test_routes_table_has_a_row_per_phase1_checkpoint_that_recorded_them(tmp_pat
     body = doc.tables["tab:routes"]["body"]
     assert [row[0] for row in body] == ["0", "1", "2"]
     assert [row[4] for row in body] == ["+12.50", "+3.00", "+20.00"]
-    assert body[0][6] == "50 / 12"  # L changes routes, per block
-    assert body[0][7] == "100 / 90"  # tokens in the most visited group
+    assert body[0][5] == "+12.50"  # one path
+    assert body[0][7] == "50 / 12"  # L changes routes, per block
+    assert body[0][8] == "100 / 90"  # tokens in the most visited group
     flat = pd.read_csv(paths["route_diagnostics.csv"])
     assert len(flat) == 6 and flat["random_route_drop"].tolist() == [12.5] * 2 + [3.0] * 2 + [
         20.0] * 2
