@@ -42,7 +42,7 @@ EXPERIMENT_DIRNAME = "stage2"
 PHASE2_ONLY_FIELDS = ("lr", "episodes_per_epoch", "max_epochs", "patience", "seeds",
                       "conditions", "detach_ltm", "notes", "threads", "consolidator_init_std",
                       "consolidator_lr", "consolidator_weight_decay", "initial_ltm_loss",
-                      "segments", "ltm_graph", "compile", "cuda_graphs")
+                      "segments", "ltm_graph", "compile", "cuda_graphs", "phase1_seeds")
 
 
 class PipelineError(RuntimeError):

@@ -127,6 +127,10 @@ class TrainConfig:
     # Phase 2: grid and lifecycle -----------------------------------------------------------
     seeds: tuple[int, ...] = PAPER_SEEDS
     conditions: tuple[str, ...] = tuple(CONDITIONS)
+    # the Phase-1 checkpoints the preset's grids nest their trials under, one per Phase-1
+    # seed (issue 21: the checkpoint as the unit of analysis); empty: the paper's design,
+    # every trial from the pipeline's one checkpoint (`--phase1-seeds` sets K for one run)
+    phase1_seeds: tuple[int, ...] = ()
     detach_ltm: bool = False  # `detach_long_term_between_sleeps` (False in the paper)
     # Phase 2: memory episodes of `segments` segments (2 in the paper; 2..8), and which
     # boundaries the final loss backpropagates through: "full" (every one, the paper),
@@ -154,7 +158,7 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"TrainConfig.{name} must be a number, got {v!r}")
-        for name in ("seeds", "conditions", "betas", "notes"):
+        for name in ("seeds", "conditions", "betas", "notes", "phase1_seeds"):
             if not isinstance(getattr(self, name), (tuple, list)):
                 raise ValueError(f"TrainConfig.{name} must be a list, got "
                                  f"{getattr(self, name)!r}")
@@ -207,8 +211,14 @@ class TrainConfig:
             raise ValueError("TrainConfig.seeds is empty: give at least one Phase-2 seed")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
             raise ValueError(f"TrainConfig.seeds must be non-negative integers: {self.seeds}")
+        if (any(isinstance(k, bool) or not isinstance(k, int) or k < 0
+                for k in self.phase1_seeds)
+                or len(set(self.phase1_seeds)) != len(self.phase1_seeds)):
+            raise ValueError("TrainConfig.phase1_seeds must be distinct non-negative integers: "
+                             f"{self.phase1_seeds}")
         for what, value in [("phase1_seed", self.phase1_seed),
-                            *(("seeds", s) for s in self.seeds)]:
+                            *(("seeds", s) for s in self.seeds),
+                            *(("phase1_seeds", k) for k in self.phase1_seeds)]:
             problem = seed_problem(value, f"TrainConfig.{what}")
             if problem:
                 raise ValueError(problem)
@@ -307,7 +317,7 @@ def _check_keys(cls, overrides: dict, what: str, prefix: str = "") -> None:
 
 
 #: TrainConfig fields holding lists: `--set conditions=a,b` gives ("a", "b")
-LIST_FIELDS = ("betas", "seeds", "conditions", "notes", "compile")
+LIST_FIELDS = ("betas", "seeds", "conditions", "notes", "compile", "phase1_seeds")
 
 
 def parse_overrides(items: list[str] | None) -> dict:

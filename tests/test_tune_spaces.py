@@ -308,3 +308,21 @@ def test_seeds_beyond_numpys_range_are_refused():
         base.derive(seeds=(42, MAX_SEED + 1)).validate(ALL_CONDITIONS, cfg)
     with pytest.raises(SpaceError, match="Phase-1 seed 4294967296 is outside"):
         base.derive(phase1_seeds=(0, MAX_SEED + 1)).validate(ALL_CONDITIONS, cfg)
+
+
+def test_a_preset_that_names_phase1_seeds_nests_its_grids_under_them():
+    cfg = TrainConfig.from_name("debug", phase1_seeds=(0, 1, 2))
+    for grid in ("default", "paper", "tiny"):
+        sp = get_space(grid)(cfg)
+        assert sp.phase1_seeds == (0, 1, 2), grid
+        assert sorted({t.phase1_seed for t in sp.trials}) == [0, 1, 2]
+        assert sp.n_trials == 3 * len(sp.conditions) * len(sp.seeds)
+    plain = TrainConfig.from_name("debug")
+    assert plain.phase1_seeds == () and default(plain).phase1_keys == [None]
+    assert TrainConfig.from_name("paper").phase1_seeds == ()  # the paper's one checkpoint
+
+
+@pytest.mark.parametrize("bad", [(0, 0), (-1,), (True,), ("a",)])
+def test_phase1_seeds_of_a_preset_are_checked(bad):
+    with pytest.raises(ValueError, match="phase1_seeds"):
+        TrainConfig.from_name("debug", phase1_seeds=bad)

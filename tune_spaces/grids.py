@@ -424,7 +424,9 @@ def _number(value: Any, what: str, grid: str) -> float:
 
 
 def default(cfg, *, gpu: bool = False) -> Space:
-    """The preset's own grid: `cfg.conditions x cfg.seeds`.
+    """The preset's own grid: `cfg.conditions x cfg.seeds`, nested under the preset's Phase-1
+    checkpoints `cfg.phase1_seeds` when it names them (every grid derived from this one
+    inherits them; none: the paper's single checkpoint).
 
     On a GPU machine each trial takes 2 CPUs and a quarter of a GPU (four trials share one
     GPU); on a CPU machine each trial takes one core (two single-threaded trials beat one
@@ -433,6 +435,7 @@ def default(cfg, *, gpu: bool = False) -> Space:
     return Space(
         name="default", conditions=tuple(cfg.conditions), seeds=tuple(cfg.seeds),
         cpus_per_trial=2.0 if gpu else 1.0, gpus_per_trial=0.25 if gpu else 0.0,
+        phase1_seeds=tuple(getattr(cfg, "phase1_seeds", ()) or ()),
     )
 
 
