@@ -32,17 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pmnet.conditions import PHASE2_ONLY_FIELDS  # noqa: F401  (re-exported)
 from pmnet.io import atomic_write_json
 from pmnet.trial_id import TrialId
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 EXPERIMENT_DIRNAME = "stage2"
-# Phase-2-only fields of TrainConfig: changing them does not change the Phase-1 checkpoint
-# (nor do the speed settings threads, compile and cuda_graphs: they move only fp32 rounding).
-PHASE2_ONLY_FIELDS = ("lr", "episodes_per_epoch", "max_epochs", "patience", "seeds",
-                      "conditions", "detach_ltm", "notes", "threads", "consolidator_init_std",
-                      "consolidator_lr", "consolidator_weight_decay", "initial_ltm_loss",
-                      "segments", "ltm_graph", "compile", "cuda_graphs", "phase1_seeds")
 
 
 class PipelineError(RuntimeError):

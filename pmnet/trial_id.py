@@ -11,8 +11,8 @@ config / result keys), not a new argument threaded through every function.
     seed         the Phase-2 seed (a non-negative integer)
     variant      a named set of Phase-2 TrainConfig overrides (`tune_spaces.Variant`);
                  "" is the default variant: the pipeline's own configuration
-    phase1_seed  which Phase-1 checkpoint the trial starts from; None is the pipeline's one
-                 checkpoint. Reserved (issue 11, part 3): the pipeline refuses anything else.
+    phase1_seed  which Phase-1 checkpoint the trial starts from, in a grid nested under K
+                 checkpoints (`Space.phase1_seeds`); None is the pipeline's one checkpoint.
 
 Names (directories, result files, MLflow run names), from left to right:
 

@@ -457,8 +457,9 @@ def test_list_fields_take_one_value_or_comma_separated_values():
 # T-segment episodes and truncated backpropagation (issue 11)
 # ---------------------------------------------------------------------------------------------
 def test_segments_and_ltm_graph_leave_every_preset_and_its_phase1_identity_unchanged():
-    from pipelines.layout import PHASE2_ONLY_FIELDS
+    from pmnet.conditions import PHASE2_ONLY_FIELDS
 
+    assert set(PHASE2_ONLY_FIELDS) <= {f.name for f in dataclasses.fields(TrainConfig)}
     for name in ("paper", "cpu", "debug"):
         cfg = TrainConfig.from_name(name)
         assert (cfg.segments, cfg.ltm_graph, cfg.detach_ltm) == (2, "full", False)

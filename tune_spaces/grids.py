@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.layout import PHASE2_ONLY_FIELDS
 from pmnet.conditions import (
     CONDITIONS,
     OPERATOR_CONDITIONS,
     OPERATOR_REFERENCE,
     PAPER_SEEDS,
+    PHASE2_ONLY_FIELDS,
     seed_problem,
 )
 from pmnet.trial_id import DEFAULT_VARIANT, TrialId, grid_size, variant_name_problem
@@ -52,9 +52,10 @@ SEGMENT_CONDITIONS: tuple[str, ...] = (OPERATOR_REFERENCE,)
 PHASE1_VARIANCE_SEEDS: tuple[int, ...] = (0, 1, 2)
 
 #: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
-#: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions and
-#: seeds, the trial's threads) and the preset's notes
-GRID_DECIDED_FIELDS: tuple[str, ...] = ("seeds", "conditions", "threads", "notes")
+#: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions,
+#: seeds and Phase-1 checkpoints, the trial's threads) and the preset's notes
+GRID_DECIDED_FIELDS: tuple[str, ...] = ("seeds", "conditions", "threads", "notes",
+                                        "phase1_seeds")
 VARIANT_FIELDS: tuple[str, ...] = tuple(f for f in PHASE2_ONLY_FIELDS
                                         if f not in GRID_DECIDED_FIELDS)
 
