@@ -22,6 +22,7 @@ from pmnet import train as T
 from pmnet.conditions import ALL_CONDITIONS
 from pmnet.model import PMNet
 from pmnet.opcount import OpCounter
+from pmnet.train import compiled_steps
 
 DEBUG = dict(compile="off")
 
@@ -107,7 +108,7 @@ def aot_eager(monkeypatch):
     """Compile with AOTAutograd's eager backend: the graphs dynamo captures, forward and
     backward, run by eager kernels (seconds, where inductor's code generation takes minutes
     on this machine; `test_inductor_step_equals_eager_step` is the slow test with it)."""
-    monkeypatch.setattr(T, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(compiled_steps, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -201,7 +202,7 @@ def test_cuda_graph_path_marks_each_step_and_asks_for_reduce_overhead(monkeypatc
     (CUDA graphs) and every call first marks a new step; on the CPU neither. Without a GPU
     this checks the wiring; the graphs themselves need a GPU (the `gpu` test below)."""
     calls, marks = [], []
-    monkeypatch.setattr(T, "COMPILE_BACKEND", "inductor")
+    monkeypatch.setattr(compiled_steps, "COMPILE_BACKEND", "inductor")
     monkeypatch.setattr(torch, "compile",
                         lambda fn, **kw: calls.append(kw) or (lambda *a, **k: fn(*a, **k)))
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))

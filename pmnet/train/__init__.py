@@ -1,0 +1,104 @@
+"""Training for every phase with Lightning (Sections 4.4, 5.2, 6; Appendix "Hyperparameters").
+
+Phase 0 (optional warm start): PMNet's copy-paste task; the paper starts from "a PMNet
+    copy-task checkpoint" that cannot be downloaded, so we train our own when a preset asks.
+Phase 1 (STM pretraining): same-segment rule induction from routed STM: process the
+    demonstrations, clear the KV cache, answer the held-out query; the Consolidator is frozen.
+    Output: one checkpoint `phase1.pt` (weights-only loadable) with its sha256 beside it.
+Phase 2 (consolidation training): the two-segment protocol from that checkpoint, for one of
+    the conditions of Table "Parameter-isolation conditions" (`CONDITIONS`) or one of the
+    consolidation-operator conditions beyond the paper (`OPERATOR_CONDITIONS`: the operator
+    is created fresh at its identity start, `init_operator`, and trained alone); `segments`
+    > 2 trains on memory episodes of that many segments, and `ltm_graph` chooses full or
+    truncated backpropagation through the boundaries (issue 11; docs/choices.md).
+
+One LightningModule per phase wraps the plain `PMNet`; the loop, clipping, precision,
+checkpointing and early stopping are Lightning's. Metrics are named `train/...`,
+`val/...`, `test/...`.
+
+Where each part lives:
+    config.py          TrainConfig, its presets (`TRAIN_PRESETS`) and `--set` overrides
+    data.py            the episode streams as Lightning data (`EpisodeData`, `CopyBatches`)
+    compiled_steps.py  `compile_step` (torch.compile, CUDA graphs), the shared compile cache
+    modules.py         the LightningModules: `Phase0Module`, `Phase1Module`, `Phase2Module`
+    model_files.py     weights-only model files with their sha256; `verify_phase1`
+    checkpoints.py     Lightning's best / last checkpoints, written atomically
+    phases.py          `run_phase1`, `run_phase2`, `warm_compile` and the trainer they share
+
+Choices the paper leaves open (see docs/choices.md):
+- weight decay applies to matrices and embeddings (dim >= 2), not to biases, norms, the
+  Consolidator's unit-phasor bias; the slot embeddings (3-D) are decayed like embeddings;
+- the cosine decay runs to zero over the maximum budget (max_epochs x steps per epoch);
+- Phase 1 uses segment 1 of each generated episode; its training stream is the task's
+  train stream at seed `phase1_seed + 1_000_000`, distinct from every Phase-2 seed;
+- frozen parameters keep requires_grad=False, are left out of the optimiser, and their
+  modules stay in train mode (attention dropout is not switched off by freezing).
+"""
+
+from pmnet.conditions import (
+    ALL_CONDITIONS,
+    CONDITIONS,
+    OPERATOR_CONDITIONS,
+    PAPER_SEEDS,
+    Condition,
+    get_condition,
+    seed_problem,
+)
+from pmnet.model import OPERATORS, PMNet
+from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, checkpoint_epoch
+from pmnet.train.compiled_steps import compile_step, use_compile_cache
+from pmnet.train.config import (
+    ACCELERATORS,
+    COMPILE_STEPS,
+    LIST_FIELDS,
+    PRECISIONS,
+    TRAIN_PRESETS,
+    TrainConfig,
+    parse_overrides,
+)
+from pmnet.train.data import CopyBatches, EpisodeData, EpochBatches
+from pmnet.train.model_files import (
+    MODEL_FORMAT,
+    PHASE1_FORMAT,
+    load_model_file,
+    save_model_file,
+    sha256_file,
+    verify_phase1,
+)
+from pmnet.train.modules import (
+    VAL_LOGGED,
+    Phase0Module,
+    Phase1Module,
+    Phase2Module,
+    freeze_to_subset,
+)
+from pmnet.train.phases import (
+    RESULT_KEYS,
+    ROUTES_FILE,
+    device_name,
+    init_consolidator,
+    init_operator,
+    phase1_route_diagnostics,
+    run_phase1,
+    run_phase2,
+    trained_on,
+    warm_compile,
+)
+
+__all__ = [
+    # the conditions and the model, as training uses them
+    "ALL_CONDITIONS", "CONDITIONS", "OPERATOR_CONDITIONS", "PAPER_SEEDS", "Condition",
+    "get_condition", "seed_problem", "OPERATORS", "PMNet",
+    # config.py
+    "ACCELERATORS", "COMPILE_STEPS", "LIST_FIELDS", "PRECISIONS", "TRAIN_PRESETS",
+    "TrainConfig", "parse_overrides",
+    # data.py, compiled_steps.py, modules.py
+    "CopyBatches", "EpisodeData", "EpochBatches", "compile_step", "use_compile_cache",
+    "VAL_LOGGED", "Phase0Module", "Phase1Module", "Phase2Module", "freeze_to_subset",
+    # model_files.py, checkpoints.py
+    "MODEL_FORMAT", "PHASE1_FORMAT", "load_model_file", "save_model_file", "sha256_file",
+    "verify_phase1", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
+    # phases.py
+    "RESULT_KEYS", "ROUTES_FILE", "device_name", "init_consolidator", "init_operator",
+    "phase1_route_diagnostics", "run_phase1", "run_phase2", "trained_on", "warm_compile",
+]

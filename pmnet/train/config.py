@@ -1,0 +1,338 @@
+"""`TrainConfig`: every training setting, checked when made, with the named presets
+(`paper`, `cpu`, `debug`) and the CLIs' `--set KEY=VALUE` overrides (`parse_overrides`).
+
+The paper's Table "Model, optimization, and hardware settings" is the `paper` preset; how the
+other presets depart from it is in each preset's `notes` (printed by `pmnet info`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from pmnet import task
+from pmnet.conditions import CONDITIONS, PAPER_SEEDS, get_condition, seed_problem
+from pmnet.config import ModelConfig
+from pmnet.runner import LTM_GRAPHS
+
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")
+#: The steps TrainConfig.compile can name: each phase's training step, and the evaluation
+#: passes (validation and test) of every phase
+COMPILE_STEPS = ("phase0", "phase1", "phase2", "eval")
+#: Where a phase trains (Lightning's accelerator names): a caller that knows which device it
+#: was given says so (a Ray trial: "gpu" when Ray gave it one); "auto" is Lightning's guess.
+ACCELERATORS = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str
+    model: ModelConfig
+    # optimisation (paper defaults) ------------------------------------------------------
+    lr: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    grad_clip: float = 1.0
+    batch_size: int = 256
+    episodes_per_epoch: int = 100_000
+    max_epochs: int = 60
+    patience: int = 6
+    val_episodes: int = 1000
+    test_episodes: int = 1000
+    eval_batch_size: int = 250
+    precision: str = "auto"  # bf16-mixed on CUDA, 32-true on CPU
+    threads: int = 0  # CPU threads for torch (0: leave torch's default)
+    # speed (issue 20): the steps that run through `torch.compile` (of COMPILE_STEPS; `off`
+    # or an empty list: none) and, on a CUDA device, the compiled steps replayed as CUDA
+    # graphs (torch.compile's "reduce-overhead" mode)
+    compile: tuple[str, ...] = COMPILE_STEPS
+    cuda_graphs: bool = True
+    # Phase 0: copy-task warm start (0 steps = off) ---------------------------------------
+    phase0_steps: int = 0
+    phase0_copy_len: int = 16
+    # Phase 1: STM pretraining --------------------------------------------------------------
+    phase1_seed: int = 0
+    phase1_lr: float = 5e-4
+    phase1_max_epochs: int = 60
+    phase1_episodes_per_epoch: int = 100_000
+    phase1_patience: int = 6
+    phase1_curriculum: bool = False  # demos per batch ~ U{1..8} (evaluation always at 8)
+    phase1_aux_demo_loss: float = 0.0  # weight of a loss on the answers of demos 2..k
+    # Phase 2: grid and lifecycle -----------------------------------------------------------
+    seeds: tuple[int, ...] = PAPER_SEEDS
+    conditions: tuple[str, ...] = tuple(CONDITIONS)
+    # the Phase-1 checkpoints the preset's grids nest their trials under, one per Phase-1
+    # seed (issue 21: the checkpoint as the unit of analysis); empty: the paper's design,
+    # every trial from the pipeline's one checkpoint (`--phase1-seeds` sets K for one run)
+    phase1_seeds: tuple[int, ...] = ()
+    detach_ltm: bool = False  # `detach_long_term_between_sleeps` (False in the paper)
+    # Phase 2: memory episodes of `segments` segments (2 in the paper; 2..8), and which
+    # boundaries the final loss backpropagates through: "full" (every one, the paper),
+    # "truncated" (LTM detached after every boundary but the last: truncated BPTT) or
+    # "detached" (after every boundary: what detach_ltm=True does; the two cannot disagree)
+    segments: int = task.N_SEGMENTS
+    ltm_graph: str = "full"
+    # Phase 2: the Consolidator's own recipe -----------------------------------------------
+    # std of W_g / W_u drawn from the Phase-2 seed at the start of Phase 2 (W_d = 0 and the
+    # unit-phasor b_d keep C an exact identity); 0 keeps the checkpoint's Consolidator (the
+    # paper's protocol: every seed starts from the same, Phase-1-initialised Consolidator).
+    # The operator conditions follow the same recipe: see `init_operator`; their parameters
+    # share the Consolidator's learning rate and weight decay below.
+    consolidator_init_std: float = 0.0
+    consolidator_lr: float = 0.0  # learning rate of the Consolidator's parameters (0: lr)
+    consolidator_weight_decay: float | None = None  # None: weight_decay
+    # weight of an auxiliary loss on the initial-mapping query after the first boundary
+    # (`initial_ltm`) added to the Phase-2 objective; 0 in the paper (Eq. 10 / Eq. 11 only)
+    initial_ltm_loss: float = 0.0
+    notes: tuple[str, ...] = field(default=(), compare=False)  # how a preset departs
+
+    def __post_init__(self):
+        for name in ("lr", "phase1_lr", "grad_clip", "weight_decay", "phase1_aux_demo_loss",
+                     "consolidator_init_std", "consolidator_lr", "initial_ltm_loss"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"TrainConfig.{name} must be a number, got {v!r}")
+        for name in ("seeds", "conditions", "betas", "notes", "phase1_seeds"):
+            if not isinstance(getattr(self, name), (tuple, list)):
+                raise ValueError(f"TrainConfig.{name} must be a list, got "
+                                 f"{getattr(self, name)!r}")
+        if any(isinstance(b, bool) or not isinstance(b, (int, float)) for b in self.betas):
+            raise ValueError(f"TrainConfig.betas must be two numbers, got {self.betas!r}")
+        for name in ("warmup_steps", "phase0_steps", "threads", "phase1_seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"TrainConfig.{name} must be a non-negative integer, got {v!r}")
+        for name in ("batch_size", "episodes_per_epoch", "max_epochs", "patience",
+                     "val_episodes", "test_episodes", "eval_batch_size", "phase0_copy_len",
+                     "phase1_max_epochs", "phase1_episodes_per_epoch", "phase1_patience"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        for name in ("lr", "phase1_lr", "grad_clip"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("weight_decay", "phase1_aux_demo_loss", "consolidator_init_std",
+                     "consolidator_lr", "initial_ltm_loss"):  # numbers, checked above
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        cwd = self.consolidator_weight_decay
+        if cwd is not None and (isinstance(cwd, bool) or not isinstance(cwd, (int, float))
+                                or cwd < 0):
+            raise ValueError("TrainConfig.consolidator_weight_decay must be None or a number "
+                             f">= 0, got {cwd!r}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got {self.betas}")
+        if isinstance(self.compile, str) or tuple(self.compile) == ("off",):
+            # "off" (or one step name given alone) as a --set value or a keyword
+            object.__setattr__(self, "compile", () if self.compile in ("off", ("off",))
+                               else (self.compile,))
+        unknown = [c for c in self.compile if c not in COMPILE_STEPS]
+        if unknown or len(set(self.compile)) != len(self.compile):
+            raise ValueError(f"TrainConfig.compile must list steps of {COMPILE_STEPS} (or be "
+                             f"'off'), each once, got {self.compile!r}")
+        object.__setattr__(self, "compile", tuple(self.compile))
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"TrainConfig.cuda_graphs must be true or false, got "
+                             f"{self.cuda_graphs!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, "
+                             f"got {self.precision!r}")
+        if self.episodes_per_epoch < self.batch_size:
+            raise ValueError("TrainConfig.episodes_per_epoch must be >= batch_size")
+        if self.phase1_episodes_per_epoch < self.batch_size:
+            raise ValueError("TrainConfig.phase1_episodes_per_epoch must be >= batch_size")
+        if not self.seeds:
+            raise ValueError("TrainConfig.seeds is empty: give at least one Phase-2 seed")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
+            raise ValueError(f"TrainConfig.seeds must be non-negative integers: {self.seeds}")
+        if (any(isinstance(k, bool) or not isinstance(k, int) or k < 0
+                for k in self.phase1_seeds)
+                or len(set(self.phase1_seeds)) != len(self.phase1_seeds)):
+            raise ValueError("TrainConfig.phase1_seeds must be distinct non-negative integers: "
+                             f"{self.phase1_seeds}")
+        for what, value in [("phase1_seed", self.phase1_seed),
+                            *(("seeds", s) for s in self.seeds),
+                            *(("phase1_seeds", k) for k in self.phase1_seeds)]:
+            problem = seed_problem(value, f"TrainConfig.{what}")
+            if problem:
+                raise ValueError(problem)
+        if not self.conditions:
+            raise ValueError("TrainConfig.conditions is empty")
+        for c in self.conditions:
+            get_condition(c)
+        seg = self.segments
+        if isinstance(seg, bool) or not isinstance(seg, int) or not (
+                task.MIN_SEGMENTS <= seg <= task.MAX_SEGMENTS):
+            raise ValueError(f"TrainConfig.segments must be an integer in {task.MIN_SEGMENTS}.."
+                             f"{task.MAX_SEGMENTS}, got {seg!r}")
+        if not isinstance(self.detach_ltm, bool):
+            raise ValueError(f"TrainConfig.detach_ltm must be true or false, got "
+                             f"{self.detach_ltm!r}")
+        if self.ltm_graph not in LTM_GRAPHS:
+            raise ValueError(f"TrainConfig.ltm_graph must be one of {LTM_GRAPHS}, got "
+                             f"{self.ltm_graph!r}")
+        if self.detach_ltm and self.ltm_graph == "truncated":
+            raise ValueError("TrainConfig.detach_ltm=true detaches LTM after every boundary "
+                             "(ltm_graph='detached'); it cannot be combined with "
+                             "ltm_graph='truncated'")
+        if self.model.max_chunk < task.SEG_LEN:
+            raise ValueError(f"model max_chunk {self.model.max_chunk} < segment length "
+                             f"{task.SEG_LEN}")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.episodes_per_epoch // self.batch_size
+
+    def resolved_precision(self, accelerator: str | None = None) -> str:
+        """The precision training runs in: the preset's, or for "auto" bf16-mixed on a GPU and
+        32-true on a CPU (`accelerator`: "gpu" or "cpu"; None: a GPU when CUDA is
+        available)."""
+        if self.precision != "auto":
+            return self.precision
+        if accelerator is None:
+            accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+        if accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
+        return "bf16-mixed" if accelerator == "gpu" else "32-true"
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> TrainConfig:
+        if name not in TRAIN_PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known presets: "
+                             f"{', '.join(sorted(TRAIN_PRESETS))}")
+        if "preset" in overrides:
+            raise ValueError("'preset' cannot be overridden: choose the preset by name "
+                             "(--preset) and change single fields (KEY=VALUE, model.FIELD=...)")
+        if "model" in overrides and not isinstance(overrides["model"], ModelConfig):
+            raise ValueError("'model' takes a ModelConfig; change single model fields with "
+                             "model.FIELD=VALUE")
+        model_over = {k[len("model."):]: v for k, v in overrides.items()
+                      if k.startswith("model.")}
+        rest = {k: v for k, v in overrides.items() if not k.startswith("model.")}
+        _check_keys(cls, rest, "TrainConfig")
+        cfg = TRAIN_PRESETS[name]()
+        if model_over:
+            _check_keys(ModelConfig, model_over, "ModelConfig", prefix="model.")
+            rest["model"] = dataclasses.replace(cfg.model, **model_over)
+        return dataclasses.replace(cfg, **rest) if rest else cfg
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["model"] = self.model.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        d = dict(d)
+        d["model"] = ModelConfig.from_dict(d["model"])
+        for k in LIST_FIELDS:
+            if k in d:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+    def flat(self) -> dict:
+        """Flat scalar view for MLflow params (`model.hidden`, `lr`, ...)."""
+        out = {}
+        for k, v in self.to_dict().items():
+            if k == "model":
+                out.update({f"model.{mk}": mv for mk, mv in v.items()})
+            elif isinstance(v, (list, tuple)):
+                out[k] = ",".join(map(str, v))
+            else:
+                out[k] = v
+        return out
+
+
+def _check_keys(cls, overrides: dict, what: str, prefix: str = "") -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} field(s): {', '.join(prefix + k for k in unknown)}")
+
+
+#: TrainConfig fields holding lists: `--set conditions=a,b` gives ("a", "b")
+LIST_FIELDS = ("betas", "seeds", "conditions", "notes", "compile", "phase1_seeds")
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """`KEY=VALUE` strings (the CLIs' `--set`) -> `TrainConfig.from_name` overrides.
+
+    VALUE is parsed as JSON when it can be (numbers, booleans, lists -> tuples), else kept as a
+    string; `model.FIELD` keys override model fields.
+    """
+    out: dict = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        key, text = item.split("=", 1)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text  # a plain string
+        key = key.strip()
+        if key in LIST_FIELDS and not isinstance(value, list):
+            # a bare value is a one-element list; a plain string may list items with commas
+            value = ([v.strip() for v in value.split(",") if v.strip()]
+                     if isinstance(value, str) else [value])
+        out[key] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def _paper() -> TrainConfig:
+    # "Backbone initialization: PMNet copy-task checkpoint, followed by ... Phase 1": that
+    # checkpoint cannot be downloaded, so Phase 0 trains our own copy warm start first
+    # (4,000 steps of batch 256, 16-byte payloads; why this budget: docs/choices.md).
+    # Compiled training and evaluation (on a GPU a step of thousands of small kernels is
+    # launch-bound: docs/results.md, "Speed").
+    return TrainConfig(preset="paper", model=ModelConfig.from_name("paper"),
+                       phase0_steps=4_000, phase0_copy_len=16)
+
+
+def _debug() -> TrainConfig:
+    return TrainConfig(
+        preset="debug", model=ModelConfig.from_name("debug"), lr=3e-3, warmup_steps=2,
+        batch_size=16, episodes_per_epoch=64, max_epochs=2, patience=2, val_episodes=48,
+        test_episodes=48, eval_batch_size=48, phase0_steps=2, phase0_copy_len=8,
+        phase1_lr=3e-3, phase1_max_epochs=2, phase1_episodes_per_epoch=64,
+        phase1_patience=2, phase1_curriculum=True, seeds=(42, 43), compile=(),
+        notes=("tiny model and budgets for tests (eager: compiling would cost more than it "
+               "saves)",),
+    )
+
+
+def _cpu() -> TrainConfig:
+    """A small-scale reproduction on a 2-core CPU: Phase 1 (~15 min) and the two
+    Consolidator-only arms x five seeds (~50 min, two single-threaded trials at a time).
+    How each departure was chosen (validation stream only): docs/results.md."""
+    return TrainConfig(
+        preset="cpu", model=ModelConfig.from_name("cpu"), lr=1e-3, warmup_steps=50,
+        batch_size=64, episodes_per_epoch=12_800, max_epochs=10, patience=10,
+        val_episodes=1000, test_episodes=2000, eval_batch_size=500, threads=0,
+        phase1_lr=1e-3, phase1_max_epochs=40, phase1_episodes_per_epoch=12_800,
+        phase1_patience=40, phase1_curriculum=True, phase1_aux_demo_loss=1.0,
+        consolidator_init_std=0.18, consolidator_lr=3e-3, consolidator_weight_decay=0.0,
+        # compiled: the Phase-2 step only (on 2 cores the compiles of Phase 1 and of the
+        # evaluation passes cost more than they save: docs/choices.md, "Speed")
+        seeds=PAPER_SEEDS, compile=("phase2",),
+        conditions=("consolidator_only", "consolidator_only_routing_off"),
+        notes=(
+            "small model (hidden 64, 4 layers, a write every layer, phase dim 16; 0.30M)",
+            "Phase 1 curriculum: demonstrations per batch drawn from 1..8 (evaluation at 8)",
+            "Phase 1 auxiliary loss (weight 1) on the answers of demonstrations 2..k",
+            "Phase 1: 8,000 steps of batch 64 (40 epochs x 12.8K episodes), lr 1e-3",
+            "Phase 2: 2,000 steps of batch 64 (10 epochs x 12.8K episodes), no early stop",
+            "Consolidator: W_g/W_u ~ N(0, 0.18) drawn from the Phase-2 seed (W_d = 0 keeps the "
+            "identity start), lr 3e-3, no weight decay (paper: N(0, 0.02), lr 5e-4, decay 0.1)",
+            "default grid: the two Consolidator-only arms x seeds 42..46 (GRID=paper runs all "
+            "six conditions)",
+            "test stream of 2,000 episodes (paper: 1,000)",
+        ),
+    )
+
+
+TRAIN_PRESETS = {"paper": _paper, "cpu": _cpu, "debug": _debug}

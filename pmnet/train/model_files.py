@@ -1,0 +1,79 @@
+"""Model files: weights-only `torch.save` payloads (`pmnet-phase1/v1` for a Phase-1
+checkpoint, `pmnet-model/v1` for a trained model) written atomically with their sha256 in
+`<file>.sha256` beside them, and the one check of a Phase-1 checkpoint (`verify_phase1`)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from pmnet.config import ModelConfig
+from pmnet.io import atomic_write_bytes
+from pmnet.model import PMNet
+
+PHASE1_FORMAT = "pmnet-phase1/v1"
+MODEL_FORMAT = "pmnet-model/v1"
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_model_file(path: Path, model: PMNet, *, fmt: str, meta: dict) -> str:
+    """torch.save a weights-only payload atomically; write `<path>.sha256`; return the hash."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"format": fmt, "model_config": model.cfg.to_dict(),
+                "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                "meta": meta}, buf)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    atomic_write_bytes(Path(path), data)
+    atomic_write_bytes(Path(f"{path}.sha256"), f"{digest}  {Path(path).name}\n".encode())
+    return digest
+
+
+def verify_phase1(path: str | Path) -> str:
+    """Check a Phase-1 checkpoint against the sha256 recorded beside it; return the hash."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"Phase-1 checkpoint not found: {path}")
+    sidecar = Path(f"{path}.sha256")
+    if not sidecar.is_file():
+        raise ValueError(f"no recorded sha256 beside the Phase-1 checkpoint: {sidecar}")
+    fields = sidecar.read_text().split()
+    recorded = fields[0] if fields else ""
+    actual = sha256_file(path)
+    if actual != recorded:
+        raise ValueError(f"Phase-1 checkpoint {path} does not match its recorded sha256 "
+                         f"(recorded {recorded[:12]}..., actual {actual[:12]}...): refusing it")
+    return actual
+
+
+def load_model_file(path: str | Path, *, expect_config: ModelConfig | None = None) -> tuple:
+    """Load a weights-only model file -> (PMNet, payload). Config mismatch is an error."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or "model_config" not in payload:
+        raise ValueError(f"{path} is not a pmnet model file")
+    mcfg = ModelConfig.from_dict(payload["model_config"])
+    if expect_config is not None:
+        diff = mcfg.differences(expect_config)
+        if diff:
+            raise ValueError(f"checkpoint {path} was made with a different model config "
+                             f"(field: checkpoint vs requested): {diff}")
+    model = PMNet(mcfg)
+    # a Phase-2 operator model (`operators.<name>.*` keys) gets its operator before the
+    # strict load; a Phase-1 checkpoint has none
+    for name in sorted({k.split(".")[1] for k in payload["state_dict"]
+                        if k.startswith("operators.") and k.count(".") >= 2}):
+        model.add_operator(name)
+    model.load_state_dict(payload["state_dict"])
+    return model, payload
+

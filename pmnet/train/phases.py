@@ -1,0 +1,352 @@
+"""Running the phases: `run_phase1` (Phase 0 if the preset has it, then Phase 1) and
+`run_phase2` (one condition x seed from the Phase-1 checkpoint), `warm_compile` (a
+condition's compiled steps, once, for the trials that follow), and the Lightning trainer
+they share (checkpoints, early stopping, loggers, the device and precision recorded)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from pmnet import task
+from pmnet.conditions import Condition, get_condition, seed_problem
+from pmnet.io import atomic_write_json
+from pmnet.model import OPERATORS, PMNet
+from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, _best_epoch
+from pmnet.train.config import ACCELERATORS, TrainConfig
+from pmnet.train.data import CopyBatches, EpisodeData, _loader
+from pmnet.train.model_files import (
+    MODEL_FORMAT,
+    PHASE1_FORMAT,
+    load_model_file,
+    save_model_file,
+    verify_phase1,
+)
+from pmnet.train.modules import Phase0Module, Phase1Module, Phase2Module
+
+
+def _setup_threads(cfg: TrainConfig) -> None:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+
+
+def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str | None,
+             patience: int, callbacks, loggers, progress, ckpt_dir: Path | None,
+             max_steps: int = -1, name: str = "logs",
+             accelerator: str = "auto") -> tuple[L.Trainer, ModelCheckpoint | None]:
+    """The Lightning trainer of a phase. With a monitored metric: best.ckpt (written when the
+    metric improves), last.ckpt (every epoch, see LastCheckpoint) and early stopping, all
+    acting at train-epoch end in this order; the caller's callbacks come after them, so the
+    selecting ModelCheckpoint is the trainer's `checkpoint_callback` ("best")."""
+    cbs = []
+    ckpt = None
+    if monitor is not None:
+        ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor, mode="max",
+                               save_top_k=1, save_last=False, enable_version_counter=False,
+                               save_on_train_epoch_end=True)
+        cbs += [EarlyStopping(monitor=monitor, mode="max", patience=patience,
+                              check_on_train_epoch_end=True),
+                ckpt, LastCheckpoint(ckpt, ckpt_dir)]
+    cbs += list(callbacks)
+    if progress is None:
+        progress = os.isatty(2)
+    trainer = L.Trainer(
+        max_epochs=max_epochs, max_steps=max_steps, accelerator=accelerator, devices=1,
+        precision=cfg.resolved_precision(None if accelerator == "auto" else accelerator),
+        gradient_clip_val=cfg.grad_clip,
+        gradient_clip_algorithm="norm", callbacks=cbs, plugins=[AtomicCheckpointIO()],
+        logger=[CSVLogger(str(out_dir), name=name, version="")] + list(loggers),
+        enable_progress_bar=bool(progress), enable_model_summary=False,
+        num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1,
+        log_every_n_steps=10, enable_checkpointing=ckpt is not None,
+        default_root_dir=str(out_dir),
+    )
+    return trainer, ckpt
+
+
+def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(),
+               progress: bool | None = None, accelerator: str = "auto") -> dict:
+    """Phase 0 (if the preset has it) and Phase 1. Writes `phase1.pt` and its sha256.
+
+    `accelerator`: "cpu" or "gpu" (where the caller was given to train, e.g. what Ray gave
+    the task), or "auto" (Lightning's choice). The device and precision used are recorded."""
+    _check_accelerator(accelerator)
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _setup_threads(cfg)
+    t0 = time.time()
+    L.seed_everything(cfg.phase1_seed, workers=True, verbose=False)
+    model = PMNet(cfg.model)
+    for n, p in model.named_parameters():  # the Consolidator is frozen in Phases 0 and 1
+        p.requires_grad_(not n.startswith("consolidator."))
+    phase0 = {}
+    last = out_dir / "phase1_ckpt" / "last.ckpt"
+    phase0_file = out_dir / "phase0_metrics.json"
+    if cfg.phase0_steps > 0 and last.is_file():
+        # resuming Phase 1: its checkpoint (weights, optimiser, RNG) replaces whatever Phase 0
+        # would produce, so Phase 0 is not run again; its recorded metrics are kept
+        phase0 = json.loads(phase0_file.read_text()) if phase0_file.is_file() else {}
+    elif cfg.phase0_steps > 0:
+        m0 = Phase0Module(cfg, model, cfg.phase1_lr)
+        tr, _ = _trainer(cfg, out_dir, max_epochs=1, monitor=None, patience=1,
+                         callbacks=(), loggers=loggers, progress=progress, ckpt_dir=None,
+                         name="phase0_logs", accelerator=accelerator)
+        data = _loader(CopyBatches(cfg.phase0_steps, cfg.batch_size, cfg.phase0_copy_len,
+                                   cfg.phase1_seed))
+        tr.fit(m0, train_dataloaders=data)
+        phase0 = {"phase0/final_loss": float(tr.callback_metrics.get("train/loss", float("nan")))}
+        atomic_write_json(phase0_file, _jsonable(phase0))
+    module = Phase1Module(cfg, model, cfg.phase1_lr)
+    data = EpisodeData(cfg, cfg.phase1_seed + 1_000_000, cfg.phase1_episodes_per_epoch)
+    trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.phase1_max_epochs,
+                             monitor="val/mean_stm", patience=cfg.phase1_patience,
+                             callbacks=callbacks, loggers=loggers, progress=progress,
+                             ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs",
+                             accelerator=accelerator)
+    trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None,
+                weights_only=True)
+    trainer.test(module, datamodule=data, ckpt_path="best", verbose=False, weights_only=True)
+    train_time = module.prior_time_s + (time.time() - t0)  # earlier attempts included
+    meta = {"phase": 1, "train_config": cfg.to_dict(), "test": module.test_metrics,
+            "history": module.history, "phase0": phase0, "train_time_s": train_time,
+            "best_epoch": _best_epoch(ckpt), **trained_on(trainer)}
+    ckpt_path = out_dir / "phase1.pt"
+    digest = save_model_file(ckpt_path, module.model, fmt=PHASE1_FORMAT, meta=_jsonable(meta))
+    atomic_write_json(out_dir / "phase1_metrics.json", _jsonable(meta))
+    routes = phase1_route_diagnostics(cfg, module.model, out_dir)
+    return {"checkpoint": str(ckpt_path), "sha256": digest, "metrics": module.test_metrics,
+            "train_time_s": train_time, **trained_on(trainer),
+            **({"routes": routes} if routes is not None else {})}
+
+
+ROUTES_FILE = "route_diagnostics.json"
+
+
+def phase1_route_diagnostics(cfg: TrainConfig, model: PMNet, out_dir: Path) -> dict | None:
+    """Do the trained checkpoint's routes matter? `pmnet.diagnose` on the validation stream
+    (`val_episodes`), written to `route_diagnostics.json` beside the checkpoint; None for a
+    model without memory."""
+    from pmnet.diagnose import diagnose
+
+    if not model.cfg.use_memory:
+        return None
+    device = next(model.parameters()).device
+    stream = task.validation_stream(cfg.val_episodes)
+    d = diagnose(model.to(device), stream, checkpoint=str(out_dir / "phase1.pt"),
+                 batch_size=cfg.eval_batch_size).to_dict()
+    atomic_write_json(out_dir / ROUTES_FILE, _jsonable(d))
+    return d
+
+
+def init_consolidator(model: PMNet, cfg: TrainConfig, seed: int) -> None:
+    """The Consolidator's Phase-2 start: with `consolidator_init_std` > 0, fresh W_g / W_u
+    drawn from the Phase-2 seed (so seeds differ in more than data order) and the exact
+    identity start (W_d = 0, unit-phasor b_d); with 0, the checkpoint's Consolidator as is."""
+    if cfg.consolidator_init_std > 0:
+        model.consolidator.reinit(cfg.consolidator_init_std,
+                                  torch.Generator().manual_seed(seed))
+
+
+def init_operator(model: PMNet, cfg: TrainConfig, name: str, seed: int) -> None:
+    """Create the consolidation operator `name` for an operator condition (a Phase-1
+    checkpoint has none) and set its start, mirroring `init_consolidator`: its random
+    matrices from N(0, consolidator_init_std) drawn from the Phase-2 seed when that std is
+    > 0, else from N(0, model.init_std) drawn from `phase1_seed` (so every seed starts from
+    the same operator, as every seed starts from the checkpoint's Consolidator); then the
+    parameters that make it an exact identity consolidation (L + S)."""
+    op = model.add_operator(name)
+    if cfg.consolidator_init_std > 0:
+        std, gen_seed = cfg.consolidator_init_std, seed
+    else:
+        std, gen_seed = cfg.model.init_std, cfg.phase1_seed
+    op.reset(std, torch.Generator().manual_seed(gen_seed))
+
+
+#: the keys of a Phase-2 result.json (run_phase2); a caller's `record` adds others
+RESULT_KEYS = frozenset({
+    "condition", "seed", "preset", "phase1_sha256", "best_epoch", "trainable_params",
+    "total_params", "trainable_fraction", "consolidation", "ltm_routing", "objective",
+    "select", "val", "test", "test_stream_hash", "train_time_s", "history", "best_model",
+    "config", "device", "precision", "last_epoch", "test_last"})
+
+
+def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
+               out_dir: str | Path, callbacks=(), loggers=(), resume_from=None,
+               progress: bool | None = None, record: dict | None = None,
+               accelerator: str = "auto") -> dict:
+    """Train one Phase-2 trial (condition x seed) from the Phase-1 checkpoint; evaluate the
+    selected checkpoint on the fixed test stream; write `result.json` and return it.
+
+    `accelerator`: "cpu" or "gpu" (where the caller was given to train: a Ray trial passes
+    what Ray gave it), or "auto" (Lightning's choice). result.json records the device and
+    precision the trainer used (`device`, `precision`).
+
+    `record`: extra keys written into result.json as given (a caller's provenance, e.g. the
+    pipeline's variant name and overrides); they may not replace a key of the result."""
+    cond = get_condition(condition)  # validate everything before any compute
+    _check_accelerator(accelerator)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if seed_problem(seed):
+        raise ValueError(seed_problem(seed))
+    record = dict(record or {})
+    clash = sorted(set(record) & RESULT_KEYS)
+    if clash:
+        raise ValueError(f"run_phase2: record may not replace result key(s) {clash}")
+    digest = verify_phase1(phase1_ckpt)
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _setup_threads(cfg)
+    t0 = time.time()
+    L.seed_everything(seed, workers=True, verbose=False)  # init order, data, dropout
+    model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
+    if cond.consolidation in OPERATORS:  # the Consolidator stays as stored (frozen, unused)
+        init_operator(model, cfg, cond.consolidation, seed)
+    else:
+        init_consolidator(model, cfg, seed)
+    module = Phase2Module(cfg, model, cond)
+    data = EpisodeData(cfg, seed, cfg.episodes_per_epoch, segments=cfg.segments)
+    trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
+                             monitor=f"val/{cond.select}", patience=cfg.patience,
+                             callbacks=callbacks, loggers=loggers, progress=progress,
+                             ckpt_dir=out_dir / "ckpt", accelerator=accelerator)
+    last = out_dir / "ckpt" / "last.ckpt"
+    if resume_from is None and last.is_file():
+        resume_from = last
+    # weights_only=True: a checkpoint is data, never code, whatever torch's default or
+    # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says (everything saved is tensors and plain types)
+    trainer.fit(module, datamodule=data, ckpt_path=str(resume_from) if resume_from else None,
+                weights_only=True)
+    # the last epoch's weights on the test stream too, beside the validation-selected ones
+    # (issue 21: a selection that picks an early epoch is then visible); the same numbers
+    # when the last epoch is the selected one
+    best_epoch = _best_epoch(ckpt)
+    last_epoch = int(module.history[-1]["epoch"]) if module.history else None
+    test_last = None
+    if last_epoch is not None and best_epoch != last_epoch:
+        trainer.test(module, datamodule=data, ckpt_path=None, verbose=False)
+        test_last = dict(module.test_metrics)
+    trainer.test(module, datamodule=data, ckpt_path="best", verbose=False, weights_only=True)
+    if test_last is None:
+        test_last = dict(module.test_metrics)
+    counts = model.parameter_counts()
+    trainable = sum(p.numel() for _, p in model.trainable_subset(cond.subset))
+    best_model = out_dir / "best_model.pt"
+    save_model_file(best_model, module.model, fmt=MODEL_FORMAT,
+                    meta={"condition": condition, "seed": seed, "phase1_sha256": digest})
+    val_best = {k[4:]: v for k, v in (module.history[_best_index(module.history, cond)]
+                                      if module.history else {}).items()
+                if k.startswith("val/")}
+    result = {
+        "condition": condition, "seed": seed, "preset": cfg.preset, "phase1_sha256": digest,
+        "best_epoch": best_epoch, "last_epoch": last_epoch, "trainable_params": trainable,
+        "total_params": counts["total"], "trainable_fraction": trainable / counts["total"],
+        "consolidation": cond.consolidation, "ltm_routing": cond.ltm_routing,
+        "objective": cond.objective, "select": cond.select,
+        "val": val_best, "test": module.test_metrics, "test_last": test_last,
+        "test_stream_hash": task.content_hash(task.test_stream(cfg.test_episodes,
+                                                               segments=cfg.segments)),
+        # earlier attempts (up to the checkpoint this one resumed from) plus this one
+        "train_time_s": module.prior_time_s + (time.time() - t0), "history": module.history,
+        "best_model": str(best_model), "config": cfg.flat(), **trained_on(trainer),
+    }
+    result = _jsonable({**result, **record})
+    atomic_write_json(out_dir / "result.json", result)
+    return result
+
+
+def warm_compile(cfg: TrainConfig, *, condition: str, phase1_ckpt: str | Path,
+                 seed: int = 0, accelerator: str = "cpu") -> float:
+    """Compile a Phase-2 condition's steps once, so that its trials find them in the
+    on-disk cache (`use_compile_cache`) instead of each compiling them again.
+
+    Builds the trial's module as `run_phase2` does (checkpoint, Consolidator or operator
+    start, frozen subset) on the trial's device in the trial's precision (`accelerator`,
+    `TrainConfig.resolved_precision`: the graphs differ by device and autocast) and runs
+    one training step (forward and backward, no update) on the first batch of the seed's
+    stream, and when "eval" compiles one validation and one test batch; nothing is written
+    but the cache. The graphs depend on the condition, the config, the device and the
+    shapes, not on the seed or the weights. Returns the seconds it took."""
+    t0 = time.time()
+    cond = get_condition(condition)
+    _check_accelerator(accelerator)
+    if "phase2" not in cfg.compile and "eval" not in cfg.compile:
+        return 0.0
+    _setup_threads(cfg)
+    device = torch.device("cuda" if accelerator == "gpu" else "cpu")
+    precision = cfg.resolved_precision("gpu" if device.type == "cuda" else "cpu")
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
+    if cond.consolidation in OPERATORS:
+        init_operator(model, cfg, cond.consolidation, seed)
+    else:
+        init_consolidator(model, cfg, seed)
+    module = Phase2Module(cfg, model, cond).to(device).train()
+    batch = task.train_episodes(seed, 0, cfg.batch_size, segments=cfg.segments).to(device)
+    with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
+        module.objective(batch)  # eager first: a config error surfaces here, not in a trace
+        loss = module.step_fn(module.objective, train=True)(batch)["loss"]
+    loss.backward()
+    if "eval" in cfg.compile:
+        module.eval()
+        for stream, full in ((task.validation_stream, False), (task.test_stream, True)):
+            episodes = stream(min(cfg.eval_batch_size, cfg.val_episodes if not full
+                                  else cfg.test_episodes), segments=cfg.segments)
+            with torch.autocast(device.type, dtype=half or torch.bfloat16,
+                                enabled=half is not None):
+                module.step_fn(module._outcomes, train=False)(episodes.to(device), full)
+    return time.time() - t0
+
+
+def _check_accelerator(accelerator: str) -> None:
+    if accelerator not in ("auto", *ACCELERATORS):
+        raise ValueError(f"accelerator must be 'auto' or one of {ACCELERATORS}, got "
+                         f"{accelerator!r}")
+
+
+def device_name(device: torch.device) -> str:
+    """`NVIDIA GeForce RTX 4090 (cuda:0)`, or `cpu (<CPU model>)`."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} ({device})"
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f
+                          if ln.lower().startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{device.type} ({model or platform.processor() or 'unknown model'})"
+
+
+def trained_on(trainer: L.Trainer) -> dict[str, str]:
+    """Where and how a trainer actually trained: `device` (its root device, named) and
+    `precision` (Lightning's precision plugin: `bf16-mixed`, `32-true`, ...)."""
+    return {"device": device_name(trainer.strategy.root_device),
+            "precision": str(trainer.precision)}
+
+
+def _best_index(history: list[dict], cond: Condition) -> int:
+    key = f"val/{cond.select}"
+    vals = [h.get(key, float("-inf")) for h in history]
+    return max(range(len(vals)), key=lambda i: vals[i])
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj.item() if obj.numel() == 1 else obj.tolist()
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    return obj
