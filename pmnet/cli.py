@@ -34,12 +34,15 @@ def cmd_info(args) -> int:
 
     from pmnet.config import ModelConfig
     from pmnet.model import PMNet
+    from pmnet.operators import operator_parameter_counts
 
     cfg = ModelConfig.from_name(args.preset)
     from pmnet.train import TRAIN_PRESETS
 
     with torch.device("meta"):  # counts only: no memory, no init cost
         counts = PMNet(cfg).parameter_counts()
+    # what each alternative consolidation operator would add (created at Phase 2)
+    counts["operators"] = operator_parameter_counts(cfg) if cfg.use_memory else {}
     # how the preset's training departs from the paper (a model-only preset has no notes)
     notes = list(TRAIN_PRESETS[args.preset]().notes) if args.preset in TRAIN_PRESETS else []
     memory = _memory_table(args) if (args.memory or args.gpu_mem is not None) else None

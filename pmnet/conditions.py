@@ -63,7 +63,7 @@ CONDITIONS: dict[str, Condition] = {
 
 #: Beyond the paper (issue 11; its Limitations: "we do not compare alternative learned
 #: overwrite, EMA, linear, or gated recurrent operators"): one condition per alternative
-#: consolidation operator (`pmnet.model.OPERATORS`), each in the Consolidator-only setting of
+#: consolidation operator (`pmnet.operators.OPERATORS`), each in the Consolidator-only setting of
 #: `consolidator_only` (only the operator's parameters trainable, LTM routing on, the same
 #: Phase-1 checkpoint), the operator used at both boundaries of Eq. 8 in place of C_psi.
 #: `consolidator_only` (`OPERATOR_REFERENCE`) is the learned arm they are compared with; the

@@ -52,7 +52,8 @@ import torch
 from pmnet import task
 from pmnet.conditions import Condition, get_condition
 from pmnet.config import ModelConfig
-from pmnet.model import OPERATORS, PMNet
+from pmnet.model import PMNet
+from pmnet.operators import OPERATORS, add_operator
 from pmnet.runner import phase2_losses
 
 GiB = 1 << 30
@@ -337,7 +338,7 @@ def build_model(model_cfg: ModelConfig, condition: Condition, seed: int = 0) -> 
         torch.manual_seed(seed)
         model = PMNet(model_cfg)
         if condition.consolidation in OPERATORS:
-            model.add_operator(condition.consolidation)
+            add_operator(model, condition.consolidation)
     keep = {n for n, _ in model.trainable_subset(condition.subset)}
     for n, p in model.named_parameters():
         p.requires_grad_(n in keep)
@@ -438,7 +439,7 @@ def trial_memory(model_cfg: ModelConfig, condition: str, *, batch_size: int, pre
     with torch.device("meta"):
         model = PMNet(model_cfg)
         if cond.consolidation in OPERATORS:
-            model.add_operator(cond.consolidation)
+            add_operator(model, cond.consolidation)
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for _, p in model.trainable_subset(cond.subset))
     fp32 = 4

@@ -16,9 +16,10 @@ Memory lifecycle (Section 3.1), driven through an explicit `MemoryState`:
     state = state.clear_context()                       # drop KV + STM + occupancy, keep LTM
 
 Besides the Consolidator (`learned`) and raw accumulation (`identity`), the boundary can use
-one of the alternative consolidation operators of `OPERATORS` (`ema`, `overwrite`, `linear`,
-`gru`; the paper's Limitations name them as untested). A Phase-1 checkpoint has none: Phase 2
-creates one with `model.add_operator(name)` and then calls `consolidate(state, mode=name)`.
+an alternative consolidation operator (`ema`, `overwrite`, `linear`, `gru`; the paper's
+Limitations name them as untested), defined in `pmnet.operators`. A Phase-1 checkpoint has
+none: Phase 2 adds one to `model.operators` (`pmnet.operators.add_operator(model, name)`)
+and then calls `consolidate(state, mode=name)`.
 
 Every operation returns a new state; no tensor of a state is modified in place, so a
 state can be branched (auxiliary trajectories) without leaking into the original.
@@ -66,13 +67,6 @@ def phasor(x: Tensor) -> Tensor:
 def angle_diff(x: Tensor) -> Tensor:
     """The shortest-arc representative of the angle x: (x + pi) mod 2pi - pi, in [-pi, pi)."""
     return wrap(x + math.pi) - math.pi
-
-
-def rotation_angle(w_c: Tensor, w_s: Tensor, c: Tensor, s: Tensor) -> Tensor:
-    """angle(w) - angle(z) for complex w = w_c + i w_s and unit z = c + i s, as
-    atan2(Im(w conj z), Re(w conj z)) in (-pi, pi]. Exactly 0 when w == z bitwise
-    (w_s c - w_c s is then x - x), which makes the operators' identity starts exact."""
-    return torch.atan2(w_s * c - w_c * s, w_c * c + w_s * s)
 
 
 # -----------------------------------------------------------------------------------------
@@ -493,185 +487,6 @@ class Consolidator(nn.Module):
 
 
 # -----------------------------------------------------------------------------------------
-# Alternative consolidation operators (issue 11; the paper's Limitations: "we do not compare
-# alternative learned overwrite, EMA, linear, or gated recurrent operators")
-# -----------------------------------------------------------------------------------------
-
-
-class ConsolidationOperator(nn.Module):
-    """A slot-local boundary operator L+ = f(S, L), shared across blocks, groups and slots,
-    used in Eq. 8 in place of L + C_psi(S) for occupied groups.
-
-    Every operator is written as the identity update plus a rotation:
-    L+ = wrap(L + S + delta(S, L)), where delta is the operator's own maths taken relative to
-    L + S (each subclass states f). At its identity start delta is exactly +-0, so L+ equals
-    `consolidate(mode="identity")` bit for bit. `reset(std, generator)` draws the random
-    matrices from N(0, std) and then sets the parameters that make the start exact.
-    """
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.P = cfg.phase_dim
-
-    def delta(self, S: Tensor, L: Tensor) -> Tensor:
-        raise NotImplementedError
-
-    @torch.no_grad()
-    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
-        raise NotImplementedError
-
-    def forward(self, S: Tensor, L: Tensor) -> Tensor:
-        """S, L: (..., P) phases -> L+: (..., P) in [0, 2pi)."""
-        with torch.autocast(device_type=S.device.type, enabled=False):
-            S, L = S.float(), L.float()
-            return wrap(L + S + self.delta(S, L))
-
-
-def _normal_(w: Tensor, std: float, generator: torch.Generator | None) -> None:
-    w.copy_(torch.randn(w.shape, generator=generator) * std)
-
-
-class EMAOperator(ConsolidationOperator):
-    """`ema`: L+ = L + alpha * angle_diff((L + S) - L) = L + alpha * angle_diff(S), wrapped.
-
-    An exponential moving average of the LTM phase toward the accumulated target L + S, with
-    a learned per-dimension rate alpha (P parameters). alpha = 1 is the identity operator
-    L + S, alpha = 0 keeps L, 0 < alpha < 1 moves part of the shortest arc.
-    delta = (alpha - 1) * angle_diff(S). Start: alpha = 1.
-    """
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
-        self.alpha = nn.Parameter(torch.ones(cfg.phase_dim))
-
-    @torch.no_grad()
-    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
-        self.alpha.fill_(1.0)
-
-    def delta(self, S: Tensor, L: Tensor) -> Tensor:
-        return (self.alpha - 1.0) * angle_diff(S)
-
-
-class OverwriteOperator(ConsolidationOperator):
-    """`overwrite`: a learned gate that replaces the accumulated state by a candidate.
-
-    U = L + S (the identity update), C(S) a candidate of the Consolidator's form (Eq. 6-7,
-    its own parameters), g = gamma * sigmoid(W_a [cos S; sin S; cos L; sin L] + b_a):
-        L+ = U + g * angle_diff(C(S) - U), wrapped.
-    g = 0 accumulates (identity), g = 1 replaces L by C(S) alone. Per-dimension gate (P) and
-    per-dimension strength gamma (P). Start: gamma = 0 (exact identity), C(S) = S.
-    """
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
-        P = cfg.phase_dim
-        self.candidate = Consolidator(cfg)
-        self.gate = nn.Linear(4 * P, P)
-        self.gamma = nn.Parameter(torch.zeros(P))
-        self.reset(cfg.init_std)
-
-    @torch.no_grad()
-    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
-        for w in (self.candidate.w_g.weight, self.candidate.w_u.weight, self.gate.weight):
-            _normal_(w, std, generator)
-        self.candidate.reset_identity()
-        self.gate.bias.zero_()
-        self.gamma.zero_()
-
-    def delta(self, S: Tensor, L: Tensor) -> Tensor:
-        U = L + S
-        x = torch.cat([torch.cos(S), torch.sin(S), torch.cos(L), torch.sin(L)], dim=-1)
-        g = self.gamma * torch.sigmoid(self.gate(x))  # (..., P)
-        return g * angle_diff(self.candidate(S) - U)
-
-
-class LinearOperator(ConsolidationOperator):
-    """`linear`: C(S) = atan2 of a linear map of z = [cos S; sin S]; L+ = L + C(S), wrapped.
-
-    w = (I + A) z + b (2P -> 2P, no gate, no nonlinearity), C(S) = atan2(w_sin, w_cos);
-    4P^2 + 2P parameters. Computed as delta = angle(w) - S = angle(w conj z), so A = 0, b = 0
-    (the start) give C(S) = S and L+ = L + S exactly.
-    """
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
-        self.map = nn.Linear(2 * cfg.phase_dim, 2 * cfg.phase_dim)
-        self.reset(cfg.init_std)
-
-    @torch.no_grad()
-    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
-        nn.init.zeros_(self.map.weight)
-        nn.init.zeros_(self.map.bias)
-
-    def delta(self, S: Tensor, L: Tensor) -> Tensor:
-        c, s = torch.cos(S), torch.sin(S)
-        z = torch.cat([c, s], dim=-1)
-        w = z + self.map(z)  # (I + A) z + b
-        return rotation_angle(w[..., : self.P], w[..., self.P :], c, s)
-
-
-class GRUOperator(ConsolidationOperator):
-    """`gru`: a gated recurrent update on phasors; input x = [cos S; sin S], hidden
-    h = [cos L; sin L], a = [cos(L + S); sin(L + S)] (the identity update as a phasor):
-        r  = sigmoid(W_r x + U_r h + b_r)           reset gate   (2P)
-        u  = sigmoid(W_u x + U_u h + b_u)           update gate  (2P)
-        n  = tanh(W_n x + r * (U_n h) + b_n)        candidate residual
-        h' = (1 - u) * a + u * (a + n) = a + u * n
-        L+ = atan2(h'_sin, h'_cos) = L + S + angle(h' conj a), wrapped.
-    A GRU whose carried state is the accumulated phasor a and whose candidate is a + n; the
-    sum L + S is bilinear in the phasors, which no standard GRU candidate can produce, so
-    the accumulation is built in and the GRU learns the departure from it.
-    W_* (2P -> 2P, with bias) and U_* (2P -> 2P, no bias) for r, u, n: 24P^2 + 6P
-    parameters. Start: W_n = U_n = b_n = 0 (n = 0, so h' = a exactly); W_r, U_r, W_u, U_u
-    random, b_r = b_u = 0.
-    """
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
-        P2 = 2 * cfg.phase_dim
-        self.w_x = nn.Linear(P2, 3 * P2)  # [W_r; W_u; W_n] x + [b_r; b_u; b_n]
-        self.w_h = nn.Linear(P2, 3 * P2, bias=False)  # [U_r; U_u; U_n] h
-        self.reset(cfg.init_std)
-
-    @torch.no_grad()
-    def reset(self, std: float, generator: torch.Generator | None = None) -> None:
-        P2 = 2 * self.P
-        for w in (self.w_x.weight, self.w_h.weight):
-            _normal_(w, std, generator)
-            w[2 * P2 :].zero_()  # W_n, U_n = 0
-        self.w_x.bias.zero_()
-
-    def delta(self, S: Tensor, L: Tensor) -> Tensor:
-        U = L + S
-        x = torch.cat([torch.cos(S), torch.sin(S)], dim=-1)  # (..., 2P)
-        h = torch.cat([torch.cos(L), torch.sin(L)], dim=-1)
-        a_c, a_s = torch.cos(U), torch.sin(U)
-        gx_r, gx_u, gx_n = self.w_x(x).chunk(3, dim=-1)
-        gh_r, gh_u, gh_n = self.w_h(h).chunk(3, dim=-1)
-        r = torch.sigmoid(gx_r + gh_r)
-        u = torch.sigmoid(gx_u + gh_u)
-        n = torch.tanh(gx_n + r * gh_n)
-        h_new = torch.cat([a_c, a_s], dim=-1) + u * n
-        return rotation_angle(h_new[..., : self.P], h_new[..., self.P :], a_c, a_s)
-
-
-#: The alternative consolidation operators by name (the `mode` of `PMNet.consolidate`).
-OPERATORS: dict[str, type[ConsolidationOperator]] = {
-    "ema": EMAOperator,
-    "overwrite": OverwriteOperator,
-    "linear": LinearOperator,
-    "gru": GRUOperator,
-}
-
-
-def operator_parameter_counts(cfg: ModelConfig) -> dict[str, int]:
-    """{operator name: its parameter count} for a config (built on the meta device)."""
-    with torch.device("meta"):
-        return {name: sum(p.numel() for p in cls(cfg).parameters())
-                for name, cls in OPERATORS.items()}
-
-
-# -----------------------------------------------------------------------------------------
 # Decoder layer and model
 # -----------------------------------------------------------------------------------------
 
@@ -690,9 +505,9 @@ class Layer(nn.Module):
         self.mlp = MLP(cfg)
 
 
-ConsolidationMode = Literal["learned", "identity", "ema", "overwrite", "linear", "gru"]
-#: Every `mode` of `PMNet.consolidate`: the paper's two, then the alternative operators.
-CONSOLIDATION_MODES: tuple[str, ...] = ("learned", "identity", *OPERATORS)
+#: The paper's consolidation modes (Eq. 8 with C_psi, and identity accumulation); any other
+#: `mode` of `PMNet.consolidate` is an operator the model holds (`pmnet.operators`).
+PAPER_MODES = ("learned", "identity")
 LogitsMode = Literal["all", "last", "none"]
 TRAINABLE_SUBSETS = ("entire_model", "all_but_consolidator", "consolidator_only",
                      "memory_consolidator")
@@ -733,7 +548,7 @@ class PMNet(nn.Module):
         else:
             self.slot_emb = nn.ParameterList()
             self.consolidator = None
-        # alternative consolidation operators, created at Phase 2 by `add_operator` (empty
+        # alternative consolidation operators, added at Phase 2 (`pmnet.operators`; empty
         # here, so a Phase-1 model's parameters and state dict are those of the paper)
         self.operators = nn.ModuleDict()
         # RoPE tables of positions 0 .. max_chunk - 1 as (T, 1, head_dim): constants, not in
@@ -775,43 +590,24 @@ class PMNet(nn.Module):
         return MemoryState(kv=(None,) * cfg.n_layer, stm=zeros, occ=occ,
                            ltm=tuple(torch.zeros_like(z) for z in zeros), pos=0)
 
-    def add_operator(self, name: str) -> ConsolidationOperator:
-        """Create the consolidation operator `name` (one of `OPERATORS`) at its identity start,
-        on the model's device, so that `consolidate(mode=name)` can use it. Phase-1
-        checkpoints have no operator: Phase 2 creates it fresh. Returns the existing one if
-        the model has it already. The global RNG is left as it was (the module's default
-        initialisation draws from a forked copy), so adding an operator changes no other
-        randomness of a run; `operator.reset(std, generator)` sets a seeded start."""
-        if name not in OPERATORS:
-            raise ValueError(f"unknown consolidation operator {name!r}; known: "
-                             f"{', '.join(OPERATORS)}")
-        if not self.cfg.use_memory:
-            raise ValueError("add_operator() needs a model built with use_memory=True")
-        if name not in self.operators:
-            with torch.random.fork_rng(devices=[]):
-                op = OPERATORS[name](self.cfg)
-            self.operators[name] = op.to(self.embed.weight.device)
-        return self.operators[name]
-
-    def consolidate(self, state: MemoryState, *, mode: ConsolidationMode) -> MemoryState:
+    def consolidate(self, state: MemoryState, *, mode: str) -> MemoryState:
         """Boundary update of LTM (Eq. 8). Does not clear anything: call clear_context().
 
         L+ = (L + C(S)) mod 2pi for occupied groups (learned), (L + S) mod 2pi (identity),
         the operator's L+ = f(S, L) for an operator mode (ema, overwrite, linear, gru; the
-        model must have it, see `add_operator`), L unchanged for groups not written in this
-        segment.
+        model must hold it, see `pmnet.operators.add_operator`), L unchanged for groups not
+        written in this segment.
         """
-        if mode not in CONSOLIDATION_MODES:
-            raise ValueError(f"consolidation mode must be one of "
-                             f"{', '.join(CONSOLIDATION_MODES)}, got {mode!r}")
+        if mode not in PAPER_MODES and mode not in self.operators:
+            held = "".join(f", {n!r}" for n in self.operators)
+            raise ValueError(f"consolidation mode {mode!r} is not one this model has ('learned', "
+                             f"'identity'{held}); an alternative operator needs "
+                             f"pmnet.operators.add_operator(model, {mode!r}) first")
         if not self.cfg.use_memory:
             raise ValueError("consolidate() needs a model built with use_memory=True")
-        if mode in OPERATORS and mode not in self.operators:
-            raise ValueError(f"consolidation mode {mode!r} needs its operator: call "
-                             f"model.add_operator({mode!r}) first")
         new_ltm = []
         for S, O, L in zip(state.stm, state.occ, state.ltm):
-            if mode in OPERATORS:
+            if mode in self.operators:
                 new = self.operators[mode](S, L)  # (B, G, K, P), wrapped
                 new_ltm.append(torch.where(O[:, :, None, None], new, L))
                 continue
@@ -985,15 +781,15 @@ class PMNet(nn.Module):
 
     def parameter_counts(self) -> dict:
         """total; `subsets`: the paper's trainable subsets (plus `operator_only` when the model
-        has an operator); `operators`: what each alternative operator would add."""
+        has an operator). What each alternative operator would add:
+        `pmnet.operators.operator_parameter_counts`."""
         total = sum(p.numel() for p in self.parameters())
         subsets = {s: sum(p.numel() for _, p in self.trainable_subset(s))
                    for s in TRAINABLE_SUBSETS} if self.cfg.use_memory else {}
         if len(self.operators):
             subsets[OPERATOR_SUBSET] = sum(p.numel()
                                            for _, p in self.trainable_subset(OPERATOR_SUBSET))
-        operators = operator_parameter_counts(self.cfg) if self.cfg.use_memory else {}
-        return {"total": total, "subsets": subsets, "operators": operators}
+        return {"total": total, "subsets": subsets}
 
 
 def _gather_groups(x: Tensor, group: Tensor) -> Tensor:

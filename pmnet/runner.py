@@ -55,7 +55,8 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from pmnet.model import CONSOLIDATION_MODES, PMNet
+from pmnet.model import PMNet
+from pmnet.operators import CONSOLIDATION_MODES
 from pmnet.task import MAX_SEGMENTS
 
 STM_KINDS = tuple(f"seg{t}_stm" for t in range(1, MAX_SEGMENTS + 1))

@@ -525,7 +525,8 @@ def test_phase2_trains_and_tests_on_t_segment_episodes(phase1, tmp_path):
 
 # ------------------------------------------------------------------ consolidation operators
 from pmnet.conditions import ALL_CONDITIONS, OPERATOR_CONDITIONS, get_condition  # noqa: E402
-from pmnet.model import OPERATOR_SUBSET, OPERATORS, PMNet, operator_parameter_counts  # noqa: E402
+from pmnet.model import OPERATOR_SUBSET, PMNet  # noqa: E402
+from pmnet.operators import OPERATORS, operator_parameter_counts  # noqa: E402
 from pmnet.train import init_operator  # noqa: E402
 
 

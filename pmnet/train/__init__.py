@@ -44,7 +44,8 @@ from pmnet.conditions import (
     get_condition,
     seed_problem,
 )
-from pmnet.model import OPERATORS, PMNet
+from pmnet.model import PMNet
+from pmnet.operators import OPERATORS
 from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, checkpoint_epoch
 from pmnet.train.compiled_steps import compile_step, use_compile_cache
 from pmnet.train.config import (

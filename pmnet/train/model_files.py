@@ -12,6 +12,7 @@ import torch
 from pmnet.config import ModelConfig
 from pmnet.io import atomic_write_bytes
 from pmnet.model import PMNet
+from pmnet.operators import add_operator
 
 PHASE1_FORMAT = "pmnet-phase1/v1"
 MODEL_FORMAT = "pmnet-model/v1"
@@ -73,7 +74,7 @@ def load_model_file(path: str | Path, *, expect_config: ModelConfig | None = Non
     # strict load; a Phase-1 checkpoint has none
     for name in sorted({k.split(".")[1] for k in payload["state_dict"]
                         if k.startswith("operators.") and k.count(".") >= 2}):
-        model.add_operator(name)
+        add_operator(model, name)
     model.load_state_dict(payload["state_dict"])
     return model, payload
 

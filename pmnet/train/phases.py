@@ -20,7 +20,8 @@ from lightning.pytorch.loggers import CSVLogger
 from pmnet import task
 from pmnet.conditions import Condition, get_condition, seed_problem
 from pmnet.io import atomic_write_json
-from pmnet.model import OPERATORS, PMNet
+from pmnet.model import PMNet
+from pmnet.operators import OPERATORS, add_operator
 from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, _best_epoch
 from pmnet.train.config import ACCELERATORS, TrainConfig
 from pmnet.train.data import CopyBatches, EpisodeData, _loader
@@ -163,7 +164,7 @@ def init_operator(model: PMNet, cfg: TrainConfig, name: str, seed: int) -> None:
     > 0, else from N(0, model.init_std) drawn from `phase1_seed` (so every seed starts from
     the same operator, as every seed starts from the checkpoint's Consolidator); then the
     parameters that make it an exact identity consolidation (L + S)."""
-    op = model.add_operator(name)
+    op = add_operator(model, name)
     if cfg.consolidator_init_std > 0:
         std, gen_seed = cfg.consolidator_init_std, seed
     else:
