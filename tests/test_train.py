@@ -32,7 +32,9 @@ from pmnet.train import (
     load_model_file,
     run_phase1,
     run_phase2,
+    sha256_file,
     verify_phase1,
+    write_sha256,
 )
 
 TINY = dict(episodes_per_epoch=32, max_epochs=1, val_episodes=16, test_episodes=16,
@@ -257,6 +259,28 @@ def test_tampered_or_missing_checkpoint_is_refused(phase1, tmp_path):
         run_phase2(cfg, condition="learned_full", seed=42, phase1_ckpt=tmp_path / "none.pt",
                    out_dir=tmp_path)
     assert not (tmp_path / "result.json").exists()
+
+
+def test_verify_phase1_checks_the_recorded_hash_and_the_model_config(phase1, tmp_path):
+    """The one Phase-1 check: the sidecar, then the hash a pipeline recorded, then (with a
+    model config) that the bytes load as a model of that config."""
+    cfg, p1 = phase1
+    assert verify_phase1(p1["checkpoint"], expected_sha256=p1["sha256"],
+                         model_config=cfg.model) == p1["sha256"]
+    with pytest.raises(ValueError, match="not the 000000000000... recorded"):
+        verify_phase1(p1["checkpoint"], expected_sha256="0" * 64)
+    other = dataclasses.replace(cfg.model, hidden=2 * cfg.model.hidden)
+    with pytest.raises(ValueError, match="not a loadable Phase-1 model file"):
+        verify_phase1(p1["checkpoint"], model_config=other)
+    garbage = tmp_path / "phase1.pt"  # garbage with a matching sidecar
+    garbage.write_bytes(b"not a checkpoint")
+    write_sha256(garbage, sha256_file(garbage))
+    assert verify_phase1(garbage) == sha256_file(garbage)
+    with pytest.raises(ValueError, match="not a loadable Phase-1 model file"):
+        verify_phase1(garbage, model_config=cfg.model)
+    (tmp_path / "phase1.pt.sha256").unlink()
+    with pytest.raises(ValueError, match="no recorded sha256"):
+        verify_phase1(garbage)
 
 
 def test_checkpoint_from_another_model_config_is_refused(phase1, tmp_path):

@@ -65,6 +65,7 @@ from pmnet.train.model_files import (
     save_model_file,
     sha256_file,
     verify_phase1,
+    write_sha256,
 )
 from pmnet.train.modules import (
     VAL_LOGGED,
@@ -98,7 +99,7 @@ __all__ = [
     "VAL_LOGGED", "Phase0Module", "Phase1Module", "Phase2Module", "freeze_to_subset",
     # model_files.py, checkpoints.py
     "MODEL_FORMAT", "PHASE1_FORMAT", "load_model_file", "save_model_file", "sha256_file",
-    "verify_phase1", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
+    "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
     # phases.py
     "RESULT_KEYS", "ROUTES_FILE", "device_name", "init_consolidator", "init_operator",
     "phase1_route_diagnostics", "run_phase1", "run_phase2", "trained_on", "warm_compile",

@@ -37,12 +37,26 @@ def save_model_file(path: Path, model: PMNet, *, fmt: str, meta: dict) -> str:
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     atomic_write_bytes(Path(path), data)
-    atomic_write_bytes(Path(f"{path}.sha256"), f"{digest}  {Path(path).name}\n".encode())
+    write_sha256(path, digest)
     return digest
 
 
-def verify_phase1(path: str | Path) -> str:
-    """Check a Phase-1 checkpoint against the sha256 recorded beside it; return the hash."""
+def write_sha256(path: str | Path, digest: str) -> Path:
+    """Write `<path>.sha256` beside a file, atomically, in sha256sum's format
+    (`<hex>  <name>`); return the sidecar's path. The one writer of these sidecars."""
+    sidecar = Path(f"{path}.sha256")
+    atomic_write_bytes(sidecar, f"{digest}  {Path(path).name}\n".encode())
+    return sidecar
+
+
+def verify_phase1(path: str | Path, *, expected_sha256: str | None = None,
+                  model_config: ModelConfig | None = None) -> str:
+    """The one check of a Phase-1 checkpoint; return its sha256, ValueError naming the problem.
+
+    The file is there and its bytes match the sha256 recorded beside it (`<path>.sha256`);
+    with `expected_sha256` (the hash a pipeline's Stage 1 recorded for it) they match that
+    too; with `model_config` the file also loads weights-only as a model of that config (a
+    matching sidecar does not make garbage, or another model's file, a checkpoint)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"Phase-1 checkpoint not found: {path}")
@@ -55,6 +69,17 @@ def verify_phase1(path: str | Path) -> str:
     if actual != recorded:
         raise ValueError(f"Phase-1 checkpoint {path} does not match its recorded sha256 "
                          f"(recorded {recorded[:12]}..., actual {actual[:12]}...): refusing it")
+    if expected_sha256 is not None and actual != expected_sha256:
+        raise ValueError(f"Phase-1 checkpoint {path} has sha256 {actual[:12]}..., not the "
+                         f"{expected_sha256[:12]}... recorded for it: refusing it")
+    if model_config is not None:
+        try:
+            load_model_file(path, expect_config=model_config)
+        except Exception as e:
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            raise ValueError(f"Phase-1 checkpoint {path} matches its sha256 but is not a "
+                             f"loadable Phase-1 model file for this model config "
+                             f"({type(e).__name__}: {first})") from e
     return actual
 
 
