@@ -266,8 +266,8 @@ def test_tables_without_paper(fixture_df):
 
 def test_render_tables_targets(fixture_df):
     for target in ("md", "tex", "html"):
-        out = report.render_tables(fixture_df, target)
-        assert list(out) == ALL_TABLES
+        out = {t.id: t.render(target) for t in report.build_tables(fixture_df)}
+        assert list(out) == ALL_TABLES and all(t in out[t] for t in ALL_TABLES)
     with pytest.raises(ValueError):
         format_cell(Cell("num", 1.0), "rtf")
 
@@ -332,7 +332,7 @@ def built(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     meta = {"preset": "debug", "git_commit": "0123abc", "hardware": "2 CPU cores",
             "wall_time_s": 42.0, "phase1_sha256": "3f2a9c",
             "grid": {"conditions": list(stats.CONDITIONS), "seeds": [42, 43, 44]}}
-    (run / "meta.json").write_text(json.dumps(meta))
+    (run / "pipeline.json").write_text(json.dumps(meta))
     return run, report.main_report(run)
 
 

@@ -31,7 +31,7 @@ Modules (each imports only those above it):
 ================  ========================================================================
 """
 
-from pmnet.report.build import build_report, build_tables, main_report, render_tables
+from pmnet.report.build import build_report, build_tables, main_report
 from pmnet.report.cells import (
     MISSING,
     NA,
@@ -67,6 +67,6 @@ __all__ = [
     "FigureResult", "figure_bytes", "figure_training_curves", "make_figures", "paper_figures",
     "save_figure", "figure_segments", "build_segment_tables", "table_operators",
     "table_operator_comparisons", "table_routes", "routes_frame",
-    "build_tables", "render_tables", "build_report", "main_report", "missing_results",
+    "build_tables", "build_report", "main_report", "missing_results",
     "RAW_RECORDS", "condition_label", "_grid_from_meta", "_pipeline_facts", "_run_facts",
 ]

@@ -34,7 +34,6 @@ from pmnet.report.studies import STUDIES, Findings
 from pmnet.report.table import Table
 from pmnet.report.trials import Trials
 from pmnet.stats import CONDITIONS
-from pmnet.trial_id import TrialId
 
 #: list-valued columns of the comparison and Phase-1 frames, written to CSV as "s1 s2 ..."
 LIST_COLUMNS = ("seeds", "missing_seeds", "phase1_seeds", "pairs_per_checkpoint")
@@ -58,13 +57,6 @@ def build_tables(
     trials = Trials.build(df, seeds=seeds, paper=paper, comparisons=comparisons)
     tables = paper_tables(trials.ctx, trials.comparisons) if trials.paper_part else []
     return tables + [t for found in study_findings(trials) for t in found.tables]
-
-
-def render_tables(
-    df: pd.DataFrame, target: str = "md", paper: stats.PaperReference | None = None
-) -> dict[str, str]:
-    """Every table rendered to ``target`` ("md", "tex" or "html"), keyed by table id."""
-    return {t.id: t.render(target) for t in build_tables(df, paper)}
 
 
 def _resolve_paper(paper: stats.PaperReference | str | None
@@ -216,11 +208,9 @@ def _write_data(df: pd.DataFrame, frames: Mapping[str, pd.DataFrame], meta: Mapp
 
 
 
-#: Run-directory JSON files whose keys go into the report's "What ran" section (first wins
-#: per key), and files nested under their own key.
-_META_FILES = ("pipeline.json", "meta.json", "run.json", "manifest.json")
-
-
+#: Run-directory JSON files whose keys go into the report's "What ran" section: the
+#: pipeline's record at the top level, the others each under its own key.
+_META_FILE = "pipeline.json"
 _NESTED_META_FILES = {"timing.json": "timing", "phase1/stage1.json": "phase1"}
 
 
@@ -232,20 +222,10 @@ def _read_json_dict(path: Path) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-def _trial_or_none(name: str) -> TrialId | None:
-    try:
-        return TrialId.parse(name)
-    except ValueError:
-        return None
-
-
 def _collect_curves(run_dir: Path, results: Path, report_dir: Path) -> pd.DataFrame | None:
-    """Phase-2 curves from the result histories; other phases from ``metrics*.csv`` files.
-
-    A CSV under ``trials/<trial>/`` is a Phase-2 trial log: it is used (with the condition,
-    variant and seed of the trial's name, :meth:`TrialId.parse`) only when the result files
-    carry no history.
-    """
+    """Phase-2 curves from the result histories (every result file carries one); the other
+    phases from ``metrics*.csv`` files (Lightning's CSVLogger) outside ``trials/``, whose
+    Phase-2 logs repeat the histories."""
     frames = []
     histories = stats.load_histories(results)
     if not histories.empty:
@@ -253,20 +233,12 @@ def _collect_curves(run_dir: Path, results: Path, report_dir: Path) -> pd.DataFr
     for csv in sorted(run_dir.rglob("metrics*.csv")):
         if report_dir in csv.parents or results in csv.parents:
             continue
-        parts = csv.relative_to(run_dir).parts
-        trial = None
-        if "trials" in parts:
-            if not histories.empty:
-                continue
-            trial = next((t for t in map(_trial_or_none, parts) if t is not None), None)
+        if "trials" in csv.relative_to(run_dir).parts:
+            continue
         try:
-            curves = stats.curves_from_metrics_csv(csv, "phase2" if "trials" in parts else None)
+            frames.append(stats.curves_from_metrics_csv(csv))
         except (OSError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
             continue
-        if trial is not None:
-            curves["condition"], curves["seed"] = trial.condition, trial.seed
-            curves["variant"] = trial.variant
-        frames.append(curves)
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
@@ -275,8 +247,7 @@ def main_report(
 ) -> dict[str, Path]:
     """Report for a pipeline run: ``RUN_DIR/results/*.json`` -> ``RUN_DIR/report/``.
 
-    "What ran" merges ``run_dir`` with the keys of ``RUN_DIR/pipeline.json`` (and of
-    ``meta.json``/``run.json``/``manifest.json`` if present), ``timing.json`` under
+    "What ran" merges ``run_dir`` with the keys of ``RUN_DIR/pipeline.json``, ``timing.json`` under
     ``timing`` and ``phase1/stage1.json`` under ``phase1``; ``meta`` overrides them. Training
     curves come from the result histories and any ``metrics*.csv`` under the run directory
     (phase from a ``phaseN`` path component).
@@ -286,11 +257,8 @@ def main_report(
     if not results.is_dir():
         raise FileNotFoundError(f"no results directory at {results} (expected RESULTS/*.json)")
     merged: dict[str, Any] = {"run_dir": str(run.resolve())}
-    for name in _META_FILES:
-        loaded = _read_json_dict(run / name)
-        if loaded is not None:
-            for key, value in loaded.items():
-                merged.setdefault(key, value)
+    for key, value in (_read_json_dict(run / _META_FILE) or {}).items():
+        merged.setdefault(key, value)
     for name, key in _NESTED_META_FILES.items():
         loaded = _read_json_dict(run / name)
         if loaded is not None and key not in merged:
