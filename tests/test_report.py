@@ -16,6 +16,7 @@ import pytest
 
 from pmnet import report, stats
 from pmnet.report import Cell, format_cell, format_p
+from pmnet.report.page import html_page
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 
@@ -460,6 +461,34 @@ def test_claims_table_reads_the_papers_own_numbers_as_reproducing(paper_tables):
     # the paper prints no per-family baseline: that claim cannot be decided from its numbers
     assert claims["Routing on: updated LTM above the output-set baseline, ADD10 (pp)"
                   ].startswith("not tested")
+
+
+def test_headline_lists_only_the_conditions_that_ran(fixture_df):
+    paper = {t.id: t for t in report.build_tables(stats.per_seed_frame_from_paper())}
+    full = paper["tab:headline"]  # every condition ran: every row, no note
+    assert len(full.rows) == 14 and not any("Not run here" in n for n in full.notes)
+    some = {t.id: t for t in report.build_tables(fixture_df, paper=None)}["tab:headline"]
+    assert len(some.rows) == 11 and some.notes == [
+        "Not run here: identity_full, memory_consolidator; the paper's 3 headline rows about "
+        "them are left out."]
+    arms = fixture_df[fixture_df["condition"].isin(["consolidator_only",
+                                                    "consolidator_only_routing_off"])]
+    head = {t.id: t for t in report.build_tables(arms, paper=None)}["tab:headline"]
+    assert [r[0].text for r in head.rows] == [r[0].text for r in full.rows[:6]]
+    assert head.notes[0] == ("Not run here: learned_full, identity_full, memory_consolidator, "
+                             "learned_full_dual; the paper's 8 headline rows about them are "
+                             "left out.")
+    assert not any("learned_full" in m for m in head.missing)
+
+
+def test_claims_table_wraps_its_text_columns_in_html(fixture_df):
+    claims = {t.id: t for t in report.build_tables(fixture_df, paper=None)}["tab:claims"]
+    html = claims.to_html()
+    row = html.split("<tbody>")[1].split("</tr>")[0].strip()
+    assert row.startswith('<tr><th class="wrap">') and row.count('class="wrap"') == 2
+    assert row.endswith('<td class="wrap">reproduces</td>')  # the verdict column wraps
+    page = html_page({}, [], [claims], [], {}, [], [])
+    assert "td.wrap,th.wrap{white-space:normal" in page and "<td class=\"wrap\">" in page
 
 
 def test_claims_table_says_when_an_effect_does_not_reproduce():

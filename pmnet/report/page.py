@@ -33,6 +33,7 @@ thead th{border-bottom:2px solid #444;text-align:center}
 tbody th{text-align:left;font-weight:normal}
 tr.rule{border-top:2px solid #888}
 td.missing,th.missing{color:#b00}
+td.wrap,th.wrap{white-space:normal;min-width:12em}
 .paper{color:#666;font-size:.9em}
 .note{font-size:.85em;color:#444;margin:.2em 0}
 .skipped{color:#a40;font-style:italic}

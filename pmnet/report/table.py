@@ -20,7 +20,8 @@ class Table:
     notes: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     rules_before: set[int] = field(default_factory=set)
-    #: LaTeX column specs (``l``, ``r``, ``p{4cm}``); Markdown alignment follows them.
+    #: LaTeX column specs (``l``, ``r``, ``p{4cm}``); Markdown alignment follows them, and a
+    #: ``p{...}`` column wraps its text in HTML too.
     align: list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -93,8 +94,11 @@ class Table:
             cells = []
             for j, cell in enumerate(row):
                 tag = "th" if j == 0 else "td"
-                miss = ' class="missing"' if cell.is_missing and cell.kind != "na" else ""
-                cells.append(f"<{tag}{miss}>{format_cell(cell, 'html')}</{tag}>")
+                classes = " ".join(c for c, on in (
+                    ("missing", cell.is_missing and cell.kind != "na"),
+                    ("wrap", (self.align or [])[j].startswith("p"))) if on)
+                attr = f' class="{classes}"' if classes else ""
+                cells.append(f"<{tag}{attr}>{format_cell(cell, 'html')}</{tag}>")
             out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
         out.append("</tbody></table>")
         for note in self.footnotes():
