@@ -440,9 +440,9 @@ def test_main_report_needs_results_dir(tmp_path):
 def test_grid_from_meta_forms():
     grid = report._grid_from_meta
     assert grid({"grid": {"conditions": ["a"], "seeds": [1, 2]}}) == (["a"], [1, 2])
-    assert grid({"grid": [["b", 2], ["a", 1]]}) == (["a", "b"], [1, 2])
-    assert grid({"grid": ["a:1", "a/2"]}) == (["a"], [1, 2])
-    assert grid({"grid": [{"condition": "a", "seed": 3}]}) == (["a"], [3])
+    assert grid({"grid": {"conditions": ["a"]}}) == (["a"], None)
+    assert grid({"grid": {"conditions": ["a"], "seeds": ["x"]}}) == (None, None)
+    assert grid({"grid": [["b", 2], ["a", 1]]}) == (None, None)  # no pipeline wrote a list
     assert grid({"grid": "whatever"}) == (None, None)
     assert grid({}) == (None, None)
 

@@ -89,7 +89,7 @@ def build_report(
     its ``history`` lists become the Phase-2 training curves unless ``curves`` is given) or an
     already loaded tidy frame. ``meta``: what ran (preset, grid, git commit, phase1_sha256,
     hardware, wall time, ...); every key is printed. ``meta["grid"]`` (``{"conditions": [...],
-    "seeds": [...]}`` or a list of condition/seed pairs) sets the expected grid for the
+    "seeds": [...]}``) sets the expected grid for the
     missing-results section unless ``expected_conditions``/``expected_seeds`` are given; the
     default is the paper's six conditions over every seed seen (or 42-46). ``paper="auto"``
     loads the paper's numbers from the spec directory and leaves them out (with a note) when

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,29 +23,17 @@ def _meta_value(value: Any) -> str:
 
 
 def _grid_from_meta(meta: Mapping[str, Any]) -> tuple[list[str] | None, list[int] | None]:
+    """The expected conditions and seeds of pipeline.json's ``grid``
+    (``{"conditions": [...], "seeds": [...]}``, ``pipelines.plan.grid_record``); None for
+    each that it does not give."""
     grid = meta.get("grid")
-    conditions: list[str] | None = None
-    seeds: list[int] | None = None
+    if not isinstance(grid, Mapping):
+        return None, None
     try:
-        if isinstance(grid, Mapping):
-            if grid.get("conditions") is not None:
-                conditions = [str(c) for c in grid["conditions"]]
-            if grid.get("seeds") is not None:
-                seeds = [int(s) for s in grid["seeds"]]
-        elif isinstance(grid, (list, tuple)) and grid:
-            pairs = []
-            for item in grid:
-                if isinstance(item, Mapping):
-                    pairs.append((str(item["condition"]), int(item["seed"])))
-                elif isinstance(item, (list, tuple)) and len(item) == 2:
-                    pairs.append((str(item[0]), int(item[1])))
-                elif isinstance(item, str) and re.fullmatch(r".+[:/]\d+", item):
-                    name, seed = re.split(r"[:/](?=\d+$)", item)
-                    pairs.append((name, int(seed)))
-            if pairs:
-                conditions = stats.ordered_conditions(c for c, _ in pairs)
-                seeds = sorted({s for _, s in pairs})
-    except (KeyError, TypeError, ValueError):
+        conditions = (None if grid.get("conditions") is None
+                      else [str(c) for c in grid["conditions"]])
+        seeds = None if grid.get("seeds") is None else [int(s) for s in grid["seeds"]]
+    except (TypeError, ValueError):
         return None, None
     return conditions, seeds
 
