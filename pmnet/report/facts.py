@@ -94,17 +94,13 @@ def _minutes(seconds: Any) -> str | None:
 
 def _variants_from_meta(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """{variant name: overrides} of a pipeline's grid with named variants (pipeline.json's
-    ``grid.variants``, else its ``space.variants``); {} for a grid of the default variant
-    only, like every pipeline recorded before variants existed."""
+    ``grid.variants``, which ``pipelines.plan.grid_record`` writes whenever the grid has
+    named variants); {} for a grid of the default variant only."""
     grid = meta.get("grid") if isinstance(meta.get("grid"), Mapping) else {}
     found = grid.get("variants")
-    if isinstance(found, Mapping):
-        out = {str(k): dict(v) if isinstance(v, Mapping) else {} for k, v in found.items()}
-    else:
-        space = meta.get("space") if isinstance(meta.get("space"), Mapping) else {}
-        records = space.get("variants") if isinstance(space.get("variants"), list) else []
-        out = {str(r.get("name") or ""): dict(r.get("overrides") or {})
-               for r in records if isinstance(r, Mapping)}
+    if not isinstance(found, Mapping):
+        return {}
+    out = {str(k): dict(v) if isinstance(v, Mapping) else {} for k, v in found.items()}
     return out if any(out) else {}
 
 
