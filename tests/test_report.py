@@ -1015,3 +1015,51 @@ def test_selected_vs_last_table_pairs_the_last_epoch_with_the_selected(tmp_path)
     assert on[1] == "9 9 9" and on[5].startswith("+0.00")
     assert "tab:selected-vs-last" not in {t.id for t in report.build_tables(
         df.drop(columns=[c for c in df.columns if c.startswith("last_")]), paper=None)}
+
+
+# ------------------------------------------------------------------------------------------
+# the studies beyond the paper: one interface, one registry
+# ------------------------------------------------------------------------------------------
+
+
+def test_every_study_names_a_grid_that_exists_and_none_claims_the_papers_trials(fixture_df):
+    from pmnet.report.studies import STUDIES
+    from pmnet.report.trials import Trials
+    from tune_spaces.grids import SPACES
+
+    assert [s.name for s in STUDIES] == ["selected vs last epoch", "consolidation operators",
+                                         "Phase-1 variance", "route diagnostics", "segments"]
+    assert all(s.grid == "" or s.grid in SPACES for s in STUDIES)
+    trials = Trials.build(fixture_df, seeds=[42, 43, 44, 45, 46])
+    assert not [s.name for s in STUDIES if s.recognise(trials)]
+
+
+def test_a_registered_study_adds_its_tables_comparisons_and_missing_lines(
+        tmp_path, fixture_df, monkeypatch):
+    from pmnet.report import build
+    from pmnet.report.studies import Findings, Study
+
+    table = report.Table("tab:mine", "Mine.", ["A", "B"], [["x", Cell("num", 1.0)]])
+    mine = stats.Comparison("mine: dual - LTM only", "learned_full_dual", "mean_stm",
+                            "learned_full", "mean_stm", "ours:mine")  # seed 43 lacks it
+    seen = []
+
+    def build_mine(trials):
+        seen.append(sorted(set(trials.base["condition"])))
+        family = stats.compare_all(trials.base, [mine], expected_seeds=trials.seeds)
+        return Findings(tables=[table], comparisons={"mine.csv": family},
+                        missing=["mine: one line"])
+
+    study = Study("mine", "", recognise=lambda t: "learned_full" in set(t.base["condition"]),
+                  build=build_mine)
+    monkeypatch.setattr(build, "STUDIES", (*build.STUDIES, study))
+    paths = report.build_report(fixture_df, tmp_path, meta={}, paper=None)
+    md = paths["markdown"].read_text()
+    assert seen == [sorted(set(fixture_df["condition"]))]  # built once, over the base trials
+    assert md.index("**Table `tab:mine`.**") > md.index("**Table `tab:paired-comparisons`.**")
+    assert paths["tab-mine.md"].read_text() == table.to_markdown()
+    flat = pd.read_csv(paths["mine.csv"])
+    assert flat["label"].tolist() == ["mine: dual - LTM only"] and flat["holm_m"].tolist() == [1]
+    missing = md[md.index("## Missing results"):]
+    assert "- mine: one line" in missing
+    assert "unpaired seeds in 'mine: dual - LTM only'" in missing  # its family is checked too
