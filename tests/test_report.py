@@ -16,6 +16,7 @@ import pytest
 
 from pmnet import report, stats
 from pmnet.report import Cell, format_cell, format_p
+from pmnet.report.page import html_page
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 
@@ -266,8 +267,8 @@ def test_tables_without_paper(fixture_df):
 
 def test_render_tables_targets(fixture_df):
     for target in ("md", "tex", "html"):
-        out = report.render_tables(fixture_df, target)
-        assert list(out) == ALL_TABLES
+        out = {t.id: t.render(target) for t in report.build_tables(fixture_df)}
+        assert list(out) == ALL_TABLES and all(t in out[t] for t in ALL_TABLES)
     with pytest.raises(ValueError):
         format_cell(Cell("num", 1.0), "rtf")
 
@@ -332,7 +333,7 @@ def built(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     meta = {"preset": "debug", "git_commit": "0123abc", "hardware": "2 CPU cores",
             "wall_time_s": 42.0, "phase1_sha256": "3f2a9c",
             "grid": {"conditions": list(stats.CONDITIONS), "seeds": [42, 43, 44]}}
-    (run / "meta.json").write_text(json.dumps(meta))
+    (run / "pipeline.json").write_text(json.dumps(meta))
     return run, report.main_report(run)
 
 
@@ -439,9 +440,9 @@ def test_main_report_needs_results_dir(tmp_path):
 def test_grid_from_meta_forms():
     grid = report._grid_from_meta
     assert grid({"grid": {"conditions": ["a"], "seeds": [1, 2]}}) == (["a"], [1, 2])
-    assert grid({"grid": [["b", 2], ["a", 1]]}) == (["a", "b"], [1, 2])
-    assert grid({"grid": ["a:1", "a/2"]}) == (["a"], [1, 2])
-    assert grid({"grid": [{"condition": "a", "seed": 3}]}) == (["a"], [3])
+    assert grid({"grid": {"conditions": ["a"]}}) == (["a"], None)
+    assert grid({"grid": {"conditions": ["a"], "seeds": ["x"]}}) == (None, None)
+    assert grid({"grid": [["b", 2], ["a", 1]]}) == (None, None)  # no pipeline wrote a list
     assert grid({"grid": "whatever"}) == (None, None)
     assert grid({}) == (None, None)
 
@@ -460,6 +461,34 @@ def test_claims_table_reads_the_papers_own_numbers_as_reproducing(paper_tables):
     # the paper prints no per-family baseline: that claim cannot be decided from its numbers
     assert claims["Routing on: updated LTM above the output-set baseline, ADD10 (pp)"
                   ].startswith("not tested")
+
+
+def test_headline_lists_only_the_conditions_that_ran(fixture_df):
+    paper = {t.id: t for t in report.build_tables(stats.per_seed_frame_from_paper())}
+    full = paper["tab:headline"]  # every condition ran: every row, no note
+    assert len(full.rows) == 14 and not any("Not run here" in n for n in full.notes)
+    some = {t.id: t for t in report.build_tables(fixture_df, paper=None)}["tab:headline"]
+    assert len(some.rows) == 11 and some.notes == [
+        "Not run here: identity_full, memory_consolidator; the paper's 3 headline rows about "
+        "them are left out."]
+    arms = fixture_df[fixture_df["condition"].isin(["consolidator_only",
+                                                    "consolidator_only_routing_off"])]
+    head = {t.id: t for t in report.build_tables(arms, paper=None)}["tab:headline"]
+    assert [r[0].text for r in head.rows] == [r[0].text for r in full.rows[:6]]
+    assert head.notes[0] == ("Not run here: learned_full, identity_full, memory_consolidator, "
+                             "learned_full_dual; the paper's 8 headline rows about them are "
+                             "left out.")
+    assert not any("learned_full" in m for m in head.missing)
+
+
+def test_claims_table_wraps_its_text_columns_in_html(fixture_df):
+    claims = {t.id: t for t in report.build_tables(fixture_df, paper=None)}["tab:claims"]
+    html = claims.to_html()
+    row = html.split("<tbody>")[1].split("</tr>")[0].strip()
+    assert row.startswith('<tr><th class="wrap">') and row.count('class="wrap"') == 2
+    assert row.endswith('<td class="wrap">reproduces</td>')  # the verdict column wraps
+    page = html_page({}, [], [claims], [], {}, [], [])
+    assert "td.wrap,th.wrap{white-space:normal" in page and "<td class=\"wrap\">" in page
 
 
 def test_claims_table_says_when_an_effect_does_not_reproduce():
@@ -776,6 +805,33 @@ def test_the_committed_issue9_report_is_rebuilt_unchanged(tmp_path):
     assert not [p for p in paths if "segment" in p]
 
 
+ISSUE11 = Path(__file__).resolve().parent.parent / "experiments" / "results" / "issue11"
+
+
+@pytest.mark.parametrize("name", ["operators-grid-cpu", "phase1-variance-cpu", "segments-cpu"])
+def test_the_committed_issue11_tables_and_data_are_rebuilt_unchanged(tmp_path, name):
+    """Each committed issue-11 pipeline (operators, K Phase-1 checkpoints, segment variants):
+    every table and data file, rebuilt from its results, is byte for byte the committed one."""
+    committed = ISSUE11 / name
+    run = tmp_path / "run"
+    shutil.copytree(committed / "results", run / "results")
+    for record in ("pipeline.json", "timing.json"):
+        shutil.copy(committed / record, run / record)
+    paths = report.main_report(run)
+    tables = sorted(p.name for p in (committed / "tables").glob("*.md"))
+    assert tables == sorted(p.name for p in (run / "report" / "tables").glob("*.md"))
+    for table in tables:
+        assert paths[table].read_text() == (committed / "tables" / table).read_text(), table
+    for data in sorted(p.name for p in (committed / "data").glob("*.csv")):
+        if data == "trials.csv" and "variant" not in pd.read_csv(committed / "data" / data):
+            got = pd.read_csv(paths[data])  # written before variants: gains the empty column
+            assert got["variant"].isna().all()
+            pd.testing.assert_frame_equal(got.drop(columns="variant"),
+                                          pd.read_csv(committed / "data" / data))
+            continue
+        assert paths[data].read_text() == (committed / "data" / data).read_text(), data
+
+
 @pytest.fixture(scope="module")
 def segments_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     from tests.test_stats import write_segment_results
@@ -959,3 +1015,51 @@ def test_selected_vs_last_table_pairs_the_last_epoch_with_the_selected(tmp_path)
     assert on[1] == "9 9 9" and on[5].startswith("+0.00")
     assert "tab:selected-vs-last" not in {t.id for t in report.build_tables(
         df.drop(columns=[c for c in df.columns if c.startswith("last_")]), paper=None)}
+
+
+# ------------------------------------------------------------------------------------------
+# the studies beyond the paper: one interface, one registry
+# ------------------------------------------------------------------------------------------
+
+
+def test_every_study_names_a_grid_that_exists_and_none_claims_the_papers_trials(fixture_df):
+    from pmnet.report.studies import STUDIES
+    from pmnet.report.trials import Trials
+    from tune_spaces.grids import SPACES
+
+    assert [s.name for s in STUDIES] == ["selected vs last epoch", "consolidation operators",
+                                         "Phase-1 variance", "route diagnostics", "segments"]
+    assert all(s.grid == "" or s.grid in SPACES for s in STUDIES)
+    trials = Trials.build(fixture_df, seeds=[42, 43, 44, 45, 46])
+    assert not [s.name for s in STUDIES if s.recognise(trials)]
+
+
+def test_a_registered_study_adds_its_tables_comparisons_and_missing_lines(
+        tmp_path, fixture_df, monkeypatch):
+    from pmnet.report import build
+    from pmnet.report.studies import Findings, Study
+
+    table = report.Table("tab:mine", "Mine.", ["A", "B"], [["x", Cell("num", 1.0)]])
+    mine = stats.Comparison("mine: dual - LTM only", "learned_full_dual", "mean_stm",
+                            "learned_full", "mean_stm", "ours:mine")  # seed 43 lacks it
+    seen = []
+
+    def build_mine(trials):
+        seen.append(sorted(set(trials.base["condition"])))
+        family = stats.compare_all(trials.base, [mine], expected_seeds=trials.seeds)
+        return Findings(tables=[table], comparisons={"mine.csv": family},
+                        missing=["mine: one line"])
+
+    study = Study("mine", "", recognise=lambda t: "learned_full" in set(t.base["condition"]),
+                  build=build_mine)
+    monkeypatch.setattr(build, "STUDIES", (*build.STUDIES, study))
+    paths = report.build_report(fixture_df, tmp_path, meta={}, paper=None)
+    md = paths["markdown"].read_text()
+    assert seen == [sorted(set(fixture_df["condition"]))]  # built once, over the base trials
+    assert md.index("**Table `tab:mine`.**") > md.index("**Table `tab:paired-comparisons`.**")
+    assert paths["tab-mine.md"].read_text() == table.to_markdown()
+    flat = pd.read_csv(paths["mine.csv"])
+    assert flat["label"].tolist() == ["mine: dual - LTM only"] and flat["holm_m"].tolist() == [1]
+    missing = md[md.index("## Missing results"):]
+    assert "- mine: one line" in missing
+    assert "unpaired seeds in 'mine: dual - LTM only'" in missing  # its family is checked too

@@ -335,7 +335,7 @@ def paper_summary(paper_wide) -> dict[tuple[str, str], dict]:
 def test_spec_dir_resolution(monkeypatch, tmp_path):
     monkeypatch.delenv("PMNET_SPEC_DIR", raising=False)
     default = stats.REPO_ROOT.parent / "shared" / "spec"
-    assert stats.REPO_ROOT == Path(stats.__file__).resolve().parent.parent
+    assert stats.REPO_ROOT == Path(stats.__file__).resolve().parents[2]
     if default.is_dir():
         assert stats.spec_dir() == default
     monkeypatch.setenv("PMNET_SPEC_DIR", str(tmp_path / "nowhere"))

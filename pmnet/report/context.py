@@ -1,0 +1,231 @@
+"""From a tidy frame to cells: :class:`Context` builds each cell of a table (ours, with the
+paper's value where it has one) and :class:`Missing` collects the trials and metrics behind
+the cells that are missing, for the table's footnote."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from pmnet import stats
+from pmnet.report.cells import Cell, finite, format_p, number
+from pmnet.report.table import Table
+
+
+class Missing:
+    """Collects the missing trials/metrics behind one table's cells."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.trials: dict[str, set[int]] = {}
+        self.metrics: dict[tuple[str, str], set[int]] = {}
+
+    def check(self, condition: str, metric: str, seeds: Iterable[int] | None = None) -> None:
+        seeds = self.ctx.seeds if seeds is None else list(seeds)
+        values = self.ctx.values(condition, metric)
+        for seed in seeds:
+            if (condition, seed) not in self.ctx.present:
+                self.trials.setdefault(condition, set()).add(seed)
+            elif seed not in values.index:
+                self.metrics.setdefault((condition, metric), set()).add(seed)
+
+    def lines(self) -> list[str]:
+        out = []
+        for condition in stats.ordered_conditions(self.trials):
+            seeds = sorted(self.trials[condition])
+            out.append(f"{condition}: no result for {stats._seed_word(seeds)}")
+        conditions = stats.ordered_conditions(c for c, _ in self.metrics)
+        for condition in conditions:
+            ran = sorted(s for c, s in self.ctx.present if c == condition)
+            metrics = sorted(m for c, m in self.metrics if c == condition)
+            everywhere = [m for m in metrics if sorted(self.metrics[(condition, m)]) == ran]
+            if everywhere:
+                out.append(f"{condition}: {', '.join(everywhere)} not reported by any trial")
+            for metric in metrics:
+                if metric not in everywhere:
+                    seeds = sorted(self.metrics[(condition, metric)])
+                    out.append(f"{condition}: {metric} not reported for {stats._seed_word(seeds)}")
+        return out
+
+
+class Context:
+    def __init__(
+        self,
+        df: pd.DataFrame,
+        paper: stats.PaperReference | None,
+        comparisons: pd.DataFrame,
+        seeds: Sequence[int],
+    ) -> None:
+        self.df = df
+        self.paper = paper
+        self.seeds = list(seeds)
+        self.present = (
+            set(zip(df["condition"], df["seed"].astype(int))) if not df.empty else set()
+        )
+        self.comparisons = {r["label"]: r for r in comparisons.to_dict("records")}
+        self._values: dict[tuple[str, str], pd.Series] = {}
+
+    def values(self, condition: str, metric: str) -> pd.Series:
+        """Cached :func:`stats.seed_values`."""
+        key = (condition, metric)
+        if key not in self._values:
+            self._values[key] = stats.seed_values(self.df, condition, metric)
+        return self._values[key]
+
+    # paper cells --------------------------------------------------------------------------
+    def paper_stat(self, condition: str, metric: str) -> Cell | None:
+        if self.paper is None:
+            return None
+        ref = self.paper.condition(condition, metric)
+        if ref is None:
+            return None
+        return Cell("stat", ref["mean"], ref.get("sd", math.nan))
+
+    def paper_cmp(self, label: str, part: str = "stat") -> Cell | None:
+        ref = self.paper.comparison(label) if self.paper is not None else None
+        if ref is None:
+            return None
+        if part == "ci":
+            return Cell("ci", ref.get("ci_low", math.nan), hi=ref.get("ci_high", math.nan))
+        if part == "p":
+            return Cell("p", ref.get("p", math.nan))
+        if part == "mean":
+            return Cell("num", ref["mean"], signed=True)
+        if part == "sd":
+            return Cell("num", ref.get("sd", math.nan))
+        return Cell("stat", ref["mean"], ref.get("sd", math.nan), signed=True)
+
+    def paper_seed(self, condition: str, seed: int, metric: str) -> float | None:
+        if self.paper is None:
+            return None
+        return self.paper.seed_value(condition, seed, metric)
+
+    # our cells ----------------------------------------------------------------------------
+    def stat(self, miss: Missing, condition: str, metric: str, paper: bool = True) -> Cell:
+        miss.check(condition, metric)
+        values = self.values(condition, metric)
+        n = int(values.size)
+        return Cell(
+            "stat",
+            float(values.mean()) if n else math.nan,
+            float(values.std(ddof=1)) if n > 1 else math.nan,
+            n=n,
+            n_expected=len(self.seeds),
+            paper=self.paper_stat(condition, metric) if paper else None,
+        )
+
+    def stat_part(self, miss: Missing, condition: str, metric: str, part: str) -> Cell:
+        cell = self.stat(miss, condition, metric)
+        paper = cell.paper
+        if part == "mean":
+            return Cell("num", cell.value, paper=Cell("num", paper.value) if paper else None)
+        return Cell("num", cell.sd, paper=Cell("num", paper.sd) if paper else None)
+
+    def seed(self, miss: Missing, condition: str, seed: int, metric: str, kind="num") -> Cell:
+        miss.check(condition, metric, [seed])
+        values = self.values(condition, metric)
+        value = float(values.loc[seed]) if seed in values.index else math.nan
+        pv = self.paper_seed(condition, seed, metric)
+        return Cell(kind, value, paper=Cell(kind, pv) if pv is not None else None)
+
+    def seed_diff(
+        self, miss: Missing, a: tuple[str, str], b: tuple[str, str], seed: int
+    ) -> Cell:
+        miss.check(*a, [seed])
+        miss.check(*b, [seed])
+        va, vb = self.values(*a), self.values(*b)
+        value = math.nan
+        if seed in va.index and seed in vb.index:
+            value = float(va.loc[seed] - vb.loc[seed])
+        paper = None
+        pa, pb = self.paper_seed(a[0], seed, a[1]), self.paper_seed(b[0], seed, b[1])
+        if pa is not None and pb is not None:
+            paper = Cell("num", pa - pb, signed=True)
+        return Cell("num", value, signed=True, paper=paper)
+
+    def comparison(self, label: str, spec: stats.Comparison | None = None) -> dict[str, Any]:
+        row = self.comparisons.get(label)
+        if row is None:
+            spec = spec or next((c for c in stats.COMPARISONS if c.label == label), None)
+            if spec is None:
+                raise KeyError(f"unknown comparison {label!r}")
+            row = stats.paired_comparison(
+                self.df, spec.cond_a, spec.metric_a, spec.cond_b, spec.metric_b, label,
+                expected_seeds=self.seeds,
+            )
+            self.comparisons[label] = row
+        return row
+
+    def paired(
+        self,
+        miss: Missing,
+        label: str,
+        part: str = "stat",
+        spec: stats.Comparison | None = None,
+        paper: bool = True,
+    ) -> Cell:
+        row = self.comparison(label, spec)
+        miss.check(row["cond_a"], row["metric_a"])
+        miss.check(row["cond_b"], row["metric_b"])
+        paper = self.paper_cmp(label, part) if paper else None
+        if part == "ci":
+            return Cell("ci", row["ci_low"], hi=row["ci_high"], paper=paper)
+        if part == "p":
+            return Cell("p", row["p"], paper=paper)
+        if part == "mean":
+            return Cell("num", row["mean_diff"], signed=True, paper=paper)
+        if part == "sd":
+            return Cell("num", row["sd_diff"], paper=paper)
+        return Cell(
+            "stat",
+            row["mean_diff"],
+            row["sd_diff"] if row["n"] > 1 else math.nan,
+            n=row["n"],
+            n_expected=len(self.seeds),
+            signed=True,
+            paper=paper,
+        )
+
+    def paired_sentence(self, label: str, what: str) -> str:
+        """A note line: our paired result with CI and p, and the paper's where known."""
+        row = self.comparison(label)
+        if row["n"] == 0:
+            return f"{what}: not computable ({row['note']})."
+        text = f"{what}: {number(row['mean_diff'], True)}"
+        if finite(row["sd_diff"]):
+            text += f" ± {number(row['sd_diff'])} pp"
+        if finite(row["ci_low"]):
+            text += (
+                f", 95% CI [{number(row['ci_low'], True)}, {number(row['ci_high'], True)}], "
+                f"p = {format_p(row['p'])}"
+            )
+        text += f" (n={row['n']})"
+        ref = self.paper.comparison(label) if self.paper is not None else None
+        if ref is not None:
+            text += f"; paper {number(ref['mean'], True)}"
+            if finite(ref.get("sd")):
+                text += f" ± {number(ref['sd'])}"
+            if finite(ref.get("ci_low")):
+                text += f", CI [{number(ref['ci_low'], True)}, {number(ref['ci_high'], True)}]"
+            if finite(ref.get("p")):
+                text += f", p = {format_p(ref['p'])}"
+        if row["note"]:
+            text += f". Note: {row['note']}"
+        return text + "."
+
+
+PAPER_NOTE = (
+    "Values in parentheses are the paper's (printed in paper-aggregates.csv, or derived from "
+    "paper-per-seed.csv with the same statistics); [n=k] marks cells over fewer seeds than "
+    "expected."
+)
+
+
+def finish(ctx: Context, table: Table, miss: Missing) -> Table:
+    if ctx.paper is not None:
+        table.notes.append(PAPER_NOTE)
+    table.missing = miss.lines()
+    return table

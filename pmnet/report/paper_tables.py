@@ -1,0 +1,503 @@
+"""The paper's tables in the paper's layout (same rows, columns and labels, e.g.
+``tab:direct-ltm-routing``), the headline and claims tables in front of them, the shortcut
+diagnostics, and every paired comparison of the paper's family (:func:`paper_tables`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from pmnet import stats
+from pmnet.report.cells import NA, Cell, finite, format_p, text_cell
+from pmnet.report.context import Context, Missing, finish
+from pmnet.report.table import Table
+from pmnet.stats import CONDITIONS, condition_label
+
+ON, OFF = "consolidator_only", "consolidator_only_routing_off"
+
+
+#: The headline's rows: (quantity, condition, metric) for a condition's mean, or (quantity,
+#: None, label) for a paired comparison of the paper's family.
+HEADLINE_ROWS: tuple[tuple[str, str | None, str], ...] = (
+    ("Consolidator only, updated-mapping LTM recall (%)", ON, "updated_ltm"),
+    ("Routing off, updated-mapping LTM recall (%)", OFF, "updated_ltm"),
+    ("Direct routing on - off, updated LTM (pp)", None, "routing on - off: updated_ltm"),
+    ("Learned - forced identity, routing off (pp)", None,
+     "learned - forced identity, routing off: updated_ltm"),
+    ("Learned - forced identity, routing on (pp)", None,
+     "learned - forced identity, routing on: updated_ltm"),
+    ("Consolidator only, AFFINE10 updated LTM (%)", ON, "updated_ltm_affine10"),
+    ("Learned full, updated LTM (%)", "learned_full", "updated_ltm"),
+    ("Identity full, updated LTM (%)", "identity_full", "updated_ltm"),
+    ("Memory + Consolidator, updated LTM (%)", "memory_consolidator", "updated_ltm"),
+    ("Learned full - identity full (pp)", None, "learned_full - identity_full: updated_ltm"),
+    ("Dual objective, updated LTM (%)", "learned_full_dual", "updated_ltm"),
+    ("Dual objective, mean STM (%)", "learned_full_dual", "mean_stm"),
+    ("Dual - LTM only, mean STM (pp)", None, "dual - LTM only: mean_stm"),
+    ("Dual - LTM only, updated LTM (pp)", None, "dual - LTM only: updated_ltm"),
+)
+
+
+def table_headline(ctx: Context) -> Table:
+    """The paper's headline quantities that this run's trials cover: a row whose condition (or
+    either side of whose comparison) has no trial at all is left out, and one note names
+    those conditions."""
+    miss = Missing(ctx)
+    ran = {c for c, _ in ctx.present}
+    rows, absent = [], []
+    for text, condition, key in HEADLINE_ROWS:
+        if condition is not None:
+            needs = [condition]
+        else:
+            needs = [ctx.comparison(key)["cond_a"], ctx.comparison(key)["cond_b"]]
+        if not set(needs) <= ran:
+            absent += [c for c in needs if c not in ran and c not in absent]
+            continue
+        if condition is not None:
+            cell = ctx.stat(miss, condition, key, paper=False)
+            rows.append([text_cell(text), cell, NA, NA, ctx.paper_stat(condition, key) or NA])
+            continue
+        row = ctx.comparison(key)
+        rows.append([
+            text_cell(text),
+            ctx.paired(miss, key, "stat", paper=False),
+            Cell("ci", row["ci_low"], hi=row["ci_high"], paper=ctx.paper_cmp(key, "ci")),
+            Cell("p", row["p"], paper=ctx.paper_cmp(key, "p")),
+            ctx.paper_cmp(key) or NA,
+        ])
+    table = Table(
+        "tab:headline",
+        "Headline numbers: ours beside the paper's (mean ± SD over seeds; paired differences "
+        "in percentage points with t-distribution 95% CI and paired t-test p).",
+        ["Quantity", "Ours", "95% CI", "p", "Paper"],
+        rows,
+    )
+    if absent:
+        left_out = len(HEADLINE_ROWS) - len(rows)
+        table.notes.append(
+            f"Not run here: {', '.join(stats.ordered_conditions(absent))}; the paper's "
+            f"{left_out} headline row{'s' if left_out != 1 else ''} about "
+            f"{'them' if len(absent) > 1 else 'it'} {'are' if left_out != 1 else 'is'} left "
+            "out.")
+    if ctx.paper is not None:
+        table.notes.append("Parenthesised CI and p values are the paper's where it prints them.")
+    table.missing = miss.lines()
+    return table
+
+
+#: recall a control must stay under to count as "near chance" (10%) in the claims table
+NEAR_CHANCE_MAX = 15.0
+
+
+CLAIM_ALPHA = 0.05
+
+
+def _verdict_paired(row: Mapping[str, Any]) -> str:
+    """'reproduces' when the paired mean difference is > 0 with p < CLAIM_ALPHA."""
+    if row["n"] < 2 or not finite(row["p"]):
+        return "not tested (fewer than two paired seeds)"
+    if row["mean_diff"] > 0 and row["p"] < CLAIM_ALPHA:
+        return "reproduces"
+    if row["mean_diff"] > 0:
+        return f"does not reproduce (> 0 but p = {format_p(row['p'])} >= {CLAIM_ALPHA})"
+    return "does not reproduce (difference <= 0)"
+
+
+def table_claims(ctx: Context) -> Table:
+    """Which of the paper's claims this run reproduces, each with the test that decides it."""
+    miss = Missing(ctx)
+    rows = []
+
+    def paired_row(claim: str, label: str) -> None:
+        row = ctx.comparison(label)
+        rows.append([
+            text_cell(claim),
+            ctx.paired(miss, label, "stat", paper=False),
+            Cell("ci", row["ci_low"], hi=row["ci_high"]),
+            Cell("p", row["p"]),
+            ctx.paper_cmp(label) or NA,
+            text_cell(_verdict_paired(row)),
+        ])
+
+    paired_row("Learned > forced identity, routing on (updated LTM, pp)",
+               "learned - forced identity, routing on: updated_ltm")
+    paired_row("Routing on > off (updated LTM, pp)", "routing on - off: updated_ltm")
+    paired_row("Learned > forced identity, routing off (updated LTM, pp)",
+               "learned - forced identity, routing off: updated_ltm")
+    for fam, name in (("add10", "ADD10"), ("affine10", "AFFINE10")):
+        label = f"recall - output-set baseline, {fam}: {ON}"
+        paired_row(f"Routing on: updated LTM above the output-set baseline, {name} (pp)", label)
+    for metric, name in (("fresh_ltm", "Fresh LTM"), ("mismatched_ltm", "Mismatched LTM")):
+        cell = ctx.stat(miss, ON, metric, paper=False)
+        ok = cell.n and finite(cell.value) and cell.value <= NEAR_CHANCE_MAX
+        verdict = ("reproduces" if ok else
+                   "not tested (no results)" if not cell.n else
+                   f"does not reproduce (mean above {NEAR_CHANCE_MAX:g}%)")
+        rows.append([text_cell(f"{name} near chance (10%), routing on (%)"), cell, NA, NA,
+                     ctx.paper_stat(ON, metric) or NA, text_cell(verdict)])
+    follow = ctx.stat(miss, ON, "mismatched_donor_follow", paper=False)
+    rows.append([text_cell("Mismatched LTM: answers that follow the donor's rule (%)"), follow,
+                 NA, NA, NA, text_cell("reported (not a claim of the paper)")])
+    table = Table(
+        "tab:claims",
+        "Which of the paper's claims this run reproduces. A paired claim reproduces when the "
+        f"paired mean difference over seeds is > 0 with paired t-test p < {CLAIM_ALPHA:g}; a "
+        f"control is near chance when its mean recall is at most {NEAR_CHANCE_MAX:g}%. "
+        "Above-baseline rows pair each seed's recall with the output-set baseline on the same "
+        "test episodes of that family.",
+        ["Claim", "Ours", "95% CI", "p", "Paper", "Verdict"],
+        rows,
+        align=["p{5cm}", "r", "r", "r", "r", "p{4.5cm}"],  # the text wraps: fits the page
+    )
+    table.missing = miss.lines()
+    return table
+
+
+def table_same_address_update(ctx: Context) -> Table:
+    miss = Missing(ctx)
+    rows = [
+        [
+            "Initial mapping after first consolidation",
+            ctx.stat(miss, ON, "initial_ltm"),
+            ctx.stat(miss, ON, "forced_identity_initial"),
+        ],
+        [
+            "Updated mapping after second consolidation",
+            ctx.stat(miss, ON, "updated_ltm"),
+            ctx.stat(miss, ON, "forced_identity"),
+        ],
+    ]
+    table = Table(
+        "tab:same-address-update",
+        "Same-address update under the Consolidator-only intervention. Both columns evaluate "
+        "the same trained checkpoint.",
+        ["State queried after consolidation", "Learned Consolidator", "Forced identity"],
+        rows,
+        notes=[
+            ctx.paired_sentence(
+                "learned - forced identity, routing on: updated_ltm",
+                "Same-checkpoint learned - forced identity (updated mapping)",
+            )
+        ],
+    )
+    return finish(ctx, table, miss)
+
+
+def table_direct_ltm_routing(ctx: Context) -> Table:
+    miss = Missing(ctx)
+    rows = []
+    for name, condition, on_off in (("Off", OFF, "off"), ("On", ON, "on")):
+        rows.append(
+            [
+                name,
+                ctx.stat(miss, condition, "updated_ltm"),
+                ctx.stat(miss, condition, "forced_identity"),
+                ctx.paired(miss, f"learned - forced identity, routing {on_off}: updated_ltm"),
+                ctx.stat(miss, condition, "seg2_stm"),
+                ctx.stat(miss, condition, "mismatched_ltm"),
+                ctx.stat(miss, condition, "fresh_ltm"),
+            ]
+        )
+    table = Table(
+        "tab:direct-ltm-routing",
+        "Direct LTM-conditioned routing in the Consolidator-only setting. On and off runs "
+        "share one STM-pretraining initialization and paired consolidation-training seeds.",
+        ["Direct LTM routing", "Learned LTM", "Identity LTM", "Learned - identity",
+         "Segment-2 STM", "Mismatched LTM", "Fresh LTM"],
+        rows,
+        notes=[
+            ctx.paired_sentence("routing on - off: updated_ltm", "Paired On - Off, learned LTM"),
+            ctx.paired_sentence("routing on - off: seg2_stm", "Paired On - Off, segment-2 STM"),
+        ],
+    )
+    return finish(ctx, table, miss)
+
+
+def table_routing_per_seed(ctx: Context) -> Table:
+    miss = Missing(ctx)
+    columns = ["Seed", "Off learned LTM", "Off identity LTM", "Learned - identity",
+               "Segment-2 STM", "Mismatched LTM", "Fresh LTM", "On - Off"]
+    rows = []
+    for seed in ctx.seeds:
+        rows.append(
+            [
+                str(seed),
+                ctx.seed(miss, OFF, seed, "updated_ltm"),
+                ctx.seed(miss, OFF, seed, "forced_identity"),
+                ctx.seed_diff(miss, (OFF, "updated_ltm"), (OFF, "forced_identity"), seed),
+                ctx.seed(miss, OFF, seed, "seg2_stm"),
+                ctx.seed(miss, OFF, seed, "mismatched_ltm"),
+                ctx.seed(miss, OFF, seed, "fresh_ltm"),
+                ctx.seed_diff(miss, (ON, "updated_ltm"), (OFF, "updated_ltm"), seed),
+            ]
+        )
+    for part, name in (("mean", "Mean"), ("sd", "SD")):
+        rows.append(
+            [
+                name,
+                ctx.stat_part(miss, OFF, "updated_ltm", part),
+                ctx.stat_part(miss, OFF, "forced_identity", part),
+                ctx.paired(miss, "learned - forced identity, routing off: updated_ltm", part),
+                ctx.stat_part(miss, OFF, "seg2_stm", part),
+                ctx.stat_part(miss, OFF, "mismatched_ltm", part),
+                ctx.stat_part(miss, OFF, "fresh_ltm", part),
+                ctx.paired(miss, "routing on - off: updated_ltm", part),
+            ]
+        )
+    table = Table(
+        "tab:routing-per-seed",
+        "Per-seed direct LTM-routing ablation in the Consolidator-only setting (routing-off "
+        "condition; On - Off pairs learned-LTM recall of the routing-on and routing-off runs "
+        "of the same seed).",
+        columns,
+        rows,
+        rules_before={len(ctx.seeds)},
+        notes=["Mean and SD of the difference columns are over paired seeds only."],
+    )
+    return finish(ctx, table, miss)
+
+
+def table_routing_rule_family(ctx: Context) -> Table:
+    miss = Missing(ctx)
+    rows = []
+    for family, metric in (("ADD10", "updated_ltm_add10"), ("AFFINE10", "updated_ltm_affine10")):
+        rows.append(
+            [
+                family,
+                ctx.stat(miss, OFF, metric),
+                ctx.stat(miss, ON, metric),
+                ctx.paired(miss, f"routing on - off: {metric}"),
+            ]
+        )
+    table = Table(
+        "tab:routing-rule-family",
+        "Direct LTM-routing ablation by rule family: updated-mapping LTM recall, mean ± SD over "
+        "seeds; On - Off differences are computed within each seed before aggregation.",
+        ["Rule family", "Routing off", "Routing on", "Paired On - Off"],
+        rows,
+    )
+    return finish(ctx, table, miss)
+
+
+CORE_CONDITIONS = ("learned_full", "identity_full", "consolidator_only", "memory_consolidator")
+
+
+def table_core_parameter_isolation(ctx: Context) -> Table:
+    miss = Missing(ctx)
+    rows = [
+        [condition_label(c)]
+        + [ctx.stat(miss, c, m) for m in ("updated_ltm", "fresh_ltm", "mismatched_ltm",
+                                          "seg2_stm")]
+        for c in CORE_CONDITIONS
+    ]
+    table = Table(
+        "tab:core-parameter-isolation",
+        "Core parameter-isolation ablations. Percent accuracy, mean ± SD over seeds; LTM recall "
+        "follows the final reset.",
+        ["Condition", "Updated LTM", "Fresh", "Mismatched", "Segment-2 STM"],
+        rows,
+        notes=[
+            ctx.paired_sentence(
+                "learned_full - identity_full: updated_ltm", "Learned full - identity full"
+            )
+        ],
+    )
+    return finish(ctx, table, miss)
+
+
+def table_core_results_per_seed(ctx: Context) -> Table:
+    miss = Missing(ctx)
+    rows = []
+    for condition in CORE_CONDITIONS:
+        for seed in ctx.seeds:
+            rows.append(
+                [condition_label(condition), str(seed)]
+                + [
+                    ctx.seed(miss, condition, seed, m)
+                    for m in ("updated_ltm", "alternative_mode", "fresh_ltm", "seg2_stm",
+                              "mismatched_ltm")
+                ]
+            )
+    table = Table(
+        "tab:core-results-per-seed",
+        "Fixed-test-stream results for all core runs. Alternative mode is the same-checkpoint "
+        "evaluation with the other consolidation operator (forced identity for learned "
+        "conditions; the frozen identity-initialized path for identity full).",
+        ["Condition", "Seed", "Primary recall", "Alternative mode", "Fresh", "Segment-2 STM",
+         "Mismatched"],
+        rows,
+    )
+    return finish(ctx, table, miss)
+
+
+DUAL_METRICS = ("updated_ltm", "mean_stm", "seg2_stm", "mismatched_ltm", "fresh_ltm")
+
+
+def table_dual_objective_aggregate(ctx: Context) -> Table:
+    miss = Missing(ctx)
+    paired = DUAL_METRICS[:3]
+    rows = [
+        ["Updated LTM only"] + [ctx.stat(miss, "learned_full", m) for m in DUAL_METRICS],
+        ["Updated LTM + STM"] + [ctx.stat(miss, "learned_full_dual", m) for m in DUAL_METRICS],
+    ]
+    for name, part in (("Paired change", "stat"), ("95% CI", "ci"), ("Paired p", "p")):
+        rows.append(
+            [name]
+            + [ctx.paired(miss, f"dual - LTM only: {m}", part) for m in paired]
+            + [NA] * (len(DUAL_METRICS) - len(paired))
+        )
+    table = Table(
+        "tab:dual-objective-aggregate",
+        "Aggregate dual-objective experiment. Paired runs share seeds and STM-pretraining "
+        "provenance; the consolidation-training objective and validation monitor differ.",
+        ["Training objective", "Updated LTM", "Mean STM", "Segment-2 STM", "Mismatched",
+         "Fresh"],
+        rows,
+        rules_before={2},
+    )
+    return finish(ctx, table, miss)
+
+
+def table_dual_objective_per_seed(ctx: Context) -> Table:
+    miss = Missing(ctx)
+    dual = "learned_full_dual"
+    rows = [
+        [
+            str(seed),
+            ctx.seed(miss, dual, seed, "best_epoch", kind="int"),
+            ctx.seed(miss, dual, seed, "val_dual"),
+            ctx.seed(miss, dual, seed, "dual"),
+            ctx.seed(miss, dual, seed, "updated_ltm"),
+            ctx.seed(miss, dual, seed, "mean_stm"),
+            ctx.seed(miss, dual, seed, "forced_identity"),
+        ]
+        for seed in ctx.seeds
+    ]
+    table = Table(
+        "tab:dual-objective-per-seed",
+        "Per-seed dual-objective results. Validation/Test dual = mean of updated-mapping LTM "
+        "recall and mean immediate-STM recall on that split.",
+        ["Seed", "Best epoch", "Validation dual", "Test dual", "Updated LTM", "Mean STM",
+         "Forced identity"],
+        rows,
+    )
+    return finish(ctx, table, miss)
+
+
+def table_shortcut_diagnostics(ctx: Context) -> Table:
+    miss = Missing(ctx)
+    conditions = stats.ordered_conditions(ctx.df["condition"]) if not ctx.df.empty else []
+    conditions = conditions or list(CONDITIONS)
+    rows = [
+        [
+            condition_label(c),
+            ctx.stat(miss, c, "updated_ltm", paper=False),
+            ctx.stat(miss, c, "updated_ltm_baseline", paper=False),
+            ctx.paired(
+                miss,
+                f"recall - output-set baseline: {c}",
+                spec=stats.Comparison(f"recall - output-set baseline: {c}", c, "updated_ltm", c,
+                                      "updated_ltm_baseline", "ours:shortcut-diagnostics"),
+                paper=False,
+            ),
+            ctx.stat(miss, c, "updated_ltm_bijective", paper=False),
+            ctx.stat(miss, c, "updated_ltm_nonbijective", paper=False),
+            ctx.stat(miss, c, "updated_ltm_in_unshown", paper=False),
+            ctx.stat(miss, c, "mismatched_donor_follow", paper=False),
+        ]
+        for c in conditions
+    ]
+    table = Table(
+        "tab:shortcut-diagnostics",
+        "Shortcut diagnostics (ours, not in the paper): updated-mapping LTM recall beside the "
+        "output-set baseline (the recall a guess among the unshown outputs would get), recall on "
+        "bijective and non-bijective rules, the fraction of answers inside the unshown outputs, "
+        "and how often a mismatched (donor) memory makes the model answer with the donor's rule.",
+        ["Condition", "Updated LTM", "Output-set baseline", "Recall - baseline", "Bijective",
+         "Non-bijective", "In unshown", "Donor-follow"],
+        rows,
+    )
+    return finish(ctx, table, miss)
+
+
+def comparison_cells(r: Mapping[str, Any]) -> list[Cell]:
+    """n, mean diff ± SD, CI, t, p, Holm p and d_z of one row of :func:`stats.compare_all`."""
+    return [
+        Cell("int", r["n"]),
+        Cell("stat", r["mean_diff"], r["sd_diff"], signed=True) if r["n"] > 0
+        else Cell("missing"),
+        Cell("ci", r["ci_low"], hi=r["ci_high"]) if finite(r["ci_low"]) else NA,
+        Cell("num", r["t"]) if finite(r["t"]) else NA,
+        Cell("p", r["p"]) if finite(r["p"]) else NA,
+        Cell("p", r["p_holm"]) if finite(r["p_holm"]) else NA,
+        Cell("num", r["d_z"]) if finite(r["d_z"]) else NA,
+    ]
+
+
+def table_paired_comparisons(ctx: Context, comparisons: pd.DataFrame) -> Table:
+    rows = []
+    m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
+    for r in comparisons.to_dict("records"):
+        paper = ctx.paper.comparison(r["label"]) if ctx.paper is not None else None
+        paper_cell: Cell = NA
+        if paper is not None:
+            paper_cell = Cell("stat", paper["mean"], paper.get("sd", math.nan), signed=True)
+        rows.append([text_cell(r["label"]), *comparison_cells(r), paper_cell,
+                     text_cell(r["note"])])
+    return Table(
+        "tab:paired-comparisons",
+        f"Every paired comparison of the family (A - B, paired by seed). Holm p adjusts over the "
+        f"{m} comparisons with a defined p. Blank = not defined (see note).",
+        ["Comparison", "n", "Mean diff ± SD", "95% CI", "t", "p", "Holm p", "d_z", "Paper",
+         "Note"],
+        rows,
+        notes=["With n = 5 seeds the intervals and tests are descriptive (paper Sections 6.3 and "
+               "9)."],
+        align=["l"] + ["r"] * 8 + ["p{6cm}"],
+    )
+
+
+def family_comparison_table(ctx: Context, comparisons: pd.DataFrame, table_id: str,
+                             caption: Callable[[int], str],
+                             label: Callable[[Mapping[str, Any]], str]) -> Table:
+    """A family of paired comparisons with its own Holm adjustment (operators, segments):
+    one row per comparison, `label(row)` naming it; `caption(m)` gets the Holm family size."""
+    miss = Missing(ctx)
+    m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
+    rows = []
+    for r in comparisons.to_dict("records"):
+        miss.check(r["cond_a"], r["metric_a"])
+        miss.check(r["cond_b"], r["metric_b"])
+        rows.append([text_cell(label(r)), *comparison_cells(r), text_cell(r["note"])])
+    table = Table(
+        table_id, caption(m),
+        ["Comparison", "n", "Mean diff ± SD", "95% CI", "t", "p", "Holm p", "d_z", "Note"],
+        rows,
+        notes=["With few seeds the intervals and tests are descriptive (paper Sections 6.3 "
+               "and 9)."],
+        align=["l"] + ["r"] * 7 + ["p{6cm}"],
+    )
+    table.missing = miss.lines()
+    return table
+
+
+def paper_tables(ctx: Context, comparisons: pd.DataFrame) -> list[Table]:
+    """The paper's tables (and the shortcut diagnostics) over ``ctx``'s trials, headline and
+    claims first, every paired comparison of the family (``comparisons``) last."""
+    return [
+        table_headline(ctx),
+        table_claims(ctx),
+        table_same_address_update(ctx),
+        table_direct_ltm_routing(ctx),
+        table_routing_per_seed(ctx),
+        table_routing_rule_family(ctx),
+        table_core_parameter_isolation(ctx),
+        table_core_results_per_seed(ctx),
+        table_dual_objective_aggregate(ctx),
+        table_dual_objective_per_seed(ctx),
+        table_shortcut_diagnostics(ctx),
+        table_paired_comparisons(ctx, comparisons),
+    ]

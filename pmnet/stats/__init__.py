@@ -1,0 +1,139 @@
+"""Statistics over Phase-2 trial results (paper Section 6.3 "Metrics and statistics").
+
+Every Phase-2 trial writes one JSON file (condition, seed, provenance, ``val``/``test`` metric
+dicts, ``history``). This package turns those files into a tidy per-trial table and computes
+what the paper reports from it:
+
+* mean +- sample SD (ddof=1) over seeds per condition and metric (:func:`summarize`);
+* paired-by-seed differences with a t-distribution 95% CI, a paired t-test, the effect size
+  d_z and Holm-corrected p values over the paper's family of comparisons
+  (:func:`paired_comparison`, :data:`COMPARISONS`, :func:`compare_all`).
+
+A paired comparison never drops a seed silently: a seed present on only one side is named in
+the ``note`` and ``missing_seeds`` columns, and degenerate cases (fewer than two paired seeds,
+all differences equal) carry an explicit note instead of a silent NaN.
+
+The paper's own numbers (``paper-aggregates.csv`` and ``paper-per-seed.csv`` in the spec
+directory) can be loaded (:func:`paper_aggregates`, :func:`paper_per_seed`) and the per-seed
+numbers pivoted into the same layout as :func:`load_results`
+(:func:`per_seed_frame_from_paper`), so the paper's values go through the same statistics.
+The spec directory is ``$PMNET_SPEC_DIR`` or ``<repo root>/../shared/spec``.
+
+Modules (each imports only those above it):
+
+==============  ==========================================================================
+``vocabulary``  condition names and labels, the tidy table's columns, metric order
+``loading``     result files -> tidy table, training curves, derived metrics, tidy files
+``paired``      summaries, paired comparisons, the paper's family and Holm
+``paper``       the paper's numbers through the same statistics (:class:`PaperReference`)
+``variants``    named Phase-2 overrides: the default variant, arms (beyond the paper)
+``operators``   consolidation operators against the Consolidator (beyond the paper)
+``segments``    episodes of T segments: arms and their comparisons (beyond the paper)
+``phase1``      the Phase-1 checkpoint as a random factor (beyond the paper)
+==============  ==========================================================================
+
+Everything the rest of the repository uses is importable from ``pmnet.stats`` itself.
+"""
+
+from pmnet.conditions import OPERATOR_REFERENCE, PAPER_SEEDS
+from pmnet.stats.loading import (
+    add_derived_metrics,
+    curves_from_metrics_csv,
+    load_histories,
+    load_results,
+    write_tidy,
+)
+from pmnet.stats.operators import (
+    OPERATOR_COMPARISONS,
+    compare_operators,
+    has_operator_results,
+)
+from pmnet.stats.paired import (
+    COMPARISON_REMARKS,
+    COMPARISONS,
+    Comparison,
+    _seed_word,
+    compare_all,
+    expected_seed_set,
+    metric_columns,
+    paired_comparison,
+    seed_values,
+    summarize,
+)
+from pmnet.stats.paper import (
+    DERIVED,
+    PACKAGED_SPEC,
+    PAPER_AGGREGATE_KEYS,
+    PAPER_METRIC_RENAMES,
+    PRINTED,
+    REPO_ROOT,
+    PaperReference,
+    SpecNotFoundError,
+    load_paper_reference,
+    paper_aggregate_key,
+    paper_aggregates,
+    paper_per_seed,
+    per_seed_frame_from_paper,
+    spec_dir,
+)
+from pmnet.stats.phase1 import (
+    MIXED_OPTIMIZERS,
+    PHASE1_COMPARISON_LABELS,
+    PHASE1_COMPARISONS,
+    SINGULAR_ICC,
+    CheckpointTest,
+    Phase1Analysis,
+    Phase1Effect,
+    at_phase1_seed,
+    fit_random_intercept,
+    has_phase1_variance,
+    phase1_seeds,
+    phase1_variance,
+    reference_phase1_seed,
+)
+from pmnet.stats.segments import (
+    SEGMENT_COMPARISON,
+    SEGMENT_GRAPH_ORDER,
+    SegmentArm,
+    compare_segments,
+    compare_segments_identity,
+    segment_arms,
+    segment_comparisons,
+    segment_identity_comparisons,
+)
+from pmnet.stats.variants import arm_name, by_arm, default_variant, has_variant_results
+from pmnet.stats.vocabulary import (
+    CONDITION_LABELS,
+    CONDITIONS,
+    DEVICE_COLUMNS,
+    KNOWN_METRICS,
+    LAST_PREFIX,
+    META_COLUMNS,
+    OPERATOR_CONDITIONS,
+    PHASE1_SEED,
+    VARIANT_FIELDS_ATTR,
+    condition_label,
+    ordered_conditions,
+)
+
+__all__ = [
+    "CONDITIONS", "CONDITION_LABELS", "OPERATOR_CONDITIONS", "OPERATOR_REFERENCE", "PAPER_SEEDS",
+    "META_COLUMNS", "DEVICE_COLUMNS", "VARIANT_FIELDS_ATTR", "PHASE1_SEED", "LAST_PREFIX",
+    "KNOWN_METRICS", "condition_label", "ordered_conditions",
+    "load_results", "load_histories", "curves_from_metrics_csv", "write_tidy",
+    "add_derived_metrics",
+    "metric_columns", "seed_values", "summarize", "paired_comparison", "Comparison",
+    "COMPARISONS", "COMPARISON_REMARKS", "expected_seed_set", "compare_all", "_seed_word",
+    "REPO_ROOT", "PACKAGED_SPEC", "SpecNotFoundError", "spec_dir", "paper_aggregates",
+    "paper_per_seed", "per_seed_frame_from_paper", "PAPER_METRIC_RENAMES", "PAPER_AGGREGATE_KEYS",
+    "paper_aggregate_key",
+    "PRINTED", "DERIVED", "PaperReference", "load_paper_reference",
+    "has_variant_results", "default_variant", "arm_name", "by_arm",
+    "OPERATOR_COMPARISONS", "has_operator_results", "compare_operators",
+    "SEGMENT_GRAPH_ORDER", "SEGMENT_COMPARISON", "SegmentArm", "segment_arms",
+    "segment_comparisons", "segment_identity_comparisons", "compare_segments",
+    "compare_segments_identity",
+    "PHASE1_COMPARISON_LABELS", "PHASE1_COMPARISONS", "SINGULAR_ICC", "MIXED_OPTIMIZERS",
+    "CheckpointTest", "Phase1Effect", "Phase1Analysis", "phase1_seeds", "has_phase1_variance",
+    "reference_phase1_seed", "at_phase1_seed", "fit_random_intercept", "phase1_variance",
+]
