@@ -35,6 +35,9 @@ class ModelConfig:
     phase_dim: int = 32  # d_m in the paper
     read_heads: int = 4
     consolidator_hidden: int = 64  # d_c in the paper
+    # gain on the write modules' phase scores before their softmax (Eq. 2): the sharpness of the
+    # write weights p_j, whose argmax is the route (1 in the paper; a cpu-preset candidate)
+    route_gain: float = 1.0
     # limits -----------------------------------------------------------------------------
     max_chunk: int = 512  # longest chunk a single forward call accepts
     use_memory: bool = True  # False builds the same Transformer with no memory (benchmarks)
@@ -84,7 +87,7 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.write_period ({self.write_period}) exceeds n_layer ({self.n_layer})"
             )
-        for name in ("attn_dropout", "rms_eps", "rope_theta", "init_std"):
+        for name in ("attn_dropout", "rms_eps", "rope_theta", "init_std", "route_gain"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"ModelConfig.{name} must be a number, got {v!r}")

@@ -112,18 +112,20 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 class _PhaseSoftmax(torch.autograd.Function):
-    """p = softmax over `dim` of sum_m cos(q_m - k_m) / sqrt(P) (the phase attention scores
-    of the read and write modules); q broadcasts against k.
+    """p = softmax over `dim` of c * sum_m cos(q_m - k_m) with c = gain / sqrt(P) (the phase
+    attention scores of the read and write modules; gain 1 everywhere in the paper); q
+    broadcasts against k.
 
-    Backward: with s the scores and g_s = softmax'(g_p), d s / d k_m = sin(q_m - k_m) / sqrt(P)
-    and d s / d q_m = -sin(q_m - k_m) / sqrt(P), so g_k = sin(q - k) g_s / sqrt(P) and g_q is
+    Backward: with s the scores and g_s = softmax'(g_p), d s / d k_m = c sin(q_m - k_m)
+    and d s / d q_m = -c sin(q_m - k_m), so g_k = sin(q - k) c g_s and g_q is
     -g_k summed back to q's shape. Saves q, k and p; q - k is recomputed."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, dim: int) -> Tensor:
-        p = torch.softmax(torch.cos(q - k).sum(-1) / math.sqrt(k.shape[-1]), dim=dim)
+    def forward(ctx, q: Tensor, k: Tensor, dim: int, gain: float = 1.0) -> Tensor:
+        s = torch.cos(q - k).sum(-1) / math.sqrt(k.shape[-1])
+        p = torch.softmax(s if gain == 1.0 else s * gain, dim=dim)  # gain 1: the paper's ops
         ctx.save_for_backward(q, k, p)
-        ctx.dim = dim
+        ctx.dim, ctx.gain = dim, gain
         return p
 
     @staticmethod
@@ -131,14 +133,16 @@ class _PhaseSoftmax(torch.autograd.Function):
     def backward(ctx, g_p: Tensor):
         q, k, p = ctx.saved_tensors
         g_s = torch._softmax_backward_data(g_p, p, ctx.dim, p.dtype)
+        if ctx.gain != 1.0:
+            g_s = g_s * ctx.gain
         g_k = torch.sin(q - k) * (g_s / math.sqrt(k.shape[-1]))[..., None]
         g_q = -g_k.sum_to_size(q.shape) if ctx.needs_input_grad[0] else None
-        return g_q, (g_k if ctx.needs_input_grad[1] else None), None
+        return g_q, (g_k if ctx.needs_input_grad[1] else None), None, None
 
 
-def phase_softmax(q: Tensor, k: Tensor, dim: int) -> Tensor:
-    """softmax_dim( sum_m cos(q_m - k_m) / sqrt(P) ): (..., P) against (..., P) -> (...)."""
-    return _PhaseSoftmax.apply(q, k, dim)
+def phase_softmax(q: Tensor, k: Tensor, dim: int, gain: float = 1.0) -> Tensor:
+    """softmax_dim( gain * sum_m cos(q_m - k_m) / sqrt(P) ): (..., P) against (..., P) -> (...)."""
+    return _PhaseSoftmax.apply(q, k, dim, gain)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -383,6 +387,7 @@ class MemoryWrite(nn.Module):
         self.w_k = nn.Linear(2 * P, P)
         self.w_v = nn.Linear(cfg.hidden, P, bias=False)
         self.w_o = nn.Linear(P, P)
+        self.gain = cfg.route_gain  # 1 in the paper
 
     def forward(self, h: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
         """h: (B, T, H) hidden; a: (B, T, K, P) routing state of the visited group's slots.
@@ -394,7 +399,7 @@ class MemoryWrite(nn.Module):
         q = math.pi * torch.tanh(self.w_q(x).float())  # (B, T, P)
         v = math.pi * torch.tanh(self.w_o(self.w_v(x)).float())  # (B, T, P)
         k = math.pi * torch.tanh(self.w_k(phasor(a)).float())  # (B, T, K, P)
-        p = phase_softmax(q[:, :, None, :], k, dim=-1)  # (B, T, K)
+        p = phase_softmax(q[:, :, None, :], k, dim=-1, gain=self.gain)  # (B, T, K)
         delta = p[..., None] * v[:, :, None, :]  # (B, T, K, P)
         return delta, p
 

@@ -79,6 +79,34 @@ def test_phase_softmax_gradients_are_the_analytic_ones():
     # the literal formula
     want = torch.softmax(torch.cos(q - k).sum(-1) / math.sqrt(6), dim=2)
     assert torch.equal(phase_softmax(q, k, 2), want)
+    # a route gain (cpu-preset candidate, issue 21) scales the scores; gradients stay analytic
+    assert torch.autograd.gradcheck(lambda q, k: phase_softmax(q, k, 2, gain=3.0), (q, k))
+    want3 = torch.softmax(3.0 * torch.cos(q - k).sum(-1) / math.sqrt(6), dim=2)
+    torch.testing.assert_close(phase_softmax(q, k, 2, gain=3.0), want3, rtol=1e-12, atol=0)
+    assert not torch.allclose(phase_softmax(q, k, 2, gain=3.0), want)
+
+
+def test_route_gain_sharpens_write_scores_and_keeps_routes():
+    """route_gain multiplies every write module's scores: same argmax (routes) at init, a
+    larger top probability; 1 (the paper) leaves the model's output bit-identical."""
+    torch.manual_seed(0)
+    base = PMNet(ModelConfig.from_name("debug")).eval()
+    sharp = PMNet(ModelConfig.from_name("debug", route_gain=4.0)).eval()
+    sharp.load_state_dict(base.state_dict())
+    x = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        _, s0 = base(x, base.init_state(2), ltm_routing=False)
+        _, s1 = sharp(x, sharp.init_state(2), ltm_routing=False)
+    for r0, r1 in zip(s0.routes, s1.routes):
+        assert torch.equal(r0, r1)
+    h = torch.randn(2, 12, 32)
+    a = torch.rand(2, 12, 4, 8) * 6
+    p0 = base.layers[0].write(h, a)[1]
+    p1 = sharp.layers[0].write(h, a)[1]
+    assert torch.equal(p0.argmax(-1), p1.argmax(-1))
+    assert (p1.amax(-1) > p0.amax(-1)).all()
+    with pytest.raises(ValueError, match="route_gain"):
+        ModelConfig.from_name("debug", route_gain=0.0)
 
 
 # ------------------------------------------------------------------ the whole model
