@@ -52,6 +52,11 @@ class Missing:
 
 
 class Context:
+    """The cells of the tables over one tidy frame: ``stat`` (mean ± SD over seeds), ``seed``,
+    ``seed_diff``, ``paired`` (a paired comparison of ``comparisons``, or one computed on
+    demand from its spec), each with the paper's value beside ours where it has one; the
+    values are cached per (condition, metric)."""
+
     def __init__(
         self,
         df: pd.DataFrame,
