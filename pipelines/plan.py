@@ -87,7 +87,6 @@ class Plan:
     tracking_uri: str | None = None  # None: the embedded store
     ray_address: str | None = None
     num_cpus: int | None = None
-    mlflow_host: str = "127.0.0.1"
     stage1_cpus: float | None = None  # None: every CPU of the largest node
     resumed: bool = False
     # a finished Phase-1 checkpoint of another run that Stage 1 copies in instead of
@@ -198,7 +197,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
              seeds=None, variants=None, cpus_per_trial=None, gpus_per_trial=None,
              max_concurrent=None, max_failures=None, tracking_uri: str | None = None,
              ray_address: str | None = None, num_cpus: int | None = None,
-             mlflow_host: str = "127.0.0.1", stage1_cpus: float | None = None,
+             stage1_cpus: float | None = None,
              phase1_from: str | os.PathLike | None = None, phase1_seeds=None,
              check_tracking: bool = True, cluster: ClusterInfo | None = None,
              gpu_mem_gib: float | None = None, allow_cpu_paper: bool = False) -> Plan:
@@ -233,7 +232,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
         check_tracking_uri(uri)
     plan = Plan(layout=Layout(root, name), cfg=cfg, space=space, preset_reason=reason,
                 overrides=overrides, tracking_uri=uri, ray_address=ray_address,
-                num_cpus=num_cpus, mlflow_host=mlflow_host, stage1_cpus=stage1_cpus,
+                num_cpus=num_cpus, stage1_cpus=stage1_cpus,
                 cluster=cluster)
     fit_to_cluster(plan, explicit_gpus=gpus_per_trial is not None, gpu_mem_gib=gpu_mem_gib,
                    allow_cpu_paper=allow_cpu_paper)
@@ -425,7 +424,7 @@ def _check_existing(plan: Plan) -> None:
 
 def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 tracking_uri: str | None = None, ray_address: str | None = None,
-                num_cpus: int | None = None, mlflow_host: str = "127.0.0.1",
+                num_cpus: int | None = None,
                 stage1_cpus: float | None = None, cluster: ClusterInfo | None = None,
                 check_resources: bool = True) -> Plan:
     """The plan of an existing pipeline, read back from its pipeline.json/config.json.
@@ -473,7 +472,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         cluster = describe_cluster(ray_address, num_cpus)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.get("preset_reason", ""),
                 overrides=meta.get("overrides", {}), tracking_uri=uri,
-                ray_address=ray_address, num_cpus=num_cpus, mlflow_host=mlflow_host,
+                ray_address=ray_address, num_cpus=num_cpus,
                 stage1_cpus=stage1_cpus, resumed=True, cluster=cluster)
     problem = resource_problem(plan, cluster) if check_resources else None
     if problem:
@@ -486,10 +485,8 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
 
 
 def _check_resources(plan: Plan) -> Plan:
-    """The compute-side inputs left: the MLflow host, and a Phase-1 checkpoint already on
-    disk (the CPU counts and the Ray address are checked first, `check_compute_flags`).
-    Reads only; nothing is started or written."""
-    check_host(plan.mlflow_host)
+    """A Phase-1 checkpoint already on disk (the CPU counts and the Ray address are checked
+    first, `check_compute_flags`). Reads only; nothing is started or written."""
     for slot in plan.phase1_slots:
         digest = existing_phase1(plan, slot=slot)
         src = plan.phase1_from
@@ -499,16 +496,6 @@ def _check_resources(plan: Plan) -> Plan:
                 f"(sha256 {digest[:12]}...) that is not the one --phase1-from names "
                 f"({src.sha256[:12]}...); use another --name")
     return plan
-
-
-def check_host(host: str) -> str:
-    """An interface name/address the embedded MLflow server can bind (resolvable)."""
-    try:
-        socket.getaddrinfo(host, None)
-    except (socket.gaierror, UnicodeError, ValueError) as e:
-        raise PipelineError(f"--mlflow-host {host!r} does not resolve ({e}); use 127.0.0.1, "
-                            "this machine's address, or 0.0.0.0") from e
-    return host
 
 
 def check_ray_address(address: str | None, timeout: float = 3.0) -> str | None:

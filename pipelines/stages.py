@@ -34,7 +34,7 @@ from pipelines.plan import (
     phase1_config_hash,
 )
 from pipelines.provenance import git_commit, package_versions
-from pipelines.tracking import EMBEDDED, Runs, stage_run
+from pipelines.tracking import EMBEDDED, Runs, TrialRuns, stage_run
 from pmnet.trial_id import TrialId
 
 
@@ -459,7 +459,7 @@ def _first_error_line(trial, trials_dir: str) -> str:
     return "see the trial's error.txt"
 
 
-def trial_context(plan: Plan, runs: Runs, p1: Stage1Result | str):
+def trial_context(plan: Plan, p1: Stage1Result | str):
     from pipelines.trial import TrialContext
 
     if isinstance(p1, str):
@@ -469,8 +469,7 @@ def trial_context(plan: Plan, runs: Runs, p1: Stage1Result | str):
                         phase1_sha256s={str(k): v for k, v in p1.digests.items()
                                         if k is not None},
                         variants={v.name: v.as_dict() for v in plan.space.variants},
-                        cpus_per_trial=plan.space.cpus_per_trial, tracking_uri=runs.uri,
-                        experiment_id=runs.experiment_id, parent_run_id=runs.parent)
+                        cpus_per_trial=plan.space.cpus_per_trial)
 
 
 @dataclass(frozen=True)
@@ -586,7 +585,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
             raise PipelineError(str(e)) from e
     digest = p1.digest
     rid = stage_run(plan, runs, "stage2-phase2")
-    ctx = trial_context(plan, runs, p1)
+    ctx = trial_context(plan, p1)
     import ray
 
     warm_s = warm_compile_cache(plan, ray, ctx)
@@ -628,7 +627,8 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
                 name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
                 failure_config=tune.FailureConfig(max_failures=sp.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                callbacks=[_progress_callback_class()(sp.n_trials, str(lay.trials_dir))]))
+                callbacks=[_progress_callback_class()(sp.n_trials, str(lay.trials_dir)),
+                           TrialRuns(ctx)]))
     write_json(lay.stage2_json, {"phase1_sha256": digest})
     grid = tuner.fit()
     wall = time.time() - t0

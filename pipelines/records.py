@@ -1,0 +1,79 @@
+"""The pipeline's run records: one typed schema per JSON file it keeps (pipelines.layout
+says where each lives). Every record is a dataclass with `to_dict` / `from_dict`, read with
+`read(path)` (a missing or unreadable file gives the empty record) and written atomically
+with `write(path)`. Unknown keys are ignored when reading, so a record written by a newer
+version still reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pmnet.io import atomic_write_json
+
+
+class Record:
+    """to_dict / from_dict / read / write for a record dataclass; `_nested` names fields
+    holding {key: record} maps, converted both ways."""
+
+    _nested: ClassVar[dict[str, type]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in self._nested:
+                value = {k: v.to_dict() for k, v in value.items()}
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any):
+        if not isinstance(data, dict):
+            return cls()
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if f.name in cls._nested:
+                value = {k: cls._nested[f.name].from_dict(v) for k, v in (value or {}).items()}
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike):
+        from pipelines.layout import read_json
+
+        return cls.from_dict(read_json(path))
+
+    def write(self, path: str | os.PathLike) -> None:
+        atomic_write_json(path, self.to_dict())
+
+
+@dataclass
+class TrialRecord(Record):
+    """A trial's MLflow run, as the driver's callback left it (tracking.json `trials`):
+    `finished` once the run was closed from the trial's result file."""
+
+    run_id: str | None = None
+    finished: bool = False
+
+
+@dataclass
+class TrackingRecord(Record):
+    """`tracking.json`: where the pipeline's runs are. `tracking_uri` is the store the user
+    asked for (`embedded`, a `sqlite:` URI or a server) that `resume`, `report` and `ui`
+    use again; `stages` {stage: run id}; `trials` {trial name: TrialRecord}."""
+
+    _nested: ClassVar[dict[str, type]] = {"trials": TrialRecord}
+
+    tracking_uri: str | None = None
+    experiment_name: str | None = None
+    experiment_id: str | None = None
+    parent_run_id: str | None = None
+    stages: dict[str, str] = field(default_factory=dict)
+    trials: dict[str, TrialRecord] = field(default_factory=dict)
