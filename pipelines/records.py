@@ -8,11 +8,28 @@ version still reads.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pmnet.io import atomic_write_json
+
+
+def canon(obj):
+    """`obj` as JSON gives it back (sorted keys, non-JSON values as str)."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def normalized_config(cfg_d):
+    """A stored TrainConfig with the defaults of fields added since it was written (so a
+    pipeline recorded by an older version still matches its own configuration)."""
+    from pmnet.train import TrainConfig
+
+    try:
+        return canon(TrainConfig.from_dict(cfg_d).to_dict())
+    except (TypeError, ValueError, KeyError):
+        return cfg_d
 
 
 class Record:
@@ -22,9 +39,12 @@ class Record:
     _nested: ClassVar[dict[str, type]] = {}
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, a None one left out."""
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if value is None:
+                continue
             if f.name in self._nested:
                 value = {k: v.to_dict() for k, v in value.items()}
             out[f.name] = value
@@ -77,3 +97,28 @@ class TrackingRecord(Record):
     parent_run_id: str | None = None
     stages: dict[str, str] = field(default_factory=dict)
     trials: dict[str, TrialRecord] = field(default_factory=dict)
+
+
+@dataclass
+class Stage1Record(Record):
+    """`phase1[-p1s<k>]/stage1.json`: a finished Phase-1 checkpoint. `config_hash` is
+    `phase1.phase1_config_hash` of the configuration it was trained with; `imported_from`
+    the checkpoint `--phase1-from` copied in; `routes` Phase 1's route diagnostics."""
+
+    config_hash: str | None = None
+    sha256: str | None = None
+    checkpoint: str | None = None
+    phase1_seed: int | None = None
+    train_time_s: float | None = None
+    wall_s: float | None = None
+    metrics: dict = field(default_factory=dict)
+    imported_from: str | None = None
+    routes: dict | None = None
+
+
+@dataclass
+class Stage2Record(Record):
+    """`stage2.json`: the Phase-1 sha256 the Tune experiment `stage2/` was trained from
+    (a retrained Phase 1 moves the experiment aside)."""
+
+    phase1_sha256: str | None = None

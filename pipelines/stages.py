@@ -25,15 +25,10 @@ from typing import Any
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write_json
-from pipelines.plan import (
-    Phase1Slot,
-    Plan,
-    canon,
-    existing_phase1,
-    grid_record,
-    phase1_config_hash,
-)
+from pipelines.phase1 import Phase1Slot, check_phase1, existing_phase1, phase1_config_hash
+from pipelines.plan import Plan, grid_record
 from pipelines.provenance import git_commit, package_versions
+from pipelines.records import Stage1Record, Stage2Record, canon
 from pipelines.tracking import EMBEDDED, Runs, TrialRuns, stage_run
 from pmnet.trial_id import TrialId
 
@@ -243,7 +238,7 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
     todo = []
     jobs = []
     for slot in slots:
-        digest = existing_phase1(plan, repair=True, slot=slot)
+        digest = existing_phase1(slot, repair=True)
         if digest is None and plan.phase1_from is not None \
                 and plan.phase1_from.slot_seed == slot.seed:
             digest = import_phase1(plan, slot)
@@ -292,12 +287,11 @@ def import_phase1(plan: Plan, slot: Phase1Slot) -> str:
     atomic_write_bytes(slot.sidecar, f"{src.sha256}  {slot.ckpt.name}\n".encode())
     for p in (slot.ckpt, slot.sidecar):  # read-only, as trained
         p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    info = {"config_hash": phase1_config_hash(slot.cfg), "sha256": src.sha256,
-            "checkpoint": str(slot.ckpt), "imported_from": str(src.checkpoint),
-            "phase1_seed": slot.cfg.phase1_seed,
-            "train_time_s": src.metrics.get("train_time_s"), "wall_s": 0.0,
-            "metrics": src.metrics.get("test", {})}
-    write_json(slot.stage1_json, canon(info))
+    Stage1Record(config_hash=phase1_config_hash(slot.cfg), sha256=src.sha256,
+                 checkpoint=str(slot.ckpt), imported_from=str(src.checkpoint),
+                 phase1_seed=slot.cfg.phase1_seed,
+                 train_time_s=src.metrics.get("train_time_s"), wall_s=0.0,
+                 metrics=canon(src.metrics.get("test", {}))).write(slot.stage1_json)
     write_meta(plan, phase1_from=src.to_dict(),
                **({"phase1_sha256": src.sha256} if slot.seed is None else {}))
     return src.sha256
@@ -340,12 +334,12 @@ def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
     for p in (slot.ckpt, slot.sidecar):  # read-only from now on
         p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     wall = time.time() - job.t0
-    info = {"config_hash": phase1_config_hash(slot.cfg), "sha256": digest,
-            "checkpoint": str(slot.ckpt), "phase1_seed": slot.cfg.phase1_seed,
-            "train_time_s": res.get("train_time_s"), "wall_s": wall,
-            "metrics": res.get("metrics", {}),
-            **({"routes": res["routes"]} if res.get("routes") else {})}
-    write_json(slot.stage1_json, canon(info))
+    Stage1Record(config_hash=phase1_config_hash(slot.cfg), sha256=digest,
+                 checkpoint=str(slot.ckpt), phase1_seed=slot.cfg.phase1_seed,
+                 train_time_s=res.get("train_time_s"), wall_s=wall,
+                 metrics=canon(res.get("metrics", {})),
+                 routes=canon(res["routes"]) if res.get("routes") else None
+                 ).write(slot.stage1_json)
     job.digest, job.train_time_s = digest, float(res.get("train_time_s") or 0.0)
     kill_point("stage1-recorded")
     tag = f" {slot.label}" if slot.seed is not None else ""
@@ -512,7 +506,7 @@ def _refused_trials(plan: Plan) -> list[str]:
 def _retire_stale_experiment(lay, digest: str) -> None:
     """A Tune experiment trained from another Phase-1 checkpoint (Phase 1 was retrained) is
     moved aside: its trial checkpoints must not seed trials of the new checkpoint."""
-    known = (read_json(lay.stage2_json, {}) or {}).get("phase1_sha256")
+    known = Stage2Record.read(lay.stage2_json).phase1_sha256
     if known and known != digest and lay.experiment_dir.exists():
         aside = lay.run_dir / f"{lay.experiment_dir.name}-phase1-{known[:12]}"
         lay.experiment_dir.rename(aside)
@@ -574,7 +568,7 @@ def warm_compile_cache(plan: Plan, ray, ctx) -> float:
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -> dict:
     from ray import tune
 
-    from pipelines.trial import check_phase1, trial_dirname, trial_str
+    from pipelines.trial import trial_dirname, trial_str
 
     lay, sp = plan.layout, plan.space
     if precheck:  # fail fast in the driver; every trial checks again before training
@@ -629,7 +623,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=[_progress_callback_class()(sp.n_trials, str(lay.trials_dir)),
                            TrialRuns(ctx)]))
-    write_json(lay.stage2_json, {"phase1_sha256": digest})
+    Stage2Record(phase1_sha256=digest).write(lay.stage2_json)
     grid = tuner.fit()
     wall = time.time() - t0
     finished = errored = 0

@@ -47,6 +47,7 @@ from pipelines.layout import (
     update_json,
     write_json,
 )
+from pipelines.phase1 import Phase1Refused, check_phase1
 from pmnet.conditions import seed_problem
 from pmnet.io import atomic_copy
 from pmnet.trial_id import TrialId, variant_name_problem
@@ -123,10 +124,6 @@ class TrialConfigError(Exception):
     errored, and a `resume` runs it again (a fresh Tune experiment, `stages.stage2`)."""
 
 
-class Phase1Refused(TrialConfigError):
-    """The Phase-1 checkpoint is missing, tampered with, or not the one Stage 1 produced."""
-
-
 def assigned_device() -> str:
     """Where this Ray task or actor trains: "gpu" when Ray gave it a GPU (or a share of one:
     `ray.get_gpu_ids()`), else "cpu" -- never a GPU that Ray did not count for it (with 0
@@ -163,21 +160,6 @@ def quiet_training_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", category=UserWarning, message=".*number of training batches")
-
-
-def check_phase1(path: str | os.PathLike, expected_sha256: str | None) -> str:
-    """verify_phase1 plus the hash recorded by Stage 1; Phase1Refused with the reason."""
-    from pmnet.train import verify_phase1
-
-    try:
-        digest = verify_phase1(path)
-    except ValueError as e:
-        raise Phase1Refused(f"refusing the Phase-1 checkpoint: {e}") from e
-    if expected_sha256 and digest != expected_sha256:
-        raise Phase1Refused(
-            f"refusing the Phase-1 checkpoint {path}: its sha256 {digest[:12]}... is not the "
-            f"{expected_sha256[:12]}... that Stage 1 recorded for this pipeline")
-    return digest
 
 
 def _fault_marker(trial: TrialId) -> Path | None:
@@ -403,7 +385,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         # 2. + 3. train (or reuse a finished result) and record
         final = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
                                   result_path, setup)
-    except TrialConfigError as e:  # deterministic: recorded once, not retried by Tune
+    except (TrialConfigError, Phase1Refused) as e:  # deterministic: once, not retried
         _refuse(trial, info_path, e, trial_info)
         return
     except BaseException as e:

@@ -85,7 +85,7 @@ def _phase1(root: Path, garbage: bool) -> None:
     import hashlib
 
     from pipelines.layout import Layout
-    from pipelines.plan import phase1_config_hash
+    from pipelines.phase1 import phase1_config_hash
     from pmnet.train import TrainConfig
 
     _existing(root)

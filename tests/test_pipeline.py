@@ -409,6 +409,7 @@ def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
     from pipelines import cluster, stages, tracking
     from pipelines import plan as planning
     from pipelines.layout import PipelineError, write_json
+    from pipelines.phase1 import existing_phase1, phase1_config_hash
     from pipelines.trial import quiet_training_logs
 
     quiet_training_logs()
@@ -422,14 +423,14 @@ def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
     threads = torch.get_num_threads()
     res = run_phase1(TrainConfig.from_name("debug", threads=1), lay.phase1_dir, progress=False)
     torch.set_num_threads(threads)
-    write_json(lay.stage1_json, {"config_hash": planning.phase1_config_hash(plan.cfg),
+    write_json(lay.stage1_json, {"config_hash": phase1_config_hash(plan.cfg),
                                  "sha256": res["sha256"]})
     data = bytearray(lay.phase1_ckpt.read_bytes())
     data[len(data) // 3] ^= 0x5A
     lay.phase1_ckpt.write_bytes(bytes(data))
     # the driver refuses it before any trial starts ...
     with pytest.raises(PipelineError, match="does not match its recorded sha256"):
-        stages.existing_phase1(plan)
+        existing_phase1(plan.phase1_slots[0])
     with pytest.raises(PipelineError, match="does not match its recorded sha256"):
         stages.stage2(plan, tracking.Runs(), stages.Stage1Result({None: res["sha256"]}, 0.0))
     assert not lay.experiment_dir.exists()

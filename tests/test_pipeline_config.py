@@ -21,9 +21,9 @@ from pipelines.layout import (
     trial_key,
     write_json,
 )
+from pipelines.phase1 import Phase1Refused, check_phase1, existing_phase1, phase1_config_hash
 from pipelines.status import status_text, trial_rows
 from pipelines.tracking import Tracker, check_tracking_uri
-from pipelines.trial import Phase1Refused, check_phase1
 from pmnet.trial_id import TrialId
 from tune_spaces import SpaceError
 
@@ -166,32 +166,32 @@ def test_phase1_gate_refuses_tampered_or_foreign_checkpoints(tmp_path, phase1):
 def test_stage1_is_idempotent_and_never_retrains_over_a_tampered_checkpoint(tmp_path, phase1):
     plan = _plan(tmp_path)
     lay = plan.layout
-    assert stages.existing_phase1(plan) is None  # nothing yet: Stage 1 must run
+    assert existing_phase1(plan.phase1_slots[0]) is None  # nothing yet: Stage 1 must run
     lay.phase1_dir.mkdir(parents=True)
     src = Path(phase1["checkpoint"])
     lay.phase1_ckpt.write_bytes(src.read_bytes())
     Path(f"{lay.phase1_ckpt}.sha256").write_bytes(Path(f"{src}.sha256").read_bytes())
-    assert stages.existing_phase1(plan) is None  # no record of the config it was made for
-    write_json(lay.stage1_json, {"config_hash": planning.phase1_config_hash(plan.cfg),
+    assert existing_phase1(plan.phase1_slots[0]) is None  # no record of the config it was made for
+    write_json(lay.stage1_json, {"config_hash": phase1_config_hash(plan.cfg),
                                  "sha256": phase1["sha256"]})
-    assert stages.existing_phase1(plan) == phase1["sha256"]  # valid: Stage 1 is skipped
+    assert existing_phase1(plan.phase1_slots[0]) == phase1["sha256"]  # valid: Stage 1 is skipped
     other = _plan(tmp_path, name="q", overrides={"phase1_lr": 1e-2})
-    assert planning.phase1_config_hash(other.cfg) != planning.phase1_config_hash(plan.cfg)
+    assert phase1_config_hash(other.cfg) != phase1_config_hash(plan.cfg)
     same_p1 = _plan(tmp_path, name="r", overrides={"max_epochs": 3})  # Phase-2-only change
-    assert planning.phase1_config_hash(same_p1.cfg) == planning.phase1_config_hash(plan.cfg)
+    assert phase1_config_hash(same_p1.cfg) == phase1_config_hash(plan.cfg)
     # a lost sidecar: the checkpoint still matches what Stage 1 recorded, so the driver
     # rewrites the sidecar instead of retraining Phase 1 (planning only reads)
     sidecar = Path(f"{lay.phase1_ckpt}.sha256")
     text = sidecar.read_text()
     sidecar.unlink()
-    assert stages.existing_phase1(plan) == phase1["sha256"] and not sidecar.exists()
-    assert stages.existing_phase1(plan, repair=True) == phase1["sha256"]
+    assert existing_phase1(plan.phase1_slots[0]) == phase1["sha256"] and not sidecar.exists()
+    assert existing_phase1(plan.phase1_slots[0], repair=True) == phase1["sha256"]
     assert sidecar.read_text() == text
     data = bytearray(lay.phase1_ckpt.read_bytes())
     data[-10] ^= 0x01
     lay.phase1_ckpt.write_bytes(bytes(data))
     with pytest.raises(PipelineError, match="does not match its recorded sha256.*Delete"):
-        stages.existing_phase1(plan)
+        existing_phase1(plan.phase1_slots[0])
 
 
 def _tree(root: Path) -> dict:
@@ -213,12 +213,12 @@ def test_phase1_from_imports_a_checked_checkpoint_instead_of_training(tmp_path, 
     info = read_json(lay.stage1_json)
     assert info["imported_from"] == str(Path(phase1["checkpoint"]).resolve())
     assert info["sha256"] == phase1["sha256"]
-    assert info["config_hash"] == planning.phase1_config_hash(plan.cfg)
+    assert info["config_hash"] == phase1_config_hash(plan.cfg)
     assert read_json(lay.phase1_dir / "phase1_metrics.json")["test"] == \
         read_json(src_dir / "phase1_metrics.json")["test"]
     assert read_json(lay.pipeline_json)["phase1_from"]["sha256"] == phase1["sha256"]
     # from now on the run's own checkpoint is the one Stage 1 finds (a resume needs no source)
-    assert stages.existing_phase1(plan) == phase1["sha256"]
+    assert existing_phase1(plan.phase1_slots[0]) == phase1["sha256"]
     again = _plan(tmp_path, phase1_from=Path(phase1["checkpoint"]))  # same name, same file
     assert again.resumed and stages.stage1_start(again, None, again.cluster)[0].digest == job.digest
     # the run's checkpoint removed: resume imports it again from the recorded source
@@ -271,7 +271,7 @@ def test_phase1_from_refuses_what_it_cannot_vouch_for(tmp_path, phase1, case, me
         digest = save_model_file(plan.layout.phase1_ckpt, model, fmt="pmnet-phase1/v1", meta={})
         assert digest != phase1["sha256"]
         write_json(plan.layout.stage1_json,
-                   {"config_hash": planning.phase1_config_hash(plan.cfg), "sha256": digest})
+                   {"config_hash": phase1_config_hash(plan.cfg), "sha256": digest})
     before = _tree(tmp_path / "runs")
     with pytest.raises(PipelineError, match=message):
         _plan(tmp_path, phase1_from=d, **kw)
@@ -978,3 +978,55 @@ def test_a_variant_trial_trains_its_variants_configuration_and_records_the_varia
     run = MlflowClient(uri).search_runs(
         [exp], "tags.trial_key = 't/consolidator_only-s42'")[0]
     assert "variant" not in run.data.tags and "variant" not in run.data.params
+
+
+# -- structure ---------------------------------------------------------------------------------
+
+
+def _pipelines_imports() -> dict[str, set[str]]:
+    """{module: the pipelines modules it imports, at its top or inside a function}; imports
+    under `if TYPE_CHECKING:` (annotations only) are left out."""
+    import ast
+
+    pkg = Path(__file__).resolve().parent.parent / "pipelines"
+    mods = {p.stem for p in pkg.glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for m in mods:
+        tree = ast.parse((pkg / f"{m}.py").read_text())
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and getattr(node.test, "id", "") == "TYPE_CHECKING"
+                for n in ast.walk(node)}
+        deps = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module == "pipelines":
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipelines."):
+                deps.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names
+                         if a.name.startswith("pipelines.")}
+        graph[m] = deps & mods
+    return graph
+
+
+def test_pipelines_modules_import_each_other_without_a_circle():
+    graph = _pipelines_imports()
+    assert graph["tracking"] and graph["plan"]  # the walk sees imports
+    order, state = [], {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for d in sorted(graph[m]):
+            assert state.get(d) != "open", f"import circle: {' -> '.join(path + [d])}"
+            if d not in state:
+                visit(d, path + [d])
+        state[m] = "done"
+        order.append(m)
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert len(order) == len(graph)
+    assert not {"mlflow_server", "mlflow_guard"} & set(graph)  # no server process of our own
