@@ -75,6 +75,36 @@ class Record:
 
 
 @dataclass
+class TrialState(Record):
+    """`trials/<trial>/trial.json`: the trial's own account of itself, kept across its
+    attempts. Its identity (`TrialId.to_config()`'s keys; a named variant also its
+    `variant_overrides`) and `trial_key`; `state` RUNNING, ERROR or FINISHED; `failures`
+    (crashed attempts); the last reported `epoch` and `best_select`; the last `error`
+    (`config_error` when its configuration cannot run: not retried); the `result` file."""
+
+    condition: str | None = None
+    seed: int | None = None
+    variant: str | None = None
+    phase1_seed: int | None = None
+    variant_overrides: dict | None = None
+    trial_key: str | None = None
+    state: str | None = None
+    failures: int = 0
+    epoch: int | None = None
+    best_select: float | None = None
+    error: str | None = None
+    config_error: bool | None = None
+    result: str | None = None
+
+    @classmethod
+    def update(cls, path: str | os.PathLike, **fields) -> TrialState:
+        """The record at `path` with `fields` replaced, written back at once."""
+        state = dataclasses.replace(cls.read(path), **fields)
+        state.write(path)
+        return state
+
+
+@dataclass
 class TrialRecord(Record):
     """A trial's MLflow run, as the driver's callback left it (tracking.json `trials`):
     `finished` once the run was closed from the trial's result file."""

@@ -28,7 +28,7 @@ from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write
 from pipelines.phase1 import Phase1Slot, check_phase1, existing_phase1, phase1_config_hash
 from pipelines.plan import Plan, grid_record
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import Stage1Record, Stage2Record, canon
+from pipelines.records import Stage1Record, Stage2Record, TrialState, canon
 from pipelines.tracking import EMBEDDED, Runs, TrialRuns, stage_run
 from pmnet.trial_id import TrialId
 
@@ -440,9 +440,9 @@ def _fmt(v, nd: int = 2) -> str:
 
 def _first_error_line(trial, trials_dir: str) -> str:
     """The error the trial recorded in its trial.json, else the end of Tune's error.txt."""
-    info = read_json(Path(trials_dir) / _tname(trial) / "trial.json", {}) or {}
-    if info.get("state") == "ERROR" and info.get("error"):
-        return str(info["error"]).splitlines()[0][:300]
+    info = TrialState.read(Path(trials_dir) / _tname(trial) / "trial.json")
+    if info.state == "ERROR" and info.error:
+        return info.error.splitlines()[0][:300]
     try:
         path = Path(trial.path) / "error.txt"
         if path.is_file():
@@ -492,13 +492,12 @@ def make_trainable(plan: Plan, ctx):
 def _refused_trials(plan: Plan) -> list[str]:
     """Trials of the grid that a configuration error ended (trial.json says so) and that have
     no result: Tune recorded them as finished, so only a new experiment runs them again."""
-    from pipelines.trial import CONFIG_ERROR
 
     lay = plan.layout
     out = []
     for t in plan.space.trials:
-        info = read_json(lay.trial_dir(t) / "trial.json", {}) or {}
-        if info.get(CONFIG_ERROR) and not lay.result_path(t).is_file():
+        if TrialState.read(lay.trial_dir(t) / "trial.json").config_error \
+                and not lay.result_path(t).is_file():
             out.append(t.name)
     return out
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipelines.layout import Layout, read_json
 from pipelines.lock import driver_alive
-from pipelines.records import TrackingRecord
+from pipelines.records import TrackingRecord, TrialState
 from pmnet.trial_id import TrialId
 
 COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test updated_ltm",
@@ -50,7 +50,7 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
     rows = []
     for trial in grid_trials(meta):
         cond = trial.condition
-        info = read_json(layout.trial_dir(trial) / "trial.json", {}) or {}
+        info = TrialState.read(layout.trial_dir(trial) / "trial.json")
         res = read_json(layout.result_path(trial))
         select = from_conditions.get(cond, "updated_ltm")
         run = tracked.get(trial.name)
@@ -59,20 +59,20 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
             best = (res.get("val") or {}).get(select)
             test = (res.get("test") or {}).get("updated_ltm")
         else:
-            state = info.get("state") or "NOT STARTED"
+            state = info.state or "NOT STARTED"
             if state == "RUNNING" and not live:
                 state = "INTERRUPTED"
-            best, test = info.get("best_select"), None
+            best, test = info.best_select, None
         pending = run is not None and state == "FINISHED" and not run.finished
         rows.append({
             "condition": cond, "variant": trial.variant, "seed": trial.seed,
-            "trial": trial.name, "state": state, "failures": info.get("failures", 0),
+            "trial": trial.name, "state": state, "failures": info.failures,
             "best val (select)": _num(best), "select": select,
             "test updated_ltm": _num(test),
             "mlflow run": (run.run_id if run and run.run_id else "-")
             + (" (pending)" if pending else ""),
-            "error": info.get("error") if state == "ERROR" else None,
-            "epoch": info.get("epoch"),
+            "error": info.error if state == "ERROR" else None,
+            "epoch": info.epoch,
         })
     return rows
 

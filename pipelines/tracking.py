@@ -39,7 +39,7 @@ from ray.air.integrations.mlflow import MLflowLoggerCallback
 from pipelines.console import say
 from pipelines.layout import Layout, PipelineError, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import TrackingRecord, TrialRecord
+from pipelines.records import TrackingRecord, TrialRecord, TrialState
 from pmnet.trial_id import TrialId
 
 if TYPE_CHECKING:
@@ -678,8 +678,8 @@ class TrialRuns(MLflowLoggerCallback):
             self._mark_failed(tid, rid)
 
     def _mark_failed(self, tid: TrialId, rid: str) -> None:
-        info = read_json(self.ctx.layout.trial_dir(tid) / "trial.json", {}) or {}
-        error = str(info.get("error") or "the trial ended without a result")[:5000]
+        info = TrialState.read(self.ctx.layout.trial_dir(tid) / "trial.json")
+        error = (info.error or "the trial ended without a result")[:5000]
         self.runs.safe(f"marking {tid.name} failed", lambda: (
             self.runs.tracker.set_tags(rid, {"last_error": error}),
             self.runs.tracker.finish(rid, "FAILED")))

@@ -39,15 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.layout import (
-    Layout,
-    check_name,
-    read_json,
-    trial_key,
-    update_json,
-    write_json,
-)
+from pipelines.layout import Layout, check_name, read_json, trial_key, write_json
 from pipelines.phase1 import Phase1Refused, check_phase1
+from pipelines.records import TrialState
 from pmnet.conditions import seed_problem
 from pmnet.io import atomic_copy
 from pmnet.trial_id import TrialId, variant_name_problem
@@ -244,8 +238,8 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str,
             metrics["epoch"] = epoch
             if self.best > float("-inf"):
                 metrics["best/select"] = self.best
-            update_json(Path(trial_dir) / "trial.json",  # for `status`
-                        {"epoch": epoch, "best_select": metrics.get("best/select")})
+            TrialState.update(Path(trial_dir) / "trial.json",  # for `status`
+                              epoch=epoch, best_select=metrics.get("best/select"))
             base = Path(trial_dir) / ".tune_ckpt"
             base.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=base) as tmp:
@@ -368,7 +362,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         if problem:
             raise ValueError(problem)
     except ValueError as e:
-        _refuse(trial, info_path, TrialConfigError(str(e)), {**trial.to_config()})
+        _refuse(trial, info_path, TrialConfigError(str(e)), trial.to_config())
         return
     key = trial_key(layout.name, trial)
     record = variant_record(trial, ctx.variants[trial.variant])
@@ -380,7 +374,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         p1_ckpt, p1_sha = trial_phase1(ctx, trial)
         digest = check_phase1(p1_ckpt, p1_sha)
         setup = {"imports_s": t_imported - t_enter, "setup_s": time.time() - t_enter}
-        update_json(info_path, {**trial_info, "state": "RUNNING"})
+        TrialState.update(info_path, **trial_info, state="RUNNING")
 
         # 2. + 3. train (or reuse a finished result) and record
         final = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
@@ -390,13 +384,12 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         return
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
-        failures = (read_json(info_path, {}) or {}).get("failures", 0) + 1
-        update_json(info_path, {**trial_info, "state": "ERROR", "error": error[:2000],
-                                "failures": failures})
+        TrialState.update(info_path, **trial_info, state="ERROR", error=error[:2000],
+                          failures=TrialState.read(info_path).failures + 1)
         raise
     finally:
         release_device_memory()
-    update_json(info_path, {**trial_info, "state": "FINISHED", "result": str(result_path)})
+    TrialState.update(info_path, **trial_info, state="FINISHED", result=str(result_path))
     shutil.rmtree(tdir / ".tune_ckpt", ignore_errors=True)
     tune.report({k: (float("nan") if v is None else v) for k, v in final.items()}
                 | trial.to_config())
@@ -415,8 +408,7 @@ def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> No
 
     message = f"{type(error).__name__}: {error}"
     log.error("trial %s refused: %s", trial.name, message)
-    update_json(info_path, {**info, "state": "ERROR", "error": message[:2000],
-                            CONFIG_ERROR: True})
+    TrialState.update(info_path, **info, state="ERROR", error=message[:2000], config_error=True)
     tune.report({CONFIG_ERROR: message[:2000], "finished": 0} | trial.to_config())
 
 
