@@ -210,7 +210,7 @@ def cmd_report(a) -> int:
     # the store the pipeline recorded (or --tracking-uri); the report computes nothing
     plan = plan_resume(root=root, name=a.name or last_pipeline(root),
                        tracking_uri=a.tracking_uri, check_resources=False)
-    runs = Runs() if a.no_mlflow else Runs.reopen(plan.layout)
+    runs = Runs() if a.no_mlflow else Runs.reopen(plan.layout, plan.tracking_uri)
     return Exit.DONE if stage3(plan, runs) else Exit.FAILED
 
 

@@ -445,13 +445,14 @@ class Runs:
         self.save()
 
     @classmethod
-    def reopen(cls, layout: Layout) -> Runs:
+    def reopen(cls, layout: Layout, uri: str | None = None) -> Runs:
         """The runs tracking.json records, for a later process (the Tune callback after a
-        restore, `report`); tracking off when there is no record."""
+        restore, `report`), in the store it records (or `uri`); tracking off when there is
+        no record."""
         record = TrackingRecord.read(layout.tracking_json)
         if record.experiment_id is None:
             return cls(layout=layout, record=record)
-        return cls(tracker=Tracker(store_uri(layout.root, record.tracking_uri)),
+        return cls(tracker=Tracker(store_uri(layout.root, uri or record.tracking_uri)),
                    layout=layout, record=record)
 
 

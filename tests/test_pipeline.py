@@ -473,12 +473,15 @@ def test_driver_killed_mid_stage2_then_resumed(tmp_path):
                             start_new_session=True)
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:
-            done = list(lay.results_dir.glob("*.json")) if lay.results_dir.is_dir() else []
-            if done:
+        while time.time() < deadline and proc.poll() is None:  # into the next trial: a
+            # trial without a result has reported an epoch (Tune saves its state then)
+            if lay.results_dir.is_dir() and list(lay.results_dir.glob("*.json")) and any(
+                    not lay.result_path(t).is_file()
+                    and (read_json(lay.trial_dir(t) / "trial.json") or {}).get("epoch") is not None
+                    for t in (TrialId(c, s) for c, s in GRID)):
                 break
             time.sleep(0.2)
-        time.sleep(1.0)  # into the next trial
+        time.sleep(1.0)
         assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
         os.kill(proc.pid, signal.SIGKILL)  # the driver only: no cleanup code runs
         proc.wait(30)
