@@ -63,7 +63,7 @@ status: install ## table of trials of the last (or NAME=...) pipeline, read from
 report: install ## rebuild the report of the last (or NAME=...) pipeline from finished results
 	$(PY) -m pipelines.run report $(if $(NAME),--name $(NAME)) --root $(RUNS)
 
-ui: install ## start the MLflow UI on 127.0.0.1 for the local store
+ui: install ## start the MLflow UI on 127.0.0.1 for the local store (prints the last pipeline's runs address)
 	$(PY) -m pipelines.run ui --root $(RUNS)
 
 clean: ## remove caches (keeps the venv and runs/)

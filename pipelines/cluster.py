@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.console import say
 from pipelines.layout import PipelineError
 
 if TYPE_CHECKING:
@@ -272,23 +271,6 @@ def init_ray(plan: Plan):
                  object_store_memory=min(2 << 30, (512 << 20) + ncpu * (128 << 20)),
                  **gpus, **_ray_kwargs())
     return ray
-
-
-def check_cluster(plan: Plan, ray) -> ClusterInfo:
-    """What must hold before Stage 1: the grid still fits the running cluster (planning
-    checked it; a cluster can change since), and every node sees the root. Returns the
-    cluster as it is now (local Ray: as planned)."""
-    from pipelines.plan import resource_problem
-
-    cluster = plan.cluster if (plan.cluster is not None and not plan.ray_address) \
-        else describe_ray(ray)
-    problem = resource_problem(plan, cluster)
-    if problem:
-        raise PipelineError(f"the cluster changed since planning: {problem}")
-    checked = check_storage(plan.layout.root, ray)
-    if plan.ray_address:
-        say(f"[pipeline] all {len(checked)} Ray nodes see the storage root {plan.layout.root}")
-    return cluster
 
 
 # -- does every node see the storage root? ----------------------------------------------------

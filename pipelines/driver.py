@@ -1,9 +1,9 @@
 """The pipeline driver: runs a validated `Plan` (pipelines.plan) through the three stages.
 
-`execute(plan)` starts the tracking server (embedded store) and Ray, then Stage 1 (Phase 0/1
+`execute(plan)` opens the MLflow runs and starts Ray, then Stage 1 (Phase 0/1
 once), Stage 2 (the Tune grid) and Stage 3 (statistics and report) from pipelines.stages,
 and writes the pipeline's records. Planning and validation live in pipelines.plan, Ray set-up
-in pipelines.cluster, MLflow in pipelines.tracking and pipelines.mlflow_server.
+in pipelines.cluster, MLflow (the driver is its only writer) in pipelines.tracking.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import os
 import socket
 import time
 
-from pipelines.cluster import check_cluster, init_ray
+from pipelines.cluster import ClusterInfo, check_storage, describe_ray, init_ray
 from pipelines.console import say
 from pipelines.faults import kill_point
+from pipelines.layout import PipelineError
 from pipelines.lock import RunLock
-from pipelines.mlflow_server import server_for
-from pipelines.plan import Plan
+from pipelines.plan import Plan, resource_problem
 from pipelines.stages import stage1_finish, stage1_start, stage2, stage3, timing_record, write_meta
-from pipelines.tracking import Runs, backfill_results, experiment_name, open_tracking
+from pipelines.tracking import Runs, backfill_results, open_tracking
 
 
 def execute(plan: Plan) -> int:
@@ -55,20 +55,16 @@ def _execute(plan: Plan) -> int:
                         for (c, v), b in plan.memory.items()))
 
     runs = Runs()
-    server = server_for(plan)  # a SQLite store (embedded or sqlite:) is served, shared per store
     ray = None
     try:
-        if server is not None:
-            server.start()
         t_ray = time.time()
         ray = init_ray(plan)
         cluster = check_cluster(plan, ray)
         where = f"Ray cluster {plan.ray_address}" if plan.ray_address else "local Ray"
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
-        jobs = stage1_start(plan, ray, cluster)  # run while the MLflow server starts
+        jobs = stage1_start(plan, ray, cluster)
         kill_point("stage1-submitted")
-        uri = server.wait_ready() if server is not None else plan.tracking_uri
-        runs = open_tracking(plan, uri)
+        runs = open_tracking(plan)
         p1 = stage1_finish(plan, ray, jobs, runs)
         s2 = stage2(plan, runs, p1)
         kill_point("stage2-done")
@@ -92,9 +88,7 @@ def _execute(plan: Plan) -> int:
             say("[pipeline] unfinished or errored trials continue from their checkpoints with "
                 f"`make resume NAME={plan.name}` (python -m pipelines.run resume --name "
                 f"{plan.name} --root {lay.root}); `make status` shows their errors")
-        if plan.tracking_uri is None:
-            say(f"[pipeline] MLflow: `make ui RUNS={lay.root}` then open the experiment "
-                f"'{experiment_name(plan)}'")
+        say(f"[pipeline] MLflow: {ui_hint(plan, runs)}")
         kill_point("end")
         return 0 if status == "finished" else 1
     except BaseException:
@@ -108,6 +102,32 @@ def _execute(plan: Plan) -> int:
                 ray.shutdown()
             except Exception:
                 pass
-        if server is not None:
-            server.stop()
+
+
+def check_cluster(plan: Plan, ray) -> ClusterInfo:
+    """What must hold before Stage 1: the grid still fits the running cluster (planning
+    checked it; a cluster can change since), and every node sees the root. Returns the
+    cluster as it is now (local Ray: as planned)."""
+    cluster = plan.cluster if (plan.cluster is not None and not plan.ray_address) \
+        else describe_ray(ray)
+    problem = resource_problem(plan, cluster)
+    if problem:
+        raise PipelineError(f"the cluster changed since planning: {problem}")
+    checked = check_storage(plan.layout.root, ray)
+    if plan.ray_address:
+        say(f"[pipeline] all {len(checked)} Ray nodes see the storage root {plan.layout.root}")
+    return cluster
+
+
+def ui_hint(plan: Plan, runs: Runs) -> str:
+    """Where to see this pipeline's training runs in the MLflow UI."""
+    from pipelines.tracking import UI_DEFAULT, ui_address
+
+    if runs.experiment_id is None:
+        return "not tracked (MLflow failed; `make resume` logs the runs from the results)"
+    if plan.tracking_uri is None or plan.tracking_uri.startswith("sqlite:"):
+        cmd = f"make ui RUNS={plan.layout.root}" if plan.tracking_uri is None else \
+            f"mlflow ui --backend-store-uri {plan.tracking_uri}"
+        return f"`{cmd}`, then open {ui_address(UI_DEFAULT, runs.experiment_id)}"
+    return f"open {ui_address(plan.tracking_uri, runs.experiment_id)}"
 

@@ -33,6 +33,12 @@ class DriverRunning(PipelineError):
 
 
 def _alive(pid: int) -> bool:
+    """Is process `pid` of this host running (a zombie is not)?"""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -40,6 +46,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def driver_alive(run_dir: str | os.PathLike) -> bool:
+    """Whether the driver recorded in the pipeline's lock file still runs (its pid on this
+    host, or a fresh heartbeat from another); takes no lock."""
+    lock = RunLock(run_dir, Path(run_dir).name)
+    return lock._held_by_live_driver(lock.holder())
 
 
 class RunLock:

@@ -9,8 +9,6 @@ process and train nothing: the driver (`pipelines.driver.execute`) does that aft
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import socket
 import time
@@ -20,61 +18,16 @@ from typing import Any
 
 from pipelines.cluster import ClusterInfo, describe_cluster
 from pipelines.layout import (
-    PHASE2_ONLY_FIELDS,
     Layout,
     PipelineError,
     check_name,
     check_writable,
     read_json,
 )
+from pipelines.phase1 import Phase1Slot, Phase1Source, check_phase1_source, existing_phase1
+from pipelines.records import canon, normalized_config
 from pipelines.tracking import EMBEDDED, check_tracking_uri, requested_tracking_uri
 from tune_spaces import Space, get_space
-
-
-@dataclass(frozen=True)
-class Phase1Slot:
-    """One Phase-1 checkpoint of a pipeline: the single shared one (`seed` None, in
-    `phase1/`, trained with the pipeline's own `phase1_seed`), or that of Phase-1 seed k in a
-    grid with several (`phase1-p1s<k>/`, the pipeline's config with `phase1_seed = k`)."""
-
-    seed: int | None
-    cfg: Any  # the TrainConfig this checkpoint is trained with
-    dir: Path
-
-    @property
-    def ckpt(self) -> Path:
-        return self.dir / "phase1.pt"
-
-    @property
-    def sidecar(self) -> Path:
-        return self.dir / "phase1.pt.sha256"
-
-    @property
-    def stage1_json(self) -> Path:
-        return self.dir / "stage1.json"
-
-    @property
-    def metrics_json(self) -> Path:
-        return self.dir / "phase1_metrics.json"
-
-    @property
-    def label(self) -> str:
-        """`phase1` or `phase1-p1s<k>` (directory, MLflow run and console name)."""
-        return self.dir.name
-
-
-@dataclass(frozen=True)
-class Phase1Source:
-    """A verified Phase-1 checkpoint from elsewhere (`start --phase1-from PATH`)."""
-
-    checkpoint: Path  # the .pt file; its `.sha256` sidecar and phase1_metrics.json beside it
-    sha256: str
-    metrics: dict  # the source's phase1_metrics.json (train_config, test, history, ...)
-    slot_seed: int | None = None  # the Phase1Slot it stands in for
-
-    def to_dict(self) -> dict:
-        return {"checkpoint": str(self.checkpoint), "sha256": self.sha256,
-                "slot_seed": self.slot_seed}
 
 
 @dataclass
@@ -87,7 +40,6 @@ class Plan:
     tracking_uri: str | None = None  # None: the embedded store
     ray_address: str | None = None
     num_cpus: int | None = None
-    mlflow_host: str = "127.0.0.1"
     stage1_cpus: float | None = None  # None: every CPU of the largest node
     resumed: bool = False
     # a finished Phase-1 checkpoint of another run that Stage 1 copies in instead of
@@ -198,7 +150,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
              seeds=None, variants=None, cpus_per_trial=None, gpus_per_trial=None,
              max_concurrent=None, max_failures=None, tracking_uri: str | None = None,
              ray_address: str | None = None, num_cpus: int | None = None,
-             mlflow_host: str = "127.0.0.1", stage1_cpus: float | None = None,
+             stage1_cpus: float | None = None,
              phase1_from: str | os.PathLike | None = None, phase1_seeds=None,
              check_tracking: bool = True, cluster: ClusterInfo | None = None,
              gpu_mem_gib: float | None = None, allow_cpu_paper: bool = False) -> Plan:
@@ -233,7 +185,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
         check_tracking_uri(uri)
     plan = Plan(layout=Layout(root, name), cfg=cfg, space=space, preset_reason=reason,
                 overrides=overrides, tracking_uri=uri, ray_address=ray_address,
-                num_cpus=num_cpus, mlflow_host=mlflow_host, stage1_cpus=stage1_cpus,
+                num_cpus=num_cpus, stage1_cpus=stage1_cpus,
                 cluster=cluster)
     fit_to_cluster(plan, explicit_gpus=gpus_per_trial is not None, gpu_mem_gib=gpu_mem_gib,
                    allow_cpu_paper=allow_cpu_paper)
@@ -383,21 +335,6 @@ def _stored_identity(plan: Plan) -> dict:
     return {"train_config": canon(plan.cfg.to_dict()), "grid": grid_record(plan.space)}
 
 
-def canon(obj):
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))
-
-
-def _normalized(cfg_d):
-    """A stored TrainConfig with the defaults of fields added since it was written (so a
-    pipeline recorded by an older version still matches its own configuration)."""
-    from pmnet.train import TrainConfig
-
-    try:
-        return canon(TrainConfig.from_dict(cfg_d).to_dict())
-    except (TypeError, ValueError, KeyError):
-        return cfg_d
-
-
 def _check_existing(plan: Plan) -> None:
     """A pipeline name that exists must describe the same experiment (then it continues)."""
     lay = plan.layout
@@ -407,7 +344,7 @@ def _check_existing(plan: Plan) -> None:
             raise PipelineError(f"{lay.run_dir} exists and is not a pipeline directory; "
                                 "choose another --name")
         return
-    stored = {"train_config": _normalized(read_json(lay.config_json)),
+    stored = {"train_config": normalized_config(read_json(lay.config_json)),
               "grid": meta.get("grid")}
     mine = _stored_identity(plan)
     if stored != mine:
@@ -425,7 +362,7 @@ def _check_existing(plan: Plan) -> None:
 
 def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 tracking_uri: str | None = None, ray_address: str | None = None,
-                num_cpus: int | None = None, mlflow_host: str = "127.0.0.1",
+                num_cpus: int | None = None,
                 stage1_cpus: float | None = None, cluster: ClusterInfo | None = None,
                 check_resources: bool = True) -> Plan:
     """The plan of an existing pipeline, read back from its pipeline.json/config.json.
@@ -473,7 +410,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         cluster = describe_cluster(ray_address, num_cpus)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.get("preset_reason", ""),
                 overrides=meta.get("overrides", {}), tracking_uri=uri,
-                ray_address=ray_address, num_cpus=num_cpus, mlflow_host=mlflow_host,
+                ray_address=ray_address, num_cpus=num_cpus,
                 stage1_cpus=stage1_cpus, resumed=True, cluster=cluster)
     problem = resource_problem(plan, cluster) if check_resources else None
     if problem:
@@ -486,12 +423,10 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
 
 
 def _check_resources(plan: Plan) -> Plan:
-    """The compute-side inputs left: the MLflow host, and a Phase-1 checkpoint already on
-    disk (the CPU counts and the Ray address are checked first, `check_compute_flags`).
-    Reads only; nothing is started or written."""
-    check_host(plan.mlflow_host)
+    """A Phase-1 checkpoint already on disk (the CPU counts and the Ray address are checked
+    first, `check_compute_flags`). Reads only; nothing is started or written."""
     for slot in plan.phase1_slots:
-        digest = existing_phase1(plan, slot=slot)
+        digest = existing_phase1(slot)
         src = plan.phase1_from
         if src is not None and src.slot_seed == slot.seed and digest not in (None, src.sha256):
             raise PipelineError(
@@ -499,16 +434,6 @@ def _check_resources(plan: Plan) -> Plan:
                 f"(sha256 {digest[:12]}...) that is not the one --phase1-from names "
                 f"({src.sha256[:12]}...); use another --name")
     return plan
-
-
-def check_host(host: str) -> str:
-    """An interface name/address the embedded MLflow server can bind (resolvable)."""
-    try:
-        socket.getaddrinfo(host, None)
-    except (socket.gaierror, UnicodeError, ValueError) as e:
-        raise PipelineError(f"--mlflow-host {host!r} does not resolve ({e}); use 127.0.0.1, "
-                            "this machine's address, or 0.0.0.0") from e
-    return host
 
 
 def check_ray_address(address: str | None, timeout: float = 3.0) -> str | None:
@@ -532,112 +457,3 @@ def check_ray_address(address: str | None, timeout: float = 3.0) -> str | None:
                             "it (`ray start --head`), fix --ray-address / RAY_ADDRESS, or "
                             "unset RAY_ADDRESS to run on local Ray") from e
     return address
-
-
-def existing_phase1(plan: Plan, *, repair: bool = False,
-                    slot: Phase1Slot | None = None) -> str | None:
-    """sha256 of a finished Phase-1 checkpoint for this config, None if there is none.
-
-    `slot`: which checkpoint (default: the pipeline's only one). PipelineError when one is
-    there but cannot be used: it fails its sha256 (tampered), or its bytes pass the hash
-    but do not load as a weights-only pmnet model file of this model config (garbage with a
-    matching sidecar). Never retrained over silently. A missing sidecar whose checkpoint
-    matches the sha256 Stage 1 recorded is rewritten (`repair`, the driver) or accepted as
-    rewritable (planning), rather than retraining Phase 1.
-    """
-    from pmnet.train import load_model_file, sha256_file, verify_phase1
-
-    slot = slot or plan.phase1_slots[0]
-    ckpt, sidecar = slot.ckpt, slot.sidecar
-    if not ckpt.is_file():
-        return None
-    hint = f"Delete {slot.dir} to train Phase 1 again."
-    digest = None
-    if sidecar.is_file():
-        try:
-            digest = verify_phase1(ckpt)
-        except ValueError as e:
-            raise PipelineError(f"Stage 1: {e}. {hint}") from e
-    info = read_json(slot.stage1_json, {}) or {}
-    if info.get("config_hash") != phase1_config_hash(slot.cfg):
-        return None
-    if digest is None:  # the sidecar is gone: the record of Stage 1 vouches for the file
-        digest = sha256_file(ckpt)
-        if digest != info.get("sha256"):
-            return None  # not the checkpoint Stage 1 finished: it runs again
-        if repair:
-            from pmnet.io import atomic_write_bytes
-
-            atomic_write_bytes(sidecar, f"{digest}  {ckpt.name}\n".encode())
-    elif info.get("sha256") != digest:
-        raise PipelineError(f"Stage 1: {ckpt} has sha256 {digest[:12]}... but Stage 1 "
-                            f"recorded {str(info.get('sha256'))[:12]}...; refusing it. {hint}")
-    try:
-        load_model_file(ckpt, expect_config=slot.cfg.model)
-    except Exception as e:
-        raise PipelineError(f"Stage 1: {ckpt} matches its sha256 but is not a loadable "
-                            f"Phase-1 model file for this config ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200] if str(e) else ''}). {hint}") from e
-    return digest
-
-
-def phase1_part(cfg_d: dict) -> dict:
-    """The Phase-1 part of a TrainConfig dict (what the Phase-1 checkpoint depends on)."""
-    return {k: v for k, v in canon(cfg_d).items() if k not in PHASE2_ONLY_FIELDS}
-
-
-def check_phase1_source(path: str | os.PathLike, slots: list[Phase1Slot]) -> Phase1Source:
-    """A Phase-1 checkpoint to import (a `phase1.pt`, or a directory holding one): its sha256
-    sidecar matches, its `phase1_metrics.json` says it was trained with the Phase-1
-    configuration of one of the pipeline's Phase-1 checkpoints (`slots`; every field but the
-    Phase-2-only ones, so with several Phase-1 seeds its `phase1_seed` picks the slot), and
-    it loads weights-only as a model of this config. PipelineError naming the problem
-    otherwise. Reads only."""
-    from pmnet.train import load_model_file, verify_phase1
-
-    src = Path(path).expanduser()
-    ckpt = src / "phase1.pt" if src.is_dir() else src
-    if not ckpt.is_file():
-        raise PipelineError(f"--phase1-from {path}: no Phase-1 checkpoint there (give a "
-                            "phase1.pt, or the directory of a pipeline's or `pmnet train "
-                            "phase1`'s Phase 1 that holds one)")
-    ckpt = ckpt.resolve()
-    try:
-        digest = verify_phase1(ckpt)
-    except ValueError as e:
-        raise PipelineError(f"--phase1-from: {e}") from e
-    metrics_path = ckpt.parent / "phase1_metrics.json"
-    metrics = read_json(metrics_path) if metrics_path.is_file() else None
-    if not isinstance(metrics, dict) or not isinstance(metrics.get("train_config"), dict):
-        raise PipelineError(f"--phase1-from {ckpt}: {metrics_path} is missing or has no "
-                            "train_config, so the configuration it was trained with cannot "
-                            "be checked; import only checkpoints written by Phase 1 "
-                            "(`pmnet train phase1` or a pipeline's Stage 1)")
-    theirs = phase1_part(_normalized(metrics["train_config"]))
-    diffs = []
-    for slot in slots:
-        mine = phase1_part(slot.cfg.to_dict())
-        diff = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
-        if not diff:
-            break
-        diffs.append(diff)
-    else:
-        diff = min(diffs, key=len)
-        shown = "; ".join(f"{k}: {theirs.get(k)!r} there vs {mine.get(k)!r} here"
-                          for k in diff[:4])
-        raise PipelineError(f"--phase1-from {ckpt} was trained with a different Phase-1 "
-                            f"configuration ({shown}{'; ...' if len(diff) > 4 else ''}); "
-                            "use the same preset and Phase-1 --set overrides, or let "
-                            "Stage 1 train its own")
-    try:
-        load_model_file(ckpt, expect_config=slot.cfg.model)
-    except Exception as e:
-        raise PipelineError(f"--phase1-from {ckpt} matches its sha256 but is not a loadable "
-                            f"Phase-1 model file for this config ({type(e).__name__})") from e
-    return Phase1Source(checkpoint=ckpt, sha256=digest, metrics=metrics, slot_seed=slot.seed)
-
-
-def phase1_config_hash(cfg) -> str:
-    """sha256 of the Phase-1 part of a TrainConfig (Phase-2-only fields left out)."""
-    return hashlib.sha256(json.dumps(phase1_part(cfg.to_dict()), sort_keys=True).encode()
-                          ).hexdigest()

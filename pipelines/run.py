@@ -51,8 +51,8 @@ def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
 
 def _compute(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking server (default: MLFLOW_TRACKING_URI, else the "
-                        "embedded store <root>/mlflow.db served locally during the run)")
+                   help="MLflow tracking server or sqlite: URI (default: MLFLOW_TRACKING_URI, "
+                        "else the embedded store <root>/mlflow.db, written by the driver)")
     p.add_argument("--ray-address", default=None,
                    help="a running Ray cluster (default: RAY_ADDRESS, else local Ray)")
     p.add_argument("--num-cpus", type=int, default=None,
@@ -60,9 +60,6 @@ def _compute(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stage1-cpus", type=float, default=None,
                    help="CPUs (and torch threads) of the Stage-1 task (default: every CPU of "
                         "the largest node)")
-    p.add_argument("--mlflow-host", default="127.0.0.1",
-                   help="interface of the embedded MLflow server (a cluster's workers on "
-                        "other machines need an address they can reach)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,7 +134,7 @@ def cmd_start(a) -> int:
         variants=a.variants, cpus_per_trial=a.cpus_per_trial, gpus_per_trial=a.gpus_per_trial,
         max_concurrent=a.max_concurrent, max_failures=a.max_failures,
         tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
-        mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus, phase1_from=a.phase1_from,
+        stage1_cpus=a.stage1_cpus, phase1_from=a.phase1_from,
         phase1_seeds=a.phase1_seeds, gpu_mem_gib=a.gpu_mem, allow_cpu_paper=a.allow_cpu_paper)
     print(f"preset: {plan.cfg.preset} ({plan.preset_reason})", flush=True)
     return run_plan(plan)
@@ -148,7 +145,7 @@ def cmd_resume(a) -> int:
 
     plan = plan_resume(root=a.root, name=a.name, tracking_uri=a.tracking_uri,
                        ray_address=a.ray_address, num_cpus=a.num_cpus,
-                       mlflow_host=a.mlflow_host, stage1_cpus=a.stage1_cpus)
+                       stage1_cpus=a.stage1_cpus)
     return run_plan(plan)
 
 
@@ -204,50 +201,44 @@ def cmd_status(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from pipelines.layout import last_pipeline, read_json
-    from pipelines.mlflow_server import server_for
+    from pipelines.layout import last_pipeline
     from pipelines.plan import plan_resume
     from pipelines.stages import stage3
-    from pipelines.tracking import Runs, Tracker
+    from pipelines.tracking import Runs
 
     root = Path(a.root).expanduser().absolute()
-    name = a.name or last_pipeline(root)
-    # the store the pipeline recorded (or --tracking-uri): a SQLite one is served again
-    plan = plan_resume(root=root, name=name, tracking_uri=a.tracking_uri,
-                       check_resources=False)  # the report computes nothing
-    lay = plan.layout
-    known = read_json(lay.tracking_json, {}) or {}
-    runs = Runs()
-    server = None
-    try:
-        if not a.no_mlflow and known.get("parent_run_id"):
-            server = server_for(plan)
-            uri = server.start().wait_ready() if server is not None else plan.tracking_uri
-            runs = Runs(tracker=Tracker(uri), uri=uri,
-                        experiment_id=known.get("experiment_id"),
-                        parent=known.get("parent_run_id"),
-                        stages=dict(known.get("stages", {})))
-        ok = stage3(plan, runs)
-    finally:
-        if server is not None:
-            server.stop()
-    return Exit.DONE if ok else Exit.FAILED
+    # the store the pipeline recorded (or --tracking-uri); the report computes nothing
+    plan = plan_resume(root=root, name=a.name or last_pipeline(root),
+                       tracking_uri=a.tracking_uri, check_resources=False)
+    runs = Runs() if a.no_mlflow else Runs.reopen(plan.layout, plan.tracking_uri)
+    return Exit.DONE if stage3(plan, runs) else Exit.FAILED
 
 
 def cmd_ui(a) -> int:
-    from pipelines.mlflow_server import SERVER_ENV, embedded_backend, server_command
+    """`mlflow server` on the embedded store; prints the address of the last pipeline's
+    training runs (`tracking.ui_address`)."""
+    from pipelines.layout import Layout, last_pipeline
+    from pipelines.records import TrackingRecord
+    from pipelines.tracking import store_uri, ui_address
 
     root = Path(a.root).expanduser().absolute()
     if not (root / "mlflow.db").is_file():
         print(f"note: no MLflow store at {root / 'mlflow.db'} yet; the UI starts empty",
               file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
-    cmd = server_command(embedded_backend(root), root / "mlartifacts", a.host, a.port,
-                         workers=1)
     shown = "127.0.0.1" if a.host in ("0.0.0.0", "localhost") else a.host
-    print(f"MLflow UI for {root / 'mlflow.db'}: http://{shown}:{a.port}  (Ctrl-C to stop)",
-          flush=True)
-    os.environ.update(SERVER_ENV)
+    base = f"http://{shown}:{a.port}"
+    try:
+        name = last_pipeline(root)
+        exp = TrackingRecord.read(Layout(root, name).tracking_json).experiment_id
+    except PipelineError:
+        name, exp = None, None
+    where = f"; pipeline {name}'s training runs: {ui_address(base, exp)}" if exp else ""
+    print(f"MLflow UI for {root / 'mlflow.db'}: {base}{where}  (Ctrl-C to stop)", flush=True)
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+           store_uri(root, None), "--artifacts-destination", str(root / "mlartifacts"),
+           "--host", a.host, "--port", str(a.port), "--workers", "1"]
+    os.environ["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner needed
     os.chdir(root)
     os.execv(cmd[0], cmd)
     return 0  # not reached

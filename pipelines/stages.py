@@ -25,16 +25,11 @@ from typing import Any
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write_json
-from pipelines.plan import (
-    Phase1Slot,
-    Plan,
-    canon,
-    existing_phase1,
-    grid_record,
-    phase1_config_hash,
-)
+from pipelines.phase1 import Phase1Slot, check_phase1, existing_phase1, phase1_config_hash
+from pipelines.plan import Plan, grid_record
 from pipelines.provenance import git_commit, package_versions
-from pipelines.tracking import EMBEDDED, Runs, stage_run
+from pipelines.records import Stage1Record, Stage2Record, TrialState, canon
+from pipelines.tracking import EMBEDDED, Runs, TrialRuns, stage_run
 from pmnet.trial_id import TrialId
 
 
@@ -243,7 +238,7 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
     todo = []
     jobs = []
     for slot in slots:
-        digest = existing_phase1(plan, repair=True, slot=slot)
+        digest = existing_phase1(slot, repair=True)
         if digest is None and plan.phase1_from is not None \
                 and plan.phase1_from.slot_seed == slot.seed:
             digest = import_phase1(plan, slot)
@@ -292,12 +287,11 @@ def import_phase1(plan: Plan, slot: Phase1Slot) -> str:
     atomic_write_bytes(slot.sidecar, f"{src.sha256}  {slot.ckpt.name}\n".encode())
     for p in (slot.ckpt, slot.sidecar):  # read-only, as trained
         p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    info = {"config_hash": phase1_config_hash(slot.cfg), "sha256": src.sha256,
-            "checkpoint": str(slot.ckpt), "imported_from": str(src.checkpoint),
-            "phase1_seed": slot.cfg.phase1_seed,
-            "train_time_s": src.metrics.get("train_time_s"), "wall_s": 0.0,
-            "metrics": src.metrics.get("test", {})}
-    write_json(slot.stage1_json, canon(info))
+    Stage1Record(config_hash=phase1_config_hash(slot.cfg), sha256=src.sha256,
+                 checkpoint=str(slot.ckpt), imported_from=str(src.checkpoint),
+                 phase1_seed=slot.cfg.phase1_seed,
+                 train_time_s=src.metrics.get("train_time_s"), wall_s=0.0,
+                 metrics=canon(src.metrics.get("test", {}))).write(slot.stage1_json)
     write_meta(plan, phase1_from=src.to_dict(),
                **({"phase1_sha256": src.sha256} if slot.seed is None else {}))
     return src.sha256
@@ -340,12 +334,12 @@ def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
     for p in (slot.ckpt, slot.sidecar):  # read-only from now on
         p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     wall = time.time() - job.t0
-    info = {"config_hash": phase1_config_hash(slot.cfg), "sha256": digest,
-            "checkpoint": str(slot.ckpt), "phase1_seed": slot.cfg.phase1_seed,
-            "train_time_s": res.get("train_time_s"), "wall_s": wall,
-            "metrics": res.get("metrics", {}),
-            **({"routes": res["routes"]} if res.get("routes") else {})}
-    write_json(slot.stage1_json, canon(info))
+    Stage1Record(config_hash=phase1_config_hash(slot.cfg), sha256=digest,
+                 checkpoint=str(slot.ckpt), phase1_seed=slot.cfg.phase1_seed,
+                 train_time_s=res.get("train_time_s"), wall_s=wall,
+                 metrics=canon(res.get("metrics", {})),
+                 routes=canon(res["routes"]) if res.get("routes") else None
+                 ).write(slot.stage1_json)
     job.digest, job.train_time_s = digest, float(res.get("train_time_s") or 0.0)
     kill_point("stage1-recorded")
     tag = f" {slot.label}" if slot.seed is not None else ""
@@ -446,9 +440,9 @@ def _fmt(v, nd: int = 2) -> str:
 
 def _first_error_line(trial, trials_dir: str) -> str:
     """The error the trial recorded in its trial.json, else the end of Tune's error.txt."""
-    info = read_json(Path(trials_dir) / _tname(trial) / "trial.json", {}) or {}
-    if info.get("state") == "ERROR" and info.get("error"):
-        return str(info["error"]).splitlines()[0][:300]
+    info = TrialState.read(Path(trials_dir) / _tname(trial) / "trial.json")
+    if info.state == "ERROR" and info.error:
+        return info.error.splitlines()[0][:300]
     try:
         path = Path(trial.path) / "error.txt"
         if path.is_file():
@@ -459,7 +453,7 @@ def _first_error_line(trial, trials_dir: str) -> str:
     return "see the trial's error.txt"
 
 
-def trial_context(plan: Plan, runs: Runs, p1: Stage1Result | str):
+def trial_context(plan: Plan, p1: Stage1Result | str):
     from pipelines.trial import TrialContext
 
     if isinstance(p1, str):
@@ -469,8 +463,7 @@ def trial_context(plan: Plan, runs: Runs, p1: Stage1Result | str):
                         phase1_sha256s={str(k): v for k, v in p1.digests.items()
                                         if k is not None},
                         variants={v.name: v.as_dict() for v in plan.space.variants},
-                        cpus_per_trial=plan.space.cpus_per_trial, tracking_uri=runs.uri,
-                        experiment_id=runs.experiment_id, parent_run_id=runs.parent)
+                        cpus_per_trial=plan.space.cpus_per_trial)
 
 
 @dataclass(frozen=True)
@@ -499,13 +492,12 @@ def make_trainable(plan: Plan, ctx):
 def _refused_trials(plan: Plan) -> list[str]:
     """Trials of the grid that a configuration error ended (trial.json says so) and that have
     no result: Tune recorded them as finished, so only a new experiment runs them again."""
-    from pipelines.trial import CONFIG_ERROR
 
     lay = plan.layout
     out = []
     for t in plan.space.trials:
-        info = read_json(lay.trial_dir(t) / "trial.json", {}) or {}
-        if info.get(CONFIG_ERROR) and not lay.result_path(t).is_file():
+        if TrialState.read(lay.trial_dir(t) / "trial.json").config_error \
+                and not lay.result_path(t).is_file():
             out.append(t.name)
     return out
 
@@ -513,7 +505,7 @@ def _refused_trials(plan: Plan) -> list[str]:
 def _retire_stale_experiment(lay, digest: str) -> None:
     """A Tune experiment trained from another Phase-1 checkpoint (Phase 1 was retrained) is
     moved aside: its trial checkpoints must not seed trials of the new checkpoint."""
-    known = (read_json(lay.stage2_json, {}) or {}).get("phase1_sha256")
+    known = Stage2Record.read(lay.stage2_json).phase1_sha256
     if known and known != digest and lay.experiment_dir.exists():
         aside = lay.run_dir / f"{lay.experiment_dir.name}-phase1-{known[:12]}"
         lay.experiment_dir.rename(aside)
@@ -575,7 +567,7 @@ def warm_compile_cache(plan: Plan, ray, ctx) -> float:
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -> dict:
     from ray import tune
 
-    from pipelines.trial import check_phase1, trial_dirname, trial_str
+    from pipelines.trial import trial_dirname, trial_str
 
     lay, sp = plan.layout, plan.space
     if precheck:  # fail fast in the driver; every trial checks again before training
@@ -586,7 +578,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
             raise PipelineError(str(e)) from e
     digest = p1.digest
     rid = stage_run(plan, runs, "stage2-phase2")
-    ctx = trial_context(plan, runs, p1)
+    ctx = trial_context(plan, p1)
     import ray
 
     warm_s = warm_compile_cache(plan, ray, ctx)
@@ -628,8 +620,9 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
                 name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
                 failure_config=tune.FailureConfig(max_failures=sp.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                callbacks=[_progress_callback_class()(sp.n_trials, str(lay.trials_dir))]))
-    write_json(lay.stage2_json, {"phase1_sha256": digest})
+                callbacks=[_progress_callback_class()(sp.n_trials, str(lay.trials_dir)),
+                           TrialRuns(ctx)]))
+    Stage2Record(phase1_sha256=digest).write(lay.stage2_json)
     grid = tuner.fit()
     wall = time.time() - t0
     finished = errored = 0

@@ -1,19 +1,19 @@
-"""`status`: the trials of a pipeline, read from disk only (no Ray, no MLflow server).
+"""`status`: the trials of a pipeline, read from the pipeline's own records only (no Ray,
+no MLflow, none of Tune's files).
 
-Sources, most authoritative first: `results/<trial>.json` (finished), the Tune experiment
-state `stage2/experiment_state-*.json` (pending/running/errored, failures, last metrics),
-and each trial's `trials/<trial>/trial.json` (MLflow run id, last error).
+Sources, most authoritative first: `results/<trial>.json` (finished), each trial's
+`trials/<trial>/trial.json` (state, failures, last reported epoch and best selection
+metric, last error), `tracking.json` (the trial's MLflow run, and whether the driver closed
+it), and the run lock (is the driver alive?).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-from pathlib import Path
 from typing import Any
 
 from pipelines.layout import Layout, read_json
+from pipelines.lock import driver_alive
+from pipelines.records import TrackingRecord, TrialState
 from pmnet.trial_id import TrialId
 
 COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test updated_ltm",
@@ -22,51 +22,9 @@ COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test 
 VARIANT_COLUMNS = ("condition", "variant", *COLUMNS[1:])
 
 
-def tune_trials(experiment_dir: Path) -> dict[str, dict[str, Any]]:
-    """{trial name: {"status", "num_failures", "last_result", "error_file"}} from the newest
-    experiment state file, or {} when there is none yet."""
-    states = sorted(Path(experiment_dir).glob("experiment_state-*.json"),
-                    key=lambda p: p.stat().st_mtime)
-    if not states:
-        return {}
-    data = read_json(states[-1], {}) or {}
-    out = {}
-    for item in data.get("trial_data", []):
-        try:
-            info = json.loads(item[0]) if isinstance(item[0], str) else item[0]
-            run = json.loads(item[1]) if isinstance(item[1], str) else item[1]
-            name = TrialId.from_config(info.get("config", {})).name
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError):
-            continue
-        out[name] = {"status": info.get("status"), "num_failures": run.get("num_failures", 0),
-                     "last_result": run.get("last_result") or {},
-                     "error_file": run.get("error_filename")}
-    return out
-
-
-def driver_alive(meta: dict) -> bool | None:
-    """Is the driver recorded in pipeline.json still running? None: cannot tell (other host)."""
-    drv = meta.get("driver") or {}
-    pid, host = drv.get("pid"), drv.get("host")
-    if not isinstance(pid, int) or host != socket.gethostname():
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            state = f.read().rsplit(")", 1)[-1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-
-
-def pipeline_state(meta: dict) -> str:
+def pipeline_state(layout: Layout, meta: dict) -> str:
     status = meta.get("status", "?")
-    if status == "running" and driver_alive(meta) is False:
+    if status == "running" and not driver_alive(layout.run_dir):
         return "interrupted (driver gone; `make resume` continues it)"
     return status
 
@@ -86,38 +44,35 @@ def grid_trials(meta: dict) -> list[TrialId]:
 
 def trial_rows(layout: Layout) -> list[dict[str, Any]]:
     meta = read_json(layout.pipeline_json, {}) or {}
-    live = not pipeline_state(meta).startswith("interrupted") and meta.get("status") == "running"
-    tune = tune_trials(layout.experiment_dir)
+    live = meta.get("status") == "running" and driver_alive(layout.run_dir)
+    tracked = TrackingRecord.read(layout.tracking_json).trials
     from_conditions = _select_metrics()
     rows = []
     for trial in grid_trials(meta):
         cond = trial.condition
-        t = tune.get(trial.name, {})
-        info = read_json(layout.trial_dir(trial) / "trial.json", {}) or {}
+        info = TrialState.read(layout.trial_dir(trial) / "trial.json")
         res = read_json(layout.result_path(trial))
         select = from_conditions.get(cond, "updated_ltm")
+        run = tracked.get(trial.name)
         if isinstance(res, dict):
             state = "FINISHED"
             best = (res.get("val") or {}).get(select)
             test = (res.get("test") or {}).get("updated_ltm")
         else:
-            state = {"TERMINATED": "TERMINATED", "RUNNING": "RUNNING",
-                     "PENDING": "PENDING", "PAUSED": "PAUSED",
-                     "ERROR": "ERROR"}.get(t.get("status"), "NOT STARTED")
-            if state in ("RUNNING", "PENDING") and not live:
+            state = info.state or "NOT STARTED"
+            if state == "RUNNING" and not live:
                 state = "INTERRUPTED"
-            lr = t.get("last_result", {})
-            best, test = lr.get("best/select"), None
+            best, test = info.best_select, None
+        pending = run is not None and state == "FINISHED" and not run.finished
         rows.append({
             "condition": cond, "variant": trial.variant, "seed": trial.seed,
-            "trial": trial.name, "state": state,
-            "failures": t.get("num_failures", 0),
+            "trial": trial.name, "state": state, "failures": info.failures,
             "best val (select)": _num(best), "select": select,
             "test updated_ltm": _num(test),
-            "mlflow run": (info.get("mlflow_run_id") or "-")
-            + (" (pending)" if info.get("mlflow_pending") else ""),
-            "error": info.get("error") if state == "ERROR" else None,
-            "epoch": (t.get("last_result") or {}).get("epoch"),
+            "mlflow run": (run.run_id if run and run.run_id else "-")
+            + (" (pending)" if pending else ""),
+            "error": info.error if state == "ERROR" else None,
+            "epoch": info.epoch,
         })
     return rows
 
@@ -164,19 +119,19 @@ def status_text(layout: Layout) -> str:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
-    tracking = read_json(layout.tracking_json, {}) or {}
+    tracking = TrackingRecord.read(layout.tracking_json)
     head = [
-        f"pipeline {layout.name} ({meta.get('preset', '?')}, {pipeline_state(meta)})"
+        f"pipeline {layout.name} ({meta.get('preset', '?')}, {pipeline_state(layout, meta)})"
         f" at {layout.run_dir}",
         f"trials: {len(rows)} = " + ", ".join(f"{v} {k.lower()}" for k, v in
                                             sorted(counts.items())),
     ]
     if meta.get("phase1_sha256"):
         head.append(f"phase1 sha256: {meta['phase1_sha256']}")
-    if tracking.get("experiment_id"):
-        head.append(f"mlflow: experiment '{tracking.get('experiment_name')}' "
-                    f"(id {tracking['experiment_id']}), parent run "
-                    f"{tracking.get('parent_run_id')}, store {tracking.get('tracking_uri')}")
+    if tracking.experiment_id:
+        head.append(f"mlflow: experiment '{tracking.experiment_name}' "
+                    f"(id {tracking.experiment_id}), parent run {tracking.parent_run_id}, "
+                    f"store {tracking.tracking_uri}")
     errors = [f"  {r['trial']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join(head) + "\n\n" + format_table(rows)
     if errors:

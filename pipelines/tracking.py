@@ -1,22 +1,23 @@
-"""MLflow for the pipeline: the embedded store and its local server, and run bookkeeping.
+"""MLflow for the pipeline. The driver is its only writer; trials never open MLflow.
 
-Embedded default: `<root>/mlflow.db` (SQLite) + `<root>/mlartifacts`. During a pipeline the
-driver serves that store with a local `mlflow server` on 127.0.0.1 and a free port, so the
-driver and every trial talk HTTP to one process instead of fighting over one SQLite file.
-`MLFLOW_TRACKING_URI` (or `--tracking-uri`) points at a server of your own instead; a
-`sqlite:` URI is served like the embedded store (pipelines.mlflow_server).
+Store: `--tracking-uri` / `MLFLOW_TRACKING_URI` when given (an MLflow server, or a
+`sqlite:` file), else the embedded SQLite file `<root>/mlflow.db`, which the driver opens
+directly (no server process). Artifacts of a SQLite store go beside it, in
+`mlartifacts/<pipeline name>/<run id>/artifacts/`.
 
-Runs are found again by the tag `run_key` (`<name>` for the pipeline's parent run,
-`<name>/stage1-phase1` ... for the stages, `<name>/<trial>` for trials, `<trial>` being the
-TrialId's name such as `<condition>-s<seed>`; trials also carry it as `trial_key`): a retried
-or resumed trial re-attaches to its run, and params are logged only where missing (an
-identical value is never sent twice; a different value is reported, not a crash).
+Runs are found again by the tag `run_key`: `<name>` for the pipeline's parent run,
+`<name>/stage1-phase1` ... for the stages, `<name>/<trial>` for trials (also `trial_key`).
+A resumed driver, a retried trial or a `Tuner.restore` re-attaches to its run; params are
+logged only where missing and epochs only where their step is not logged yet.
 
-Tracking never stalls or kills training: every MLflow call of a trial or of the driver runs
-under `TRACKING_LIMITS` (bounded retries and timeouts) through a `TrackingGuard`, which turns
-a failure into a warning and skips further calls for a while. A trial records in its
-trial.json what it could not log (`mlflow_pending`), and `backfill_results` logs it from the
-result files on disk, which are the truth, at the next driver run.
+Trials reach MLflow through `TrialRuns`, a Tune callback of the driver: it logs each epoch
+as the trial reports it to Tune (step = epoch), and closes the run FINISHED from the
+trial's result file with its artifacts (`record_result`). `backfill_results` completes
+from the result files, which are the truth, whatever a dead server kept it from logging.
+
+Tracking never fails the pipeline, and a dead server costs one bounded call: every call
+runs through a `TrackingGuard` (bounded HTTP retries and timeouts, then a cooldown in which
+calls are skipped; SQLite's "database is locked" is retried, `SQLITE_LOCK_RETRIES`).
 """
 
 from __future__ import annotations
@@ -33,31 +34,144 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from ray.air.integrations.mlflow import MLflowLoggerCallback
+
 from pipelines.console import say
-from pipelines.layout import (
-    Layout,
-    PipelineError,
-    read_json,
-    trial_key,
-    update_json,
-    write_json,
-)
-from pipelines.mlflow_server import absolute_sqlite_uri, sqlite_path
+from pipelines.layout import Layout, PipelineError, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
+from pipelines.records import TrackingRecord, TrialRecord, TrialState
 from pmnet.trial_id import TrialId
 
 if TYPE_CHECKING:
     from pipelines.plan import Plan
+    from pipelines.trial import TrialContext
 
 log = logging.getLogger("pipelines.tracking")
 
 EMBEDDED = "embedded"
-# the MLflow UI opens an experiment in its training-runs view (not the GenAI traces view)
-# when this tag says so (MLflow 3: "custom_model_development" vs "genai_development")
+# MLflow 3 opens an experiment tagged "custom_model_development" on its training runs
+# (not on its GenAI traces view); the UI address names the runs page as well (ui_address)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN = 6000
 SMALL_PRESETS = ("debug", "cpu")  # their selected checkpoint goes into MLflow as an artifact
+# "database is locked": another driver holds the SQLite file's write lock (measured in
+# docs/pipeline.md, "MLflow layout"); retried this many times, 1 s apart
+SQLITE_LOCK_RETRIES = 10
+
+
+# -- where the runs go ---------------------------------------------------------------------
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:` URI, absolute; None for any other scheme.
+    PipelineError for an in-memory database (a resume or `make ui` could not see it)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    rest = uri[len("sqlite:"):].split("?", 1)[0]
+    path = rest[3:] if rest.startswith("///") else ""
+    if path in ("", ":memory:"):
+        raise PipelineError(f"tracking URI {uri!r} names an in-memory SQLite database, which "
+                            "no later process can see; use sqlite:///<file>")
+    return Path(path).expanduser().absolute()
+
+
+def absolute_sqlite_uri(uri: str) -> str:
+    """`sqlite:///runs.db` -> `sqlite:////abs/dir/runs.db` (query kept), so that `resume`
+    and `report` from another directory name the same file; other URIs unchanged."""
+    db = sqlite_path(uri)
+    if db is None:
+        return uri
+    query = uri.split("?", 1)[1] if "?" in uri else ""
+    return f"sqlite:///{db}" + (f"?{query}" if query else "")
+
+
+def store_uri(root: Path, recorded: str | None) -> str:
+    """The URI the driver writes to: the recorded one (tracking.json, pipeline.json), or
+    for `embedded` / None the SQLite file `<root>/mlflow.db`."""
+    if recorded in (None, EMBEDDED):
+        return f"sqlite:///{Path(root).absolute() / 'mlflow.db'}"
+    return recorded
+
+
+def artifact_location(uri: str, pipeline: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a SQLite store, in
+    `mlartifacts/<pipeline>`; None (the server decides) for a tracking server."""
+    db = sqlite_path(uri)
+    return (db.parent / "mlartifacts" / pipeline).as_uri() if db is not None else None
+
+
+def requested_tracking_uri(arg: str | None = None) -> str | None:
+    """`--tracking-uri`, else MLFLOW_TRACKING_URI, else None (the embedded store); a relative
+    `sqlite:` path is made absolute."""
+    uri = arg or os.environ.get("MLFLOW_TRACKING_URI") or None
+    return absolute_sqlite_uri(uri.strip()) if uri else None
+
+
+def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast (PipelineError) when a tracking URI cannot be used; create nothing.
+
+    http(s): the server must answer (`/health`, else its REST API). `file:` stores and bare
+    paths are refused as MLflow 3 refuses them. Other schemes must be one MLflow knows; a
+    `sqlite:` database's directory must exist and be writable.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme in ("http", "https"):
+        if not parsed.netloc:
+            raise PipelineError(f"tracking URI {uri!r} has no host: use http://HOST:PORT")
+        _check_server(uri, timeout)
+        return
+    if parsed.scheme in ("", "file"):
+        raise PipelineError(
+            f"tracking URI {uri!r} is a path / file: store, which MLflow 3 no longer accepts "
+            "for tracking (its file backend is in maintenance mode). Use an MLflow server "
+            "(http://HOST:PORT), a database (sqlite:////abs/path/mlflow.db), or unset "
+            "MLFLOW_TRACKING_URI / --tracking-uri for the embedded store under the root.")
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        _tracking_store_registry.get_store_builder(uri)
+    except Exception as e:
+        raise PipelineError(f"tracking URI {uri!r} is not one MLflow can use "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+    if parsed.scheme == "sqlite":
+        parent = sqlite_path(uri).parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise PipelineError(f"tracking URI {uri!r}: directory {parent} does not exist "
+                                "or is not writable")
+
+
+def _check_server(uri: str, timeout: float) -> None:
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
+            if r.status == 200:
+                return
+    except urllib.error.HTTPError as e:  # a server answered: try the REST API itself
+        try:
+            url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
+            with urllib.request.urlopen(url, timeout=timeout):
+                return
+        except (OSError, urllib.error.URLError) as e2:
+            raise PipelineError(f"MLflow tracking server {uri} answered /health with "
+                                f"HTTP {e.code} and its API failed ({e2})") from e2
+    except (OSError, ValueError, urllib.error.URLError) as e:
+        reason = getattr(e, "reason", e)
+        raise PipelineError(
+            f"MLflow tracking server {uri} is unreachable ({reason}). Start it, fix "
+            "MLFLOW_TRACKING_URI / --tracking-uri, or unset it to use the embedded store "
+            "under the storage root.") from e
+
+
+UI_DEFAULT = "http://127.0.0.1:5000"  # `make ui`
+
+
+def ui_address(ui: str, experiment_id: str) -> str:
+    """The page of an experiment's training runs. MLflow 3's UI otherwise opens a GenAI
+    home in a fresh browser (its sidebar toggle lives in localStorage; mlflow issue 24498)."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs"
+
+
+# -- bounded, non-fatal calls ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -65,19 +179,11 @@ class HttpLimits:
     """How long one MLflow call may take, and how long to leave a failing server alone.
 
     MLflow's REST client reads these environment variables at every request
-    (`mlflow.utils.rest_utils.http_request`, mlflow 3.17). Its defaults, 7 retries with
-    backoff factor 2 and a 120 s timeout per attempt, keep one call against a dead or hung
-    server busy for minutes, and a trial logs every epoch. Here one call takes at most
-    `worst_case_s()` (32.5 s against a server that accepts but never answers, about 3 s
-    against a refused connection).
-
-    max_retries: retries after the first attempt (urllib3 `Retry(total=...)`: refused
-        connections, read errors and 429/5xx answers alike).
-    backoff_factor: urllib3 sleeps 0 s before the first retry, then factor*2, factor*4, ...
-        (+ up to `backoff_jitter` s); an integer, as MLflow parses it.
-    timeout_s: connect and read timeout of each attempt (an integer for MLflow).
-    cooldown_s: after a failed call, a `TrackingGuard` skips the next calls for this long,
-        so a dead server costs one bounded call, not one per epoch.
+    (`mlflow.utils.rest_utils.http_request`). Its defaults (7 retries, backoff factor 2,
+    120 s per attempt) keep one call against a dead server busy for minutes; here one call
+    takes at most `worst_case_s()` (32.5 s against a server that accepts but never answers,
+    about 3 s against a refused connection). `cooldown_s`: after a failed call the guard
+    skips calls for this long, so a dead server costs one bounded call, not one per epoch.
     """
 
     max_retries: int = 2
@@ -114,17 +220,20 @@ class HttpLimits:
                     os.environ[k] = v
 
 
-#: the one place where the pipeline's MLflow limits are set (trials and driver alike)
 TRACKING_LIMITS = HttpLimits()
 
 
-class TrackingGuard:
-    """Runs MLflow calls so that none can stall or kill its caller.
+def _locked(e: Exception) -> bool:
+    return "database is locked" in str(e)
 
-    Each call runs under `limits` (bounded retries and timeouts); an exception becomes a
-    warning, `last_error`, and `on_failure(reason)`; and after a failure the calls of the
-    next `limits.cooldown_s` seconds are skipped at once (reported as not done), so a dead
-    server costs the caller one bounded call, not one per epoch or per trial.
+
+class TrackingGuard:
+    """Runs MLflow calls so that none can stall or fail the driver.
+
+    Each call runs under `limits`; SQLite's "database is locked" is retried
+    (SQLITE_LOCK_RETRIES); any other exception becomes `last_error`, a console warning the
+    first time (`on_failure`), and a cooldown of `limits.cooldown_s` in which calls are
+    skipped at once (reported as not done).
     """
 
     def __init__(self, limits: HttpLimits = TRACKING_LIMITS,
@@ -132,6 +241,7 @@ class TrackingGuard:
                  clock: Callable[[], float] = time.monotonic):
         self.limits, self.on_failure, self.clock = limits, on_failure, clock
         self.last_error: str | None = None
+        self.failures = 0
         self._retry_at = float("-inf")
 
     @property
@@ -142,89 +252,26 @@ class TrackingGuard:
         """(True, fn's value), or (False, None) when it failed or was skipped."""
         if self.cooling_down:
             return False, None
-        try:
-            with self.limits.applied():
-                return True, fn(*args, **kwargs)
-        except Exception as e:  # tracking must never take training or results down
-            self._retry_at = self.clock() + self.limits.cooldown_s
-            self.last_error = f"{what} failed: {type(e).__name__}: {e}"[:1000]
-            log.warning("MLflow: %s; MLflow calls are skipped for %.0f s", self.last_error,
-                        self.limits.cooldown_s)
-            if self.on_failure is not None:
-                self.on_failure(self.last_error)
-            return False, None
+        for attempt in range(SQLITE_LOCK_RETRIES + 1):
+            try:
+                with self.limits.applied():
+                    return True, fn(*args, **kwargs)
+            except Exception as e:  # tracking must never take training or results down
+                if _locked(e) and attempt < SQLITE_LOCK_RETRIES:
+                    time.sleep(1.0)
+                    continue
+                self._retry_at = self.clock() + self.limits.cooldown_s
+                self.last_error = f"{what} failed: {type(e).__name__}: {e}"[:1000]
+                self.failures += 1
+                log.warning("MLflow: %s; MLflow calls are skipped for %.0f s",
+                            self.last_error, self.limits.cooldown_s)
+                if self.on_failure is not None and self.failures == 1:
+                    self.on_failure(self.last_error)
+                return False, None
+        return False, None  # not reached
 
 
-def requested_tracking_uri(arg: str | None = None) -> str | None:
-    """`--tracking-uri`, else MLFLOW_TRACKING_URI, else None (the embedded store). A
-    relative `sqlite:` path is made absolute here, so the URI recorded for `resume` and
-    `report` names the same file from any directory."""
-    uri = arg or os.environ.get("MLFLOW_TRACKING_URI") or None
-    return absolute_sqlite_uri(uri.strip()) if uri else None
-
-
-def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast (PipelineError) when a tracking URI cannot be used; create nothing.
-
-    http(s): the server must answer (`/health`, else its REST API). Other schemes must be one
-    MLflow's own store registry knows (so a typo such as "not a uri" is refused, not taken
-    as a directory). `file:` stores and bare paths are refused as MLflow 3 refuses them (the
-    file backend is in maintenance mode) - before Ray starts rather than after. A `sqlite:`
-    database's directory must exist and be writable (a relative path is taken from the
-    current directory by `requested_tracking_uri`).
-    """
-    parsed = urlparse(uri)
-    if parsed.scheme in ("http", "https"):
-        if not parsed.netloc:
-            raise PipelineError(f"tracking URI {uri!r} has no host: use http://HOST:PORT")
-        _check_server(uri, timeout)
-        return
-    if parsed.scheme in ("", "file"):
-        raise PipelineError(
-            f"tracking URI {uri!r} is a path / file: store, which MLflow 3 no longer accepts "
-            "for tracking (its file backend is in maintenance mode). Use an MLflow server "
-            "(http://HOST:PORT), a database (sqlite:////abs/path/mlflow.db), or unset "
-            "MLFLOW_TRACKING_URI / --tracking-uri for the embedded store under the root.")
-    try:
-        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
-
-        _tracking_store_registry.get_store_builder(uri)
-    except Exception as e:
-        raise PipelineError(f"tracking URI {uri!r} is not one MLflow can use "
-                            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
-    if parsed.scheme == "sqlite":
-        parent = sqlite_path(uri).parent  # relative paths were made absolute already
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise PipelineError(f"tracking URI {uri!r}: directory {parent} does not exist "
-                                "or is not writable")
-    # postgresql, mysql, databricks, ...: MLflow knows the scheme; its server checks the rest
-
-
-def _check_server(uri: str, timeout: float) -> None:
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
-            if r.status == 200:
-                return
-    except urllib.error.HTTPError as e:  # a server answered: try the REST API itself
-        try:
-            url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
-            with urllib.request.urlopen(url, timeout=timeout):
-                return
-        except (OSError, urllib.error.URLError) as e2:
-            raise PipelineError(f"MLflow tracking server {uri} answered /health with "
-                                f"HTTP {e.code} and its API failed ({e2})") from e2
-    except (OSError, ValueError, urllib.error.URLError) as e:
-        reason = getattr(e, "reason", e)
-        raise PipelineError(
-            f"MLflow tracking server {uri} is unreachable ({reason}). Start it, fix "
-            "MLFLOW_TRACKING_URI / --tracking-uri, or unset it to use the embedded store "
-            "under the storage root.") from e
-
-
-
-# -----------------------------------------------------------------------------------------
-# Run bookkeeping
-# -----------------------------------------------------------------------------------------
+# -- the client ----------------------------------------------------------------------------
 
 
 def _param_str(value: Any) -> str:
@@ -234,11 +281,7 @@ def _param_str(value: Any) -> str:
 
 def _float(value: Any) -> float | None:
     try:
-        if hasattr(value, "item"):
-            value = value.item()
-        if isinstance(value, bool):
-            return float(value)
-        return float(value)
+        return float(value.item() if hasattr(value, "item") else value)
     except (TypeError, ValueError):
         return None
 
@@ -252,25 +295,23 @@ class Tracker:
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
 
-    def experiment(self, name: str, tags: dict[str, str] | None = None) -> str:
-        """The experiment's id (created, or restored if deleted), tagged as model training so
-        the MLflow UI opens on its runs rather than on its GenAI (traces) view."""
+    def experiment(self, name: str, tags: dict[str, str] | None = None,
+                   artifact_location: str | None = None) -> str:
+        """The experiment's id (created, or restored if deleted), tagged as model training."""
         from mlflow.exceptions import MlflowException
 
         tags = {**(tags or {}), EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
             try:
-                return self.client.create_experiment(name, tags=tags)
+                return self.client.create_experiment(name, artifact_location=artifact_location,
+                                                     tags=tags)
             except MlflowException:  # created concurrently
                 exp = self.client.get_experiment_by_name(name)
                 if exp is None:
                     raise
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
-        if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made by an older version
-            self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG,
-                                           EXPERIMENT_KIND)
         return exp.experiment_id
 
     def find_run(self, experiment_id: str, key: str):
@@ -282,8 +323,8 @@ class Tracker:
     def attach_run(self, experiment_id: str, key: str, *, run_name: str,
                    tags: dict[str, Any] | None = None, parent_run_id: str | None = None,
                    run_id: str | None = None) -> tuple[str, bool]:
-        """(run_id, created): the run with tag run_key=key (or `run_id`), else a new one."""
-        from mlflow.entities import RunTag
+        """(run_id, created): the run with tag run_key=key (or `run_id`), else a new one;
+        an attached run is RUNNING again."""
         from mlflow.exceptions import MlflowException
 
         tags = {k: str(v) for k, v in (tags or {}).items()}
@@ -300,16 +341,14 @@ class Tracker:
                 run = None
         if run is None:
             run = self.find_run(experiment_id, key)
-        if run is not None:
-            rid = run.info.run_id
-            if run.info.status != "RUNNING":
-                self.client.update_run(rid, status="RUNNING")
-            new = {k: v for k, v in tags.items() if run.data.tags.get(k) != v}
-            if new:
-                self.client.log_batch(rid, tags=[RunTag(k, v) for k, v in new.items()])
-            return rid, False
-        run = self.client.create_run(experiment_id, tags=tags, run_name=run_name)
-        return run.info.run_id, True
+        if run is None:
+            run = self.client.create_run(experiment_id, tags=tags, run_name=run_name)
+            return run.info.run_id, True
+        rid = run.info.run_id
+        if run.info.status != "RUNNING":
+            self.client.update_run(rid, status="RUNNING")
+        self.set_tags(rid, {k: v for k, v in tags.items() if run.data.tags.get(k) != v})
+        return rid, False
 
     def log_params_once(self, run_id: str, params: dict[str, Any]) -> list[str]:
         """Log the params the run lacks; return the keys whose logged value differs."""
@@ -337,16 +376,7 @@ class Tracker:
             self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int | None = None) -> None:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        items = []
-        for k, v in metrics.items():
-            f = _float(v)
-            if f is not None:
-                items.append(Metric(k, f, now, int(step or 0)))
-        for i in range(0, len(items), 1000):
-            self.client.log_batch(run_id, metrics=items[i:i + 1000])
+        self.log_metric_rows(run_id, [(int(step or 0), metrics)])
 
     def log_metric_rows(self, run_id: str, rows: list[tuple[int, dict[str, Any]]]) -> None:
         """Several steps' metrics in as few requests as possible (1000 values per batch)."""
@@ -372,18 +402,28 @@ class Tracker:
         self.client.set_terminated(run_id, status=status)
 
 
+# -- the pipeline's runs ---------------------------------------------------------------------
+
+
 @dataclass
 class Runs:
-    """MLflow handles of this pipeline (all None when tracking is off). The driver's calls go
-    through `safe`, bounded and non-fatal like a trial's (one TrackingGuard)."""
+    """MLflow handles of one pipeline (all None when tracking is off); every call goes
+    through `safe`, bounded and non-fatal."""
 
     tracker: Tracker | None = None
-    uri: str | None = None
-    experiment_id: str | None = None
-    parent: str | None = None
-    stages: dict[str, str] = field(default_factory=dict)
+    layout: Layout | None = None
+    record: TrackingRecord = field(default_factory=TrackingRecord)
     guard: TrackingGuard = field(default_factory=lambda: TrackingGuard(
-        on_failure=lambda reason: say(f"[mlflow] {reason}")))
+        on_failure=lambda reason: say(f"[mlflow] {reason}; training goes on, the runs are "
+                                      "completed from the result files later")))
+
+    @property
+    def experiment_id(self) -> str | None:
+        return self.record.experiment_id
+
+    @property
+    def parent(self) -> str | None:
+        return self.record.parent_run_id
 
     def safe(self, what: str, fn, *args, **kwargs):
         """fn(*args, **kwargs), or None when tracking is off, failed, or is cooling down."""
@@ -391,33 +431,57 @@ class Runs:
             return None
         return self.guard.call(what, fn, *args, **kwargs)[1]
 
+    def save(self) -> None:
+        if self.layout is not None:
+            self.record.write(self.layout.tracking_json)
+
+    def note(self, *, stage: str | None = None, trial: str | None = None,
+             value: str | TrialRecord | None = None) -> None:
+        """Record one stage's run id or one trial's TrialRecord in tracking.json. Read,
+        changed and written at once: the driver's and the callback's `Runs` share the file."""
+        if self.layout is not None:
+            self.record = TrackingRecord.read(self.layout.tracking_json)
+        (self.record.stages if stage else self.record.trials)[stage or trial] = value
+        self.save()
+
+    @classmethod
+    def reopen(cls, layout: Layout, uri: str | None = None) -> Runs:
+        """The runs tracking.json records, for a later process (the Tune callback after a
+        restore, `report`), in the store it records (or `uri`); tracking off when there is
+        no record."""
+        record = TrackingRecord.read(layout.tracking_json)
+        if record.experiment_id is None:
+            return cls(layout=layout, record=record)
+        return cls(tracker=Tracker(store_uri(layout.root, uri or record.tracking_uri)),
+                   layout=layout, record=record)
+
 
 def experiment_name(plan: Plan) -> str:
     return f"pmnet/{plan.name}"
 
 
-def open_tracking(plan: Plan, uri: str) -> Runs:
-    """Attach the pipeline's experiment and parent run at `uri` (where the driver and the
-    trials log: an http URI for a served store). tracking.json records the store the user
-    asked for (`embedded`, a `sqlite:` URI or a server), which `resume` and `report` use.
-    Bounded by TRACKING_LIMITS but fatal: the driver calls it before any trial starts, and
-    the server was checked reachable when planning."""
+def open_tracking(plan: Plan) -> Runs:
+    """Attach the pipeline's experiment and parent run, and record them in tracking.json.
+    Bounded by TRACKING_LIMITS, but fatal: it runs before any trial starts, and a server
+    was checked reachable while planning."""
     with TRACKING_LIMITS.applied():
-        return _open_tracking(plan, uri)
+        return _open_tracking(plan)
 
 
-def _open_tracking(plan: Plan, uri: str) -> Runs:
-    tracker = Tracker(uri)
+def _open_tracking(plan: Plan) -> Runs:
     lay = plan.layout
-    exp_id = tracker.experiment(experiment_name(plan), tags={"pipeline": plan.name,
-                                                            "storage_root": str(lay.root)})
-    known = read_json(lay.tracking_json, {}) or {}
+    uri = store_uri(lay.root, plan.tracking_uri)
+    tracker = Tracker(uri)
+    exp_id = tracker.experiment(experiment_name(plan),
+                                tags={"pipeline": plan.name, "storage_root": str(lay.root)},
+                                artifact_location=artifact_location(uri, plan.name))
+    known = TrackingRecord.read(lay.tracking_json)
     tags = {"pipeline": plan.name, "role": "pipeline", "preset": plan.cfg.preset,
             "preset_reason": plan.preset_reason, "grid": plan.space.name,
             "run_dir": str(lay.run_dir), **git_commit(),
             **{f"version.{k}": v for k, v in package_versions().items()}}
     parent, _ = tracker.attach_run(exp_id, plan.name, run_name=plan.name, tags=tags,
-                                   run_id=known.get("parent_run_id"))
+                                   run_id=known.parent_run_id)
     sp = plan.space
     grid_params = {"grid.name": sp.name, "grid.conditions": ",".join(sp.conditions),
                    "grid.seeds": ",".join(map(str, sp.seeds)), "grid.n_trials": sp.n_trials}
@@ -427,53 +491,41 @@ def _open_tracking(plan: Plan, uri: str) -> Runs:
         **plan.cfg.flat(), **grid_params,
         "resources.cpus_per_trial": sp.cpus_per_trial,
         "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
-    runs = Runs(tracker=tracker, uri=uri, experiment_id=exp_id, parent=parent,
-                stages=dict(known.get("stages", {})))
-    write_json(lay.tracking_json, {"tracking_uri": plan.tracking_uri or EMBEDDED,
-                                   "experiment_name": experiment_name(plan),
-                                   "experiment_id": exp_id, "parent_run_id": parent,
-                                   "stages": runs.stages})
-    if plan.tracking_uri is None:
-        where = f"the embedded store {lay.mlflow_db}, served at {uri}"
-    elif plan.tracking_uri != uri:
-        where = f"{plan.tracking_uri}, served at {uri}"
-    else:
-        where = uri
+    same_store = known.experiment_id == exp_id
+    record = TrackingRecord(tracking_uri=plan.tracking_uri or EMBEDDED,
+                            experiment_name=experiment_name(plan), experiment_id=exp_id,
+                            parent_run_id=parent, stages=known.stages if same_store else {},
+                            trials=known.trials if same_store else {})
+    runs = Runs(tracker=tracker, layout=lay, record=record)
+    runs.save()
+    where = f"the embedded store {lay.mlflow_db}" if plan.tracking_uri is None else uri
     say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent} "
-        f"at {where}")
+        f"in {where}")
     return runs
 
 
 def stage_run(plan: Plan, runs: Runs, stage: str) -> str | None:
-    """The stage's run id (re-attached by its run_key), or None when tracking is off or the
-    server failed (the stage then runs untracked)."""
+    """The stage's run id (re-attached by its run_key), or None when tracking is off or
+    failed (the stage then runs untracked)."""
     if runs.tracker is None:
         return None
     got = runs.safe(f"attaching the {stage} run", runs.tracker.attach_run,
                     runs.experiment_id, f"{plan.name}/{stage}", run_name=stage,
                     parent_run_id=runs.parent,
                     tags={"pipeline": plan.name, "stage": stage, "preset": plan.cfg.preset},
-                    run_id=runs.stages.get(stage))
+                    run_id=runs.record.stages.get(stage))
     if got is None:
         return None
-    rid = got[0]
-    runs.stages[stage] = rid
-    known = read_json(plan.layout.tracking_json, {}) or {}
-    known["stages"] = runs.stages
-    write_json(plan.layout.tracking_json, known)
-    return rid
+    runs.note(stage=stage, value=got[0])
+    return got[0]
 
 
-# -----------------------------------------------------------------------------------------
-# Trial runs: non-fatal while training, completed from the result files afterwards
-# -----------------------------------------------------------------------------------------
+# -- trial runs ------------------------------------------------------------------------------
 
 
 def trial_run_tags(name: str, trial: TrialId, phase1_sha256: str, preset: str,
                    select: str) -> dict[str, Any]:
-    """The tags of a trial's run (the trial and the backfill create it alike): its key, its
-    identity (`TrialId.to_config`: condition, seed, and the variant when it has one) and
-    provenance."""
+    """The tags of a trial's run: its key, identity (`TrialId.to_config`) and provenance."""
     return {"trial_key": trial_key(name, trial), "pipeline": name, "stage": "phase2",
             **trial.to_config(), "phase1_sha256": phase1_sha256, "preset": preset,
             "select_metric": select}
@@ -482,14 +534,21 @@ def trial_run_tags(name: str, trial: TrialId, phase1_sha256: str, preset: str,
 def trial_params(flat_config: dict[str, Any], trial: TrialId,
                  variant_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The params of a trial's run: its flat TrainConfig (the variant's overrides applied)
-    and its identity; a named variant adds `variant` and its overrides as `variant.<field>`."""
+    and its identity; a named variant adds its overrides as `variant.<field>`."""
     overrides = variant_overrides or {}
     return {**flat_config, **trial.to_config(),
             **{f"variant.{k}": v for k, v in sorted(overrides.items())}}
 
 
-def record_result(tracker: Tracker, run_id: str, result: dict, result_path: str | os.PathLike,
-                  ) -> None:
+def epoch_metrics(result: dict) -> dict[str, float]:
+    """The metrics of one epoch in a trial's Tune report: `epoch` and the `<split>/<name>`
+    values (Tune's own bookkeeping keys have no '/')."""
+    return {k: f for k, v in result.items()
+            if (k == "epoch" or "/" in k) and (f := _float(v)) is not None}
+
+
+def record_result(tracker: Tracker, run_id: str, result: dict,
+                  result_path: str | os.PathLike) -> None:
     """Log a finished trial completely from its result file and finish its run: params, the
     epochs the run lacks (from the result's history, with the running best at `best/select`),
     the test metrics, the result file (and the selected checkpoint for small presets) as
@@ -525,150 +584,155 @@ def record_result(tracker: Tracker, run_id: str, result: dict, result_path: str 
     tracker.finish(run_id, "FINISHED")
 
 
-class TrialTracking:
-    """A trial's MLflow run, kept off the trial's critical path.
+class TrialRuns(MLflowLoggerCallback):
+    """The driver's MLflow writer for the trials: one run per trial, found again by its key.
 
-    Every call (attaching the run with its params, each epoch's metrics, the final
-    `record_result`, marking a crash) goes through a TrackingGuard: bounded by
-    TRACKING_LIMITS, never raising, and skipped for `cooldown_s` after a failure. The first
-    call that fails or is skipped writes `mlflow_pending: true` and the reason into the
-    trial's trial.json at once (so the flag survives a later crash); only a complete
-    `record_result` clears it. `backfill_results` logs what is still pending. The run is
-    attached at the first call that goes through, so a trial that started while the server
-    was down joins its run (found by trial_key, never duplicated) once the server is back.
+    A subclass of Ray's `MLflowLoggerCallback` (the same Tune hooks, on the driver) that
+    adds what the pipeline needs: runs re-attached by `trial_key` after a retry, a
+    `Tuner.restore` or a new driver (Ray's keeps `{Trial: run id}` in memory and opens a
+    second run); epochs logged at step=epoch, once; the run closed from the result file
+    (`record_result`); every call bounded and non-fatal (`TrackingGuard`). Its settings are
+    read from tracking.json at `setup`, so the instance Tune pickles with the experiment
+    logs where the resuming driver logs.
     """
 
-    def __init__(self, uri: str, experiment_id: str, *, key: str, run_name: str,
-                 parent_run_id: str | None, tags: dict[str, Any], params: dict[str, Any],
-                 trial_json: str | os.PathLike, limits: HttpLimits = TRACKING_LIMITS):
-        self.uri, self.experiment_id, self.key, self.run_name = uri, experiment_id, key, run_name
-        self.parent_run_id, self.tags, self.params = parent_run_id, tags, params
-        self.trial_json = Path(trial_json)
-        self.guard = TrackingGuard(limits)
-        self.tracker: Tracker | None = None
-        self.run_id: str | None = None
-        self.skip_steps: set[int] = set()  # epochs an earlier attempt already logged
-        self.pending: str | None = None  # why this attempt left something unlogged
+    def __init__(self, ctx: TrialContext):
+        super().__init__(experiment_name=None)
+        self.ctx = ctx
 
-    def _attach(self) -> None:
-        if self.tracker is None:
-            self.tracker = Tracker(self.uri)
-        known = (read_json(self.trial_json, {}) or {}).get("mlflow_run_id")
-        rid, created = self.tracker.attach_run(
-            self.experiment_id, self.key, run_name=self.run_name, tags=self.tags,
-            parent_run_id=self.parent_run_id, run_id=known)
-        self.tracker.log_params_once(rid, self.params)
-        self.skip_steps = set() if created else self.tracker.logged_steps(rid, "epoch")
-        self.run_id = rid
-        update_json(self.trial_json, {"mlflow_run_id": rid})
+    def __getstate__(self):  # Tune pickles its callbacks with the experiment (tuner.pkl)
+        return {"ctx": self.ctx}
 
-    def _run(self, what: str, fn: Callable[[], None] | None = None) -> bool:
-        def attach_then_call():
-            if self.run_id is None:
-                self._attach()
-            if fn is not None:
-                fn()
+    def __setstate__(self, state):
+        self.__init__(state["ctx"])
 
-        ok, _ = self.guard.call(what, attach_then_call)
-        if not ok and self.pending is None:
-            self.pending = self.guard.last_error or f"{what} skipped"
-            update_json(self.trial_json, {"mlflow_pending": True,
-                                          "mlflow_pending_reason": self.pending})
-        return ok
+    def setup(self, *args, **kwargs):
+        self.runs = Runs.reopen(self.ctx.layout)
+        self.run_ids: dict[str, str] = {}
+        self.logged: dict[str, set[int]] = {}
 
-    def attach(self) -> bool:
-        return self._run("attaching the trial's MLflow run")
+    def _attach(self, trial: TrialId) -> str | None:
+        if trial.name in self.run_ids:
+            return self.run_ids[trial.name]
+        from pipelines.trial import trial_config, trial_phase1
+        from pmnet.train import get_condition
 
-    def log_epoch(self, metrics: dict[str, Any], step: int) -> None:
-        def log():
-            if step not in self.skip_steps:
-                self.tracker.log_metrics(self.run_id, metrics, step=step)
+        ctx, runs = self.ctx, self.runs
+        cfg = trial_config(ctx, trial)
+        known = runs.record.trials.get(trial.name)
+        tags = trial_run_tags(ctx.name, trial, trial_phase1(ctx, trial)[1], cfg.preset,
+                              get_condition(trial.condition).select)
+        params = trial_params(cfg.flat(), trial, ctx.variant_overrides(trial))
 
-        self._run(f"logging epoch {step}", log)
+        def attach():
+            rid, created = runs.tracker.attach_run(
+                runs.experiment_id, trial_key(ctx.name, trial), run_name=trial.name,
+                tags=tags, parent_run_id=runs.parent, run_id=known.run_id if known else None)
+            runs.tracker.log_params_once(rid, params)
+            return rid, (set() if created else runs.tracker.logged_steps(rid, "epoch"))
 
-    def record(self, result: dict, result_path: str | os.PathLike) -> bool:
-        """The trial's final logging (see record_result); True when it all went through."""
-        ok = self._run("logging the result",
-                       lambda: record_result(self.tracker, self.run_id, result, result_path))
-        if ok:
-            self.pending = None
-            update_json(self.trial_json, {"mlflow_pending": False,
-                                          "mlflow_pending_reason": None})
-        return ok
+        got = runs.safe(f"attaching the run of {trial.name}", attach)
+        if got is None:
+            return None
+        self.run_ids[trial.name], self.logged[trial.name] = got
+        runs.note(trial=trial.name, value=TrialRecord(run_id=got[0], finished=False))
+        return got[0]
 
-    def fail(self, error: str) -> None:
-        """Mark the run FAILED with the error as its `last_error` tag (the retry reopens it)."""
-        if self.run_id is None:  # nothing to mark, and no reason to wait for a server now
+    def log_trial_start(self, trial):
+        if self.runs.tracker is not None:
+            self._attach(TrialId.from_config(trial.config))
+
+    def log_trial_result(self, iteration, trial, result):
+        if self.runs.tracker is None or "epoch" not in result:
+            return  # the final report (test metrics) is logged from the result file
+        tid = TrialId.from_config(trial.config)
+        rid, step = self._attach(tid), int(result["epoch"])
+        if rid is None or step in self.logged[tid.name]:
             return
-        self._run("marking the run failed", lambda: (
-            self.tracker.set_tags(self.run_id, {"last_error": error[:5000]}),
-            self.tracker.finish(self.run_id, "FAILED")))
+        ok, _ = self.runs.guard.call(f"logging epoch {step} of {tid.name}",
+                                     self.runs.tracker.log_metrics, rid,
+                                     epoch_metrics(result), step=step)
+        if ok:
+            self.logged[tid.name].add(step)
+
+    def log_trial_end(self, trial, failed: bool = False):
+        if self.runs.tracker is None:
+            return
+        tid = TrialId.from_config(trial.config)
+        path = self.ctx.layout.result_path(tid)
+        result = read_json(path) if path.is_file() and not failed else None
+        rid = self._attach(tid)
+        if rid is None:
+            return
+        if isinstance(result, dict):
+            ok, _ = self.runs.guard.call(f"logging the result of {tid.name}", record_result,
+                                         self.runs.tracker, rid, result, path)
+            self.runs.note(trial=tid.name, value=TrialRecord(run_id=rid, finished=ok))
+        else:
+            self._mark_failed(tid, rid)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        """A crashed trial that Tune retries: its run is FAILED with the error until the
+        retry re-attaches it."""
+        tid = TrialId.from_config(trial.config)
+        if self.runs.tracker is not None and (rid := self._attach(tid)) is not None:
+            self._mark_failed(tid, rid)
+
+    def _mark_failed(self, tid: TrialId, rid: str) -> None:
+        info = TrialState.read(self.ctx.layout.trial_dir(tid) / "trial.json")
+        error = (info.error or "the trial ended without a result")[:5000]
+        self.runs.safe(f"marking {tid.name} failed", lambda: (
+            self.runs.tracker.set_tags(rid, {"last_error": error}),
+            self.runs.tracker.finish(rid, "FAILED")))
+        self.run_ids.pop(tid.name, None)  # a retry or resume re-attaches it
 
 
-def _run_finished(tracker: Tracker, run_id: str | None) -> bool:
-    """Is this run there and FINISHED? (A run missing from the server counts as not.)"""
-    from mlflow.exceptions import MlflowException
-
-    if not run_id:
-        return False
-    try:
-        run = tracker.client.get_run(run_id)
-    except MlflowException as e:
-        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return False
-        raise
-    return run.info.status == "FINISHED" and run.info.lifecycle_stage != "deleted"
+def _finished_runs(runs: Runs, pipeline: str) -> dict[str, str]:
+    """{trial_key: run id} of the pipeline's FINISHED trial runs."""
+    found = runs.tracker.client.search_runs(
+        [runs.experiment_id], max_results=50000,
+        filter_string=f"tags.pipeline = '{pipeline}' and attributes.status = 'FINISHED'")
+    return {r.data.tags["trial_key"]: r.info.run_id for r in found if "trial_key" in r.data.tags}
 
 
-def _backfill_one(layout: Layout, runs: Runs, result: dict, result_path: Path) -> str:
-    trial = TrialId.from_result(result)
-    trial_json = layout.trial_dir(trial) / "trial.json"
-    known = (read_json(trial_json, {}) or {}).get("mlflow_run_id")
+def _backfill_one(runs: Runs, pipeline: str, trial: TrialId, result: dict, path: Path) -> str:
+    known = runs.record.trials.get(trial.name)
     rid, _ = runs.tracker.attach_run(
-        runs.experiment_id, trial_key(layout.name, trial),
-        run_name=trial.name, parent_run_id=runs.parent, run_id=known,
-        tags=trial_run_tags(layout.name, trial, result["phase1_sha256"], result["preset"],
+        runs.experiment_id, trial_key(pipeline, trial), run_name=trial.name,
+        parent_run_id=runs.parent, run_id=known.run_id if known else None,
+        tags=trial_run_tags(pipeline, trial, result["phase1_sha256"], result["preset"],
                             result["select"]))
-    record_result(runs.tracker, rid, result, result_path)
-    update_json(trial_json, {"mlflow_run_id": rid, "mlflow_pending": False,
-                             "mlflow_pending_reason": None})
+    record_result(runs.tracker, rid, result, path)
     return rid
 
 
 def backfill_results(layout: Layout, runs: Runs) -> dict[str, int]:
-    """Log to MLflow what finished trials could not: the result files are the truth.
-
-    For every `results/<trial>.json` whose trial.json says `mlflow_pending`, has
-    no run id, or whose run is missing or not FINISHED, attach the trial's run (by run id or
-    trial_key; created if missing), log it completely with `record_result`, and clear the
-    pending flag. Bounded and non-fatal like every driver call (`runs.safe`): when the server
-    fails, the rest is skipped at once and stays pending for the next run of the driver.
-    Returns {"logged": n, "pending": m}.
-    """
+    """Log to MLflow what the callback could not: every `results/<trial>.json` whose run is
+    not FINISHED is attached (by run id or trial_key; created if missing) and logged
+    completely by `record_result`. Bounded and non-fatal: when MLflow fails the rest stays
+    for the next driver. Returns {"logged": n, "pending": m}."""
     out = {"logged": 0, "pending": 0}
     if runs.tracker is None or not layout.results_dir.is_dir():
         return out
+    ok, finished = runs.guard.call("listing the finished runs", _finished_runs, runs,
+                                   layout.name)
     for path in sorted(layout.results_dir.glob("*.json")):
         result = read_json(path)
-        if not isinstance(result, dict) or not {"condition", "seed", "select"} <= set(result):
-            continue
         try:
             trial = TrialId.from_result(result)
-        except ValueError:  # not a trial's result file
+        except (AttributeError, KeyError, TypeError, ValueError):  # not a trial's result
             continue
-        name = trial.name
-        info = read_json(layout.trial_dir(trial) / "trial.json", {}) or {}
-        if not info.get("mlflow_pending"):
-            ok, finished = runs.guard.call(f"checking the MLflow run of {name}", _run_finished,
-                                           runs.tracker, info.get("mlflow_run_id"))
-            if ok and finished:
-                continue
-        ok, _ = runs.guard.call(f"logging {name} from its result file", _backfill_one, layout,
-                                runs, result, path)
-        out["logged" if ok else "pending"] += 1
+        if ok and (rid := finished.get(trial_key(layout.name, trial))):
+            if not runs.record.trials.get(trial.name, TrialRecord()).finished:
+                runs.note(trial=trial.name, value=TrialRecord(run_id=rid, finished=True))
+            continue
+        rid = runs.safe(f"logging {trial.name} from its result file", _backfill_one, runs,
+                        layout.name, trial, result, path) if ok else None
+        if rid is not None:
+            runs.note(trial=trial.name, value=TrialRecord(run_id=rid, finished=True))
+        out["logged" if rid else "pending"] += 1
     if out["logged"] or out["pending"]:
         say(f"[mlflow] completed {out['logged']} trial run(s) from their result files"
-            + (f"; {out['pending']} left unchecked or pending (MLflow failed: "
-               f"{runs.guard.last_error}); the next `make resume` logs them"
-               if out["pending"] else ""))
+            + (f"; {out['pending']} left pending (MLflow failed: {runs.guard.last_error}); "
+               "the next `make resume` logs them" if out["pending"] else ""))
     return out

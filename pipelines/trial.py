@@ -3,19 +3,19 @@
 The trial
 1. verifies the shared Phase-1 checkpoint (its sha256 sidecar and the hash the driver
    recorded in Stage 1) before anything else, and refuses it with a clear error otherwise;
-2. re-attaches to (or creates) its MLflow run, found by the tag `trial_key`, through a
-   `TrialTracking` that is bounded and never fatal (what fails is marked pending in
-   trial.json and logged later from the result file);
-3. trains with `pmnet.train.run_phase2`, continuing after a crash or a resume from the
+2. trains with `pmnet.train.run_phase2`, continuing after a crash or a resume from the
    trial directory's `ckpt/last.ckpt` (on the shared storage), which Lightning writes once
    per epoch; a callback sends each epoch's metrics through `tune.report` with a tiny
    checkpoint directory holding only `meta.json` (epoch, final flag, which last.ckpt), so no
    weights are copied through Tune;
-4. copies result.json to `<run>/results/<trial>.json` and logs it to MLflow.
+3. copies result.json to `<run>/results/<trial>.json`.
+
+A trial never opens MLflow: the driver logs what it reports to Tune and its result file
+(`pipelines.tracking.TrialRuns`).
 
 The trial's TrainConfig is the pipeline's with its variant's overrides (`Variant.apply`); a
 named variant is recorded in result.json (`variant`, `variant_overrides`), trial.json, and
-the MLflow run's params and tags.
+the MLflow run's params and tags (set by the driver).
 
 A trial whose result file already exists (finished before the driver died, so Tune did not
 record it) is not trained again: it reports the stored result and ends.
@@ -35,19 +35,13 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.layout import (
-    Layout,
-    check_name,
-    read_json,
-    trial_key,
-    update_json,
-    write_json,
-)
+from pipelines.layout import Layout, check_name, read_json, trial_key, write_json
+from pipelines.phase1 import Phase1Refused, check_phase1
+from pipelines.records import TrialState
 from pmnet.conditions import seed_problem
 from pmnet.io import atomic_copy
 from pmnet.trial_id import TrialId, variant_name_problem
@@ -68,7 +62,6 @@ class TrialContext:
         this one (`phase1_sha256` then names the set).
     variants: {variant name: its TrainConfig overrides} of the grid ("" -> {}: the default).
     cpus_per_trial: the trial's CPU reservation, also its torch thread count.
-    tracking_uri, experiment_id, parent_run_id: MLflow, or all None when tracking is off.
     """
 
     root: str
@@ -78,9 +71,6 @@ class TrialContext:
     variants: dict = field(default_factory=lambda: {"": {}})
     phase1_sha256s: dict = field(default_factory=dict)
     cpus_per_trial: float = 1.0
-    tracking_uri: str | None = None
-    experiment_id: str | None = None
-    parent_run_id: str | None = None
 
     def __post_init__(self):
         check_name(self.name)
@@ -107,8 +97,6 @@ class TrialContext:
                 raise ValueError(f"TrialContext.variants: {problem}")
         if self.cpus_per_trial <= 0:
             raise ValueError(f"TrialContext.cpus_per_trial must be > 0, got {self.cpus_per_trial}")
-        if bool(self.tracking_uri) != bool(self.experiment_id):
-            raise ValueError("TrialContext: tracking_uri and experiment_id go together")
 
     @property
     def layout(self) -> Layout:
@@ -118,9 +106,9 @@ class TrialContext:
     def threads(self) -> int:
         return max(1, int(self.cpus_per_trial))
 
-    @property
-    def tracking(self) -> bool:
-        return bool(self.tracking_uri and self.experiment_id)
+    def variant_overrides(self, trial: TrialId) -> dict | None:
+        """The overrides of a named variant's trial (sorted), None for the default."""
+        return None if trial.is_default else dict(sorted(self.variants[trial.variant].items()))
 
 
 class TrialConfigError(Exception):
@@ -128,10 +116,6 @@ class TrialConfigError(Exception):
     deterministic, so retrying cannot help. The trial records it, reports it to Tune and ends
     without raising, so Tune does not retry it (`max_failures` is for crashes); it counts as
     errored, and a `resume` runs it again (a fresh Tune experiment, `stages.stage2`)."""
-
-
-class Phase1Refused(TrialConfigError):
-    """The Phase-1 checkpoint is missing, tampered with, or not the one Stage 1 produced."""
 
 
 def assigned_device() -> str:
@@ -172,21 +156,6 @@ def quiet_training_logs() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, message=".*number of training batches")
 
 
-def check_phase1(path: str | os.PathLike, expected_sha256: str | None) -> str:
-    """verify_phase1 plus the hash recorded by Stage 1; Phase1Refused with the reason."""
-    from pmnet.train import verify_phase1
-
-    try:
-        digest = verify_phase1(path)
-    except ValueError as e:
-        raise Phase1Refused(f"refusing the Phase-1 checkpoint: {e}") from e
-    if expected_sha256 and digest != expected_sha256:
-        raise Phase1Refused(
-            f"refusing the Phase-1 checkpoint {path}: its sha256 {digest[:12]}... is not the "
-            f"{expected_sha256[:12]}... that Stage 1 recorded for this pipeline")
-    return digest
-
-
 def _fault_marker(trial: TrialId) -> Path | None:
     root = os.environ.get(FAULT_ENV)
     return Path(root) / trial.name if root else None
@@ -208,17 +177,15 @@ def _is_final(trainer) -> bool:
 
 
 def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str,
-                         log_epoch: Callable[[dict[str, Any], int], None] | None = None,
                          resume_final: bool = False):
-    """The Lightning callback that reports each epoch to Tune (and through `log_epoch`, a
-    non-fatal `TrialTracking.log_epoch`, to MLflow). `resume_final`: the attempt resumes a
-    checkpoint of the previous version whose Tune meta.json marked its epoch final."""
+    """The Lightning callback that reports each epoch to Tune. `resume_final`: the attempt
+    resumes a checkpoint whose Tune meta.json marked its epoch final."""
     from lightning.pytorch.callbacks import Checkpoint
     from ray import tune
 
     class TuneReport(Checkpoint):
-        """At each train-epoch end: log the epoch's metrics to the trial's MLflow run at
-        step=epoch and `tune.report` them with a checkpoint directory holding only
+        """At each train-epoch end: `tune.report` the epoch's metrics (the driver logs them
+        to the trial's MLflow run at step=epoch) with a checkpoint directory holding only
         `meta.json`, which names the trial's `ckpt/last.ckpt` (with its size and mtime).
         The weights are written once, by `pmnet.train.LastCheckpoint`, never copied to Tune.
 
@@ -271,8 +238,8 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str,
             metrics["epoch"] = epoch
             if self.best > float("-inf"):
                 metrics["best/select"] = self.best
-            if log_epoch is not None:
-                log_epoch(metrics, epoch)
+            TrialState.update(Path(trial_dir) / "trial.json",  # for `status`
+                              epoch=epoch, best_select=metrics.get("best/select"))
             base = Path(trial_dir) / ".tune_ckpt"
             base.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=base) as tmp:
@@ -378,7 +345,6 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     from ray import tune
 
     quiet_training_logs()
-    from pipelines.tracking import TrialTracking, trial_params, trial_run_tags
     from pmnet.train import get_condition, use_compile_cache
 
     use_compile_cache(ctx.layout.compile_cache)  # the graphs Stage 2 compiled beforehand
@@ -396,49 +362,34 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         if problem:
             raise ValueError(problem)
     except ValueError as e:
-        _refuse(trial, info_path, TrialConfigError(str(e)), {**trial.to_config()})
+        _refuse(trial, info_path, TrialConfigError(str(e)), trial.to_config())
         return
     key = trial_key(layout.name, trial)
     record = variant_record(trial, ctx.variants[trial.variant])
 
-    trial_info = {**trial.to_config(), **record, "trial_key": key,
-                  "tracking_uri": ctx.tracking_uri}
+    trial_info = {**trial.to_config(), **record, "trial_key": key}
     result_path = layout.result_path(trial)
-    tracking = None
     try:
         # 1. the Phase-1 checkpoint, before anything else
         p1_ckpt, p1_sha = trial_phase1(ctx, trial)
         digest = check_phase1(p1_ckpt, p1_sha)
-
-        # 2. MLflow: one run per trial, re-attached on retries and resumes; never fatal
-        if ctx.tracking:
-            tracking = TrialTracking(
-                ctx.tracking_uri, ctx.experiment_id, key=key,
-                run_name=trial.name, parent_run_id=ctx.parent_run_id,
-                tags=trial_run_tags(layout.name, trial, digest, cfg.preset, cond.select),
-                params=trial_params(cfg.flat(), trial, record.get("variant_overrides")),
-                trial_json=info_path)
-            tracking.attach()
         setup = {"imports_s": t_imported - t_enter, "setup_s": time.time() - t_enter}
-        update_json(info_path, {**trial_info, "state": "RUNNING"})
+        TrialState.update(info_path, **trial_info, state="RUNNING")
 
-        # 3. + 4. train (or reuse a finished result) and record
+        # 2. + 3. train (or reuse a finished result) and record
         final = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
-                                  tracking, result_path, setup)
-    except TrialConfigError as e:  # deterministic: recorded once, not retried by Tune
-        if tracking is not None:
-            tracking.fail(f"{type(e).__name__}: {e}")
+                                  result_path, setup)
+    except (TrialConfigError, Phase1Refused) as e:  # deterministic: once, not retried
         _refuse(trial, info_path, e, trial_info)
         return
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
-        update_json(info_path, {**trial_info, "state": "ERROR", "error": error[:2000]})
-        if tracking is not None:
-            tracking.fail(error)
+        TrialState.update(info_path, **trial_info, state="ERROR", error=error[:2000],
+                          failures=TrialState.read(info_path).failures + 1)
         raise
     finally:
         release_device_memory()
-    update_json(info_path, {**trial_info, "state": "FINISHED", "result": str(result_path)})
+    TrialState.update(info_path, **trial_info, state="FINISHED", result=str(result_path))
     shutil.rmtree(tdir / ".tune_ckpt", ignore_errors=True)
     tune.report({k: (float("nan") if v is None else v) for k, v in final.items()}
                 | trial.to_config())
@@ -457,8 +408,7 @@ def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> No
 
     message = f"{type(error).__name__}: {error}"
     log.error("trial %s refused: %s", trial.name, message)
-    update_json(info_path, {**info, "state": "ERROR", "error": message[:2000],
-                            CONFIG_ERROR: True})
+    TrialState.update(info_path, **info, state="ERROR", error=message[:2000], config_error=True)
     tune.report({CONFIG_ERROR: message[:2000], "finished": 0} | trial.to_config())
 
 
@@ -498,13 +448,13 @@ def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, bool, dic
 
 
 def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: Path,
-                      digest, tracking, result_path, setup) -> dict:
+                      digest, result_path, setup) -> dict:
     from ray import tune
 
     from pmnet.train import checkpoint_epoch, run_phase2
 
     tdir = layout.trial_dir(trial)
-    # 3. already finished (driver died before Tune recorded it)? then report, don't retrain
+    # already finished (driver died before Tune recorded it)? then report, don't retrain
     done = _result_matches(result_path, digest, cfg, record)
     ckpt = tune.get_checkpoint()
     attempt = {"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
@@ -525,9 +475,7 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
                 attempt["tune_checkpoint_epoch"] = meta.get("epoch")
             _append_attempt(tdir, attempt)
             cb = make_report_callback(
-                trial_dir=tdir, trial=trial, select=cond.select,
-                log_epoch=tracking.log_epoch if tracking is not None else None,
-                resume_final=resume_final)
+                trial_dir=tdir, trial=trial, select=cond.select, resume_final=resume_final)
             result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
                                 phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
                                 resume_from=resume_from, progress=False, record=record,
@@ -537,9 +485,6 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
         _append_attempt(tdir, attempt)
         result = done
 
-    # 4. the result into MLflow (or marked pending), the final metrics into Tune
-    if tracking is not None:
-        tracking.record(result, result_path)
     test = result.get("test") or {}
     return {"test/updated_ltm": test.get("updated_ltm"),
             "best/select": (result.get("val") or {}).get(cond.select),

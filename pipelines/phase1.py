@@ -1,0 +1,194 @@
+"""A pipeline's Phase-1 checkpoints, and every check of one, in one place.
+
+A Phase-1 checkpoint is `phase1.pt` with its sha256 in the sidecar `phase1.pt.sha256`
+(`pmnet.train.save_model_file`) and, in its Stage-1 directory, `stage1.json` (a
+`records.Stage1Record`: the hash of the Phase-1 configuration it was trained with, and its
+sha256). Planning calls `existing_phase1` and `check_phase1_source` (PipelineError: exit 2,
+nothing written), the driver `existing_phase1` again and `check_phase1` before Stage 2, and
+every trial `check_phase1` before it trains (Phase1Refused: the trial ends, not retried).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.layout import PipelineError, read_json
+from pipelines.records import Stage1Record, canon, normalized_config
+from pmnet.conditions import PHASE2_ONLY_FIELDS
+
+
+class Phase1Refused(ValueError):
+    """The Phase-1 checkpoint is missing, tampered with, or not the one Stage 1 produced."""
+
+
+@dataclass(frozen=True)
+class Phase1Slot:
+    """One Phase-1 checkpoint of a pipeline: the single shared one (`seed` None, in
+    `phase1/`, trained with the pipeline's own `phase1_seed`), or that of Phase-1 seed k in a
+    grid with several (`phase1-p1s<k>/`, the pipeline's config with `phase1_seed = k`)."""
+
+    seed: int | None
+    cfg: Any  # the TrainConfig this checkpoint is trained with
+    dir: Path
+
+    @property
+    def ckpt(self) -> Path:
+        return self.dir / "phase1.pt"
+
+    @property
+    def sidecar(self) -> Path:
+        return self.dir / "phase1.pt.sha256"
+
+    @property
+    def stage1_json(self) -> Path:
+        return self.dir / "stage1.json"
+
+    @property
+    def metrics_json(self) -> Path:
+        return self.dir / "phase1_metrics.json"
+
+    @property
+    def label(self) -> str:
+        """`phase1` or `phase1-p1s<k>` (directory, MLflow run and console name)."""
+        return self.dir.name
+
+
+@dataclass(frozen=True)
+class Phase1Source:
+    """A verified Phase-1 checkpoint from elsewhere (`start --phase1-from PATH`)."""
+
+    checkpoint: Path  # the .pt file; its `.sha256` sidecar and phase1_metrics.json beside it
+    sha256: str
+    metrics: dict  # the source's phase1_metrics.json (train_config, test, history, ...)
+    slot_seed: int | None = None  # the Phase1Slot it stands in for
+
+    def to_dict(self) -> dict:
+        return {"checkpoint": str(self.checkpoint), "sha256": self.sha256,
+                "slot_seed": self.slot_seed}
+
+
+def check_phase1(path: str | os.PathLike, expected_sha256: str | None) -> str:
+    """verify_phase1 plus the hash recorded by Stage 1; Phase1Refused with the reason."""
+    from pmnet.train import verify_phase1
+
+    try:
+        digest = verify_phase1(path)
+    except ValueError as e:
+        raise Phase1Refused(f"refusing the Phase-1 checkpoint: {e}") from e
+    if expected_sha256 and digest != expected_sha256:
+        raise Phase1Refused(
+            f"refusing the Phase-1 checkpoint {path}: its sha256 {digest[:12]}... is not the "
+            f"{expected_sha256[:12]}... that Stage 1 recorded for this pipeline")
+    return digest
+
+
+def existing_phase1(slot: Phase1Slot, *, repair: bool = False) -> str | None:
+    """sha256 of a finished Phase-1 checkpoint for this config, None if there is none.
+
+    PipelineError when one is
+    there but cannot be used: it fails its sha256 (tampered), or its bytes pass the hash
+    but do not load as a weights-only pmnet model file of this model config (garbage with a
+    matching sidecar). Never retrained over silently. A missing sidecar whose checkpoint
+    matches the sha256 Stage 1 recorded is rewritten (`repair`, the driver) or accepted as
+    rewritable (planning), rather than retraining Phase 1.
+    """
+    from pmnet.train import load_model_file, sha256_file, verify_phase1
+
+    ckpt, sidecar = slot.ckpt, slot.sidecar
+    if not ckpt.is_file():
+        return None
+    hint = f"Delete {slot.dir} to train Phase 1 again."
+    digest = None
+    if sidecar.is_file():
+        try:
+            digest = verify_phase1(ckpt)
+        except ValueError as e:
+            raise PipelineError(f"Stage 1: {e}. {hint}") from e
+    info = Stage1Record.read(slot.stage1_json)
+    if info.config_hash != phase1_config_hash(slot.cfg):
+        return None
+    if digest is None:  # the sidecar is gone: the record of Stage 1 vouches for the file
+        digest = sha256_file(ckpt)
+        if digest != info.sha256:
+            return None  # not the checkpoint Stage 1 finished: it runs again
+        if repair:
+            from pmnet.io import atomic_write_bytes
+
+            atomic_write_bytes(sidecar, f"{digest}  {ckpt.name}\n".encode())
+    elif info.sha256 != digest:
+        raise PipelineError(f"Stage 1: {ckpt} has sha256 {digest[:12]}... but Stage 1 "
+                            f"recorded {str(info.sha256)[:12]}...; refusing it. {hint}")
+    try:
+        load_model_file(ckpt, expect_config=slot.cfg.model)
+    except Exception as e:
+        raise PipelineError(f"Stage 1: {ckpt} matches its sha256 but is not a loadable "
+                            f"Phase-1 model file for this config ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else ''}). {hint}") from e
+    return digest
+
+
+def phase1_part(cfg_d: dict) -> dict:
+    """The Phase-1 part of a TrainConfig dict (what the Phase-1 checkpoint depends on)."""
+    return {k: v for k, v in canon(cfg_d).items() if k not in PHASE2_ONLY_FIELDS}
+
+
+def phase1_config_hash(cfg) -> str:
+    """sha256 of the Phase-1 part of a TrainConfig (Phase-2-only fields left out)."""
+    return hashlib.sha256(json.dumps(phase1_part(cfg.to_dict()), sort_keys=True).encode()
+                          ).hexdigest()
+
+
+def check_phase1_source(path: str | os.PathLike, slots: list[Phase1Slot]) -> Phase1Source:
+    """A Phase-1 checkpoint to import (a `phase1.pt`, or a directory holding one): its sha256
+    sidecar matches, its `phase1_metrics.json` says it was trained with the Phase-1
+    configuration of one of the pipeline's Phase-1 checkpoints (`slots`; every field but the
+    Phase-2-only ones, so with several Phase-1 seeds its `phase1_seed` picks the slot), and
+    it loads weights-only as a model of this config. PipelineError naming the problem
+    otherwise. Reads only."""
+    from pmnet.train import load_model_file, verify_phase1
+
+    src = Path(path).expanduser()
+    ckpt = src / "phase1.pt" if src.is_dir() else src
+    if not ckpt.is_file():
+        raise PipelineError(f"--phase1-from {path}: no Phase-1 checkpoint there (give a "
+                            "phase1.pt, or the directory of a pipeline's or `pmnet train "
+                            "phase1`'s Phase 1 that holds one)")
+    ckpt = ckpt.resolve()
+    try:
+        digest = verify_phase1(ckpt)
+    except ValueError as e:
+        raise PipelineError(f"--phase1-from: {e}") from e
+    metrics_path = ckpt.parent / "phase1_metrics.json"
+    metrics = read_json(metrics_path) if metrics_path.is_file() else None
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("train_config"), dict):
+        raise PipelineError(f"--phase1-from {ckpt}: {metrics_path} is missing or has no "
+                            "train_config, so the configuration it was trained with cannot "
+                            "be checked; import only checkpoints written by Phase 1 "
+                            "(`pmnet train phase1` or a pipeline's Stage 1)")
+    theirs = phase1_part(normalized_config(metrics["train_config"]))
+    diffs = []
+    for slot in slots:
+        mine = phase1_part(slot.cfg.to_dict())
+        diff = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
+        if not diff:
+            break
+        diffs.append(diff)
+    else:
+        diff = min(diffs, key=len)
+        shown = "; ".join(f"{k}: {theirs.get(k)!r} there vs {mine.get(k)!r} here"
+                          for k in diff[:4])
+        raise PipelineError(f"--phase1-from {ckpt} was trained with a different Phase-1 "
+                            f"configuration ({shown}{'; ...' if len(diff) > 4 else ''}); "
+                            "use the same preset and Phase-1 --set overrides, or let "
+                            "Stage 1 train its own")
+    try:
+        load_model_file(ckpt, expect_config=slot.cfg.model)
+    except Exception as e:
+        raise PipelineError(f"--phase1-from {ckpt} matches its sha256 but is not a loadable "
+                            f"Phase-1 model file for this config ({type(e).__name__})") from e
+    return Phase1Source(checkpoint=ckpt, sha256=digest, metrics=metrics, slot_seed=slot.seed)

@@ -1,0 +1,154 @@
+"""The pipeline's run records: one typed schema per JSON file it keeps (pipelines.layout
+says where each lives). Every record is a dataclass with `to_dict` / `from_dict`, read with
+`read(path)` (a missing or unreadable file gives the empty record) and written atomically
+with `write(path)`. Unknown keys are ignored when reading, so a record written by a newer
+version still reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pmnet.io import atomic_write_json
+
+
+def canon(obj):
+    """`obj` as JSON gives it back (sorted keys, non-JSON values as str)."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def normalized_config(cfg_d):
+    """A stored TrainConfig with the defaults of fields added since it was written (so a
+    pipeline recorded by an older version still matches its own configuration)."""
+    from pmnet.train import TrainConfig
+
+    try:
+        return canon(TrainConfig.from_dict(cfg_d).to_dict())
+    except (TypeError, ValueError, KeyError):
+        return cfg_d
+
+
+class Record:
+    """to_dict / from_dict / read / write for a record dataclass; `_nested` names fields
+    holding {key: record} maps, converted both ways."""
+
+    _nested: ClassVar[dict[str, type]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, a None one left out."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if f.name in self._nested:
+                value = {k: v.to_dict() for k, v in value.items()}
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any):
+        if not isinstance(data, dict):
+            return cls()
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if f.name in cls._nested:
+                value = {k: cls._nested[f.name].from_dict(v) for k, v in (value or {}).items()}
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike):
+        from pipelines.layout import read_json
+
+        return cls.from_dict(read_json(path))
+
+    def write(self, path: str | os.PathLike) -> None:
+        atomic_write_json(path, self.to_dict())
+
+
+@dataclass
+class TrialState(Record):
+    """`trials/<trial>/trial.json`: the trial's own account of itself, kept across its
+    attempts. Its identity (`TrialId.to_config()`'s keys; a named variant also its
+    `variant_overrides`) and `trial_key`; `state` RUNNING, ERROR or FINISHED; `failures`
+    (crashed attempts); the last reported `epoch` and `best_select`; the last `error`
+    (`config_error` when its configuration cannot run: not retried); the `result` file."""
+
+    condition: str | None = None
+    seed: int | None = None
+    variant: str | None = None
+    phase1_seed: int | None = None
+    variant_overrides: dict | None = None
+    trial_key: str | None = None
+    state: str | None = None
+    failures: int = 0
+    epoch: int | None = None
+    best_select: float | None = None
+    error: str | None = None
+    config_error: bool | None = None
+    result: str | None = None
+
+    @classmethod
+    def update(cls, path: str | os.PathLike, **fields) -> TrialState:
+        """The record at `path` with `fields` replaced, written back at once."""
+        state = dataclasses.replace(cls.read(path), **fields)
+        state.write(path)
+        return state
+
+
+@dataclass
+class TrialRecord(Record):
+    """A trial's MLflow run, as the driver's callback left it (tracking.json `trials`):
+    `finished` once the run was closed from the trial's result file."""
+
+    run_id: str | None = None
+    finished: bool = False
+
+
+@dataclass
+class TrackingRecord(Record):
+    """`tracking.json`: where the pipeline's runs are. `tracking_uri` is the store the user
+    asked for (`embedded`, a `sqlite:` URI or a server) that `resume`, `report` and `ui`
+    use again; `stages` {stage: run id}; `trials` {trial name: TrialRecord}."""
+
+    _nested: ClassVar[dict[str, type]] = {"trials": TrialRecord}
+
+    tracking_uri: str | None = None
+    experiment_name: str | None = None
+    experiment_id: str | None = None
+    parent_run_id: str | None = None
+    stages: dict[str, str] = field(default_factory=dict)
+    trials: dict[str, TrialRecord] = field(default_factory=dict)
+
+
+@dataclass
+class Stage1Record(Record):
+    """`phase1[-p1s<k>]/stage1.json`: a finished Phase-1 checkpoint. `config_hash` is
+    `phase1.phase1_config_hash` of the configuration it was trained with; `imported_from`
+    the checkpoint `--phase1-from` copied in; `routes` Phase 1's route diagnostics."""
+
+    config_hash: str | None = None
+    sha256: str | None = None
+    checkpoint: str | None = None
+    phase1_seed: int | None = None
+    train_time_s: float | None = None
+    wall_s: float | None = None
+    metrics: dict = field(default_factory=dict)
+    imported_from: str | None = None
+    routes: dict | None = None
+
+
+@dataclass
+class Stage2Record(Record):
+    """`stage2.json`: the Phase-1 sha256 the Tune experiment `stage2/` was trained from
+    (a retrained Phase 1 moves the experiment aside)."""
+
+    phase1_sha256: str | None = None
