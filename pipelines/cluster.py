@@ -23,12 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipelines.layout import PipelineError
-
-if TYPE_CHECKING:
-    from pipelines.plan import Plan
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_PACKAGES = ("pmnet", "pipelines", "tune_spaces")  # what the Ray workers import
@@ -251,17 +247,18 @@ def connect_ray(address: str):
     return ray
 
 
-def init_ray(plan: Plan):
-    """Local Ray by default (loopback only, dashboard off, quiet; the CPUs and GPUs planning
-    saw, `plan.cluster`); RAY_ADDRESS / --ray-address: a cluster."""
+def init_ray(ray_address: str | None, num_cpus: int | None = None,
+             planned: ClusterInfo | None = None):
+    """Local Ray by default (loopback only, dashboard off, quiet; `num_cpus` and the GPUs
+    planning saw, `planned`: None lets Ray detect the GPUs); `ray_address` (RAY_ADDRESS /
+    --ray-address): a cluster."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter: silent at 0
-    if plan.ray_address:
-        return connect_ray(plan.ray_address)
+    if ray_address:
+        return connect_ray(ray_address)
     import ray
 
-    ncpu = plan.num_cpus or os.cpu_count() or 1
+    ncpu = num_cpus or os.cpu_count() or 1
     gpus = {}
-    planned = getattr(plan, "cluster", None)  # None: Ray detects the GPUs itself
     if planned is not None and len(planned.nodes) == 1:
         gpus = {"num_gpus": int(planned.nodes[0].gpus)}
     # address="local": always a new local instance, never another `ray start` cluster that

@@ -58,7 +58,7 @@ def _execute(plan: Plan) -> int:
     ray = None
     try:
         t_ray = time.time()
-        ray = init_ray(plan)
+        ray = init_ray(plan.ray_address, plan.num_cpus, plan.cluster)
         cluster = check_cluster(plan, ray)
         where = f"Ray cluster {plan.ray_address}" if plan.ray_address else "local Ray"
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
@@ -121,7 +121,7 @@ def check_cluster(plan: Plan, ray) -> ClusterInfo:
 
 def ui_hint(plan: Plan, runs: Runs) -> str:
     """Where to see this pipeline's training runs in the MLflow UI."""
-    from pipelines.tracking import UI_DEFAULT, ui_address
+    from pipelines.tracking_uri import UI_DEFAULT, ui_address
 
     if runs.experiment_id is None:
         return "not tracked (MLflow failed; `make resume` logs the runs from the results)"

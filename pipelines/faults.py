@@ -13,7 +13,7 @@ import signal
 KILL_ENV = "PMNET_TEST_KILL_DRIVER_AT"
 POINTS = (
     "start",                  # lock held, pipeline.json written, Ray not started
-    "stage1-submitted",       # the Phase-1 task submitted, MLflow server starting
+    "stage1-submitted",       # the Phase-1 task submitted, the MLflow store not yet opened
     "stage1-recorded",        # stage1.json written, Stage-1 MLflow run not finished
     "stage2-trial-started",   # the first trial started
     "stage2-first-result",    # the first trial finished

@@ -26,7 +26,7 @@ from pipelines.layout import (
 )
 from pipelines.phase1 import Phase1Slot, Phase1Source, check_phase1_source, existing_phase1
 from pipelines.records import canon, normalized_config
-from pipelines.tracking import EMBEDDED, check_tracking_uri, requested_tracking_uri
+from pipelines.tracking_uri import EMBEDDED, check_tracking_uri, requested_tracking_uri
 from tune_spaces import Space, get_space
 
 

@@ -216,10 +216,10 @@ def cmd_report(a) -> int:
 
 def cmd_ui(a) -> int:
     """`mlflow server` on the embedded store; prints the address of the last pipeline's
-    training runs (`tracking.ui_address`)."""
+    training runs (`tracking_uri.ui_address`)."""
     from pipelines.layout import Layout, last_pipeline
     from pipelines.records import TrackingRecord
-    from pipelines.tracking import store_uri, ui_address
+    from pipelines.tracking_uri import store_uri, ui_address
 
     root = Path(a.root).expanduser().absolute()
     if not (root / "mlflow.db").is_file():

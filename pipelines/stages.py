@@ -29,7 +29,8 @@ from pipelines.phase1 import Phase1Slot, check_phase1, existing_phase1, phase1_c
 from pipelines.plan import Plan, grid_record
 from pipelines.provenance import git_commit, package_versions
 from pipelines.records import Stage1Record, Stage2Record, TrialState, canon
-from pipelines.tracking import EMBEDDED, Runs, TrialRuns, stage_run
+from pipelines.tracking import Runs, TrialRuns, stage_run
+from pipelines.tracking_uri import EMBEDDED
 from pmnet.trial_id import TrialId
 
 

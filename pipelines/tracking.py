@@ -26,20 +26,18 @@ import contextlib
 import logging
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
 from pipelines.console import say
-from pipelines.layout import Layout, PipelineError, read_json, trial_key
+from pipelines.layout import Layout, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
 from pipelines.records import TrackingRecord, TrialRecord, TrialState
+from pipelines.tracking_uri import EMBEDDED, artifact_location, store_uri
 from pmnet.trial_id import TrialId
 
 if TYPE_CHECKING:
@@ -48,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pipelines.tracking")
 
-EMBEDDED = "embedded"
 # MLflow 3 opens an experiment tagged "custom_model_development" on its training runs
 # (not on its GenAI traces view); the UI address names the runs page as well (ui_address)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -60,118 +57,7 @@ SMALL_PRESETS = ("debug", "cpu")  # their selected checkpoint goes into MLflow a
 SQLITE_LOCK_RETRIES = 10
 
 
-# -- where the runs go ---------------------------------------------------------------------
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a `sqlite:` URI, absolute; None for any other scheme.
-    PipelineError for an in-memory database (a resume or `make ui` could not see it)."""
-    if not uri.startswith("sqlite:"):
-        return None
-    rest = uri[len("sqlite:"):].split("?", 1)[0]
-    path = rest[3:] if rest.startswith("///") else ""
-    if path in ("", ":memory:"):
-        raise PipelineError(f"tracking URI {uri!r} names an in-memory SQLite database, which "
-                            "no later process can see; use sqlite:///<file>")
-    return Path(path).expanduser().absolute()
-
-
-def absolute_sqlite_uri(uri: str) -> str:
-    """`sqlite:///runs.db` -> `sqlite:////abs/dir/runs.db` (query kept), so that `resume`
-    and `report` from another directory name the same file; other URIs unchanged."""
-    db = sqlite_path(uri)
-    if db is None:
-        return uri
-    query = uri.split("?", 1)[1] if "?" in uri else ""
-    return f"sqlite:///{db}" + (f"?{query}" if query else "")
-
-
-def store_uri(root: Path, recorded: str | None) -> str:
-    """The URI the driver writes to: the recorded one (tracking.json, pipeline.json), or
-    for `embedded` / None the SQLite file `<root>/mlflow.db`."""
-    if recorded in (None, EMBEDDED):
-        return f"sqlite:///{Path(root).absolute() / 'mlflow.db'}"
-    return recorded
-
-
-def artifact_location(uri: str, pipeline: str) -> str | None:
-    """Where a new experiment keeps its artifacts: beside a SQLite store, in
-    `mlartifacts/<pipeline>`; None (the server decides) for a tracking server."""
-    db = sqlite_path(uri)
-    return (db.parent / "mlartifacts" / pipeline).as_uri() if db is not None else None
-
-
-def requested_tracking_uri(arg: str | None = None) -> str | None:
-    """`--tracking-uri`, else MLFLOW_TRACKING_URI, else None (the embedded store); a relative
-    `sqlite:` path is made absolute."""
-    uri = arg or os.environ.get("MLFLOW_TRACKING_URI") or None
-    return absolute_sqlite_uri(uri.strip()) if uri else None
-
-
-def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast (PipelineError) when a tracking URI cannot be used; create nothing.
-
-    http(s): the server must answer (`/health`, else its REST API). `file:` stores and bare
-    paths are refused as MLflow 3 refuses them. Other schemes must be one MLflow knows; a
-    `sqlite:` database's directory must exist and be writable.
-    """
-    parsed = urlparse(uri)
-    if parsed.scheme in ("http", "https"):
-        if not parsed.netloc:
-            raise PipelineError(f"tracking URI {uri!r} has no host: use http://HOST:PORT")
-        _check_server(uri, timeout)
-        return
-    if parsed.scheme in ("", "file"):
-        raise PipelineError(
-            f"tracking URI {uri!r} is a path / file: store, which MLflow 3 no longer accepts "
-            "for tracking (its file backend is in maintenance mode). Use an MLflow server "
-            "(http://HOST:PORT), a database (sqlite:////abs/path/mlflow.db), or unset "
-            "MLFLOW_TRACKING_URI / --tracking-uri for the embedded store under the root.")
-    try:
-        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
-
-        _tracking_store_registry.get_store_builder(uri)
-    except Exception as e:
-        raise PipelineError(f"tracking URI {uri!r} is not one MLflow can use "
-                            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
-    if parsed.scheme == "sqlite":
-        parent = sqlite_path(uri).parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise PipelineError(f"tracking URI {uri!r}: directory {parent} does not exist "
-                                "or is not writable")
-
-
-def _check_server(uri: str, timeout: float) -> None:
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
-            if r.status == 200:
-                return
-    except urllib.error.HTTPError as e:  # a server answered: try the REST API itself
-        try:
-            url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
-            with urllib.request.urlopen(url, timeout=timeout):
-                return
-        except (OSError, urllib.error.URLError) as e2:
-            raise PipelineError(f"MLflow tracking server {uri} answered /health with "
-                                f"HTTP {e.code} and its API failed ({e2})") from e2
-    except (OSError, ValueError, urllib.error.URLError) as e:
-        reason = getattr(e, "reason", e)
-        raise PipelineError(
-            f"MLflow tracking server {uri} is unreachable ({reason}). Start it, fix "
-            "MLFLOW_TRACKING_URI / --tracking-uri, or unset it to use the embedded store "
-            "under the storage root.") from e
-
-
-UI_DEFAULT = "http://127.0.0.1:5000"  # `make ui`
-
-
-def ui_address(ui: str, experiment_id: str) -> str:
-    """The page of an experiment's training runs. MLflow 3's UI otherwise opens a GenAI
-    home in a fresh browser (its sidebar toggle lives in localStorage; mlflow issue 24498)."""
-    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs"
-
-
-# -- bounded, non-fatal calls ------------------------------------------------------------------
+# -- where the runs gol calls ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pmnet", "pipelines", "tune_spaces")
 #: the model, the task and training: what the analysis layer and the pipeline build on
@@ -137,7 +135,22 @@ def test_no_import_cycle_among_pmnet_modules():
     assert _cycles(GRAPH, {m for m in GRAPH if _within(m, ("pmnet",))}) == []
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="issue 22: pipelines circle, being removed on branch i22-mlflow")
+def test_pipelines_start_no_mlflow_server_of_their_own():
+    """The driver writes the store itself (issue 22): no server or guard module, and the only
+    `mlflow server` any pipelines module launches is `make ui`'s (`run.cmd_ui`)."""
+    mods = {m for m in GRAPH if _within(m, ("pipelines",))}
+    assert mods and not {"pipelines.mlflow_server", "pipelines.mlflow_guard"} & mods
+    launches = []
+    for path in sorted((ROOT / "pipelines").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.List) and {"mlflow", "server"} <= {
+                            e.value for e in node.elts if isinstance(e, ast.Constant)}:
+                        launches.append((path.stem, fn.name))
+    assert launches == [("run", "cmd_ui")]
+
+
 def test_no_import_cycle_among_pipelines_modules():
     assert _cycles(GRAPH, {m for m in GRAPH if _within(m, ("pipelines",))}) == []

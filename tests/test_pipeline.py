@@ -438,7 +438,7 @@ def test_tampered_phase1_checkpoint_is_refused_by_every_trial(tmp_path):
         stages.stage2(plan, tracking.Runs(), stages.Stage1Result({None: res["sha256"]}, 0.0))
     assert not lay.experiment_dir.exists()
     # ... and so does every trial on its own (driver check bypassed)
-    ray = cluster.init_ray(plan)
+    ray = cluster.init_ray(plan.ray_address, plan.num_cpus, plan.cluster)
     try:
         out = stages.stage2(plan, tracking.Runs(),
                             stages.Stage1Result({None: res["sha256"]}, 0.0), precheck=False)
@@ -773,7 +773,7 @@ class TestLocalRay:
         root = tmp_path_factory.mktemp("local-ray") / "runs"
         plan = planning.plan_new(root=root, name="local", preset="debug", grid="tiny",
                                  num_cpus=1)
-        ray = cluster.init_ray(plan)
+        ray = cluster.init_ray(plan.ray_address, plan.num_cpus, plan.cluster)
         try:
             yield plan, ray
         finally:
@@ -828,10 +828,10 @@ class TestLocalRay:
 
 
 SHIPPED = """
-import sys, types
+import sys
 sys.path.insert(0, sys.argv[1])  # the driver finds the code; nothing tells the workers
 from pipelines.cluster import init_ray
-ray = init_ray(types.SimpleNamespace(ray_address=None, num_cpus=1))
+ray = init_ray(None, 1)
 
 @ray.remote(num_cpus=0)
 def where():

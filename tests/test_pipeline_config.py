@@ -23,7 +23,8 @@ from pipelines.layout import (
 )
 from pipelines.phase1 import Phase1Refused, check_phase1, existing_phase1, phase1_config_hash
 from pipelines.status import status_text, trial_rows
-from pipelines.tracking import Tracker, check_tracking_uri
+from pipelines.tracking import Tracker
+from pipelines.tracking_uri import check_tracking_uri
 from pmnet.trial_id import TrialId
 from tune_spaces import SpaceError
 
@@ -769,7 +770,7 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
 
 
 def test_the_ui_address_opens_the_experiments_training_runs(tmp_path):
-    from pipelines.tracking import ui_address
+    from pipelines.tracking_uri import ui_address
 
     lay = Layout(tmp_path / "runs", "t")
     tracker, exp, _ = _open_store(lay, f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -827,7 +828,7 @@ def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
 
 
 def test_sqlite_tracking_uri_is_made_absolute_and_recorded_for_resume(tmp_path, monkeypatch):
-    from pipelines.tracking import store_uri
+    from pipelines.tracking_uri import store_uri
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(PipelineError, match="does not exist"):  # nothing is created
@@ -978,55 +979,3 @@ def test_a_variant_trial_trains_its_variants_configuration_and_records_the_varia
     run = MlflowClient(uri).search_runs(
         [exp], "tags.trial_key = 't/consolidator_only-s42'")[0]
     assert "variant" not in run.data.tags and "variant" not in run.data.params
-
-
-# -- structure ---------------------------------------------------------------------------------
-
-
-def _pipelines_imports() -> dict[str, set[str]]:
-    """{module: the pipelines modules it imports, at its top or inside a function}; imports
-    under `if TYPE_CHECKING:` (annotations only) are left out."""
-    import ast
-
-    pkg = Path(__file__).resolve().parent.parent / "pipelines"
-    mods = {p.stem for p in pkg.glob("*.py") if p.stem != "__init__"}
-    graph = {}
-    for m in mods:
-        tree = ast.parse((pkg / f"{m}.py").read_text())
-        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                and getattr(node.test, "id", "") == "TYPE_CHECKING"
-                for n in ast.walk(node)}
-        deps = set()
-        for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
-            if isinstance(node, ast.ImportFrom) and node.module == "pipelines":
-                deps |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipelines."):
-                deps.add(node.module.split(".")[1])
-            elif isinstance(node, ast.Import):
-                deps |= {a.name.split(".")[1] for a in node.names
-                         if a.name.startswith("pipelines.")}
-        graph[m] = deps & mods
-    return graph
-
-
-def test_pipelines_modules_import_each_other_without_a_circle():
-    graph = _pipelines_imports()
-    assert graph["tracking"] and graph["plan"]  # the walk sees imports
-    order, state = [], {}
-
-    def visit(m, path):
-        state[m] = "open"
-        for d in sorted(graph[m]):
-            assert state.get(d) != "open", f"import circle: {' -> '.join(path + [d])}"
-            if d not in state:
-                visit(d, path + [d])
-        state[m] = "done"
-        order.append(m)
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
-    assert len(order) == len(graph)
-    assert not {"mlflow_server", "mlflow_guard"} & set(graph)  # no server process of our own
