@@ -284,6 +284,7 @@ def test_the_pipeline_nests_any_grid_with_phase1_seeds_and_refuses_a_single_phas
         tmp_path):
     from pipelines import plan as planning
     from pipelines.layout import PipelineError
+    from pipelines.phase1 import phase1_config_hash
 
     plan = planning.plan_new(root=tmp_path / "runs", name="p", preset="debug", grid="tiny",
                              phase1_seeds="1,2")
@@ -291,7 +292,7 @@ def test_the_pipeline_nests_any_grid_with_phase1_seeds_and_refuses_a_single_phas
     slots = plan.phase1_slots
     assert [s.seed for s in slots] == [1, 2] and [s.cfg.phase1_seed for s in slots] == [1, 2]
     assert [s.dir.name for s in slots] == ["phase1-p1s1", "phase1-p1s2"]
-    assert planning.phase1_config_hash(slots[0].cfg) != planning.phase1_config_hash(slots[1].cfg)
+    assert phase1_config_hash(slots[0].cfg) != phase1_config_hash(slots[1].cfg)
     with pytest.raises(PipelineError, match="--set phase1_seed: grid 'tiny' trains one"):
         planning.plan_new(root=tmp_path / "runs", name="q", preset="debug", grid="tiny",
                           phase1_seeds="1,2", overrides={"phase1_seed": 3})
