@@ -3,9 +3,10 @@ and one-path routes on the validation stream, read from the run's last Lightning
 
     python experiments/route_peek.py RUN_DIR [--n 500] [--set model.route_gain=4.0 ...]
 
-RUN_DIR is the `--out` of `pmnet train phase1 --preset cpu`; pass the same `model.*`
-overrides the run was started with. Screens candidates before their Phase 1 ends; the final
-figures come from the run's own route_diagnostics.json (1,000 episodes).
+RUN_DIR is the `--out` of `pmnet train phase1 --preset cpu`; pass the same `--set`
+overrides the run was started with (parsed as `pmnet train` parses them). Screens
+candidates before their Phase 1 ends; the final figures come from the run's own
+route_diagnostics.json (1,000 episodes).
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ import argparse
 import torch
 
 from pmnet import task
-from pmnet.config import ModelConfig
 from pmnet.diagnose import Probe, stm_recall
 from pmnet.model import PMNet
+from pmnet.train import TrainConfig, parse_overrides
 
 
-def peek(run_dir: str, n: int, overrides: dict) -> dict:
+def peek(run_dir: str, n: int, cfg: TrainConfig) -> dict:
     ckpt = torch.load(f"{run_dir}/phase1_ckpt/last.ckpt", map_location="cpu",
                       weights_only=False)  # our own Lightning checkpoint
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()
              if k.startswith("model.")}
-    model = PMNet(ModelConfig.from_name("cpu", **overrides))
+    model = PMNet(cfg.model)
     model.load_state_dict(state)
     model.eval()
     stream = task.validation_stream(n)
@@ -40,18 +41,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir")
     ap.add_argument("--n", type=int, default=500)
-    ap.add_argument("--set", action="append", default=[], metavar="model.FIELD=VALUE")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a = ap.parse_args()
-    fields = {f: type(getattr(ModelConfig(), f)) for f in ModelConfig().to_dict()}
-    over = {}
-    for item in a.set:
-        key, _, value = item.partition("=")
-        name = key.removeprefix("model.")
-        if name not in fields or fields[name] is bool:
-            raise SystemExit(f"not a numeric model field: {key!r}")
-        over[name] = fields[name](value)
+    cfg = TrainConfig.from_name("cpu", **parse_overrides(a.set))
     torch.set_num_threads(1)
-    r = peek(a.run_dir, a.n, over)
+    r = peek(a.run_dir, a.n, cfg)
     print(f"{a.run_dir} epoch {r['epoch']}: STM {r['stm']:.1f}, random routes "
           f"{r['random_drop']:+.1f} pp, one path {r['one_path_drop']:+.1f} pp")
 
