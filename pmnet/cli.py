@@ -184,7 +184,7 @@ def cmd_evaluate(args) -> int:
 
     cond = get_condition(args.condition)
     model, payload = load_model_file(args.checkpoint)
-    stream = _stream(args.stream, args.n, args.segments)
+    stream = _stream(args.stream, args.n, args.segments, args.test_seed)
     metrics = evaluate(model, stream, consolidation=cond.consolidation,
                        ltm_routing=cond.ltm_routing, progress=True)
     metrics["stream_hash"] = task.content_hash(stream)
@@ -193,11 +193,12 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def _stream(name: str, n: int, segments: int):
+def _stream(name: str, n: int, segments: int, test_seed: int | None = None):
     from pmnet import task
 
     if name == "test":
-        return task.test_stream(n, segments=segments)
+        return task.test_stream(n, segments=segments,
+                                seed=task.TEST_SEED if test_seed is None else test_seed)
     return task.validation_stream(n, segments=segments)
 
 
@@ -214,10 +215,11 @@ def cmd_ltm(args) -> int:
         if args.out is None:
             raise ValueError("ltm save needs --out FILE")
         segments = task.N_SEGMENTS if args.segments is None else args.segments
-        stream = _stream(args.stream, args.n, segments)
+        stream = _stream(args.stream, args.n, segments, args.test_seed)
         state = consolidate_batch(model, stream, RunOptions(cond.consolidation,
                                                             cond.ltm_routing))
         meta = {"stream": args.stream, "n": args.n, "segments": segments,
+                "test_seed": args.test_seed,
                 "stream_hash": task.content_hash(stream), "condition": cond.name,
                 "consolidation": cond.consolidation, "ltm_routing": cond.ltm_routing,
                 "model_file": str(args.model)}
@@ -230,7 +232,7 @@ def cmd_ltm(args) -> int:
     saved = load_ltm(args.ltm, model, segments=args.segments)
     meta = saved.meta
     stream = _stream(meta.get("stream", "test"), int(meta.get("n", saved.n_episodes)),
-                     saved.segments)
+                     saved.segments, meta.get("test_seed"))
     if task.content_hash(stream) != meta.get("stream_hash"):
         raise ValueError(f"{args.ltm}: its episodes' stream no longer matches the file's "
                          "recorded stream hash")
@@ -311,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=_int, default=1000)
     s.add_argument("--segments", type=_segments, default=2, metavar="T",
                    help="evaluate on the fixed stream of T-segment episodes, 2..8 (default 2)")
+    s.add_argument("--test-seed", type=_int, default=None, metavar="SEED",
+                   help="seed of the test stream (default: the paper's task.TEST_SEED; a "
+                        "preset's own is its TrainConfig.test_seed, see `pmnet info`)")
     s.set_defaults(fn=cmd_evaluate)
 
     s = sub.add_parser("ltm", help="LTM that outlives the process: save a stream's LTM after "
@@ -326,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--segments", type=_segments, default=None, metavar="T",
                    help="save: episodes of T segments, 2..8 (default 2); answer: refuse a "
                         "file written from another T (default: the file's)")
+    s.add_argument("--test-seed", type=_int, default=None, metavar="SEED",
+                   help="seed of the test stream (default: the paper's task.TEST_SEED; a "
+                        "preset's own is its TrainConfig.test_seed, see `pmnet info`)")
     s.set_defaults(fn=cmd_ltm)
 
     s = sub.add_parser("diagnose", help="do a checkpoint's routes matter? margins, random "

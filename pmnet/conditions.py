@@ -14,14 +14,15 @@ from dataclasses import dataclass
 
 #: Phase-2-only fields of `pmnet.train.TrainConfig`: changing them does not change the Phase-1
 #: checkpoint (nor do the speed settings threads, compile and cuda_graphs: they move only fp32
-#: rounding), so they are left out of the Phase-1 config hash, and a grid's variants may set
-#: them. A fact about TrainConfig kept here, in a module with no heavy imports, so that the
-#: grids (`tune_spaces`) and the pipeline read it without importing torch or each other.
+#: rounding; nor does test_seed, which picks the stream the final figures are read on), so
+#: they are left out of the Phase-1 config hash, and a grid's variants may set them. A fact
+#: about TrainConfig kept here, in a module with no heavy imports, so that the grids
+#: (`tune_spaces`) and the pipeline read it without importing torch or each other.
 PHASE2_ONLY_FIELDS: tuple[str, ...] = (
     "lr", "episodes_per_epoch", "max_epochs", "patience", "seeds", "conditions", "detach_ltm",
     "notes", "threads", "consolidator_init_std", "consolidator_lr",
     "consolidator_weight_decay", "initial_ltm_loss", "segments", "ltm_graph", "compile",
-    "cuda_graphs", "phase1_seeds")
+    "cuda_graphs", "phase1_seeds", "test_seed")
 
 
 @dataclass(frozen=True)

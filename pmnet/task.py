@@ -629,10 +629,14 @@ def validation_stream(n: int = 1000, *, segments: int = N_SEGMENTS) -> EpisodeBa
     return make_episodes(n, VAL_SEED, stream="val", segments=segments)
 
 
-def test_stream(n: int = 1000, *, segments: int = N_SEGMENTS) -> EpisodeBatch:
-    """The fixed test episodes (seed `TEST_SEED`), identical for every condition and seed
-    (one stream per number of segments)."""
-    return make_episodes(n, TEST_SEED, stream="test", segments=segments)
+def test_stream(n: int = 1000, *, segments: int = N_SEGMENTS,
+                seed: int = TEST_SEED) -> EpisodeBatch:
+    """The fixed test episodes (seed `seed`, the paper preset's `TEST_SEED` unless a preset
+    names another), identical for every condition and run seed (one stream per number of
+    segments)."""
+    if seed == VAL_SEED:
+        raise ValueError(f"test stream seed {seed} is the validation stream's (VAL_SEED)")
+    return make_episodes(n, seed, stream="test", segments=segments)
 
 
 test_stream.__test__ = False  # not a pytest test, despite the name

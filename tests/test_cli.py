@@ -128,6 +128,10 @@ def test_evaluate_on_t_segment_episodes(tmp_path, capsys, one_thread):
     assert metrics["segments"] == 3
     assert metrics["stream_hash"] == task.content_hash(task.test_stream(6, segments=3))
     assert {"final_ltm_seg1", "final_ltm_seg3", "seg3_stm"} <= set(metrics)
+    assert main(["evaluate", str(model_file), "--n", "6", "--test-seed", "77"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["stream_hash"] == task.content_hash(task.test_stream(6, seed=77))
+    assert metrics["stream_hash"] != task.content_hash(task.test_stream(6))
 
 
 def test_info_prints_each_conditions_gpu_memory_and_packing(capsys):

@@ -67,6 +67,7 @@ class EpisodeData(L.LightningDataModule):
         return _loader(EpochBatches(v, min(self.cfg.eval_batch_size, len(v))))
 
     def test_dataloader(self):
-        t = task.test_stream(self.cfg.test_episodes, segments=self.segments)
+        t = task.test_stream(self.cfg.test_episodes, segments=self.segments,
+                              seed=self.cfg.test_seed)
         return _loader(EpochBatches(t, min(self.cfg.eval_batch_size, len(t))))
 

@@ -176,8 +176,8 @@ def init_operator(model: PMNet, cfg: TrainConfig, name: str, seed: int) -> None:
 RESULT_KEYS = frozenset({
     "condition", "seed", "preset", "phase1_sha256", "best_epoch", "trainable_params",
     "total_params", "trainable_fraction", "consolidation", "ltm_routing", "objective",
-    "select", "val", "test", "test_stream_hash", "train_time_s", "history", "best_model",
-    "config", "device", "precision", "last_epoch", "test_last"})
+    "select", "val", "test", "test_seed", "test_stream_hash", "train_time_s", "history",
+    "best_model", "config", "device", "precision", "last_epoch", "test_last"})
 
 
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
@@ -254,8 +254,10 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
         "consolidation": cond.consolidation, "ltm_routing": cond.ltm_routing,
         "objective": cond.objective, "select": cond.select,
         "val": val_best, "test": module.test_metrics, "test_last": test_last,
+        "test_seed": cfg.test_seed,
         "test_stream_hash": task.content_hash(task.test_stream(cfg.test_episodes,
-                                                               segments=cfg.segments)),
+                                                               segments=cfg.segments,
+                                                               seed=cfg.test_seed)),
         # earlier attempts (up to the checkpoint this one resumed from) plus this one
         "train_time_s": module.prior_time_s + (time.time() - t0), "history": module.history,
         "best_model": str(best_model), "config": cfg.flat(), **trained_on(trainer),
