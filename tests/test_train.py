@@ -426,21 +426,60 @@ def test_consolidator_has_its_own_learning_rate_and_weight_decay(phase1):
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
 
 
-def test_cpu_preset_is_a_five_seed_reproduction_of_both_arms():
+def test_cpu_preset_nests_both_arms_under_three_phase1_checkpoints():
+    """Issue 21: the Phase-1 checkpoint as the unit of analysis (K = 3, each with both arms
+    paired over three seeds), a fresh test stream, and every departure named in the notes."""
+    from pmnet import task
+    from pmnet.model import PMNet
+    from pmnet.train.config import CPU_TEST_SEED
+
     cfg = TrainConfig.from_name("cpu")
-    # both headline arms, paired over five seeds, on a test stream that is not noise-level
     assert cfg.conditions == ("consolidator_only", "consolidator_only_routing_off")
-    assert len(cfg.seeds) >= 5 and cfg.test_episodes >= 2000
+    assert len(cfg.phase1_seeds) >= 3 and len(cfg.seeds) >= 2 and cfg.test_episodes >= 2000
+    # the final figures come from a stream no earlier preset read (validation is unchanged)
+    assert cfg.test_seed == CPU_TEST_SEED not in (task.TEST_SEED, task.VAL_SEED)
+    assert TrainConfig.from_name("paper").test_seed == task.TEST_SEED
     # the Consolidator's start is drawn from the Phase-2 seed (seeds differ beyond data)
     assert cfg.consolidator_init_std > 0
-    # every departure from the paper is named in the notes
+    # the routed blocks' capacity: phase dim 8 (the paper's 16 made the routes inert)
+    assert cfg.model.phase_dim == 8 and cfg.model.route_gain == 4
+    assert ModelConfig.from_name("paper").route_gain == 1  # the paper preset stays the paper's
+    total = sum(p.numel() for p in PMNet(cfg.model).parameters())
     text = " ".join(cfg.notes)
-    for word in ("0.30M", "curriculum", "auxiliary", "8,000 steps", "2,000 steps",
-                 "N(0, 0.18)", "lr 3e-3", "2,000 episodes"):
+    assert f"{total / 1e6:.2f}M" in text  # the parameter count the notes print is the model's
+    steps1 = cfg.phase1_max_epochs * cfg.phase1_episodes_per_epoch // cfg.batch_size
+    steps2 = cfg.max_epochs * cfg.episodes_per_epoch // cfg.batch_size
+    lr = "lr " + format(cfg.consolidator_lr, ".0e").replace("e-0", "e-")  # as "lr 3e-3"
+    for word in ("phase dim 8", "route gain 4", "curriculum", "auxiliary", f"{steps1:,} steps",
+                 f"{steps2:,} steps", "N(0, 0.18)", lr,
+                 "2,000 episodes", f"{CPU_TEST_SEED:,}", "three Phase-1 checkpoints"):
         assert word in text, word
     paper = TrainConfig.from_name("paper")
     assert paper.consolidator_init_std == 0 and paper.initial_ltm_loss == 0
     assert paper.consolidator_lr == 0 and paper.consolidator_weight_decay is None
+    assert paper.phase1_seeds == ()  # the paper's single-checkpoint design (K by option)
+
+
+def test_the_test_seed_picks_the_test_stream_and_nothing_else(phase1, tmp_path):
+    """`test_seed` changes the stream the final figures are read on (recorded in the result),
+    not the Phase-1 checkpoint's identity, and can never be the validation stream's seed."""
+    from pipelines.phase1 import phase1_config_hash
+    from pmnet import task
+
+    cfg, p1 = phase1
+    other = dataclasses.replace(cfg, test_seed=12_345)
+    assert phase1_config_hash(other) == phase1_config_hash(cfg)
+    res = run_phase2(other, condition="consolidator_only", seed=42,
+                     phase1_ckpt=p1["checkpoint"], out_dir=tmp_path, progress=False)
+    want = task.content_hash(task.test_stream(cfg.test_episodes, seed=12_345))
+    assert res["test_seed"] == 12_345 and res["test_stream_hash"] == want
+    assert want != task.content_hash(task.test_stream(cfg.test_episodes))
+    for bad, match in [(task.VAL_SEED, "validation stream"), (-1, "non-negative"),
+                       (True, "non-negative"), (2**32, "outside 0..4294967295")]:
+        with pytest.raises(ValueError, match=match):
+            TrainConfig.from_name("debug", test_seed=bad)
+    with pytest.raises(ValueError, match="validation stream"):
+        task.test_stream(10, seed=task.VAL_SEED)
 
 
 @pytest.mark.parametrize(

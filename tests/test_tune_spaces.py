@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -109,7 +110,9 @@ def test_operators_grid_is_the_consolidator_and_four_operators_by_the_presets_se
         "consolidator_only", "operator_ema", "operator_overwrite", "operator_linear",
         "operator_gru")
     assert set(sp.conditions[1:]) == set(OPERATOR_CONDITIONS)
-    assert sp.seeds == tuple(cfg.seeds) and sp.n_trials == 5 * len(cfg.seeds)
+    k = max(1, len(cfg.phase1_seeds))  # nested under the preset's Phase-1 checkpoints
+    assert sp.seeds == tuple(cfg.seeds) and sp.n_trials == 5 * len(cfg.seeds) * k
+    assert sp.phase1_seeds == default(cfg).phase1_seeds
     assert sp.resources() == default(cfg).resources()
     sp.validate(ALL_CONDITIONS)
     with pytest.raises(SpaceError, match="unknown condition"):  # not among the paper's six
@@ -136,7 +139,8 @@ def test_segments_grid_is_the_consolidator_by_t_and_gradient_mode_by_the_presets
     from pmnet.conditions import ALL_CONDITIONS
     from tune_spaces import SEGMENT_COUNTS, SEGMENT_GRAPHS, segment_variants, segments
 
-    cfg = TrainConfig.from_name(preset)
+    # one Phase-1 checkpoint (the nesting under a preset's checkpoints is tested below)
+    cfg = dataclasses.replace(TrainConfig.from_name(preset), phase1_seeds=())
     sp = get_space("segments")(cfg)
     assert get_space("segments") is segments and sp.name == "segments"
     assert (SEGMENT_COUNTS, SEGMENT_GRAPHS) == ((2, 4, 8), ("full", "truncated"))
@@ -255,13 +259,28 @@ def test_the_pipeline_builds_the_segments_grid_and_refuses_set_fields_its_varian
     assert build_space(bad, grid="segments", variants="T2-full,T4-full").n_trials == 4
 
 
+def test_cpu_default_grid_nests_both_arms_and_seeds_under_three_phase1_checkpoints():
+    """Issue 21: the `cpu` preset's own grid has the checkpoint as its unit (K >= 3, both
+    Consolidator-only arms x the seeds under each); the paper's keeps its one checkpoint."""
+    cfg = TrainConfig.from_name("cpu")
+    sp = default(cfg)
+    assert len(sp.phase1_seeds) >= 3 and sp.phase1_seeds == cfg.phase1_seeds
+    assert set(sp.conditions) == {"consolidator_only", "consolidator_only_routing_off"}
+    assert sp.n_trials == len(sp.phase1_seeds) * 2 * len(cfg.seeds) == len(sp.trials)
+    cells = {(t.phase1_seed, t.condition, t.seed) for t in sp.trials}
+    assert cells == {(k, c, s) for k in cfg.phase1_seeds for c in sp.conditions
+                     for s in cfg.seeds}  # both arms paired by seed within each checkpoint
+    paper = default(TrainConfig.from_name("paper"))
+    assert paper.phase1_seeds == () and paper.phase1_keys == [None]
+
+
 def test_phase1_variance_grid_nests_the_presets_grid_under_each_phase1_seed():
     from ray.tune.search.variant_generator import generate_variants
 
     from tune_spaces import phase1_variance
     from tune_spaces.grids import PHASE1_VARIANCE_SEEDS
 
-    cfg = TrainConfig.from_name("cpu")
+    cfg = dataclasses.replace(TrainConfig.from_name("cpu"), phase1_seeds=())  # the paper's K=1
     base, sp = default(cfg), phase1_variance(cfg)
     assert sp.phase1_seeds == PHASE1_VARIANCE_SEEDS and len(PHASE1_VARIANCE_SEEDS) >= 2
     assert (sp.conditions, sp.seeds) == (base.conditions, base.seeds)
