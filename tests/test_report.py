@@ -993,6 +993,32 @@ def test_routes_table_reads_a_single_checkpoint_and_is_left_out_without_records(
     assert "+11.00" in table.to_markdown()
 
 
+def test_routes_table_sets_each_checkpoints_routing_effect_beside_its_routes():
+    """Issue 21: per Phase-1 checkpoint, the mean paired routing on - off difference (by seed)
+    beside its route diagnostics; a checkpoint missing an arm gets a blank, not a number."""
+    from pmnet.report.studies.routes import routing_effect_by_checkpoint
+
+    rows = []
+    for k, (on, off) in {0: ((30.0, 34.0), (20.0, 22.0)), 1: ((10.0, 12.0), (15.0, 19.0))}.items():
+        for seed, a, b in zip((42, 43), on, off):
+            rows += [{"condition": "consolidator_only", "seed": seed, "phase1_seed": k,
+                      "updated_ltm": a},
+                     {"condition": "consolidator_only_routing_off", "seed": seed,
+                      "phase1_seed": k, "updated_ltm": b}]
+    rows.append({"condition": "consolidator_only", "seed": 42, "phase1_seed": 2,
+                 "updated_ltm": 50.0})  # checkpoint 2: no routing-off trial
+    df = pd.DataFrame(rows)
+    effect = routing_effect_by_checkpoint(df, ["0", "1", "2"])
+    assert effect == {"0": 11.0, "1": -6.0}
+    single = df[df["phase1_seed"] == 0].drop(columns=["phase1_seed"])
+    assert routing_effect_by_checkpoint(single, ["0"]) == {"0": 11.0}
+    assert routing_effect_by_checkpoint(single, ["0", "1"]) == {}  # which checkpoint? none
+    meta = {"phase1_checkpoints": {str(k): {"phase1_seed": k, "routes": _routes(5.0)}
+                                   for k in (0, 1, 2)}}
+    body = _md_rows(report.table_routes(meta, effect).to_markdown())[2:]
+    assert [r[-1] for r in body] == ["+11.00", "-6.00", ""]  # blank: not defined
+
+
 def test_selected_vs_last_table_pairs_the_last_epoch_with_the_selected(tmp_path):
     results = tmp_path / "results"
     results.mkdir()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from pmnet import stats
 from pmnet.report.cells import NA, Cell, text_cell
 from pmnet.report.studies.study import Findings, Study
 from pmnet.report.table import Table
@@ -32,18 +33,48 @@ def _routes_by_checkpoint(meta: Mapping[str, Any]) -> list[tuple[str, dict[str, 
     return out
 
 
+ROUTING_ON, ROUTING_OFF = "consolidator_only", "consolidator_only_routing_off"
+
+
+def routing_effect_by_checkpoint(df: pd.DataFrame, labels: Sequence[str]) -> dict[str, float]:
+    """Per Phase-1 checkpoint label: the mean over seeds of the paired routing on - off
+    difference of updated-mapping LTM recall (pp), the paper's second headline effect, so
+    that a reader can set it beside how much that checkpoint's routes matter (issue 21).
+    Trials without a Phase-1 seed (the paper's single checkpoint) belong to the only label;
+    a checkpoint without both arms on a common seed is left out."""
+    if df.empty or not {"condition", "seed", "updated_ltm"} <= set(df.columns):
+        return {}
+    df = stats.default_variant(df)
+    if stats.PHASE1_SEED in df.columns and df[stats.PHASE1_SEED].notna().any():
+        key = df[stats.PHASE1_SEED].map(lambda v: "" if pd.isna(v) else str(int(v)))
+    elif len(labels) == 1:
+        key = pd.Series(labels[0], index=df.index)
+    else:
+        return {}
+    df = df.assign(_ckpt=key)
+    on = df[df["condition"] == ROUTING_ON].set_index(["_ckpt", "seed"])["updated_ltm"]
+    off = df[df["condition"] == ROUTING_OFF].set_index(["_ckpt", "seed"])["updated_ltm"]
+    diff = (on - off).dropna()
+    if diff.empty:
+        return {}
+    return {str(k): float(v) for k, v in diff.groupby(level=0).mean().items()}
+
+
 def _per_block(values: Sequence[Any], fmt: str) -> Cell:
     return text_cell(" / ".join("–" if v is None else format(v, fmt) for v in values))
 
 
-def table_routes(meta: Mapping[str, Any]) -> Table | None:
+def table_routes(meta: Mapping[str, Any],
+                 routing_effect: Mapping[str, float] | None = None) -> Table | None:
     """Do the hard routes of each Phase-1 checkpoint matter (issue 21, ours)? STM recall on the
     validation stream, with every top-1 route replaced by a random child, with each block's
-    writes removed; how often L changes a route; the routing margins. None when no Stage 1
-    recorded them."""
+    writes removed; how often L changes a route; the routing margins; beside them, when the
+    trials have both arms, that checkpoint's routing on - off effect (test stream). None when
+    no Stage 1 recorded them."""
     checkpoints = _routes_by_checkpoint(meta)
     if not checkpoints:
         return None
+    effect = dict(routing_effect or {})
     rows: list[list[Cell]] = []
     for label, d in checkpoints:
         rnd = d["stm_random_routes"]
@@ -58,6 +89,7 @@ def table_routes(meta: Mapping[str, Any]) -> Table | None:
             _per_block(d["ltm_route_change"], ".0f"),
             _per_block(d.get("route_concentration") or [None] * int(d["n_blocks"]), ".0f"),
             _per_block(d["margin_median"], ".3f"),
+            Cell("num", effect[label], signed=True) if label in effect else NA,
         ])
     return Table(
         "tab:routes",
@@ -71,12 +103,15 @@ def table_routes(meta: Mapping[str, Any]) -> Table | None:
         "the median top-1 minus top-2 routing probability per block.",
         ["Phase-1 seed", "Episodes", "STM", "Random routes", "Drop", "One path (drop)",
          "Writes removed (drop)",
-         "L changes routes (%)", "Top group (%)", "Margin"],
+         "L changes routes (%)", "Top group (%)", "Margin", "Routing on - off (pp)"],
         rows,
         notes=["A drop is paired (the same episodes); positive means the intervention hurt. "
                "Random routes leave the root group (block 0), which every token visits, as "
-               "it is. Near-zero margins mean routes decided by near-ties."],
-        align=["l", "r", "r", "r", "r", "r", "l", "l", "l", "l"],
+               "it is. Near-zero margins mean routes decided by near-ties.",
+               "Routing on - off: that checkpoint's mean over Phase-2 seeds of the paired "
+               "difference in updated-mapping LTM recall on the test stream (the per-checkpoint "
+               "tests are in tab:phase1-checkpoints); blank where the trials lack an arm."],
+        align=["l", "r", "r", "r", "r", "r", "l", "l", "l", "l", "r"],
     )
 
 
@@ -100,7 +135,9 @@ def routes_frame(meta: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def _build(trials: Trials) -> Findings:
-    table = table_routes(trials.meta)
+    labels = [label for label, _ in _routes_by_checkpoint(trials.meta)]
+    effect = routing_effect_by_checkpoint(stats.add_derived_metrics(trials.loaded), labels)
+    table = table_routes(trials.meta, effect)
     return Findings(tables=[table] if table is not None else [],
                     data={"route_diagnostics.csv": routes_frame(trials.meta)})
 
