@@ -565,6 +565,27 @@ def warm_compile_cache(plan: Plan, ray, ctx) -> float:
     return time.time() - t0
 
 
+def _experiment_problem(exp_dir: Path) -> str | None:
+    """Why a Tune experiment that `Tuner.can_restore` accepts still cannot be continued, read
+    through Tune's public `ExperimentAnalysis` (None when it can): a state that does not
+    load, lists no trials (a full disk can leave it so; Tune would then generate trials
+    without our configs), or holds a trial that is not one of this pipeline's."""
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        trials = ExperimentAnalysis(str(exp_dir)).trials
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if not trials:
+        return "its state lists no trials"
+    for trial in trials:
+        try:
+            TrialId.from_config(trial.config or {})
+        except (KeyError, TypeError, ValueError):
+            return f"trial {trial.trial_id} has no trial identity in its config"
+    return None
+
+
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -> dict:
     from ray import tune
 
@@ -598,17 +619,21 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     tuner = None
     if tune.Tuner.can_restore(str(exp_dir)):
         n_done = sum(1 for t in sp.trials if lay.result_path(t).is_file())
-        try:
-            tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable,
-                                       resume_unfinished=True, resume_errored=True)
-            say(f"[stage 2/3] continuing the Tune experiment {exp_dir}: {n_done}/"
-                f"{sp.n_trials} results on disk; finished trials are kept, unfinished and "
-                "errored ones resume from their last checkpoints")
-        except Exception as e:  # e.g. a tuner.pkl truncated by a full disk
+        problem = _experiment_problem(exp_dir)
+        if problem is None:
+            try:
+                tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable,
+                                           resume_unfinished=True, resume_errored=True)
+                say(f"[stage 2/3] continuing the Tune experiment {exp_dir}: {n_done}/"
+                    f"{sp.n_trials} results on disk; finished trials are kept, unfinished "
+                    "and errored ones resume from their last checkpoints")
+            except Exception as e:  # e.g. a tuner.pkl truncated by a full disk
+                problem = f"{type(e).__name__}: {e}"
+        if problem is not None:
             aside = lay.run_dir / f"{exp_dir.name}-damaged-{time.strftime('%Y%m%d-%H%M%S')}"
             exp_dir.rename(aside)
-            say(f"[stage 2/3] the Tune experiment's state cannot be read ({type(e).__name__}: "
-                f"{e}); moved to {aside.name}. A new experiment starts: the {n_done} finished "
+            say(f"[stage 2/3] the Tune experiment's state cannot be continued ({problem}); "
+                f"moved to {aside.name}. A new experiment starts: the {n_done} finished "
                 "results are kept, unfinished trials restart their training")
     if tuner is None:
         say(f"[stage 2/3] {sp.n_trials} trials -> {exp_dir}")

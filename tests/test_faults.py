@@ -215,8 +215,13 @@ def test_two_drivers_at_once(tmp_path, reference):
         lock = root / "two" / "driver.lock"
         deadline = time.time() + 120
         meta = root / "two" / "pipeline.json"
-        while time.time() < deadline and not (lock.is_file() and lock.read_text()
-                                              and (read_json(meta) or {}).get("driver")):
+        # the first driver writes pipeline.json itself when its Stage 1 ends (the Phase-1
+        # sha256) and again when it finishes: take the snapshot in between (Stage 2 running),
+        # so that a difference can only come from the refused drivers
+        while time.time() < deadline and not (
+                lock.is_file() and lock.read_text()
+                and (read_json(meta) or {}).get("driver")
+                and (read_json(meta) or {}).get("phase1_sha256")):
             time.sleep(0.2)
         before = (root / "two" / "pipeline.json").read_bytes()
         rc_b, out_b = cli("resume", "--root", str(root), "--name", "two")

@@ -852,3 +852,23 @@ def test_workers_get_the_code_from_the_runtime_env(tmp_path):
     assert len(files) == 3
     # unpacked from the job's py_modules, not imported from this checkout or the venv
     assert all("/runtime_resources/py_modules_files/" in f for f in files), files
+
+
+def test_a_tune_experiment_that_cannot_be_continued_is_named_before_restore(tmp_path):
+    """Issue 22's disk-full regression: a Tune experiment whose state loads but lists no
+    trials (or none of ours) is set aside like an unreadable one, instead of handing Tune a
+    restore that generates trials without our configs."""
+    from pipelines.stages import _experiment_problem
+
+    missing = tmp_path / "none"
+    missing.mkdir()
+    assert "No experiment snapshot" in _experiment_problem(missing)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "experiment_state-2026-11-23_00-00-00.json").write_text(
+        json.dumps({"trial_data": [], "runner_data": {}}))
+    assert _experiment_problem(empty) == "its state lists no trials"
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "experiment_state-2026-11-23_00-00-00.json").write_bytes(b"\0\0{")
+    assert _experiment_problem(garbage)  # unreadable: a reason, not an exception
