@@ -503,7 +503,7 @@ def test_operator_identity_start_equals_identity_consolidation_bit_for_bit(name)
 def test_operator_parameter_counts_at_the_paper_and_cpu_presets():
     assert CONSOLIDATION_MODES == ("learned", "identity", "ema", "overwrite", "linear", "gru")
     expected = {"paper": {"ema": 32, "overwrite": 16_512, "linear": 4_160, "gru": 24_768},
-                "cpu": {"ema": 16, "overwrite": 4_160, "linear": 1_056, "gru": 6_240}}
+                "cpu": {"ema": 8, "overwrite": 1_824, "linear": 272, "gru": 1_584}}  # P = 8
     for preset, counts in expected.items():
         cfg = ModelConfig.from_name(preset)
         P, C = cfg.phase_dim, cfg.consolidator_hidden
