@@ -832,6 +832,34 @@ def test_the_committed_issue11_tables_and_data_are_rebuilt_unchanged(tmp_path, n
         assert paths[data].read_text() == (committed / "data" / data).read_text(), data
 
 
+ISSUE21 = Path(__file__).resolve().parent.parent / "experiments" / "results" / "issue21" / \
+    "pipeline-cpu-20261123"
+
+
+def test_the_committed_issue21_run_is_rebuilt_unchanged_with_its_checkpoints_routes(tmp_path):
+    """The `cpu` pipeline of issue 21 (three Phase-1 checkpoints, each with its Stage-1 route
+    diagnostics): every table and data file rebuilt from its records is the committed one, and
+    tab:routes sets each checkpoint's random-route drop beside its routing effect."""
+    run = tmp_path / "run"
+    shutil.copytree(ISSUE21 / "results", run / "results")
+    for record in ("pipeline.json", "timing.json"):
+        shutil.copy(ISSUE21 / record, run / record)
+    for k in (0, 1, 2):
+        shutil.copytree(ISSUE21 / f"phase1-p1s{k}", run / f"phase1-p1s{k}")
+    paths = report.main_report(run)
+    committed = ISSUE21 / "report"
+    tables = sorted(p.name for p in (committed / "tables").glob("*.md"))
+    assert {"tab-routes.md", "tab-phase1-variance.md", "tab-phase1-checkpoints.md"} <= set(tables)
+    assert tables == sorted(p.name for p in (run / "report" / "tables").glob("*.md"))
+    for table in tables:
+        assert paths[table].read_text() == (committed / "tables" / table).read_text(), table
+    for data in sorted(p.name for p in (committed / "data").glob("*.csv")):
+        assert paths[data].read_text() == (committed / "data" / data).read_text(), data
+    body = _md_rows(paths["tab-routes.md"].read_text())[2:]
+    assert [(r[0], r[4], r[-1]) for r in body] == [
+        ("0", "+42.95", "-7.72"), ("1", "+6.95", "-2.40"), ("2", "+3.20", "-3.37")]
+
+
 @pytest.fixture(scope="module")
 def segments_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     from tests.test_stats import write_segment_results
