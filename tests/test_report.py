@@ -863,13 +863,14 @@ def test_the_committed_issue21_run_is_rebuilt_unchanged_with_its_checkpoints_rou
 @pytest.fixture(scope="module")
 def segments_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     from tests.test_stats import write_segment_results
-    from tune_spaces import segments
+    from tune_spaces import PAPER_SEEDS, segments
 
     run = tmp_path_factory.mktemp("segments")
     write_segment_results(run / "results", skip={("T8-truncated", 46)})
     from pmnet.train import TrainConfig
 
-    space = segments(TrainConfig.from_name("cpu"))
+    # a one-checkpoint, five-seed run (the cpu preset before issue 21): the fixture's results
+    space = segments(TrainConfig.from_name("cpu", seeds=PAPER_SEEDS, phase1_seeds=()))
     meta = {"preset": "cpu", "status": "finished", "space": space.to_dict(),
             "grid": {"conditions": ["consolidator_only"], "seeds": list(space.seeds),
                      "variants": {v.name: v.as_dict() for v in space.variants}}}
