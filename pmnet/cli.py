@@ -265,6 +265,12 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _add_test_seed(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--test-seed", type=_int, default=None, metavar="SEED",
+                        help="seed of the test stream (default: the paper's task.TEST_SEED; "
+                             "a preset's own is its TrainConfig.test_seed, see `pmnet info`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pmnet", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -313,9 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=_int, default=1000)
     s.add_argument("--segments", type=_segments, default=2, metavar="T",
                    help="evaluate on the fixed stream of T-segment episodes, 2..8 (default 2)")
-    s.add_argument("--test-seed", type=_int, default=None, metavar="SEED",
-                   help="seed of the test stream (default: the paper's task.TEST_SEED; a "
-                        "preset's own is its TrainConfig.test_seed, see `pmnet info`)")
+    _add_test_seed(s)
     s.set_defaults(fn=cmd_evaluate)
 
     s = sub.add_parser("ltm", help="LTM that outlives the process: save a stream's LTM after "
@@ -331,9 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--segments", type=_segments, default=None, metavar="T",
                    help="save: episodes of T segments, 2..8 (default 2); answer: refuse a "
                         "file written from another T (default: the file's)")
-    s.add_argument("--test-seed", type=_int, default=None, metavar="SEED",
-                   help="seed of the test stream (default: the paper's task.TEST_SEED; a "
-                        "preset's own is its TrainConfig.test_seed, see `pmnet info`)")
+    _add_test_seed(s)
     s.set_defaults(fn=cmd_ltm)
 
     s = sub.add_parser("diagnose", help="do a checkpoint's routes matter? margins, random "
