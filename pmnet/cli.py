@@ -32,6 +32,7 @@ def _segments(text: str) -> int:
 def cmd_info(args) -> int:
     import torch
 
+    from pmnet.baselines import baseline_parameter_counts
     from pmnet.config import ModelConfig
     from pmnet.model import PMNet
     from pmnet.operators import operator_parameter_counts
@@ -43,6 +44,8 @@ def cmd_info(args) -> int:
         counts = PMNet(cfg).parameter_counts()
     # what each alternative consolidation operator would add (created at Phase 2)
     counts["operators"] = operator_parameter_counts(cfg) if cfg.use_memory else {}
+    # what each baseline's carried memory would add (issue 23; created at Phase 2)
+    counts["baselines"] = baseline_parameter_counts(cfg) if cfg.use_memory else {}
     # how the preset's training departs from the paper (a model-only preset has no notes)
     notes = list(TRAIN_PRESETS[args.preset]().notes) if args.preset in TRAIN_PRESETS else []
     memory = _memory_table(args) if (args.memory or args.gpu_mem is not None) else None
@@ -69,6 +72,13 @@ def cmd_info(args) -> int:
               "\n% of total + operator)")
         for name, n in counts["operators"].items():
             print(f"{'operator ' + name:<24} {n:>12,} {100 * n / (total + n):>9.3f}%")
+    if counts.get("baselines"):
+        print("\nbaselines' carried memories (created at Phase 2, trained alone as "
+              "'baseline_only';\n% of total + memory; no_reset and no_memory train the "
+              "entire model)")
+        for name, n in counts["baselines"].items():
+            if n:
+                print(f"{'baseline ' + name:<24} {n:>12,} {100 * n / (total + n):>9.3f}%")
     if memory:
         _print_memory(memory)
     return 0

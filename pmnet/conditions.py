@@ -3,7 +3,8 @@ and the consolidation-operator conditions that go beyond the paper.
 
 The one place that names them: training (`pmnet.train`), statistics (`pmnet.stats`), the
 report and the grids (`tune_spaces`) all read `CONDITIONS`, `OPERATOR_CONDITIONS` and
-`PAPER_SEEDS` from here. `CONDITIONS` is exactly the paper's six (its grid, tables and
+`PAPER_SEEDS` from here (and the baselines, `BASELINE_CONDITIONS`). `CONDITIONS` is exactly
+the paper's six (its grid, tables and
 comparisons); `OPERATOR_CONDITIONS` are kept apart so that nothing of the paper changes
 meaning. The module imports nothing heavy (no torch), so light readers can use it.
 """
@@ -91,8 +92,51 @@ OPERATOR_CONDITIONS: dict[str, Condition] = {
 #: The learned arm the operators are compared with (the Consolidator, Consolidator only).
 OPERATOR_REFERENCE = "consolidator_only"
 
-#: Every condition that can be trained: the paper's six, then the operator conditions.
-ALL_CONDITIONS: dict[str, Condition] = {**CONDITIONS, **OPERATOR_CONDITIONS}
+#: Beyond the paper (issue 23; its Limitations: "the synthetic task lacks a task-matched
+#: external architecture baseline"): other ways to carry a segment across the boundary, on
+#: the same backbone, episodes, runner and evaluator (`pmnet.baselines`). Each consolidation
+#: field names a `pmnet.baselines.BASELINE_MODES` lifecycle instead of an LTM operator:
+#:   no_reset         nothing is cleared: KV cache and STM run on through both segments and
+#:                    the query (an upper bound: the query can read the demonstrations)
+#:   memory_tokens    recurrent memory tokens (Bulatov et al. 2022): M embeddings read before
+#:                    and written after each segment by the same Transformer, carried across
+#:                    the boundary while KV and STM are cleared
+#:   recurrent_state  a GRU cell over the mean of the segment's last hidden states, its state
+#:                    carried across the boundary and read as one prefix embedding
+#:   no_memory        KV, STM and every state cleared, LTM never written (the floor)
+#: The two carried memories train only their own parameters (`baseline_only`, the
+#: Consolidator-only setting: the backbone frozen, the Consolidator's learning rate); the two
+#: bounds, which have no parameters of their own, train the entire model.
+BASELINE_CONDITIONS: dict[str, Condition] = {
+    c.name: c
+    for c in (
+        Condition("baseline_no_reset", "no_reset", "entire_model", True, "updated",
+                  "updated_ltm", "No reset (upper bound)",
+                  "Upper bound: KV cache and STM kept across the boundaries, entire model "
+                  "trainable"),
+        Condition("baseline_memory_tokens", "memory_tokens", "baseline_only", True, "updated",
+                  "updated_ltm", "Memory tokens (RMT)",
+                  "Recurrent memory tokens carried across the boundary, only their "
+                  "parameters trainable"),
+        Condition("baseline_recurrent_state", "recurrent_state", "baseline_only", True,
+                  "updated", "updated_ltm", "Recurrent state (GRU)",
+                  "A GRU state over pooled segment summaries carried across the boundary, "
+                  "only its parameters trainable"),
+        Condition("baseline_no_memory", "no_memory", "entire_model", True, "updated",
+                  "updated_ltm", "No memory (floor)",
+                  "No memory: KV, STM and LTM cleared at every boundary, entire model "
+                  "trainable"),
+    )
+}
+
+#: The arms every baseline is compared with, paired by seed: the Consolidator (Consolidator
+#: only) and the GRU consolidation operator of issue 11.
+BASELINE_REFERENCES: tuple[str, ...] = ("consolidator_only", "operator_gru")
+
+#: Every condition that can be trained: the paper's six, the operator conditions, the
+#: baselines.
+ALL_CONDITIONS: dict[str, Condition] = {**CONDITIONS, **OPERATOR_CONDITIONS,
+                                        **BASELINE_CONDITIONS}
 
 #: Phase-2 seeds of the paper (Appendix "Hyperparameters and Architecture").
 PAPER_SEEDS: tuple[int, ...] = (42, 43, 44, 45, 46)

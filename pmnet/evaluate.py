@@ -14,7 +14,8 @@ Metric names (used everywhere: logs, MLflow, result JSON, CSV):
     alternative_mode         the same checkpoint with the other operator (forced identity for
                              learned and operator conditions; the learned, identity-initialised
                              path for identity conditions): the paper's "Alternative mode"
-                             column
+                             column. A baseline (`pmnet.baselines`) has no consolidation to
+                             force: its results have none of these three
     fresh_ltm                updated query with no experience (LTM at zero phase)
     mismatched_ltm           updated query after a donor experience (Section 5.3)
     mismatched_donor_follow  how often that answer follows the donor's rule (episodes where
@@ -95,11 +96,14 @@ def _passes(consolidation: str, ltm_routing: bool, full: bool, stm: bool, ltm: b
         main_q.update(stm_q)
     if positions:
         main_q.update({f"final_ltm_seg{t}": f"final_ltm_seg{t}" for t in range(1, n_seg + 1)})
-    passes = [("main", RunOptions(consolidation, ltm_routing, queries=tuple(main_q)), main_q)]
-    if full:
+    main = RunOptions(consolidation, ltm_routing, queries=tuple(main_q))
+    passes = [("main", main, main_q)]
+    if full and not main.baseline:  # a baseline has no other consolidation to force
         alt_q = {"updated_ltm": "alternative_mode", "initial_ltm": "alternative_mode_initial"}
+        passes.append(("alternative", RunOptions(other, ltm_routing, queries=tuple(alt_q)),
+                       alt_q))
+    if full:
         passes += [
-            ("alternative", RunOptions(other, ltm_routing, queries=tuple(alt_q)), alt_q),
             ("fresh", RunOptions(consolidation, ltm_routing, experience="fresh"),
              {"updated_ltm": "fresh_ltm"}),
             ("mismatched", RunOptions(consolidation, ltm_routing, experience="mismatched"),
@@ -132,7 +136,7 @@ def episode_outcomes(model: PMNet, batch, *, consolidation: str, ltm_routing: bo
             out[f"pred/{name}"] = digit_prediction(lg)
             out[f"loss/{name}"] = F.cross_entropy(lg, batch.target[:, segment_index(kind)],
                                                   reduction="none")
-    if full:  # forced identity is whichever pass used identity consolidation
+    if full and "pred/alternative_mode" in out:  # forced identity: the identity pass
         learned = consolidation != "identity"  # the Consolidator or an alternative operator
         src = "alternative_mode" if learned else "updated_ltm"
         src_init = "alternative_mode_initial" if learned else "initial_ltm"

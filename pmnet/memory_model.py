@@ -50,10 +50,10 @@ from dataclasses import dataclass
 import torch
 
 from pmnet import task
+from pmnet.baselines import add_phase2_module
 from pmnet.conditions import Condition, get_condition
 from pmnet.config import ModelConfig
 from pmnet.model import PMNet
-from pmnet.operators import OPERATORS, add_operator
 from pmnet.runner import phase2_losses
 
 GiB = 1 << 30
@@ -333,12 +333,12 @@ def saved_bytes(step: Callable[[], torch.Tensor], exclude: Sequence[torch.Tensor
 
 def build_model(model_cfg: ModelConfig, condition: Condition, seed: int = 0) -> PMNet:
     """The model of a Phase-2 trial on CPU, frozen to the condition's subset, in train mode
-    (an operator condition gets its operator, as `pmnet.train.run_phase2` adds it)."""
+    (an operator or baseline condition gets its module, as `pmnet.train.run_phase2` adds
+    it)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = PMNet(model_cfg)
-        if condition.consolidation in OPERATORS:
-            add_operator(model, condition.consolidation)
+        add_phase2_module(model, condition.consolidation)
     keep = {n for n, _ in model.trainable_subset(condition.subset)}
     for n, p in model.named_parameters():
         p.requires_grad_(n in keep)
@@ -438,8 +438,7 @@ def trial_memory(model_cfg: ModelConfig, condition: str, *, batch_size: int, pre
     fit = saved_fit(model_cfg, condition, spec, precision)
     with torch.device("meta"):
         model = PMNet(model_cfg)
-        if cond.consolidation in OPERATORS:
-            add_operator(model, cond.consolidation)
+        add_phase2_module(model, cond.consolidation)
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for _, p in model.trainable_subset(cond.subset))
     fp32 = 4

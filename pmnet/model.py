@@ -179,6 +179,9 @@ class MemoryState:
     routes  : diagnostics of the last chunk, n_blocks + 1 tensors (B, T): routes[b] is the
               group each token visited in block b; routes[b + 1] % K is the child chosen by
               block b's router (routes[n_blocks] holds the deepest block's choice)
+    carry   : a baseline's carried state (`pmnet.baselines`: memory tokens (B, M, H) or a
+              recurrent state (B, G)), None for PMNet's own lifecycle and before a baseline's
+              first segment; like LTM it survives clear_context
     """
 
     kv: tuple
@@ -187,6 +190,7 @@ class MemoryState:
     ltm: tuple[Tensor, ...]
     pos: int = 0
     routes: tuple = ()
+    carry: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -220,11 +224,14 @@ class MemoryState:
             stm=tuple(s.detach() for s in self.stm),
             occ=self.occ,
             ltm=tuple(x.detach() for x in self.ltm),
+            carry=None if self.carry is None else self.carry.detach(),
         )
 
     def detach_ltm(self) -> MemoryState:
-        """Detach only LTM (the paper's `detach_long_term_between_sleeps`)."""
-        return replace(self, ltm=tuple(x.detach() for x in self.ltm))
+        """Detach only LTM (the paper's `detach_long_term_between_sleeps`) and a baseline's
+        carried state, the other path across a boundary."""
+        return replace(self, ltm=tuple(x.detach() for x in self.ltm),
+                       carry=None if self.carry is None else self.carry.detach())
 
     def with_ltm(self, ltm: tuple[Tensor, ...]) -> MemoryState:
         return replace(self, ltm=tuple(ltm))
@@ -513,11 +520,12 @@ class Layer(nn.Module):
 #: The paper's consolidation modes (Eq. 8 with C_psi, and identity accumulation); any other
 #: `mode` of `PMNet.consolidate` is an operator the model holds (`pmnet.operators`).
 PAPER_MODES = ("learned", "identity")
-LogitsMode = Literal["all", "last", "none"]
+LogitsMode = Literal["all", "last", "none", "hidden"]
 TRAINABLE_SUBSETS = ("entire_model", "all_but_consolidator", "consolidator_only",
                      "memory_consolidator")
 #: The trainable subset of the operator conditions: the parameters of the model's operator(s).
 OPERATOR_SUBSET = "operator_only"
+BASELINE_SUBSET = "baseline_only"  # a baseline's own modules (`pmnet.baselines`)
 
 
 class RouteProbe(Protocol):
@@ -556,6 +564,9 @@ class PMNet(nn.Module):
         # alternative consolidation operators, added at Phase 2 (`pmnet.operators`; empty
         # here, so a Phase-1 model's parameters and state dict are those of the paper)
         self.operators = nn.ModuleDict()
+        # the carried memories of the baselines (`pmnet.baselines`, issue 23), added at
+        # Phase 2 like the operators; empty in a Phase-1 model
+        self.baselines = nn.ModuleDict()
         # RoPE tables of positions 0 .. max_chunk - 1 as (T, 1, head_dim): constants, not in
         # the state dict; positions beyond them are computed on the fly
         cos, sin = rope_tables(torch.arange(cfg.max_chunk), cfg.head_dim, cfg.rope_theta)
@@ -621,15 +632,28 @@ class PMNet(nn.Module):
         return state.with_ltm(tuple(new_ltm))
 
     # ---------------------------------------------------------------- forward
-    def _check_inputs(self, tokens: Tensor, state: MemoryState) -> None:
+    def _check_inputs(self, tokens: Tensor | None, state: MemoryState,
+                      embeds: Tensor | None = None) -> tuple[int, int]:
+        """(B, T) of the chunk, or ValueError naming what is wrong with the inputs."""
         cfg = self.cfg
-        if not isinstance(tokens, Tensor):
-            raise ValueError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must have shape (batch, time), got {tuple(tokens.shape)}")
-        if tokens.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-        B, T = tokens.shape
+        if embeds is not None:
+            if tokens is not None:
+                raise ValueError("give tokens or embeds, not both")
+            if not isinstance(embeds, Tensor) or embeds.dim() != 3 \
+                    or embeds.shape[-1] != cfg.hidden:
+                shape = tuple(embeds.shape) if isinstance(embeds, Tensor) else type(embeds)
+                raise ValueError(f"embeds must have shape (batch, time, {cfg.hidden}), got "
+                                 f"{shape}")
+            B, T = embeds.shape[:2]
+        else:
+            if not isinstance(tokens, Tensor):
+                raise ValueError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+            if tokens.dim() != 2:
+                raise ValueError(
+                    f"tokens must have shape (batch, time), got {tuple(tokens.shape)}")
+            if tokens.dtype not in (torch.int64, torch.int32):
+                raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+            B, T = tokens.shape
         if T == 0 or B == 0:
             raise ValueError(f"tokens must be non-empty, got shape {tuple(tokens.shape)}")
         if T > cfg.max_chunk:
@@ -640,6 +664,7 @@ class PMNet(nn.Module):
             raise ValueError(
                 f"state has {len(state.kv)} KV entries, model has {cfg.n_layer} layers"
             )
+        return B, T
 
     def check_token_ids(self, tokens: Tensor) -> None:
         """ValueError unless every id lies in [0, vocab_size). Reads the ids back to the host
@@ -673,25 +698,26 @@ class PMNet(nn.Module):
         *,
         ltm_routing: bool,
         logits: LogitsMode = "all",
+        embeds: Tensor | None = None,
     ) -> tuple[Tensor | None, MemoryState]:
         """Process one chunk of tokens: causal attention over the KV cache, routed STM
         writes (Eq. 1-2, Eq. 9 when `ltm_routing`), reads of M = (S + L) mod 2pi (Eq. 3).
 
-        tokens: (B, T) ids. Returns logits (B, T, V) / (B, V) / None and the new state.
-        `ltm_routing=False` removes only the direct L term of Eq. 9 from the routing state.
+        tokens: (B, T) ids. Returns logits (B, T, V) / (B, V) / None (or, for "hidden", the
+        normed last hidden states (B, T, H)) and the new state. `ltm_routing=False` removes
+        only the direct L term of Eq. 9 from the routing state. `embeds` (B, T, H): input
+        embeddings in place of token ids (tokens=None; the baselines put memory embeddings
+        around a chunk's tokens, `pmnet.baselines`).
         """
         if not isinstance(ltm_routing, bool):
             raise ValueError(f"ltm_routing must be True or False, got {ltm_routing!r}")
-        if logits not in ("all", "last", "none"):
-            raise ValueError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
-        self._check_inputs(tokens, state)
+        if logits not in ("all", "last", "none", "hidden"):
+            raise ValueError(f"logits must be 'all', 'last', 'none' or 'hidden', got {logits!r}")
+        B, T = self._check_inputs(tokens, state, embeds)
         cfg = self.cfg
-        B, T = tokens.shape
         K, P = cfg.branch, cfg.phase_dim
-        dev = tokens.device
-        tokens = tokens.long()
-
-        h = self._embed(tokens)  # (B, T, H)
+        h = self._embed(tokens.long()) if embeds is None else embeds  # (B, T, H)
+        dev = h.device
         cos, sin = self._rope(state.pos, T, dev)
         kv = list(state.kv)
         stm, occ = list(state.stm), list(state.occ)
@@ -754,6 +780,8 @@ class PMNet(nn.Module):
                             pos=state.pos + T, routes=tuple(routes))
         if logits == "none":
             return None, new_state
+        if logits == "hidden":
+            return self.norm(h), new_state
         if logits == "last":
             h = h[:, -1]
         out = F.linear(self.norm(h), self.embed.weight)  # tied output head
@@ -779,9 +807,11 @@ class PMNet(nn.Module):
             return self.memory_parameters() + cons
         if name == OPERATOR_SUBSET:
             return [(n, p) for n, p in self.named_parameters() if n.startswith("operators.")]
+        if name == BASELINE_SUBSET:
+            return [(n, p) for n, p in self.named_parameters() if n.startswith("baselines.")]
         raise ValueError(
             f"unknown trainable subset {name!r}; known: "
-            f"{', '.join(TRAINABLE_SUBSETS + (OPERATOR_SUBSET,))}"
+            f"{', '.join(TRAINABLE_SUBSETS + (OPERATOR_SUBSET, BASELINE_SUBSET))}"
         )
 
     def parameter_counts(self) -> dict:
@@ -794,6 +824,9 @@ class PMNet(nn.Module):
         if len(self.operators):
             subsets[OPERATOR_SUBSET] = sum(p.numel()
                                            for _, p in self.trainable_subset(OPERATOR_SUBSET))
+        if len(self.baselines):
+            subsets[BASELINE_SUBSET] = sum(p.numel()
+                                           for _, p in self.trainable_subset(BASELINE_SUBSET))
         return {"total": total, "subsets": subsets}
 
 

@@ -55,7 +55,8 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from pmnet.model import PMNet
+from pmnet import baselines
+from pmnet.model import MemoryState, PMNet
 from pmnet.operators import CONSOLIDATION_MODES
 from pmnet.task import MAX_SEGMENTS
 
@@ -63,7 +64,8 @@ STM_KINDS = tuple(f"seg{t}_stm" for t in range(1, MAX_SEGMENTS + 1))
 FINAL_KINDS = tuple(f"final_ltm_seg{t}" for t in range(1, MAX_SEGMENTS + 1))
 QUERY_KINDS = ("updated_ltm", "initial_ltm") + STM_KINDS + FINAL_KINDS
 EXPERIENCES = ("correct", "mismatched", "fresh")
-MODES = CONSOLIDATION_MODES  # learned, identity, then the alternative operators
+# learned, identity, the alternative operators, then the baselines' lifecycles (issue 23)
+MODES = CONSOLIDATION_MODES + baselines.BASELINE_MODES
 LTM_GRAPHS = ("full", "truncated", "detached")
 
 
@@ -82,7 +84,9 @@ class RunOptions:
     """How one pass through a batch of episodes is run.
 
     consolidation: "learned" (C_psi), "identity" (raw S accumulation) or an alternative
-        operator (ema, overwrite, linear, gru; the model must have it) at every boundary.
+        operator (ema, overwrite, linear, gru; the model must have it) at every boundary,
+        or a baseline's lifecycle (`pmnet.baselines.BASELINE_MODES`) in place of the
+        consolidate-and-clear of every boundary.
     ltm_routing: the direct L term of Eq. 9 on (True) or off (False).
     experience: which experience fills LTM: "correct", "mismatched" or "fresh".
     detach_ltm: detach LTM after each boundary, the last included (`ltm_graph="detached"`;
@@ -124,6 +128,11 @@ class RunOptions:
                              "'detached'); it cannot be combined with ltm_graph='truncated'")
 
     @property
+    def baseline(self) -> bool:
+        """Whether `consolidation` names a baseline's lifecycle (`pmnet.baselines`)."""
+        return self.consolidation in baselines.BASELINE_MODES
+
+    @property
     def graph(self) -> str:
         """The effective gradient mode: "detached" when detach_ltm, else `ltm_graph`."""
         return "detached" if self.detach_ltm else self.ltm_graph
@@ -136,6 +145,29 @@ def stm_query(model: PMNet, context: Tensor, query: Tensor) -> Tensor:
     _, state = model(context, state, ltm_routing=False, logits="none")  # L = 0: on == off
     logits, _ = model(query, state.clear_kv(), ltm_routing=False, logits="last")
     return logits
+
+
+def _segment(model: PMNet, tokens: Tensor, state: MemoryState, opts: RunOptions):
+    """One segment's demonstrations -> the state before its boundary."""
+    if opts.baseline:
+        return baselines.segment(model, opts.consolidation, tokens, state,
+                                 ltm_routing=opts.ltm_routing)
+    return model(tokens, state, ltm_routing=opts.ltm_routing, logits="none")[1]
+
+
+def _boundary(model: PMNet, state: MemoryState, opts: RunOptions) -> MemoryState:
+    """The context boundary: consolidate (Eq. 8), then clear KV and STM; a baseline's own."""
+    if opts.baseline:
+        return baselines.boundary(model, opts.consolidation, state)
+    return model.consolidate(state, mode=opts.consolidation).clear_context()
+
+
+def _query(model: PMNet, tokens: Tensor, state: MemoryState, opts: RunOptions) -> Tensor:
+    """Ask a query of a state: logits (N, V) at its last token."""
+    if opts.baseline:
+        return baselines.query(model, opts.consolidation, tokens, state,
+                               ltm_routing=opts.ltm_routing)
+    return model(tokens, state, ltm_routing=opts.ltm_routing, logits="last")[0]
 
 
 def persistent_state(model: PMNet, batch, opts: RunOptions, on_segment=None):
@@ -152,8 +184,8 @@ def persistent_state(model: PMNet, batch, opts: RunOptions, on_segment=None):
     n_seg = segments.shape[1]
     graph = opts.graph
     for d in range(n_seg):
-        _, before = model(segments[:, d], state, ltm_routing=opts.ltm_routing, logits="none")
-        state = model.consolidate(before, mode=opts.consolidation).clear_context()
+        before = _segment(model, segments[:, d], state, opts)
+        state = _boundary(model, before, opts)
         if graph == "detached":
             state = state.detach_ltm()
         if on_segment is not None:
@@ -192,26 +224,27 @@ def run_episodes(model: PMNet, batch, opts: RunOptions) -> dict[str, Tensor]:
         if d != 0:
             return
         if "seg1_stm" in opts.queries:  # auxiliary trajectory of segment 1
-            out["seg1_stm"], _ = model(q1, before.clear_kv(), ltm_routing=routing,
-                                       logits="last")
+            if opts.baseline:  # a baseline's segment 1 is not the plain STM trajectory
+                out["seg1_stm"] = stm_query(model, batch.seg_tokens[:, 0], q1)
+            else:
+                out["seg1_stm"], _ = model(q1, before.clear_kv(), ltm_routing=routing,
+                                           logits="last")
         if "initial_ltm" in opts.queries:
-            out["initial_ltm"], _ = model(q1, after, ltm_routing=routing, logits="last")
+            out["initial_ltm"] = _query(model, q1, after, opts)
 
     state = persistent_state(model, batch, opts, on_segment=after_segment)
     if opts.experience == "fresh" and "initial_ltm" in opts.queries:
-        out["initial_ltm"], _ = model(q1, state, ltm_routing=routing, logits="last")
+        out["initial_ltm"] = _query(model, q1, state, opts)
     last = FINAL_KINDS[n_seg - 1]
     if "updated_ltm" in opts.queries or last in final_kinds:
-        out["updated_ltm"], _ = model(batch.query_tokens[:, -1], state, ltm_routing=routing,
-                                      logits="last")
+        out["updated_ltm"] = _query(model, batch.query_tokens[:, -1], state, opts)
         if last in final_kinds:
             out[last] = out["updated_ltm"]  # segment T's query of the final state
             if "updated_ltm" not in opts.queries:
                 del out["updated_ltm"]
     for d, kind in enumerate(FINAL_KINDS[: n_seg - 1]):
         if kind in final_kinds:
-            out[kind], _ = model(batch.query_tokens[:, d], state, ltm_routing=routing,
-                                 logits="last")
+            out[kind] = _query(model, batch.query_tokens[:, d], state, opts)
     for d in range(1, n_seg):
         if STM_KINDS[d] in opts.queries:
             out[STM_KINDS[d]] = stm_query(model, batch.seg_tokens[:, d],

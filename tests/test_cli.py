@@ -154,3 +154,15 @@ def test_info_prints_each_conditions_gpu_memory_and_packing(capsys):
     out = capsys.readouterr().out
     assert "GPU memory of one Phase-2 trial" in out and "learned_full_dual" in out
     assert "per 1.5 GiB GPU" in out
+
+
+def test_info_lists_the_baselines_carried_memories(capsys):
+    assert main(["info", "--preset", "cpu", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    # M H + H^2 + H with M = 4, H = 64; 3 (H G + G^2 + 2 G) + G H + H with G = 32
+    assert d["baselines"] == {"no_reset": 0, "memory_tokens": 4_416,
+                              "recurrent_state": 11_520, "no_memory": 0}
+    assert main(["info", "--preset", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "baseline memory_tokens" in out and "baseline recurrent_state" in out
+    assert "baseline no_reset" not in out  # no module of its own: it trains the whole model

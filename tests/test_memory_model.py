@@ -128,6 +128,11 @@ def test_saved_bytes_equal_a_direct_count_of_the_graph(condition, precision, one
         with mm.precision_context(precision):
             loss = mm.phase2_step(model, batch, cond, spec)
     direct = _graph_count(loss, list(model.parameters()))
+    if cond.consolidation == "no_memory":
+        # nothing crosses a boundary, so the segments' graphs are dead by the loss; the one
+        # storage they saved that is still alive is the batch's segment tokens (the
+        # embedding's indices), which the batch itself keeps resident
+        direct += batch.seg_tokens.untyped_storage().nbytes()
     assert measured == direct > 0
 
 

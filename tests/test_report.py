@@ -1118,3 +1118,91 @@ def test_a_registered_study_adds_its_tables_comparisons_and_missing_lines(
     missing = md[md.index("## Missing results"):]
     assert "- mine: one line" in missing
     assert "unpaired seeds in 'mine: dual - LTM only'" in missing  # its family is checked too
+
+
+# ------------------------------------------------------------------------------------------
+# task-matched baselines (issue 23, beyond the paper)
+# ------------------------------------------------------------------------------------------
+
+BASELINE_TABLES = ["tab:baselines", "tab:baseline-families", "tab:baseline-comparisons"]
+#: synthetic (updated_ltm per seed 42, 43, 44, trainable parameters) per arm
+BASELINE_RUNS = {
+    "consolidator_only": ([40.0, 44.0, 42.0], 1_376),
+    "operator_gru": ([35.0, 38.0, 33.0], 1_632),
+    "baseline_no_reset": ([90.0, 91.0, 93.0], 265_000),
+    "baseline_memory_tokens": ([20.0, 25.0, 22.0], 4_416),
+    "baseline_recurrent_state": ([15.0, 14.0, 18.0], 11_520),
+    "baseline_no_memory": ([10.0, 11.0, 9.0], 265_000),
+}
+
+
+def write_baseline_results(results: Path) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    for condition, (updated, params) in BASELINE_RUNS.items():
+        for i, seed in enumerate((42, 43, 44)):
+            test = {"updated_ltm": updated[i], "initial_ltm": 30.0 + i, "fresh_ltm": 10.0 + i,
+                    "mismatched_ltm": 9.0 + i, "mismatched_donor_follow": 12.0,
+                    "updated_ltm_add10": updated[i] + 5, "updated_ltm_add10_baseline": 50.0,
+                    "updated_ltm_affine10": updated[i] - 5,
+                    "updated_ltm_affine10_baseline": 30.0, "updated_ltm_in_unshown": 40.0,
+                    "seg2_stm": 60.0, "mean_stm": 61.0}
+            if not condition.startswith("baseline_"):  # a baseline has no forced identity
+                test["forced_identity"] = 18.0 + i
+            (results / f"{condition}__seed{seed}.json").write_text(json.dumps({
+                "condition": condition, "seed": seed, "preset": "cpu",
+                "phase1_sha256": "ab" * 32, "trainable_params": params,
+                "total_params": 265_000 + params, "test": test,
+                "val": {"updated_ltm": updated[i]}}))
+
+
+def test_baseline_tables_from_synthetic_results(tmp_path):
+    write_baseline_results(tmp_path / "results")
+    df = stats.load_results(tmp_path / "results")
+    tables = {t.id: t for t in report.build_tables(df, paper=None)}
+    assert list(tables)[-3:] == BASELINE_TABLES
+    main = tables["tab:baselines"]
+    md = {r[0]: r for r in _md_rows(main.to_markdown())[2:]}
+    assert list(md) == ["Consolidator (learned)", "GRU operator", "No reset (upper bound)",
+                        "Memory tokens (RMT)", "Recurrent state (GRU)", "No memory (floor)"]
+    assert md["No reset (upper bound)"][2] == "91.33 ± 1.53"
+    # forced identity: a number for the consolidating arms, "not comparable" for baselines
+    assert md["Consolidator (learned)"][6] == "19.00 ± 1.00"
+    assert all(md[r][6] == "n/a: no consolidation" for r in list(md)[2:])
+    assert md["Recurrent state (GRU)"][-1] == "11520" and not main.missing
+    fam = {r[0]: r for r in _md_rows(tables["tab:baseline-families"].to_markdown())[2:]}
+    assert fam["No memory (floor)"][1] == "15.00 ± 1.00" and fam["No memory (floor)"][2] == \
+        "50.00 ± 0.00"
+    cmp = tables["tab:baseline-comparisons"]
+    rows = {r[0].text: r for r in cmp.rows}
+    assert len(rows) == 8 and "8 baseline comparisons" in cmp.caption
+    want = stats.paired_comparison(df, "baseline_no_reset", "updated_ltm", "operator_gru",
+                                   "updated_ltm")
+    row = rows["No reset (upper bound) - GRU operator"]
+    assert row[2].value == pytest.approx(want["mean_diff"]) and row[5].value == \
+        pytest.approx(want["p"])
+    for table in tables.values():
+        for target in ("md", "tex", "html"):
+            assert table.render(target)
+
+
+def test_report_with_baseline_results(tmp_path):
+    write_baseline_results(tmp_path / "results")
+    paths = report.main_report(tmp_path)
+    doc = parse_html(paths["html"].read_text(encoding="utf-8"))
+    for table_id in BASELINE_TABLES:
+        assert doc.tables[table_id]["body"], table_id
+    assert (tmp_path / "report" / "figures" / "fig-baselines.png").exists()
+    flat = pd.read_csv(paths["baseline_comparisons.csv"])
+    assert list(flat["cond_a"]) == [b for b in stats.BASELINE_CONDITIONS for _ in (0, 1)]
+    assert list(flat["cond_b"]) == list(stats.BASELINE_REFERENCES) * 4
+    assert (flat["holm_m"] == 8).all()
+    paper_family = pd.read_csv(paths["comparisons.csv"])
+    assert not paper_family["cond_a"].str.startswith("baseline_").any()
+
+
+def test_report_is_unchanged_without_baseline_results(built, fixture_df):
+    run, paths = built
+    assert not set(BASELINE_TABLES) & {t.id for t in report.build_tables(fixture_df, paper=None)}
+    assert "baseline_comparisons.csv" not in paths
+    text = (run / "report" / "report.html").read_text(encoding="utf-8")
+    assert "tab:baselines" not in text

@@ -831,3 +831,32 @@ def test_learned_minus_forced_identity_at_each_segment_count_and_mode(tmp_path):
     # a frame without segment arms has nothing to compare
     plain = df[df["variant"] == "T2-full"].assign(variant="")
     assert stats.compare_segments_identity(plain).empty
+
+
+# ------------------------------------------------------------------------------------------
+# task-matched baselines (issue 23, beyond the paper)
+# ------------------------------------------------------------------------------------------
+
+
+def test_compare_baselines_pairs_each_baseline_with_both_references():
+    refs = {"consolidator_only": [40.0, 44.0, 42.0], "operator_gru": [35.0, 38.0, 33.0]}
+    ups = {"baseline_no_reset": [90.0, 91.0, 93.0], "baseline_memory_tokens": [20.0, 25.0, 22.0],
+           "baseline_recurrent_state": [15.0, 14.0, 18.0],
+           "baseline_no_memory": [10.0, 11.0, 9.0]}
+    rows = [(c, 42 + i, {"updated_ltm": v[i]}) for c, v in {**refs, **ups}.items()
+            for i in range(3)]
+    df = frame(rows)
+    assert stats.has_baseline_results(df)
+    assert not stats.has_baseline_results(df[~df["condition"].str.startswith("baseline_")])
+    out = stats.compare_baselines(df)
+    assert [(r["cond_a"], r["cond_b"]) for r in out.to_dict("records")] == [
+        (b, r) for b in ups for r in refs]
+    for row in out.to_dict("records"):
+        assert row["mean_diff"] == pytest.approx(np.mean(ups[row["cond_a"]])
+                                                 - np.mean(refs[row["cond_b"]]))
+    assert (out["holm_m"] == 8).all()  # Holm over the eight baseline comparisons only
+    assert np.allclose(out["p_holm"], multipletests(out["p"], method="holm")[1])
+    assert not {c.label for c in stats.COMPARISONS} & {c.label for c in
+                                                       stats.BASELINE_COMPARISONS}
+    assert stats.ordered_conditions(["baseline_no_memory", "operator_gru", "zzz"]) == [
+        "operator_gru", "baseline_no_memory", "zzz"]

@@ -587,7 +587,12 @@ def test_phase2_trains_and_tests_on_t_segment_episodes(phase1, tmp_path):
 
 
 # ------------------------------------------------------------------ consolidation operators
-from pmnet.conditions import ALL_CONDITIONS, OPERATOR_CONDITIONS, get_condition  # noqa: E402
+from pmnet.conditions import (  # noqa: E402
+    ALL_CONDITIONS,
+    BASELINE_CONDITIONS,
+    OPERATOR_CONDITIONS,
+    get_condition,
+)
 from pmnet.model import OPERATOR_SUBSET, PMNet  # noqa: E402
 from pmnet.operators import OPERATORS, operator_parameter_counts  # noqa: E402
 from pmnet.train import init_operator  # noqa: E402
@@ -595,7 +600,8 @@ from pmnet.train import init_operator  # noqa: E402
 
 def test_operator_conditions_are_the_consolidator_only_setting_per_operator():
     assert set(OPERATOR_CONDITIONS).isdisjoint(CONDITIONS)  # the paper's six are untouched
-    assert list(ALL_CONDITIONS) == list(CONDITIONS) + list(OPERATOR_CONDITIONS)
+    assert list(ALL_CONDITIONS) == (list(CONDITIONS) + list(OPERATOR_CONDITIONS)
+                                    + list(BASELINE_CONDITIONS))
     assert [c.consolidation for c in OPERATOR_CONDITIONS.values()] == list(OPERATORS)
     ref = CONDITIONS["consolidator_only"]
     for name, c in OPERATOR_CONDITIONS.items():
@@ -764,3 +770,32 @@ def test_phase2_records_the_last_epochs_test_metrics_beside_the_selected_ones(ph
         assert res["test_last"][k] == res["test"][k], k
     on_disk = json.loads((tmp_path / "result.json").read_text())
     assert on_disk["test_last"] == res["test_last"]
+
+
+# ------------------------------------------------------------------ baselines (issue 23)
+from pmnet.baselines import CARRIED_MODES, baseline_parameter_counts  # noqa: E402
+
+
+@pytest.mark.parametrize("condition", list(BASELINE_CONDITIONS))
+def test_baseline_condition_trains_and_reloads(phase1, condition, tmp_path):
+    cfg, p1 = phase1
+    cond = BASELINE_CONDITIONS[condition]
+    mode = cond.consolidation
+    res = run_phase2(cfg, condition=condition, seed=42, phase1_ckpt=p1["checkpoint"],
+                     out_dir=tmp_path, progress=False)
+    assert res["consolidation"] == mode
+    for k in ("updated_ltm", "initial_ltm", "fresh_ltm", "mismatched_ltm", "seg1_stm"):
+        assert 0 <= res["test"][k] <= 100
+    # no consolidation to force: the result says nothing rather than a number
+    assert not {"forced_identity", "alternative_mode"} & set(res["test"])
+    ref, _ = load_model_file(p1["checkpoint"])
+    new, _ = load_model_file(tmp_path / "best_model.pt")  # strict load, module re-created
+    old = dict(ref.named_parameters())
+    if mode in CARRIED_MODES:
+        assert list(new.baselines) == [mode]
+        assert res["trainable_params"] == baseline_parameter_counts(cfg.model)[mode]
+        for n, p in new.named_parameters():
+            if n in old:
+                assert torch.equal(p, old[n]), n  # the backbone stayed frozen
+    else:
+        assert len(new.baselines) == 0 and res["trainable_params"] == res["total_params"]

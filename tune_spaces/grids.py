@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pmnet.conditions import (
+    BASELINE_CONDITIONS,
+    BASELINE_REFERENCES,
     CONDITIONS,
     OPERATOR_CONDITIONS,
     OPERATOR_REFERENCE,
@@ -45,6 +47,11 @@ OPERATOR_GRID_CONDITIONS: tuple[str, ...] = (OPERATOR_REFERENCE, *OPERATOR_CONDI
 # gradient modes across boundaries (`TrainConfig.segments`, `TrainConfig.ltm_graph`) of the
 # `segments` grid, in the Consolidator-only setting
 SEGMENT_COUNTS: tuple[int, ...] = (2, 4, 8)
+# beyond the paper (issue 23): the arms the baselines are compared with (the Consolidator and
+# the GRU operator), then every baseline, all from the same Phase-1 checkpoint
+BASELINE_GRID_CONDITIONS: tuple[str, ...] = (*BASELINE_REFERENCES, *BASELINE_CONDITIONS)
+# the fewest Phase-2 seeds of the baselines grid (paired tests need more than two)
+BASELINE_MIN_SEEDS = 3
 SEGMENT_GRAPHS: tuple[str, ...] = ("full", "truncated")
 SEGMENT_CONDITIONS: tuple[str, ...] = (OPERATOR_REFERENCE,)
 # the Phase-1 variance grid (issue 11): K = 3 Phase-1 checkpoints, the preset's grid under each
@@ -466,6 +473,20 @@ def operators(cfg, *, gpu: bool = False) -> Space:
     return default(cfg, gpu=gpu).derive(name="operators", conditions=OPERATOR_GRID_CONDITIONS)
 
 
+def baselines(cfg, *, gpu: bool = False) -> Space:
+    """Task-matched baselines (issue 23): the Consolidator-only arm, the GRU operator and the
+    four baselines of `pmnet.baselines` (no reset, memory tokens, recurrent state, no
+    memory), paired by seed, from one Phase-1 checkpoint (the preset's `phase1_seed`: the
+    baselines are compared with the Consolidator, not across checkpoints; `--phase1-seeds`
+    nests them under K). The preset's seeds, at least BASELINE_MIN_SEEDS of PAPER_SEEDS."""
+    seeds = tuple(cfg.seeds)
+    if len(seeds) < BASELINE_MIN_SEEDS:
+        seeds = seeds + tuple(s for s in PAPER_SEEDS if s not in seeds)
+        seeds = seeds[:BASELINE_MIN_SEEDS]
+    return default(cfg, gpu=gpu).derive(name="baselines", conditions=BASELINE_GRID_CONDITIONS,
+                                        seeds=seeds, phase1_seeds=())
+
+
 def segment_variants(counts: Iterable[int] = SEGMENT_COUNTS,
                      graphs: Iterable[str] = SEGMENT_GRAPHS) -> tuple[Variant, ...]:
     """One variant per (T, gradient mode): `T<T>-<mode>` sets `segments` and `ltm_graph`."""
@@ -499,7 +520,7 @@ def phase1_variance(cfg, *, gpu: bool = False) -> Space:
 
 SPACES: dict[str, Callable[..., Space]] = {
     "default": default, "paper": paper, "tiny": tiny, "core": core, "operators": operators,
-    "segments": segments, "phase1_variance": phase1_variance,
+    "segments": segments, "phase1_variance": phase1_variance, "baselines": baselines,
 }
 
 

@@ -28,6 +28,7 @@ Modules (each imports only those above it):
 ``paper``       the paper's numbers through the same statistics (:class:`PaperReference`)
 ``variants``    named Phase-2 overrides: the default variant, arms (beyond the paper)
 ``operators``   consolidation operators against the Consolidator (beyond the paper)
+``baselines``   task-matched baselines against the Consolidator and the GRU operator
 ``segments``    episodes of T segments: arms and their comparisons (beyond the paper)
 ``phase1``      the Phase-1 checkpoint as a random factor (beyond the paper)
 ==============  ==========================================================================
@@ -35,7 +36,13 @@ Modules (each imports only those above it):
 Everything the rest of the repository uses is importable from ``pmnet.stats`` itself.
 """
 
-from pmnet.conditions import OPERATOR_REFERENCE, PAPER_SEEDS
+from pmnet.conditions import BASELINE_REFERENCES, OPERATOR_REFERENCE, PAPER_SEEDS
+from pmnet.stats.baselines import (
+    BASELINE_COMPARISONS,
+    BASELINE_CONDITIONS,
+    compare_baselines,
+    has_baseline_results,
+)
 from pmnet.stats.loading import (
     add_derived_metrics,
     curves_from_metrics_csv,
@@ -130,6 +137,8 @@ __all__ = [
     "PRINTED", "DERIVED", "PaperReference", "load_paper_reference",
     "has_variant_results", "default_variant", "arm_name", "by_arm",
     "OPERATOR_COMPARISONS", "has_operator_results", "compare_operators",
+    "BASELINE_CONDITIONS", "BASELINE_REFERENCES", "BASELINE_COMPARISONS",
+    "has_baseline_results", "compare_baselines",
     "SEGMENT_GRAPH_ORDER", "SEGMENT_COMPARISON", "SegmentArm", "segment_arms",
     "segment_comparisons", "segment_identity_comparisons", "compare_segments",
     "compare_segments_identity",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from pmnet.baselines import add_baseline
 from pmnet.config import ModelConfig
 from pmnet.io import atomic_write_bytes
 from pmnet.model import PMNet
@@ -100,6 +101,9 @@ def load_model_file(path: str | Path, *, expect_config: ModelConfig | None = Non
     for name in sorted({k.split(".")[1] for k in payload["state_dict"]
                         if k.startswith("operators.") and k.count(".") >= 2}):
         add_operator(model, name)
+    for name in sorted({k.split(".")[1] for k in payload["state_dict"]
+                        if k.startswith("baselines.") and k.count(".") >= 2}):
+        add_baseline(model, name)  # a baseline trial's carried memory (issue 23)
     model.load_state_dict(payload["state_dict"])
     return model, payload
 

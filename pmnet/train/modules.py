@@ -64,8 +64,9 @@ class _PhaseModule(L.LightningModule):
         if not params:
             raise ValueError("no trainable parameters")
         cfg = self.cfg
-        # the Consolidator and the alternative consolidation operators: their own lr / decay
-        boundary = ("consolidator.", "operators.")
+        # the Consolidator, the alternative consolidation operators and the baselines'
+        # carried memories (the modules a boundary uses): their own lr / decay
+        boundary = ("consolidator.", "operators.", "baselines.")
         cons = [(n, p) for n, p in params if n.startswith(boundary)]
         rest = [(n, p) for n, p in params if not n.startswith(boundary)]
         c_lr = cfg.consolidator_lr or self.lr

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from pmnet import task
+from pmnet.baselines import BASELINE_MODES, add_baseline, reset_baseline
 from pmnet.conditions import Condition, get_condition, seed_problem
 from pmnet.io import atomic_write_json
 from pmnet.model import PMNet
@@ -172,6 +173,26 @@ def init_operator(model: PMNet, cfg: TrainConfig, name: str, seed: int) -> None:
     op.reset(std, torch.Generator().manual_seed(gen_seed))
 
 
+def init_baseline(model: PMNet, cfg: TrainConfig, mode: str, seed: int) -> None:
+    """Create the carried memory of baseline `mode` (issue 23; a Phase-1 checkpoint has
+    none) with its start drawn from the Phase-2 seed (`pmnet.baselines.reset_baseline`);
+    nothing for the baselines without parameters."""
+    module = add_baseline(model, mode)
+    if module is not None:
+        reset_baseline(module, cfg.model, torch.Generator().manual_seed(seed))
+
+
+def init_phase2(model: PMNet, cfg: TrainConfig, cond: Condition, seed: int) -> None:
+    """A Phase-2 trial's start from the loaded Phase-1 model: the operator or baseline its
+    condition uses, else the Consolidator's start (`init_consolidator`)."""
+    if cond.consolidation in OPERATORS:  # the Consolidator stays as stored (frozen, unused)
+        init_operator(model, cfg, cond.consolidation, seed)
+    elif cond.consolidation in BASELINE_MODES:  # likewise
+        init_baseline(model, cfg, cond.consolidation, seed)
+    else:
+        init_consolidator(model, cfg, seed)
+
+
 #: the keys of a Phase-2 result.json (run_phase2); a caller's `record` adds others
 RESULT_KEYS = frozenset({
     "condition", "seed", "preset", "phase1_sha256", "best_epoch", "trainable_params",
@@ -210,10 +231,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     t0 = time.time()
     L.seed_everything(seed, workers=True, verbose=False)  # init order, data, dropout
     model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
-    if cond.consolidation in OPERATORS:  # the Consolidator stays as stored (frozen, unused)
-        init_operator(model, cfg, cond.consolidation, seed)
-    else:
-        init_consolidator(model, cfg, seed)
+    init_phase2(model, cfg, cond, seed)
     module = Phase2Module(cfg, model, cond)
     data = EpisodeData(cfg, seed, cfg.episodes_per_epoch, segments=cfg.segments)
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
@@ -289,10 +307,7 @@ def warm_compile(cfg: TrainConfig, *, condition: str, phase1_ckpt: str | Path,
     precision = cfg.resolved_precision("gpu" if device.type == "cuda" else "cpu")
     half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
-    if cond.consolidation in OPERATORS:
-        init_operator(model, cfg, cond.consolidation, seed)
-    else:
-        init_consolidator(model, cfg, seed)
+    init_phase2(model, cfg, cond, seed)
     module = Phase2Module(cfg, model, cond).to(device).train()
     batch = task.train_episodes(seed, 0, cfg.batch_size, segments=cfg.segments).to(device)
     with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):

@@ -8,7 +8,14 @@ comparison families, data files, missing-results lines).
 module here with a ``STUDY`` and one line below (docs/design.md, "Adding a study").
 """
 
-from pmnet.report.studies import operators, phase1_variance, routes, segments, selected_vs_last
+from pmnet.report.studies import (
+    baselines,
+    operators,
+    phase1_variance,
+    routes,
+    segments,
+    selected_vs_last,
+)
 from pmnet.report.studies.study import Findings, Study
 
 #: Every study, in the order its tables and figures follow the paper's.
@@ -18,6 +25,7 @@ STUDIES: tuple[Study, ...] = (
     phase1_variance.STUDY,
     routes.STUDY,
     segments.STUDY,
+    baselines.STUDY,
 )
 
 __all__ = ["STUDIES", "Findings", "Study"]
