@@ -346,3 +346,17 @@ def test_a_preset_that_names_phase1_seeds_nests_its_grids_under_them():
 def test_phase1_seeds_of_a_preset_are_checked(bad):
     with pytest.raises(ValueError, match="phase1_seeds"):
         TrainConfig.from_name("debug", phase1_seeds=bad)
+
+
+def test_baselines_grid_pairs_every_baseline_with_both_references_under_one_checkpoint():
+    from pmnet.conditions import BASELINE_CONDITIONS, BASELINE_REFERENCES
+    from tune_spaces.grids import BASELINE_MIN_SEEDS
+
+    cfg = TrainConfig.from_name("cpu")  # two seeds and three Phase-1 checkpoints by default
+    sp = get_space("baselines")(cfg).validate(ALL_CONDITIONS, cfg)
+    assert sp.conditions == (*BASELINE_REFERENCES, *BASELINE_CONDITIONS)
+    assert sp.seeds[:2] == tuple(cfg.seeds) and len(sp.seeds) == BASELINE_MIN_SEEDS
+    assert sp.phase1_seeds == ()  # one checkpoint: the baselines against the Consolidator
+    assert len(sp.trials) == len(sp.conditions) * BASELINE_MIN_SEEDS
+    paper = TrainConfig.from_name("paper")
+    assert get_space("baselines")(paper).seeds == tuple(paper.seeds)  # five: kept
