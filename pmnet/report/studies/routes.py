@@ -51,13 +51,13 @@ def routing_effect_by_checkpoint(df: pd.DataFrame, labels: Sequence[str]) -> dic
         key = pd.Series(labels[0], index=df.index)
     else:
         return {}
-    df = df.assign(_ckpt=key)
-    on = df[df["condition"] == ROUTING_ON].set_index(["_ckpt", "seed"])["updated_ltm"]
-    off = df[df["condition"] == ROUTING_OFF].set_index(["_ckpt", "seed"])["updated_ltm"]
-    diff = (on - off).dropna()
-    if diff.empty:
-        return {}
-    return {str(k): float(v) for k, v in diff.groupby(level=0).mean().items()}
+    out = {}
+    for label, part in df.groupby(key, sort=True):  # the one paired definition, per checkpoint
+        cmp = stats.paired_comparison(part, ROUTING_ON, "updated_ltm", ROUTING_OFF,
+                                      "updated_ltm")
+        if cmp["n"] > 0:
+            out[str(label)] = float(cmp["mean_diff"])
+    return out
 
 
 def _per_block(values: Sequence[Any], fmt: str) -> Cell:
