@@ -215,6 +215,7 @@ def _stream(name: str, n: int, segments: int, test_seed: int | None = None):
 def cmd_ltm(args) -> int:
     """Save a stream's LTM after every boundary, or answer its final queries from a file."""
     from pmnet import task
+    from pmnet.baselines import BASELINE_MODES
     from pmnet.persist import answer_final, consolidate_batch, load_ltm, save_ltm, score_final
     from pmnet.runner import RunOptions
     from pmnet.train import get_condition, load_model_file
@@ -222,6 +223,10 @@ def cmd_ltm(args) -> int:
     model, _ = load_model_file(args.model)
     if args.action == "save":
         cond = get_condition(args.condition)
+        if cond.consolidation in BASELINE_MODES:  # before any compute
+            raise ValueError(f"ltm save: {cond.name} is a baseline ({cond.consolidation}); "
+                             "what it carries across a boundary is not LTM, so there is no "
+                             "LTM file to write")
         if args.out is None:
             raise ValueError("ltm save needs --out FILE")
         segments = task.N_SEGMENTS if args.segments is None else args.segments

@@ -197,3 +197,13 @@ def test_segments_count_is_stored_checked_and_defaults_to_two(model, saved, tmp_
     with pytest.raises(ValueError, match="segments must be an int in 2..8"):
         save_ltm(tmp_path / "x.pt", model, state, segments=1)
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_a_baseline_has_no_ltm_file_to_write(model, tmp_path, capsys):
+    model_file = tmp_path / "model.pt"
+    save_model_file(model_file, model, fmt=MODEL_FORMAT, meta={})
+    out = tmp_path / "ltm.pt"
+    rc = cli_main(["ltm", "save", str(model_file), "--out", str(out), "--n", "30",
+                   "--condition", "baseline_memory_tokens"])
+    assert rc != 0 and not out.exists()
+    assert "baseline_memory_tokens is a baseline" in capsys.readouterr().err
