@@ -114,13 +114,18 @@ def figure_baselines(df) -> FigureResult:
     ticks = {"consolidator_only": "Cons.", "operator_gru": "GRU op", "baseline_no_reset":
              "no reset", "baseline_memory_tokens": "mem tok", "baseline_recurrent_state":
              "rec state", "baseline_no_memory": "no mem"}
-    return paired_figure(
+    result = paired_figure(
         df, "fig-baselines", "Baselines beside the Consolidator",
         "Updated-mapping recall (left) and fresh-LTM recall (right) of each arm; a line joins "
-        "one Phase-2 seed's trials, the bar marks the mean. Chance is 10%.",
+        "one Phase-2 seed's trials, the bar marks the mean, the dotted line is chance (10%).",
         [("Updated LTM", [(c, "updated_ltm", ticks[c]) for c in arms()]),
          ("Fresh (no experience)", [(c, "fresh_ltm", ticks[c]) for c in arms()])],
         require=[("consolidator_only", "updated_ltm")], ncols=2)
+    if result.figure is not None:
+        for ax in result.figure.axes:
+            ax.axhline(10.0, ls=":", lw=1, color="gray")
+            ax.tick_params(axis="x", labelsize=7)
+    return result
 
 
 def _build(trials: Trials) -> Findings:
