@@ -191,8 +191,10 @@ def segment(model: PMNet, mode: str, tokens: Tensor, state: MemoryState, *,
     carry = _carry(module, state)
     pre, post = module.prefix(carry), module.suffix(carry)
     parts = [pre, model._embed(tokens.long())] + ([post] if post is not None else [])
+    # the residual stream's dtype (the embedding's, fp32), whatever autocast made the memory
+    dtype = model.embed.weight.dtype
     hidden, state = model(None, state, ltm_routing=ltm_routing, logits="hidden",
-                          embeds=torch.cat([p.to(pre.dtype) for p in parts], dim=1))
+                          embeds=torch.cat([p.to(dtype) for p in parts], dim=1))
     return replace(state, carry=module.update(carry, hidden, pre.shape[1]))
 
 
@@ -203,8 +205,8 @@ def query(model: PMNet, mode: str, tokens: Tensor, state: MemoryState, *,
     if mode not in CARRIERS:
         return model(tokens, state, ltm_routing=ltm_routing, logits="last")[0]
     module = _carrier(model, mode)
-    pre = module.prefix(_carry(module, state))
-    embeds = torch.cat([pre, model._embed(tokens.long()).to(pre.dtype)], dim=1)
+    pre = module.prefix(_carry(module, state)).to(model.embed.weight.dtype)
+    embeds = torch.cat([pre, model._embed(tokens.long())], dim=1)
     hidden, _ = model(None, state, ltm_routing=ltm_routing, logits="hidden", embeds=embeds)
     return nn.functional.linear(hidden[:, -1], model.embed.weight)
 

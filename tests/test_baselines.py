@@ -194,3 +194,18 @@ def test_bad_baseline_input_is_named():
           embeds=torch.zeros(2, 3, m.cfg.hidden))
     with pytest.raises(ValueError, match="embeds must have shape"):
         m(None, m.init_state(2), ltm_routing=True, embeds=torch.zeros(2, 3, 5))
+
+
+@pytest.mark.parametrize("mode", baselines.CARRIED_MODES)
+def test_memory_enters_the_residual_stream_in_its_dtype_under_autocast(model, batch, mode):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        state = baselines.segment(model, mode, batch.seg_tokens[:, 0],
+                                  model.init_state(batch.seg_tokens.shape[0]), ltm_routing=True)
+        seen = []
+        hook = model.layers[0].attn_norm.register_forward_hook(
+            lambda mod, args, out: seen.append(args[0].dtype))
+        try:
+            baselines.query(model, mode, batch.query_tokens[:, 0], state, ltm_routing=True)
+        finally:
+            hook.remove()
+    assert seen == [model.embed.weight.dtype]
