@@ -1083,7 +1083,8 @@ def test_every_study_names_a_grid_that_exists_and_none_claims_the_papers_trials(
     from tune_spaces.grids import SPACES
 
     assert [s.name for s in STUDIES] == ["selected vs last epoch", "consolidation operators",
-                                         "Phase-1 variance", "route diagnostics", "segments"]
+                                         "Phase-1 variance", "route diagnostics", "segments",
+                                         "task-matched baselines"]
     assert all(s.grid == "" or s.grid in SPACES for s in STUDIES)
     trials = Trials.build(fixture_df, seeds=[42, 43, 44, 45, 46])
     assert not [s.name for s in STUDIES if s.recognise(trials)]
@@ -1206,3 +1207,45 @@ def test_report_is_unchanged_without_baseline_results(built, fixture_df):
     assert "baseline_comparisons.csv" not in paths
     text = (run / "report" / "report.html").read_text(encoding="utf-8")
     assert "tab:baselines" not in text
+
+
+def test_operators_table_shows_only_the_operators_a_grid_ran(tmp_path):
+    write_baseline_results(tmp_path / "results")  # the Consolidator and the GRU operator only
+    df = stats.load_results(tmp_path / "results")
+    tables = {t.id: t for t in report.build_tables(df, paper=None)}
+    ops = tables["tab:operators"]
+    assert [r[0] for r in _md_rows(ops.to_markdown())[2:]] == ["Consolidator (learned)",
+                                                               "GRU operator"]
+    assert not ops.missing
+    assert any("Not run by this grid: EMA operator, Overwrite operator, Linear operator" in n
+               for n in ops.notes)
+    assert [r[0].text for r in tables["tab:operator-comparisons"].rows] == [
+        "GRU operator - Consolidator"]
+    assert "tab:baseline-comparisons" in tables
+
+
+ISSUE23 = Path(__file__).resolve().parent.parent / "experiments" / "results" / "issue23" / \
+    "pipeline-cpu-20261124"
+
+
+def test_the_committed_baselines_run_is_rebuilt_unchanged(tmp_path):
+    """`make pipeline GRID=baselines` (issue 23): every table and data file rebuilt from its
+    records is the committed one; the baselines table has every arm over three seeds."""
+    run = tmp_path / "run"
+    shutil.copytree(ISSUE23 / "results", run / "results")
+    for record in ("pipeline.json", "timing.json"):
+        shutil.copy(ISSUE23 / record, run / record)
+    shutil.copytree(ISSUE23 / "phase1", run / "phase1")
+    paths = report.main_report(run)
+    committed = ISSUE23 / "report"
+    tables = sorted(p.name for p in (committed / "tables").glob("*.md"))
+    assert {f"{t.replace(':', '-')}.md" for t in BASELINE_TABLES} <= set(tables)
+    assert tables == sorted(p.name for p in (run / "report" / "tables").glob("*.md"))
+    for table in tables:
+        assert paths[table].read_text() == (committed / "tables" / table).read_text(), table
+    for data in sorted(p.name for p in (committed / "data").glob("*.csv")):
+        assert paths[data].read_text() == (committed / "data" / data).read_text(), data
+    body = {r[0]: r for r in _md_rows(paths["tab-baselines.md"].read_text())[2:]}
+    assert len(body) == 6 and not any("[n=" in c for r in body.values() for c in r)
+    flat = pd.read_csv(paths["baseline_comparisons.csv"])
+    assert (flat["n"] == 3).all() and (flat["holm_m"] == 8).all()

@@ -41,10 +41,7 @@ def module_for(kind: str, cfg: T.TrainConfig, seed: int = 0):
         eps = task.train_episodes(cfg.phase1_seed + 1_000_000, 0, 2 * B)
         return T.Phase1Module(cfg, model, cfg.phase1_lr), [eps[:B], eps[B:]]
     cond = T.get_condition(kind)
-    if cond.consolidation in T.OPERATORS:
-        T.init_operator(model, cfg, cond.consolidation, seed)
-    else:
-        T.init_consolidator(model, cfg, seed)
+    T.init_phase2(model, cfg, cond, seed)  # the operator, baseline or Consolidator start
     eps = task.train_episodes(seed, 0, 2 * B, segments=cfg.segments)
     return T.Phase2Module(cfg, model, cond), [eps[:B], eps[B:]]
 

@@ -78,8 +78,10 @@ from pmnet.train.phases import (
     RESULT_KEYS,
     ROUTES_FILE,
     device_name,
+    init_baseline,
     init_consolidator,
     init_operator,
+    init_phase2,
     phase1_route_diagnostics,
     run_phase1,
     run_phase2,
@@ -102,5 +104,6 @@ __all__ = [
     "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
     # phases.py
     "RESULT_KEYS", "ROUTES_FILE", "device_name", "init_consolidator", "init_operator",
+    "init_baseline", "init_phase2",
     "phase1_route_diagnostics", "run_phase1", "run_phase2", "trained_on", "warm_compile",
 ]

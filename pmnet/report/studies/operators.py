@@ -21,12 +21,26 @@ OPERATOR_METRICS = ("updated_ltm", "forced_identity", "initial_ltm", "fresh_ltm"
                     "mismatched_ltm")
 
 
-def table_operators(ctx: Context) -> Table:
+def operators_run(df: pd.DataFrame) -> tuple[str, ...]:
+    """The operator conditions with any trial in ``df``, in their defined order."""
+    present = set(df["condition"]) if not df.empty else set()
+    return tuple(c for c in stats.OPERATOR_CONDITIONS if c in present)
+
+
+def _not_run_note(ran: tuple[str, ...]) -> list[str]:
+    left = [condition_label(c) for c in stats.OPERATOR_CONDITIONS if c not in ran]
+    return [f"Not run by this grid: {', '.join(left)} (grid `operators` runs every "
+            "operator)."] if left else []
+
+
+def table_operators(ctx: Context, operators: tuple[str, ...] | None = None) -> Table:
     """Beyond the paper: the Consolidator (``consolidator_only``) and each alternative
-    consolidation operator, each trained alone from the same Phase-1 checkpoint."""
+    consolidation operator, each trained alone from the same Phase-1 checkpoint (only
+    ``operators`` when given: those the grid ran)."""
+    ran = stats.OPERATOR_CONDITIONS if operators is None else operators
     miss = Missing(ctx)
     rows = []
-    for c in (stats.OPERATOR_REFERENCE, *stats.OPERATOR_CONDITIONS):
+    for c in (stats.OPERATOR_REFERENCE, *ran):
         miss.check(c, "trainable_params")
         params = ctx.values(c, "trainable_params")
         label = "Consolidator (learned)" if c == stats.OPERATOR_REFERENCE else condition_label(c)
@@ -45,6 +59,7 @@ def table_operators(ctx: Context) -> Table:
          "Trainable parameters"],
         rows,
         rules_before={1},
+        notes=_not_run_note(tuple(ran)),
     )
     return finish(ctx, table, miss)
 
@@ -61,9 +76,12 @@ def table_operator_comparisons(ctx: Context, comparisons: pd.DataFrame) -> Table
 
 
 def _build(trials: Trials) -> Findings:
+    ran = operators_run(trials.base)  # a grid that ran some operators shows only those
     comparisons = stats.compare_operators(trials.base, expected_seeds=trials.seeds)
+    comparisons = comparisons[comparisons["cond_a"].isin(ran)].reset_index(drop=True)
     return Findings(
-        tables=[table_operators(trials.ctx), table_operator_comparisons(trials.ctx, comparisons)],
+        tables=[table_operators(trials.ctx, ran),
+                table_operator_comparisons(trials.ctx, comparisons)],
         comparisons={"operator_comparisons.csv": comparisons},
     )
 

@@ -13,6 +13,9 @@ from pmnet.report.table import Table
 from pmnet.report.trials import Trials
 from pmnet.stats import condition_label
 
+#: What a baseline (issue 23) shows for forced identity: it has no consolidation to replace.
+NOT_COMPARABLE = "n/a"
+
 
 def has_last_epoch(df: pd.DataFrame) -> bool:
     """Whether the results recorded the last epoch's test metrics (issue 21)."""
@@ -32,6 +35,9 @@ def table_selected_vs_last(ctx: Context) -> Table:
                text_cell(" ".join(str(int(e)) for e in epochs) if len(epochs) else MISSING),
                text_cell(str(int(last.max())) if len(last) else MISSING)]
         for metric in ("updated_ltm", "forced_identity"):
+            if metric == "forced_identity" and c in stats.BASELINE_CONDITIONS:
+                row += [text_cell(NOT_COMPARABLE)] * 3  # a baseline has nothing to force
+                continue
             label = f"last - selected epoch: {c} {metric}"
             row += [ctx.stat(miss, c, metric, paper=False),
                     ctx.stat(miss, c, f"{stats.LAST_PREFIX}{metric}", paper=False),
