@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="paper | cpu | debug (default: paper with a CUDA GPU, cpu otherwise)")
     p.add_argument("--grid", default="default",
                    help="grid function in tune_spaces (default, paper, tiny, core, operators, "
-                        "segments, phase1_variance)")
+                        "segments, phase1_variance, baselines)")
     p.add_argument("--conditions", default=None, help="comma-separated conditions")
     p.add_argument("--variants", default=None,
                    help="comma-separated variants of the grid to run (e.g. T2-full,T4-full "
