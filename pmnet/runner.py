@@ -26,6 +26,11 @@ first consolidation (identical values, one forward pass saved); every later segm
 auxiliary trajectory is a separate forward pass from an empty memory. The Consolidator
 therefore cannot influence STM recall, as in the paper (89.90 for every Consolidator-only seed).
 
+Baselines (issue 23, `pmnet.baselines`): a `consolidation` of `BASELINE_MODES` replaces the
+segment forward, the consolidate-and-clear of every boundary and the queries by that
+baseline's own steps (`_segment`, `_boundary`, `_query`); the STM queries stay the plain
+backbone's.
+
 Experience: "correct" (the episode's own segments), "mismatched" (the donor's segments,
 same family, other parameters, recipient's address token; Section 5.3), or "fresh" (no
 segment is processed: LTM stays at the zero phase vector).
