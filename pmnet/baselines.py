@@ -180,6 +180,17 @@ def _carry(module: nn.Module, state: MemoryState) -> Tensor:
     return state.carry if state.carry is not None else module.initial(state.batch_size)
 
 
+def _embeds(model: PMNet, module: nn.Module, carry: Tensor, tokens: Tensor,
+            write: bool) -> Tensor:
+    """[read copy ; tokens ; write copy (a segment of a module that has one)] as input
+    embeddings, in the residual stream's dtype (the embedding's, fp32), whatever autocast
+    made the memory."""
+    post = module.suffix(carry) if write else None
+    parts = [module.prefix(carry), model._embed(tokens.long())] + ([post] if post is not None
+                                                                    else [])
+    return torch.cat([p.to(model.embed.weight.dtype) for p in parts], dim=1)
+
+
 def segment(model: PMNet, mode: str, tokens: Tensor, state: MemoryState, *,
             ltm_routing: bool) -> MemoryState:
     """Process one segment's demonstrations (B, T) under baseline `mode`; returns the state
@@ -189,13 +200,9 @@ def segment(model: PMNet, mode: str, tokens: Tensor, state: MemoryState, *,
         return model(tokens, state, ltm_routing=ltm_routing, logits="none")[1]
     module = _carrier(model, mode)
     carry = _carry(module, state)
-    pre, post = module.prefix(carry), module.suffix(carry)
-    parts = [pre, model._embed(tokens.long())] + ([post] if post is not None else [])
-    # the residual stream's dtype (the embedding's, fp32), whatever autocast made the memory
-    dtype = model.embed.weight.dtype
     hidden, state = model(None, state, ltm_routing=ltm_routing, logits="hidden",
-                          embeds=torch.cat([p.to(dtype) for p in parts], dim=1))
-    return replace(state, carry=module.update(carry, hidden, pre.shape[1]))
+                          embeds=_embeds(model, module, carry, tokens, write=True))
+    return replace(state, carry=module.update(carry, hidden, module.prefix(carry).shape[1]))
 
 
 def query(model: PMNet, mode: str, tokens: Tensor, state: MemoryState, *,
@@ -205,10 +212,8 @@ def query(model: PMNet, mode: str, tokens: Tensor, state: MemoryState, *,
     if mode not in CARRIERS:
         return model(tokens, state, ltm_routing=ltm_routing, logits="last")[0]
     module = _carrier(model, mode)
-    pre = module.prefix(_carry(module, state)).to(model.embed.weight.dtype)
-    embeds = torch.cat([pre, model._embed(tokens.long())], dim=1)
-    hidden, _ = model(None, state, ltm_routing=ltm_routing, logits="hidden", embeds=embeds)
-    return nn.functional.linear(hidden[:, -1], model.embed.weight)
+    embeds = _embeds(model, module, _carry(module, state), tokens, write=False)
+    return model(None, state, ltm_routing=ltm_routing, logits="last", embeds=embeds)[0]
 
 
 def boundary(model: PMNet, mode: str, state: MemoryState) -> MemoryState:

@@ -229,7 +229,8 @@ def run_episodes(model: PMNet, batch, opts: RunOptions) -> dict[str, Tensor]:
         if d != 0:
             return
         if "seg1_stm" in opts.queries:  # auxiliary trajectory of segment 1
-            if opts.baseline:  # a baseline's segment 1 is not the plain STM trajectory
+            if opts.consolidation in baselines.CARRIED_MODES:  # memory around segment 1:
+                # not the plain STM trajectory, so run that one
                 out["seg1_stm"] = stm_query(model, batch.seg_tokens[:, 0], q1)
             else:
                 out["seg1_stm"], _ = model(q1, before.clear_kv(), ltm_routing=routing,
