@@ -219,7 +219,15 @@ def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
     """--stage1-cpus, else the CPUs of the largest node that can run the task, shared among
     the tasks (at least one each; Ray queues what does not fit): with GPU trials the largest
     GPU node (the task needs its GPU), without them the largest node. Planning checked that
-    such a node exists (`pipelines.plan.fit_to_cluster`)."""
+    such a node exists (`pipelines.plan.fit_to_cluster`).
+
+    One exception: on a single node without GPU trials and with fewer CPUs than tasks, every
+    task gets an equal fraction of the CPUs (one torch thread each) and all of them train at
+    once. Queued, the last task would train alone on one core while the others idle (the
+    `cpu` preset's three checkpoints on 2 cores: two, then one); side by side, three 1-thread
+    Phase-1 processes on 2 cores made 11.8 steps/s in all against 12.2 for two (docs/choices.md,
+    "Stage 1 on fewer cores than checkpoints"), so the three finish in about 3/4 of the time.
+    A cluster keeps whole CPUs, so that Ray spreads the tasks over its nodes."""
     from pipelines.plan import uses_gpu
 
     gpu = uses_gpu(plan)
@@ -227,8 +235,12 @@ def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
     if plan.stage1_cpus:
         cpus = max(1.0, min(node_cpus, float(plan.stage1_cpus)))
     else:
-        total = float(plan.num_cpus or node_cpus)
-        cpus = max(1.0, float(int(min(node_cpus, total) // max(1, n_tasks))))
+        total = min(node_cpus, float(plan.num_cpus or node_cpus))
+        n = max(1, n_tasks)
+        if not gpu and len(cluster.nodes) == 1 and n > total >= 1:
+            cpus = total / n  # all at once, one thread each (`_phase1_task`: at least 1)
+        else:
+            cpus = max(1.0, float(int(total // n)))
     return Stage1Resources(cpus=cpus, gpus=1 if gpu else 0)
 
 
@@ -256,7 +268,7 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
     res = stage1_resources(plan, cluster, len(todo))
     task = ray.remote(num_cpus=res.cpus, num_gpus=res.gpus, max_retries=1)(_phase1_task)
     for slot in todo:
-        say(f"[stage 1/3] {phases} as a Ray task ({res.cpus:g} CPU, {res.gpus} GPU) -> "
+        say(f"[stage 1/3] {phases} as a Ray task ({res.cpus:.3g} CPU, {res.gpus} GPU) -> "
             f"{slot.dir}")
         for p in (slot.ckpt, slot.sidecar):  # a retrain replaces them
             if p.exists():
@@ -265,7 +277,7 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
         (slot.dir / STARTED_FILE).unlink(missing_ok=True)  # the task writes it as it starts
         jobs.append(Stage1Job(slot=slot, t0=time.time(), cpus=res.cpus, gpus=res.gpus,
                               cluster=cluster.describe(), ref=task.remote(
-                                  slot.cfg.to_dict(), str(slot.dir), int(res.cpus),
+                                  slot.cfg.to_dict(), str(slot.dir), max(1, int(res.cpus)),
                                   str(plan.layout.compile_cache))))
     return jobs
 

@@ -230,6 +230,25 @@ def test_stage1_is_sized_from_the_gpu_nodes(tmp_path):
     assert (res.cpus, res.gpus) == (64, 0)
 
 
+def test_stage1_on_one_node_with_fewer_cpus_than_checkpoints_trains_them_all_at_once(tmp_path):
+    """Three Phase-1 checkpoints on a 2-CPU machine: each asks for 2/3 of a CPU (one torch
+    thread), so Ray starts all three at once instead of leaving one core idle for the third;
+    with enough CPUs, with a GPU, or on a cluster the whole-CPU shares are kept."""
+    laptop = cluster(NodeInfo("laptop", 2))
+    plan = _plan(tmp_path, laptop, gpus_per_trial=0)
+    res = stages.stage1_resources(plan, plan.cluster, n_tasks=3)
+    assert res.gpus == 0 and res.cpus == pytest.approx(2 / 3)
+    assert 3 * res.cpus <= 2 + 1e-9  # Ray fits all three on the node
+    assert stages.stage1_resources(plan, plan.cluster, n_tasks=2).cpus == 1
+    assert stages.stage1_resources(plan, plan.cluster, n_tasks=1).cpus == 2
+    two_nodes = cluster(NodeInfo("a", 2), NodeInfo("b", 2))
+    plan2 = _plan(tmp_path / "b", two_nodes, gpus_per_trial=0)
+    assert stages.stage1_resources(plan2, plan2.cluster, n_tasks=3).cpus == 1
+    gpu_node = NodeInfo("g", 2, 1, (card(24, "NVIDIA GeForce RTX 4090"),))
+    gpu_plan = _plan(tmp_path / "c", cluster(gpu_node))
+    assert stages.stage1_resources(gpu_plan, gpu_plan.cluster, n_tasks=3).cpus == 1
+
+
 def test_stage1_not_scheduled_within_the_bound_says_why_and_stops(tmp_path, monkeypatch):
     from pipelines.tracking import Runs
 

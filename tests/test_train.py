@@ -431,13 +431,14 @@ def test_cpu_preset_nests_both_arms_under_three_phase1_checkpoints():
     paired over three seeds), a fresh test stream, and every departure named in the notes."""
     from pmnet import task
     from pmnet.model import PMNet
-    from pmnet.train.config import CPU_TEST_SEED
+    from pmnet.train.config import CPU_TEST_SEED, RETIRED_TEST_SEEDS
 
     cfg = TrainConfig.from_name("cpu")
     assert cfg.conditions == ("consolidator_only", "consolidator_only_routing_off")
     assert len(cfg.phase1_seeds) >= 3 and len(cfg.seeds) >= 2 and cfg.test_episodes >= 2000
     # the final figures come from a stream no earlier preset read (validation is unchanged)
     assert cfg.test_seed == CPU_TEST_SEED not in (task.TEST_SEED, task.VAL_SEED)
+    assert CPU_TEST_SEED not in RETIRED_TEST_SEEDS and task.TEST_SEED in RETIRED_TEST_SEEDS
     assert TrainConfig.from_name("paper").test_seed == task.TEST_SEED
     # the Consolidator's start is drawn from the Phase-2 seed (seeds differ beyond data)
     assert cfg.consolidator_init_std > 0
