@@ -3,12 +3,8 @@ GRU operator, a family of paired comparisons of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import pandas as pd
-
 from pmnet.conditions import BASELINE_REFERENCES
-from pmnet.stats.paired import Comparison, compare_all
+from pmnet.stats.paired import Comparison, Family
 from pmnet.stats.vocabulary import BASELINE_CONDITION_NAMES
 
 #: The baseline conditions, in their defined order.
@@ -18,35 +14,17 @@ BASELINE_CONDITIONS: tuple[str, ...] = BASELINE_CONDITION_NAMES
 REFERENCE_NAMES: dict[str, str] = {"consolidator_only": "Consolidator",
                                    "operator_gru": "GRU operator"}
 
-
-def _build_baseline_comparisons() -> tuple[Comparison, ...]:
-    return tuple(
-        Comparison(f"{b} - {REFERENCE_NAMES[r]}: updated_ltm", b, "updated_ltm", r,
-                   "updated_ltm", "ours:baselines")
-        for b in BASELINE_CONDITIONS for r in BASELINE_REFERENCES
-    )
-
-
 #: Beyond the paper: each baseline minus each reference arm (the Consolidator,
 #: ``consolidator_only``; the GRU operator, ``operator_gru``) on updated-mapping recall,
-#: paired by seed. A family of its own: Holm runs over these eight only.
-BASELINE_COMPARISONS: tuple[Comparison, ...] = _build_baseline_comparisons()
-
-#: The note each baseline comparison carries.
-BASELINE_REMARKS: dict[str, str] = {
-    c.label: "separately trained from one Phase-1 checkpoint, same episodes and steps"
-    for c in BASELINE_COMPARISONS
-}
-
-
-def has_baseline_results(df: pd.DataFrame) -> bool:
-    """Whether any trial of a baseline condition is in ``df``."""
-    return not df.empty and bool(df["condition"].isin(BASELINE_CONDITIONS).any())
-
-
-def compare_baselines(
-    df: pd.DataFrame, *, expected_seeds: Iterable[int] | None = None, alpha: float = 0.05
-) -> pd.DataFrame:
-    """:func:`compare_all` over :data:`BASELINE_COMPARISONS` (Holm within that family)."""
-    return compare_all(df, BASELINE_COMPARISONS, expected_seeds=expected_seeds, alpha=alpha,
-                       remarks=BASELINE_REMARKS)
+#: paired by seed; Holm over these eight.
+BASELINE_FAMILY = Family(
+    conditions=BASELINE_CONDITIONS,
+    comparisons=tuple(
+        Comparison(f"{b} - {REFERENCE_NAMES[r]}: updated_ltm", b, "updated_ltm", r,
+                   "updated_ltm", "ours:baselines")
+        for b in BASELINE_CONDITIONS for r in BASELINE_REFERENCES),
+    remark="separately trained from one Phase-1 checkpoint, same episodes and steps",
+)
+BASELINE_COMPARISONS = BASELINE_FAMILY.comparisons
+has_baseline_results = BASELINE_FAMILY.present
+compare_baselines = BASELINE_FAMILY.compare

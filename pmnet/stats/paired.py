@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -351,3 +352,28 @@ def compare_all(
     out["p_holm"] = holm
     out["holm_m"] = int(finite.sum())
     return out
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family of paired comparisons beyond the paper, with Holm's correction within it (so
+    the paper's family, :data:`COMPARISONS`, is unchanged): the conditions whose trials make
+    it present in a run, its comparisons, and the note each comparison carries."""
+
+    conditions: tuple[str, ...]
+    comparisons: tuple[Comparison, ...]
+    remark: str
+
+    @property
+    def remarks(self) -> dict[str, str]:
+        return {c.label: self.remark for c in self.comparisons}
+
+    def present(self, df: pd.DataFrame) -> bool:
+        """Whether any trial of the family's conditions is in ``df``."""
+        return not df.empty and bool(df["condition"].isin(self.conditions).any())
+
+    def compare(self, df: pd.DataFrame, *, expected_seeds: Iterable[int] | None = None,
+                alpha: float = 0.05) -> pd.DataFrame:
+        """:func:`compare_all` over the family's comparisons (Holm within the family)."""
+        return compare_all(df, self.comparisons, expected_seeds=expected_seeds, alpha=alpha,
+                           remarks=self.remarks)
