@@ -832,22 +832,31 @@ def test_the_committed_issue11_tables_and_data_are_rebuilt_unchanged(tmp_path, n
         assert paths[data].read_text() == (committed / "data" / data).read_text(), data
 
 
-ISSUE21 = Path(__file__).resolve().parent.parent / "experiments" / "results" / "issue21" / \
-    "pipeline-cpu-20261123"
+ISSUE21_RUNS = Path(__file__).resolve().parent.parent / "experiments" / "results" / "issue21"
 
 
-def test_the_committed_issue21_run_is_rebuilt_unchanged_with_its_checkpoints_routes(tmp_path):
-    """The `cpu` pipeline of issue 21 (three Phase-1 checkpoints, each with its Stage-1 route
+@pytest.mark.parametrize("name, routes", [
+    # Phase 1 of 20 epochs, test stream 3,000,017
+    ("pipeline-cpu-20261123",
+     [("0", "+42.95", "-7.72"), ("1", "+6.95", "-2.40"), ("2", "+3.20", "-3.37")]),
+    # Phase 1 of 40 epochs, the three checkpoints trained at once, test stream 5,000,011
+    ("pipeline-cpu-20261124",
+     [("0", "+7.95", "-16.35"), ("1", "+21.65", "-4.73"), ("2", "+12.75", "+5.82")]),
+])
+def test_the_committed_issue21_run_is_rebuilt_unchanged_with_its_checkpoints_routes(
+        tmp_path, name, routes):
+    """The `cpu` pipelines of issue 21 (three Phase-1 checkpoints, each with its Stage-1 route
     diagnostics): every table and data file rebuilt from its records is the committed one, and
     tab:routes sets each checkpoint's random-route drop beside its routing effect."""
+    run_dir = ISSUE21_RUNS / name
     run = tmp_path / "run"
-    shutil.copytree(ISSUE21 / "results", run / "results")
+    shutil.copytree(run_dir / "results", run / "results")
     for record in ("pipeline.json", "timing.json"):
-        shutil.copy(ISSUE21 / record, run / record)
+        shutil.copy(run_dir / record, run / record)
     for k in (0, 1, 2):
-        shutil.copytree(ISSUE21 / f"phase1-p1s{k}", run / f"phase1-p1s{k}")
+        shutil.copytree(run_dir / f"phase1-p1s{k}", run / f"phase1-p1s{k}")
     paths = report.main_report(run)
-    committed = ISSUE21 / "report"
+    committed = run_dir / "report"
     tables = sorted(p.name for p in (committed / "tables").glob("*.md"))
     assert {"tab-routes.md", "tab-phase1-variance.md", "tab-phase1-checkpoints.md"} <= set(tables)
     assert tables == sorted(p.name for p in (run / "report" / "tables").glob("*.md"))
@@ -856,8 +865,7 @@ def test_the_committed_issue21_run_is_rebuilt_unchanged_with_its_checkpoints_rou
     for data in sorted(p.name for p in (committed / "data").glob("*.csv")):
         assert paths[data].read_text() == (committed / "data" / data).read_text(), data
     body = _md_rows(paths["tab-routes.md"].read_text())[2:]
-    assert [(r[0], r[4], r[-1]) for r in body] == [
-        ("0", "+42.95", "-7.72"), ("1", "+6.95", "-2.40"), ("2", "+3.20", "-3.37")]
+    assert [(r[0], r[4], r[-1]) for r in body] == routes
 
 
 @pytest.fixture(scope="module")
