@@ -860,3 +860,24 @@ def test_compare_baselines_pairs_each_baseline_with_both_references():
                                                        stats.BASELINE_COMPARISONS}
     assert stats.ordered_conditions(["baseline_no_memory", "operator_gru", "zzz"]) == [
         "operator_gru", "baseline_no_memory", "zzz"]
+
+
+def test_a_family_beyond_the_paper_has_its_own_holm_and_its_remark():
+    """`Family`: present only when one of its conditions ran; its comparisons adjusted among
+    themselves (not with the paper's family) and each carrying the family's remark."""
+    family = stats.Family(
+        conditions=("operator_ema", "operator_gru"),
+        comparisons=tuple(stats.Comparison(f"{c} - C", c, "updated_ltm", "consolidator_only",
+                                           "updated_ltm", "ours:test")
+                          for c in ("operator_ema", "operator_gru")),
+        remark="a remark")
+    values = {"consolidator_only": [40.0, 44.0, 42.0], "operator_ema": [30.0, 31.0, 35.0],
+              "operator_gru": [50.0, 53.0, 52.0]}
+    df = frame([(c, 42 + i, {"updated_ltm": v[i]}) for c, v in values.items() for i in range(3)])
+    assert family.present(df)
+    assert not family.present(df[df["condition"] == "consolidator_only"])
+    out = family.compare(df)
+    assert list(out["label"]) == ["operator_ema - C", "operator_gru - C"]
+    assert (out["holm_m"] == 2).all()
+    assert all(note.endswith("a remark") for note in out["note"])
+    assert family.remarks == {"operator_ema - C": "a remark", "operator_gru - C": "a remark"}
