@@ -1,9 +1,9 @@
 #!/bin/bash
 # issue 21 screens after the 40-epoch pipeline: seed 0 at 40 epochs with every epoch's last.ckpt kept
-# (route trajectory), seeds 0 and 2 at 30 epochs; one thread each, all at once
-cd /work/main
+# (route trajectory), seeds 0 and 2 at 30 epochs; one thread each, all at once. Usage: run.sh [OUT_DIR]
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 P=.venv/bin/pmnet
-D=/work/explore/s30/screen
+D=$(realpath -m "${1:-runs/issue21-screens-session5}"); mkdir -p "$D"
 run() { $P train phase1 --preset cpu --out $D/$1 --set threads=1 --set phase1_max_epochs=$2 --set phase1_patience=$2 --set phase1_seed=$3 > $D/$1.log 2>&1; }
 watch() {  # copy each epoch's last.ckpt as it appears
   mkdir -p $D/$1/kept; last=""
