@@ -226,7 +226,7 @@ def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
     once. Queued, the last task would train alone on one core while the others idle (the
     `cpu` preset's three checkpoints on 2 cores: two, then one); side by side, three 1-thread
     Phase-1 processes on 2 cores made 11.8 steps/s in all against 12.2 for two (docs/choices.md,
-    "Stage 1 on fewer cores than checkpoints"), so the three finish in about 3/4 of the time.
+    "Stage 1 on fewer cores than checkpoints"), so the three finish in about a fifth less time.
     A cluster keeps whole CPUs, so that Ray spreads the tasks over its nodes."""
     from pipelines.plan import uses_gpu
 

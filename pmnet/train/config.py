@@ -323,8 +323,8 @@ RETIRED_TEST_SEEDS = (task.TEST_SEED, 3_000_017, 4_000_037)
 def _cpu() -> TrainConfig:
     """A small-scale reproduction on a 2-core CPU with the Phase-1 checkpoint as the unit of
     analysis (issue 21): three Phase-1 checkpoints (~40 min for the three, trained at once)
-    and, from each, the two Consolidator-only arms x two seeds (~5.5 min per trial, two at a
-    time).
+    and, from each, the two Consolidator-only arms x two seeds (3.3-3.8 min per trial, two
+    at a time; measured in docs/results.md).
     How each departure was chosen (validation stream only): docs/results.md."""
     return TrainConfig(
         preset="cpu", model=ModelConfig.from_name("cpu"), lr=1e-3, warmup_steps=50,
