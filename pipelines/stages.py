@@ -277,7 +277,7 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
         (slot.dir / STARTED_FILE).unlink(missing_ok=True)  # the task writes it as it starts
         jobs.append(Stage1Job(slot=slot, t0=time.time(), cpus=res.cpus, gpus=res.gpus,
                               cluster=cluster.describe(), ref=task.remote(
-                                  slot.cfg.to_dict(), str(slot.dir), max(1, int(res.cpus)),
+                                  slot.cfg.to_dict(), str(slot.dir), int(res.cpus),
                                   str(plan.layout.compile_cache))))
     return jobs
 
