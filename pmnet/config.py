@@ -38,6 +38,12 @@ class ModelConfig:
     # gain on the write modules' phase scores before their softmax (Eq. 2): the sharpness of the
     # write weights p_j, whose argmax is the route (1 in the paper; a cpu-preset candidate)
     route_gain: float = 1.0
+    # phase dims each block writes into, one entry per block; None = all `phase_dim` in every
+    # block (the paper). Fewer in the top blocks (the root is the group every token visits)
+    # leave them a store too small to hold the task, so what is remembered must be routed (a
+    # cpu-preset choice, docs/choices.md, "Top blocks too small to hold the task"); a limited
+    # block's write weights still carry its router's gradient
+    write_dims: tuple[int, ...] | None = None
     # limits -----------------------------------------------------------------------------
     max_chunk: int = 512  # longest chunk a single forward call accepts
     use_memory: bool = True  # False builds the same Transformer with no memory (benchmarks)
@@ -93,6 +99,15 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be a number, got {v!r}")
             if name != "attn_dropout" and not v > 0:
                 raise ValueError(f"ModelConfig.{name} must be > 0, got {v}")
+        if isinstance(self.write_dims, list):  # from JSON (a checkpoint's config)
+            object.__setattr__(self, "write_dims", tuple(self.write_dims))
+        wd = self.write_dims
+        if wd is not None and (
+                not isinstance(wd, tuple) or len(wd) != self.n_blocks
+                or any(isinstance(r, bool) or not isinstance(r, int)
+                       or not 1 <= r <= self.phase_dim for r in wd)):
+            raise ValueError(f"ModelConfig.write_dims must be None or {self.n_blocks} integers "
+                             f"(one per block) in [1, phase_dim={self.phase_dim}], got {wd!r}")
         if not isinstance(self.use_memory, bool):
             raise ValueError(f"ModelConfig.use_memory must be true or false, got "
                              f"{self.use_memory!r}")

@@ -383,12 +383,21 @@ class MemoryWrite(nn.Module):
 
     Parameters: norm, W_q (H->P), W_k (2P->P) for slot keys, W_v (H->P, no bias),
     W_o (P->P, bias; init N(0, 0.02), zero bias).
+
+    `dims` < P (`ModelConfig.write_dims`, not in the paper): the written value keeps its
+    first `dims` phase dims and is zero in the rest, so the block stores at most K x dims
+    phases per group; the scores p, and with them the router's gradient through
+    delta = p v, are unchanged.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, dims: int | None = None):
         super().__init__()
         P = cfg.phase_dim
         self.P = P
+        dims = P if dims is None else dims
+        # (P,) 1 for the written dims, 0 for the rest; a constant, not in the state dict
+        self.register_buffer("dims_mask", (torch.arange(P) < dims).float() if dims < P
+                             else None, persistent=False)
         self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.w_q = nn.Linear(cfg.hidden, P)
         self.w_k = nn.Linear(2 * P, P)
@@ -405,6 +414,8 @@ class MemoryWrite(nn.Module):
         x = self.norm(h)
         q = math.pi * torch.tanh(self.w_q(x).float())  # (B, T, P)
         v = math.pi * torch.tanh(self.w_o(self.w_v(x)).float())  # (B, T, P)
+        if self.dims_mask is not None:
+            v = v * self.dims_mask  # only the first `dims` phase dims are written
         k = math.pi * torch.tanh(self.w_k(phasor(a)).float())  # (B, T, K, P)
         p = phase_softmax(q[:, :, None, :], k, dim=-1, gain=self.gain)  # (B, T, K)
         delta = p[..., None] * v[:, :, None, :]  # (B, T, K, P)
@@ -511,7 +522,8 @@ class Layer(nn.Module):
         self.is_write = cfg.use_memory and index % cfg.write_period == 0
         self.attn_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.attn = Attention(cfg)
-        self.write = MemoryWrite(cfg) if self.is_write else None
+        dims = cfg.write_dims[self.block] if cfg.write_dims and self.is_write else None
+        self.write = MemoryWrite(cfg, dims) if self.is_write else None
         self.read = MemoryRead(cfg) if cfg.use_memory else None
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.mlp = MLP(cfg)

@@ -109,6 +109,43 @@ def test_route_gain_sharpens_write_scores_and_keeps_routes():
         ModelConfig.from_name("debug", route_gain=0.0)
 
 
+
+def test_write_dims_limit_what_a_block_stores_and_keep_its_router_trained():
+    """write_dims = (r, P) (a cpu-preset option, issue 21): the root block's STM holds phases
+    in its first r dims only, the unlimited block keeps every dim, the root router still gets a
+    gradient (through delta = p v), the state dict is the paper model's, and None (the
+    paper) leaves the output bit-identical."""
+    torch.manual_seed(0)
+    base = PMNet(ModelConfig.from_name("debug")).train()
+    small = PMNet(ModelConfig.from_name("debug", write_dims=(2, 8))).train()
+    assert small.state_dict().keys() == base.state_dict().keys()
+    small.load_state_dict(base.state_dict())
+    with torch.no_grad():  # a root write that is not near zero in any dim
+        for m in (base, small):
+            m.layers[0].write.w_o.bias.fill_(0.7)
+    x = torch.randint(0, 256, (2, 12))
+    out0, s0 = base(x, base.init_state(2), ltm_routing=True)
+    out1, s1 = small(x, small.init_state(2), ltm_routing=True)
+    assert (s1.stm[0][..., 2:] == 0).all() and (s1.stm[0][..., :2] != 0).all()
+    assert (s0.stm[0][..., 2:] != 0).all()
+    assert (s1.stm[1][..., 2:] != 0).any()  # block 1 writes every dim
+    assert not torch.equal(out0, out1)
+    out1.square().mean().backward()
+    w = small.layers[0].write
+    assert w.w_q.weight.grad.abs().sum() > 0  # the root router learns
+    assert (w.w_o.weight.grad[2:] == 0).all() and (w.w_o.weight.grad[:2] != 0).any()
+    same = PMNet(ModelConfig.from_name("debug", write_dims=(8, 8))).eval()
+    same.load_state_dict(base.state_dict())
+    base.eval()
+    with torch.no_grad():
+        assert torch.equal(same(x, same.init_state(2), ltm_routing=True)[0],
+                           base(x, base.init_state(2), ltm_routing=True)[0])
+    assert ModelConfig.from_dict(small.cfg.to_dict() | {"write_dims": [2, 8]}) == small.cfg
+    for bad in ((0, 8), (9, 8), (True, 8), (2.0, 8), (2,), (2, 8, 8), 2):
+        with pytest.raises(ValueError, match="write_dims"):
+            ModelConfig.from_name("debug", write_dims=bad)
+
+
 # ------------------------------------------------------------------ the whole model
 #: fp32 tolerance of the end-to-end comparison. Forward values agree bit for bit on these
 #: shapes (the fused ops compute the same products and sums in the same order); gradients
