@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pipelines.tracking")
 
-# MLflow 3 opens an experiment tagged "custom_model_development" on its training runs
-# (not on its GenAI traces view); the UI address names the runs page as well (ui_address)
+# the experiment's kind: model training, not GenAI. MLflow 3.17's UI does not act on it in a
+# fresh browser (a headless-Chromium check found the GenAI overview at #/experiments/<id>);
+# the printed address names the runs page and the sidebar's workflow instead (ui_address)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN = 6000

@@ -121,6 +121,10 @@ UI_DEFAULT = "http://127.0.0.1:5000"  # `make ui`
 
 
 def ui_address(ui: str, experiment_id: str) -> str:
-    """The page of an experiment's training runs. MLflow 3's UI otherwise opens a GenAI
-    home in a fresh browser (its sidebar toggle lives in localStorage; mlflow issue 24498)."""
-    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs"
+    """The page of an experiment's training runs with the sidebar on "Model training".
+
+    In a fresh browser MLflow 3's UI opens a GenAI home at its root and a GenAI overview at
+    `#/experiments/<id>`, whatever the experiment's kind tag (its sidebar toggle lives in
+    localStorage; mlflow issue 24498). `/runs` opens the runs table and `workflowType` sets
+    the toggle; checked with headless Chromium on MLflow 3.17 (docs/pipeline.md, "The UI")."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"

@@ -225,7 +225,8 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
     rc, text = cli("status", "--root", str(root))
     assert rc == 0 and text.count("FINISHED") == 4, text
     # the address printed opens this experiment's training runs (not MLflow 3's GenAI home)
-    assert f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs" in out
+    assert (f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs"
+            "?workflowType=machine_learning") in out
     timing = read_json(lay.timing_json)
     assert timing["trials_finished"] == 4 and timing["wall_s"] <= wall
     assert timing["sum_trial_train_s"] > 0

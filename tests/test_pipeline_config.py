@@ -775,7 +775,7 @@ def test_the_ui_address_opens_the_experiments_training_runs(tmp_path):
     lay = Layout(tmp_path / "runs", "t")
     tracker, exp, _ = _open_store(lay, f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert ui_address("http://127.0.0.1:5000/", exp) == (
-        f"http://127.0.0.1:5000/#/experiments/{exp}/runs")
+        f"http://127.0.0.1:5000/#/experiments/{exp}/runs?workflowType=machine_learning")
     assert tracker.client.get_experiment(exp).name == "pmnet/t"
 
 
