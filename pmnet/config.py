@@ -155,6 +155,6 @@ PRESETS: dict[str, ModelConfig] = {
     "cpu": ModelConfig(
         name="cpu", n_layer=4, hidden=64, ffn=192, n_head=4, n_kv_head=4, head_dim=16,
         window=64, attn_dropout=0.0, write_period=1, branch=4, phase_dim=8, read_heads=4,
-        consolidator_hidden=32, route_gain=4.0, max_chunk=256,
+        consolidator_hidden=32, route_gain=4.0, write_dims=(1, 1, 8, 8), max_chunk=256,
     ),
 }

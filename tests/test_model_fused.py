@@ -176,9 +176,10 @@ def grads(model):
 
 @pytest.mark.parametrize("preset, overrides", [
     ("debug", {}),
-    # the cpu preset's shapes at the paper's route gain (the literal model of 235df21 predates
-    # `route_gain`; the gain is checked analytically by the phase-softmax tests)
-    ("cpu", {"route_gain": 1.0}),
+    # the cpu preset's shapes at the paper's route gain and write dims (the literal model of
+    # 235df21 predates both; the gain is checked analytically by the phase-softmax tests, the
+    # write dims by test_write_dims_limit_what_a_block_stores_and_keep_its_router_trained)
+    ("cpu", {"route_gain": 1.0, "write_dims": None}),
     # the paper's structure (3 layers per block, so a block's keys come in one matmul; GQA)
     # at a small size
     ("debug", {"n_layer": 6, "write_period": 3, "n_head": 4, "n_kv_head": 2}),

@@ -444,14 +444,18 @@ def test_cpu_preset_nests_both_arms_under_three_phase1_checkpoints():
     assert cfg.consolidator_init_std > 0
     # the routed blocks' capacity: phase dim 8 (the paper's 16 made the routes inert)
     assert cfg.model.phase_dim == 8 and cfg.model.route_gain == 4
-    assert ModelConfig.from_name("paper").route_gain == 1  # the paper preset stays the paper's
+    # the top blocks cannot hold the task: one written phase dim each (issue 21)
+    assert cfg.model.write_dims == (1, 1, 8, 8)
+    paper_model = ModelConfig.from_name("paper")  # the paper preset stays the paper's
+    assert paper_model.route_gain == 1 and paper_model.write_dims is None
     total = sum(p.numel() for p in PMNet(cfg.model).parameters())
     text = " ".join(cfg.notes)
     assert f"{total / 1e6:.2f}M" in text  # the parameter count the notes print is the model's
     steps1 = cfg.phase1_max_epochs * cfg.phase1_episodes_per_epoch // cfg.batch_size
     steps2 = cfg.max_epochs * cfg.episodes_per_epoch // cfg.batch_size
     lr = "lr " + format(cfg.consolidator_lr, ".0e").replace("e-0", "e-")  # as "lr 3e-3"
-    for word in ("phase dim 8", "route gain 4", "curriculum", "auxiliary", f"{steps1:,} steps",
+    for word in ("phase dim 8", "route gain 4", "1 of their 8 phase dims", "curriculum",
+                 "auxiliary", f"{steps1:,} steps",
                  f"{steps2:,} steps", "N(0, 0.18)", lr,
                  "2,000 episodes", f"{CPU_TEST_SEED:,}", "three Phase-1 checkpoints"):
         assert word in text, word
