@@ -1,13 +1,18 @@
-// Headless check of MLflow UI addresses: each page in its own browser with a brand-new
-// profile (empty localStorage), 1300x900 viewport, wait for network idle + 5 s, full-page
-// screenshot and document.body.innerText.
+// Headless check of MLflow UI addresses (issue 22; docs/pipeline.md, "The UI address"):
+// each page in its own browser with a brand-new profile (empty localStorage), 1300x900
+// viewport, wait for network idle + 5 s, full-page screenshot and document.body.innerText.
+//   npm install puppeteer-core @sparticuz/chromium      (in a directory outside the repo)
+//   LANG=en_US.UTF-8 node check.mjs http://127.0.0.1:PORT EXPERIMENT_ID OUT_DIR
+// with `mlflow server` (or `make ui`) serving the pipeline's store on PORT.
 import puppeteer from 'puppeteer-core';
 import chromium from '@sparticuz/chromium';
 import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 
 const base = process.argv[2] || 'http://127.0.0.1:5077';
 const exp = process.argv[3] || '1';
-const out = process.argv[4] || '/work/tools/browser/out';
+const out = process.argv[4] || 'ui-check';
 fs.mkdirSync(out, { recursive: true });
 const pages = [
   ['root', `${base}/`],
@@ -24,7 +29,7 @@ const pages = [
 const args = [...chromium.args.filter(a => a !== '--single-process'), '--lang=en-US'];
 const executablePath = await chromium.executablePath();
 for (const [name, url] of pages) {
-  const profile = fs.mkdtempSync('/work/tools/browser/profile-');
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'ui-check-profile-'));
   const browser = await puppeteer.launch({
     executablePath, args, userDataDir: profile, headless: 'shell',
     defaultViewport: { width: 1300, height: 900 },
