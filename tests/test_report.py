@@ -842,6 +842,9 @@ ISSUE21_RUNS = Path(__file__).resolve().parent.parent / "experiments" / "results
     # Phase 1 of 40 epochs, the three checkpoints trained at once, test stream 5,000,011
     ("pipeline-cpu-20261124",
      [("0", "+7.95", "-16.35"), ("1", "+21.65", "-4.73"), ("2", "+12.75", "+5.82")]),
+    # the same with blocks 0 and 1 writing 1 of 8 phase dims, test stream 6,000,029
+    ("pipeline-cpu-20261124-writedims",
+     [("0", "+25.40", "+3.43"), ("1", "+11.25", "+1.25"), ("2", "+27.05", "-1.00")]),
 ])
 def test_the_committed_issue21_run_is_rebuilt_unchanged_with_its_checkpoints_routes(
         tmp_path, name, routes):
