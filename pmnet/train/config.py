@@ -317,8 +317,9 @@ CPU_TEST_SEED = 6_000_029
 #: Test streams whose figures earlier `cpu` recipes were read against: `task.TEST_SEED` (every
 #: run before issue 21), 3,000,017 (the issue-21 preset with a 20-epoch Phase 1 and the
 #: issue-23 baselines), 4,000,037 (the issue-21 search's scratch stream, never read),
-#: 5,000,011 (the issue-21 preset with a 40-epoch Phase 1 and every block writing all dims).
-RETIRED_TEST_SEEDS = (task.TEST_SEED, 3_000_017, 4_000_037, 5_000_011)
+#: 5,000,011 (the issue-21 preset with a 40-epoch Phase 1 and every block writing all dims),
+#: 7,000,003 (the scratch stream of the session-6 Phase-2 rate check, never read).
+RETIRED_TEST_SEEDS = (task.TEST_SEED, 3_000_017, 4_000_037, 5_000_011, 7_000_003)
 
 
 def _cpu() -> TrainConfig:
