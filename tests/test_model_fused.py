@@ -109,7 +109,6 @@ def test_route_gain_sharpens_write_scores_and_keeps_routes():
         ModelConfig.from_name("debug", route_gain=0.0)
 
 
-
 def test_write_dims_limit_what_a_block_stores_and_keep_its_router_trained():
     """write_dims = (r, P) (a cpu-preset option, issue 21): the root block's STM holds phases
     in its first r dims only, the unlimited block keeps every dim, the root router still gets a
