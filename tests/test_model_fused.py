@@ -152,10 +152,13 @@ def test_write_dims_limit_what_a_block_stores_and_keep_its_router_trained():
 #: concatenated projections (q/k/v, gate/up, a block's key/value maps) reduce their weight
 #: gradients in GEMMs of other shapes. Each such difference is a few ulp of fp32 (~1e-7
 #: relative) per op; a step chains ~10^2 of them through 3 chunks, so 1e-4 relative (with an
-#: absolute floor at 1e-6 of the largest gradient entry) is loose enough for rounding and
-#: three orders of magnitude tighter than any real mismatch (a dropped term moves a
-#: gradient by O(1) of itself).
+#: absolute floor at 1e-5 of the largest gradient entry: an entry that is the small remainder
+#: of cancelling terms keeps their absolute rounding, ~1e-7 x 10^2 of their size, which is the
+#: size of the largest entries; on an AVX-512 CPU one such entry of the `cpu` shapes differed
+#: by 1.6e-6 of the largest) is loose enough for rounding and still four orders of magnitude
+#: tighter than any real mismatch (a dropped term moves a gradient by O(1) of itself).
 GRAD_RTOL = 1e-4
+GRAD_ATOL = 1e-5  # of the largest entry of the same gradient
 
 
 def episode_loss(model, segs, query, routing, mode="learned"):
@@ -208,5 +211,5 @@ def test_fused_model_equals_the_literal_model(preset, overrides, routing):
     assert g1.keys() == g2.keys()
     for name in g1:
         scale = g2[name].abs().max().item()
-        assert_close(g1[name], g2[name], rtol=GRAD_RTOL, atol=1e-6 * max(scale, 1e-3),
+        assert_close(g1[name], g2[name], rtol=GRAD_RTOL, atol=GRAD_ATOL * max(scale, 1e-3),
                      msg=lambda m, n=name: f"{n}: {m}")
