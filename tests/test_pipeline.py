@@ -230,6 +230,7 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
     timing = read_json(lay.timing_json)
     assert timing["trials_finished"] == 4 and timing["wall_s"] <= wall
     assert timing["sum_trial_train_s"] > 0
+    assert timing["stage1_wall_s"] > 0 and 0 <= timing["overhead_s"] < timing["wall_s"]
 
 
 def test_debug_pipeline_runs_two_variants_of_the_segments_grid(tmp_path):
