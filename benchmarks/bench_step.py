@@ -167,10 +167,14 @@ def worker_main(args) -> int:
     graphs = None
     if args.variant == "compiled":
         from torch._dynamo.utils import counters
+        from torch._inductor import metrics
 
         graphs = {"unique_graphs": int(counters["stats"]["unique_graphs"]),
                   "graph_breaks": int(sum(counters["graph_break"].values())),
-                  "break_reasons": sorted(counters["graph_break"])[:10]}
+                  "break_reasons": sorted(counters["graph_break"])[:10],
+                  # fused kernels inductor generated for every graph (forward and backward;
+                  # 0 when all came from a warm cache)
+                  "generated_kernels": int(metrics.generated_kernel_count)}
     # the eager op count (a dispatch mode makes a compiled function fall back to eager for
     # good: the compiled variant reports its graphs instead)
     ops = w.count_ops() if args.variant != "compiled" else None
@@ -259,7 +263,8 @@ def run_kind(args, kind: str, trees: dict[str, Path], cache_dir: Path) -> dict:
               f"warm-up {r['warmup_s']:.1f} s, "
               + (f"{ops['total']} ops/step ({ops['forward']} fwd + {ops['backward']} bwd), "
                  f"syncs {ops['syncs'] or 0}" if ops else
-                 f"graphs {r['graphs']['unique_graphs']}, breaks {r['graphs']['graph_breaks']}"),
+                 f"graphs {r['graphs']['unique_graphs']}, breaks {r['graphs']['graph_breaks']}, "
+                 f"generated kernels {r['graphs']['generated_kernels']}"),
               flush=True)
     times = {v: [] for v in args.variants}
     loads = []  # the 1-minute load average after each round: other work skews a round
