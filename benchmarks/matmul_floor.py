@@ -22,7 +22,6 @@ Writes benchmarks/results/matmul-floor-<preset>-<YYYYmmdd-HHMMSS>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -135,9 +134,7 @@ def main() -> int:
               f"{floor_ms:8.1f} ms/step ({total_flops / floor_s / 1e9:5.1f} GFLOP/s)  "
               f"eager step {step_ms:8.1f} ms (median of {args.steps})", flush=True)
     tag = f"{args.preset}-{args.time_dtype}" if args.time_dtype else args.preset
-    res = HERE / "results" / f"matmul-floor-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    res.write_text(json.dumps(out, indent=1))
-    print(f"wrote {res}")
+    bench_step.save_result(out, f"matmul-floor-{tag}")
     return 0
 
 

@@ -92,10 +92,10 @@ def main() -> int:
               + ", ".join(f"{m:.1f}" for m in ms) + f"; ready in {ready} s"
               + (f" (one started {late:.0f} s late: raise --start-after)" if late > 0 else ""),
               flush=True)
-    res = HERE / "results" / f"phase1-side-by-side-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    res.parent.mkdir(parents=True, exist_ok=True)
-    res.write_text(json.dumps(out, indent=1))
-    print(f"wrote {res}")
+    sys.path.insert(0, str(HERE))
+    from bench_step import save_result
+
+    save_result(out, "phase1-side-by-side")
     return 0
 
 

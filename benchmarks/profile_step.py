@@ -13,7 +13,6 @@ aten rows) and writes them, per step, to benchmarks/results/profile-<kind>-<time
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -67,10 +66,7 @@ def main() -> int:
            "ops": [{"name": e.key, "calls_per_step": e.count / args.steps,
                     "self_ms_per_step": e.self_cpu_time_total / 1000 / args.steps}
                    for e in rows[:100]]}
-    name = args.kind.replace(":", "-")
-    res = HERE / "results" / f"profile-{name}-{args.variant}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    res.write_text(json.dumps(out, indent=1))
-    print(f"wrote {res}")
+    bench_step.save_result(out, f"profile-{args.kind.replace(':', '-')}-{args.variant}")
     return 0
 
 
