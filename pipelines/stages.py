@@ -725,7 +725,7 @@ def stage3(plan: Plan, runs: Runs) -> bool:
 
 
 def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float,
-                  stage1_wall: float = 0.0) -> dict:
+                  stage1_wall: float) -> dict:
     """This invocation's times, appended to timing.json's `invocations`. Phase-1 tasks train
     side by side, and so do trials: `phase1_train_s` and `sum_trial_train_s` are summed
     over them and may exceed the wall time. `overhead_s` is the wall time outside the two
