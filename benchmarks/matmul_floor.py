@@ -6,8 +6,8 @@ records every matrix product it dispatches (`mm`, `addmm`, `bmm`, `baddbmm`: op,
 strides, dtype) over `--steps` steps. Each distinct product is then timed alone, on inputs
 of the same shapes and strides, at the same thread count, in the recorded dtype or
 `--time-dtype` (bf16: the floor of the same step under bf16 autocast, whose products are
-bf16; the median of `--reps` calls
-after warm-up, caches warm: the best case for the library). The floor of a step is the sum
+bf16), as the median of `--reps` calls after warm-up (caches warm: the best case for the
+library). The floor of a step is the sum
 over its products of count x that time, divided by the number of steps: no implementation
 of the same maths on this machine, eager or compiled, takes less, unless it computes fewer
 or cheaper products (another precision, another algorithm). The step's own median time

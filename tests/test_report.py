@@ -823,8 +823,8 @@ def assert_same_data(got: Path, committed: Path) -> None:
     assert list(a.columns) == list(b.columns) and len(a) == len(b), committed.name
     for col in a.columns:
         if pd.api.types.is_float_dtype(a[col]) and pd.api.types.is_float_dtype(b[col]):
-            np.testing.assert_allclose(a[col], b[col], rtol=DATA_RTOL, atol=1e-300,
-                                       equal_nan=True, err_msg=f"{committed.name}: {col}")
+            np.testing.assert_allclose(a[col], b[col], rtol=DATA_RTOL, equal_nan=True,
+                                       err_msg=f"{committed.name}: {col}")
         else:
             assert a[col].astype(str).tolist() == b[col].astype(str).tolist(), \
                 f"{committed.name}: {col}"
