@@ -150,33 +150,46 @@ def probe_cards() -> tuple[GpuCard, ...]:
     return local_cards()
 
 
-def describe_ray(ray, *, timeout: float = 60.0) -> ClusterInfo:
-    """Every alive node of a running Ray cluster: CPUs and GPUs from Ray's resources, the
-    cards of each GPU node from one small task pinned there (`num_cpus=0`, so busy nodes
-    answer too); a node whose cards cannot be read keeps none (memory unknown)."""
+def on_each_node(ray, nodes: list[dict], fn, *args, timeout: float) -> dict[str, tuple]:
+    """Run `fn(*args)` once on each of `nodes` (Ray's node dicts), pinned there with a hard
+    NodeAffinitySchedulingStrategy and no CPU taken, so busy nodes answer too. Returns
+    {NodeID: (True, its value) or (False, why not)}: the task failed there (node gone,
+    runtime environment failed), or gave no answer within `timeout` seconds."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    task = ray.remote(num_cpus=0, max_retries=0)(probe_cards)
-    refs = {}
-    for node in alive:
-        if float(node.get("Resources", {}).get("GPU", 0)) >= 1:
-            refs[node["NodeID"]] = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                node["NodeID"], soft=False)).remote()
+    task = ray.remote(num_cpus=0, max_retries=0)(fn)
+    refs = {n["NodeID"]: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        n["NodeID"], soft=False)).remote(*args) for n in nodes}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout) \
         if refs else ([], [])
+    out = {}
+    for node_id, ref in refs.items():
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+            out[node_id] = (False, f"no answer within {timeout:.0f} s")
+            continue
+        try:
+            out[node_id] = (True, ray.get(ref))
+        except Exception as e:  # noqa: BLE001 - said for that node
+            out[node_id] = (False, f"the check could not run there: {type(e).__name__}: "
+                                   f"{str(e)[:300]}")
+    return out
+
+
+def describe_ray(ray, *, timeout: float = 60.0) -> ClusterInfo:
+    """Every alive node of a running Ray cluster: CPUs and GPUs from Ray's resources, the
+    cards of each GPU node from `probe_cards` run there; a node whose cards cannot be read
+    keeps none (memory unknown)."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    gpu_nodes = [n for n in alive if float(n.get("Resources", {}).get("GPU", 0)) >= 1]
+    found = on_each_node(ray, gpu_nodes, probe_cards, timeout=timeout)
     nodes = []
     for node in alive:
         res = node.get("Resources", {})
-        cards: tuple[GpuCard, ...] = ()
-        ref = refs.get(node["NodeID"])
-        if ref is not None and ref in ready:
-            try:
-                cards = tuple(ray.get(ref))
-            except Exception:  # noqa: BLE001 - memory unknown; planning says so
-                cards = ()
+        ok, cards = found.get(node["NodeID"], (False, ()))
         nodes.append(NodeInfo(label=node_label(node), cpus=float(res.get("CPU", 0)),
-                              gpus=float(res.get("GPU", 0)), cards=cards))
+                              gpus=float(res.get("GPU", 0)),
+                              cards=tuple(cards) if ok else ()))
     return ClusterInfo(nodes=tuple(nodes), where="the Ray cluster")
 
 
@@ -300,28 +313,14 @@ def node_label(node: dict) -> str:
 
 def probe_nodes(ray, nodes: list[dict], root: str, token_name: str, token: str,
                 timeout: float = STORAGE_CHECK_TIMEOUT_S) -> dict[str, str]:
-    """Run `probe_storage` once on each node (pinned there with a hard
-    NodeAffinitySchedulingStrategy, no CPU taken so busy nodes answer too); returns
-    {node label: why it failed} for the nodes that failed, did not run it, or did not
-    answer within `timeout` seconds."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0, max_retries=0)(probe_storage)
-    refs = {node_label(node): task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node["NodeID"], soft=False)).remote(root, token_name, token) for node in nodes}
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+    """Run `probe_storage` once on each node; {node label: why it failed} for the nodes that
+    failed, could not run it, or did not answer within `timeout` seconds."""
+    got = on_each_node(ray, nodes, probe_storage, root, token_name, token, timeout=timeout)
     failures = {}
-    for label, ref in refs.items():
-        if ref not in ready:
-            failures[label] = f"no answer within {timeout:.0f} s"
-            ray.cancel(ref, force=True)
-            continue
-        try:
-            why = ray.get(ref)
-        except Exception as e:  # could not run there: node gone, runtime env failed, ...
-            why = f"the check could not run there: {type(e).__name__}: {str(e)[:300]}"
-        if why is not None:
-            failures[label] = why
+    for node in nodes:
+        ok, value = got[node["NodeID"]]
+        if not ok or value is not None:
+            failures[node_label(node)] = value
     return failures
 
 

@@ -79,13 +79,13 @@ def _execute(plan: Plan) -> int:
         stage3(plan, runs)
         if runs.parent:
             runs.safe("timing", runs.tracker.log_metrics, runs.parent,
-                      {f"pipeline/{k}": v for k, v in timing.items()
+                      {f"pipeline/{k}": v for k, v in timing.to_dict().items()
                        if isinstance(v, (int, float))})
             runs.safe("finish", runs.tracker.finish, runs.parent,
                       "FINISHED" if status == "finished" else "FAILED")
         say(f"[pipeline] {status}: {s2['finished']}/{sp.n_trials} trials finished, "
-            f"{s2['errored']} errored; wall {timing['wall_s']:.1f} s "
-            f"(trials' own training {timing['sum_trial_train_s']:.1f} s)")
+            f"{s2['errored']} errored; wall {timing.wall_s:.1f} s "
+            f"(trials' own training {timing.sum_trial_train_s:.1f} s)")
         say(f"[pipeline] results: {lay.results_dir}   report: {lay.report_dir}")
         if status != "finished":
             say("[pipeline] unfinished or errored trials continue from their checkpoints with "

@@ -1,22 +1,25 @@
 """Storage layout of a pipeline run, trial naming, and the small JSON files on disk.
 
     <root>/                              storage root (absolute; shared storage on a cluster)
-      mlflow.db  mlartifacts/            embedded MLflow store (all pipelines of this root)
-      mlflow.db.server.json/.server.lock/.clients/   its one server (pipelines.mlflow_guard)
+      mlflow.db  mlartifacts/            embedded MLflow store (all pipelines of this root;
+                                         written by each pipeline's driver, no server)
+      compile-cache/                     torch.compile's cache, shared by every process
       LAST                               name of the most recently started pipeline
       <name>/                            one pipeline run
+        driver.lock                      the running driver (pipelines.lock)
         pipeline.json                    what ran: preset, grid, resources, phase1 sha256, ...
         config.json                      the full TrainConfig (TrainConfig.to_dict())
         tracking.json                    MLflow experiment id and run ids (parent, stages)
         timing.json                      wall time vs. the trials' own training time
         phase1/phase1.pt(.sha256)        Stage 1: the shared Phase-1 checkpoint (read-only)
         phase1/stage1.json               the config hash it was trained with, its sha256
+        phase1-p1s<k>/                   the same, per Phase-1 seed k (grid phase1_variance)
         stage2/                          Stage 2: the Tune experiment (Tuner.restore-able)
         stage2.json                      the Phase-1 sha256 its trials were trained from
         trials/<trial>/                  each trial's run_phase2 out_dir + trial.json
         results/<trial>.json             each finished trial's result (Stage 3 input)
         report/                          Stage 3: tables and figures (pmnet.report)
-        logs/                            driver and MLflow-server logs
+        logs/                            the driver's log and error tracebacks
 
 A trial is a `TrialId` (pmnet.trial_id); `<trial>` is its name: `<condition>-s<seed>` for
 the default variant, `<condition>-<variant>-s<seed>` for a named one.
@@ -183,21 +186,7 @@ def last_pipeline(root: str | os.PathLike) -> str:
 # -----------------------------------------------------------------------------------------
 
 
-def write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_json(path, obj)
-
-
-def update_json(path: str | os.PathLike, fields: dict[str, Any]) -> Path:
-    """Merge `fields` into the JSON object at `path` (a missing or unreadable file counts as
-    {}); a None value removes its key. Written atomically like write_json."""
-    obj = read_json(path, {})
-    obj = dict(obj) if isinstance(obj, dict) else {}
-    for k, v in fields.items():
-        if v is None:
-            obj.pop(k, None)
-        else:
-            obj[k] = v
-    return write_json(path, obj)
+write_json = atomic_write_json
 
 
 def read_json(path: str | os.PathLike, default: Any = None) -> Any:

@@ -25,7 +25,7 @@ from pipelines.layout import (
     read_json,
 )
 from pipelines.phase1 import Phase1Slot, Phase1Source, check_phase1_source, existing_phase1
-from pipelines.records import canon, normalized_config
+from pipelines.records import PipelineRecord, canon, normalized_config
 from pipelines.tracking_uri import EMBEDDED, check_tracking_uri, requested_tracking_uri
 from tune_spaces import Space, get_space
 
@@ -338,14 +338,13 @@ def _stored_identity(plan: Plan) -> dict:
 def _check_existing(plan: Plan) -> None:
     """A pipeline name that exists must describe the same experiment (then it continues)."""
     lay = plan.layout
-    meta = read_json(lay.pipeline_json)
-    if meta is None:
+    if read_json(lay.pipeline_json) is None:
         if lay.run_dir.exists() and any(lay.run_dir.iterdir()):
             raise PipelineError(f"{lay.run_dir} exists and is not a pipeline directory; "
                                 "choose another --name")
         return
     stored = {"train_config": normalized_config(read_json(lay.config_json)),
-              "grid": meta.get("grid")}
+              "grid": PipelineRecord.read(lay.pipeline_json).grid}
     mine = _stored_identity(plan)
     if stored != mine:
         diff = []
@@ -390,15 +389,16 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     except (TypeError, ValueError, KeyError) as e:
         raise PipelineError(f"{lay.config_json} is not a valid TrainConfig ({e}); restore "
                             "it, or start a new --name") from e
-    if not isinstance(meta.get("space"), dict):
+    meta = PipelineRecord.from_dict(meta)
+    if not isinstance(meta.space, dict):
         raise PipelineError(f"{lay.pipeline_json} has no 'space' record (the grid and its "
                             "resources); restore it, or start a new --name")
     try:
-        space = Space.from_dict(meta["space"]).validate(ALL_CONDITIONS, cfg)
+        space = Space.from_dict(meta.space).validate(ALL_CONDITIONS, cfg)
     except (TypeError, ValueError, KeyError) as e:
         raise PipelineError(f"{lay.pipeline_json}: its 'space' record is not valid ({e})"
                             ) from e
-    stored_uri = meta.get("tracking")
+    stored_uri = meta.tracking
     uri = requested_tracking_uri(tracking_uri)
     if uri is None and stored_uri not in (None, EMBEDDED):
         uri = stored_uri
@@ -408,14 +408,14 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
     if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
-    plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.get("preset_reason", ""),
-                overrides=meta.get("overrides", {}), tracking_uri=uri,
+    plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.preset_reason or "",
+                overrides=meta.overrides, tracking_uri=uri,
                 ray_address=ray_address, num_cpus=num_cpus,
                 stage1_cpus=stage1_cpus, resumed=True, cluster=cluster)
     problem = resource_problem(plan, cluster) if check_resources else None
     if problem:
         raise PipelineError(f"pipeline {name!r} cannot continue here: {problem}")
-    src = meta.get("phase1_from")
+    src = meta.phase1_from
     if isinstance(src, dict) and not plan.phase1_slot(src.get("slot_seed")).ckpt.is_file():
         # imported, then removed: import it again (checked again)
         plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), plan.phase1_slots)

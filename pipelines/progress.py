@@ -17,17 +17,14 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from pmnet.io import atomic_write_json
+from pipelines.records import Progress, as_float
 
 PROGRESS_FILE = "progress.json"
 
 
-def _plain(v):
-    try:
-        f = float(v.item() if hasattr(v, "item") else v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+def _plain(v) -> float | None:
+    f = as_float(v)
+    return f if f is not None and math.isfinite(f) else None
 
 
 class Phase1Progress(Callback):
@@ -65,29 +62,26 @@ class Phase1Progress(Callback):
         eta = (elapsed / done_here * (total - step)) if total and done_here > 0 else None
         history = [{k: _plain(v) for k, v in row.items()}
                    for row in getattr(pl_module, "history", [])]
-        atomic_write_json(self.path, {
-            "phase": 1, "step": step, "total_steps": total,
-            "epoch": int(trainer.current_epoch), "max_epochs": trainer.max_epochs,
-            "elapsed_s": elapsed, "eta_s": eta, "done": done, "time": now,
-            "history": history})
+        Progress(step=step, total_steps=total, epoch=int(trainer.current_epoch),
+                 max_epochs=trainer.max_epochs, elapsed_s=elapsed, eta_s=eta, done=done,
+                 time=now, history=history).write(self.path)
         self._last = now
 
 
-def describe(progress: dict | None, waited_s: float, label: str = "") -> str:
+def describe(progress: Progress | None, waited_s: float, label: str = "") -> str:
     """One console line from a progress record (or the time waited when there is none);
     `label` names the checkpoint when Stage 1 trains several (e.g. `phase1-p1s1`)."""
     tag = f" {label}:" if label else ""
-    if not progress:
+    if progress is None:
         return (f"[stage 1/3]{tag} running for {waited_s / 60:.1f} min (Phase 0 / set-up; no "
                 "Phase-1 step yet)")
-    step, total = progress.get("step", 0), progress.get("total_steps")
+    step, total = progress.step, progress.total_steps
     frac = f" ({100 * step / total:.0f}%)" if total else ""
-    hist = progress.get("history") or []
-    val = hist[-1].get("val/mean_stm") if hist else None
+    val = progress.history[-1].get("val/mean_stm") if progress.history else None
     val_s = f", val mean_stm {val:.2f}" if isinstance(val, (int, float)) else ""
-    eta = progress.get("eta_s")
+    eta = progress.eta_s
     eta_s = (f", ~{eta / 60:.1f} min left at most (early stopping may end it sooner)"
              if isinstance(eta, (int, float)) else "")
-    return (f"[stage 1/3]{tag} Phase 1 epoch {progress.get('epoch', 0) + 1}/"
-            f"{progress.get('max_epochs', '?')}, step {step}/{total or '?'}{frac}{val_s}; "
+    return (f"[stage 1/3]{tag} Phase 1 epoch {progress.epoch + 1}/"
+            f"{progress.max_epochs or '?'}, step {step}/{total or '?'}{frac}{val_s}; "
             f"{waited_s / 60:.1f} min so far{eta_s}")

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pmnet.io import atomic_write_json
@@ -19,6 +20,14 @@ from pmnet.io import atomic_write_json
 def canon(obj):
     """`obj` as JSON gives it back (sorted keys, non-JSON values as str)."""
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def as_float(value: Any) -> float | None:
+    """A number (a Python or numpy scalar, a one-element tensor) as float; None otherwise."""
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        return None
 
 
 def normalized_config(cfg_d):
@@ -144,6 +153,143 @@ class Stage1Record(Record):
     metrics: dict = field(default_factory=dict)
     imported_from: str | None = None
     routes: dict | None = None
+
+
+@dataclass
+class PipelineRecord(Record):
+    """`pipeline.json`: what the pipeline is and how it stands. Written at the start
+    (`stages.write_meta`): its name, preset (and why), the grid (`grid`: what identifies its
+    trials; `space`: the whole `tune_spaces.Space` with its resources), the `--set`
+    `overrides`, where it lives, the tracking store, the code's commit and package versions;
+    then `status` (running, finished, failed, interrupted), the `driver`, the Phase-1
+    sha256 (`phase1_sha256s` by Phase-1 seed with several) and `phase1_from` (an import)."""
+
+    name: str | None = None
+    preset: str | None = None
+    preset_reason: str | None = None
+    grid: dict | None = None
+    n_trials: int | None = None
+    space: dict | None = None
+    overrides: dict = field(default_factory=dict)
+    root: str | None = None
+    run_dir: str | None = None
+    created: str | None = None
+    tracking: str | None = None
+    git_commit: str | None = None
+    git_dirty: str | None = None
+    versions: dict | None = None
+    status: str | None = None
+    driver: dict | None = None
+    phase1_sha256: str | None = None
+    phase1_sha256s: dict | None = None
+    phase1_from: dict | None = None
+
+
+@dataclass
+class Timing(Record):
+    """One invocation's times in `timing.json` (`stages.timing_record` says what each is)."""
+
+    wall_s: float = 0.0
+    stage1_wall_s: float = 0.0
+    stage2_wall_s: float = 0.0
+    compile_warm_s: float = 0.0
+    phase1_train_s: float = 0.0
+    sum_trial_train_s: float = 0.0
+    trials_finished: int = 0
+    overhead_s: float = 0.0
+    overhead_ratio: float = 0.0
+    max_concurrent: int = 0
+    resumed: bool = False
+    host: str | None = None
+    cpus: int | None = None
+
+
+@dataclass
+class TimingRecord(Timing):
+    """`timing.json`: the last invocation's `Timing` and, in `invocations`, every one."""
+
+    invocations: list = field(default_factory=list)
+
+
+@dataclass
+class Attempt(Record):
+    """One line of `trials/<trial>/attempts.jsonl`: an attempt of a trial. `kind` train or
+    reuse (its result file was already there); where it ran; what it resumed from (the
+    trial's `last.ckpt`, its epoch, Tune's epoch); Lightning checkpoints it `discarded`
+    (another Phase-1 origin); its `imports_s` and `setup_s`."""
+
+    time: float | None = None
+    pid: int | None = None
+    host: str | None = None
+    node_id: str | None = None
+    cuda_visible_devices: str | None = None
+    accelerator: str | None = None
+    kind: str | None = None
+    resume_from: str | None = None
+    resume_epoch: int | None = None
+    tune_checkpoint_epoch: int | None = None
+    discarded: str | None = None
+    imports_s: float | None = None
+    setup_s: float | None = None
+
+    def append(self, path: str | os.PathLike) -> None:
+        """Add this attempt, every field (None too), as one line of the JSON-lines `path`."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(dataclasses.asdict(self), sort_keys=True) + "\n")
+
+
+@dataclass
+class Started(Record):
+    """`phase1[-p1s<k>]/started.json`: a Phase-1 task began (where, when); the driver
+    removes it before it submits the task and waits a bounded time for it to appear."""
+
+    time: float | None = None
+    host: str | None = None
+    pid: int | None = None
+
+
+@dataclass
+class Progress(Record):
+    """`phase1[-p1s<k>]/progress.json`: how far Phase 1 is (`progress.Phase1Progress`
+    writes it, the driver reads it): steps, epochs, elapsed and estimated time left, `done`,
+    the write `time`, and the per-epoch validation `history`."""
+
+    phase: int = 1
+    step: int = 0
+    total_steps: int | None = None
+    epoch: int = 0
+    max_epochs: int | None = None
+    elapsed_s: float = 0.0
+    eta_s: float | None = None
+    done: bool = False
+    time: float = 0.0
+    history: list = field(default_factory=list)
+
+
+@dataclass
+class TuneMeta(Record):
+    """`meta.json`, all a trial's Tune checkpoint holds: the trial (`TrialId.to_config()`'s
+    keys), the `epoch` and whether it was `final`, and which `last.ckpt` holds its weights
+    (with size and mtime, to see whether a later epoch has replaced it since)."""
+
+    condition: str | None = None
+    seed: int | None = None
+    variant: str | None = None
+    phase1_seed: int | None = None
+    epoch: int | None = None
+    final: bool = False
+    last_ckpt: str | None = None
+    last_ckpt_size: int | None = None
+    last_ckpt_mtime_ns: int | None = None
+
+
+@dataclass
+class CkptOrigin(Record):
+    """`trials/<trial>/ckpt_origin.json`: the Phase-1 sha256 the trial's Lightning
+    checkpoints (`ckpt/`) were trained from."""
+
+    phase1_sha256: str | None = None
 
 
 @dataclass

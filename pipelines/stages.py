@@ -28,28 +28,38 @@ from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write
 from pipelines.phase1 import Phase1Slot, check_phase1, existing_phase1, phase1_config_hash
 from pipelines.plan import Plan, grid_record
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import Stage1Record, Stage2Record, TrialState, canon
+from pipelines.records import (
+    PipelineRecord,
+    Progress,
+    Stage1Record,
+    Stage2Record,
+    Started,
+    Timing,
+    TimingRecord,
+    TrialState,
+    canon,
+)
 from pipelines.tracking import Runs, TrialRuns, stage_run
 from pipelines.tracking_uri import EMBEDDED
 from pmnet.trial_id import TrialId
 
 
-def write_meta(plan: Plan, **extra) -> dict:
+def write_meta(plan: Plan, **changes) -> PipelineRecord:
+    """pipeline.json with `changes`; the first write also records what the pipeline is (and
+    its config.json)."""
     lay = plan.layout
-    meta = read_json(lay.pipeline_json, {}) or {}
-    if not meta:
-        meta = {
-            "name": plan.name, "preset": plan.cfg.preset, "preset_reason": plan.preset_reason,
-            "grid": grid_record(plan.space),
-            "n_trials": plan.space.n_trials, "space": plan.space.to_dict(),
-            "overrides": canon(plan.overrides), "root": str(lay.root),
-            "run_dir": str(lay.run_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "tracking": plan.tracking_uri or EMBEDDED, **git_commit(),
-            "versions": package_versions(),
-        }
+    meta = PipelineRecord.read(lay.pipeline_json)
+    if meta.name is None:
+        meta = PipelineRecord(
+            name=plan.name, preset=plan.cfg.preset, preset_reason=plan.preset_reason,
+            grid=grid_record(plan.space), n_trials=plan.space.n_trials,
+            space=plan.space.to_dict(), overrides=canon(plan.overrides), root=str(lay.root),
+            run_dir=str(lay.run_dir), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            tracking=plan.tracking_uri or EMBEDDED, **git_commit(),
+            versions=package_versions())
         write_json(lay.config_json, canon(plan.cfg.to_dict()))
-    meta.update(extra)
-    write_json(lay.pipeline_json, meta)
+    meta = dataclasses.replace(meta, **changes)
+    meta.write(lay.pipeline_json)
     return meta
 
 # -- Stage 1 ---------------------------------------------------------------------------------
@@ -69,11 +79,9 @@ def stage1_start_timeout_s() -> float:
 
 
 def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str) -> dict:
-    from pmnet.io import atomic_write_json
-
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(out_dir) / STARTED_FILE, {  # first: the driver waits for this
-        "time": time.time(), "host": socket.gethostname(), "pid": os.getpid()})
+    Started(time=time.time(), host=socket.gethostname(), pid=os.getpid()).write(
+        Path(out_dir) / STARTED_FILE)  # first: the driver waits for this
     from pipelines.progress import PROGRESS_FILE, Phase1Progress
     from pipelines.trial import assigned_device, quiet_training_logs
 
@@ -126,11 +134,10 @@ def _wait_phase1(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
                 f"them (busy, or too small: {jobs[0].cluster}). Free the resources, or lower "
                 "--stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
         for job in list(pending.values()):
-            info = read_json(job.slot.dir / PROGRESS_FILE)
-            job.progress = info if isinstance(info, dict) and info.get("time", 0) >= job.t0 \
-                else None  # else: left by an earlier attempt
-            if job.rid:
-                _log_epochs(runs, job.rid, (job.progress or {}).get("history", []), job.logged)
+            info = Progress.read(job.slot.dir / PROGRESS_FILE)
+            job.progress = info if info.time >= job.t0 else None  # else: an earlier attempt's
+            if job.rid and job.progress is not None:
+                _log_epochs(runs, job.rid, job.progress.history, job.logged)
         for ref in ready:
             job = pending.pop(ref)
             try:
@@ -182,7 +189,7 @@ class Stage1Job:
     t0: float = 0.0
     logged: set = field(default_factory=set)  # epochs already in the Stage-1 MLflow run
     rid: str | None = None  # its Stage-1 MLflow run
-    progress: dict | None = None  # the task's last progress record
+    progress: Progress | None = None  # the task's last progress record
     train_time_s: float = 0.0
     cpus: float = 0.0  # what its Ray task asks for
     gpus: float = 0.0
@@ -515,15 +522,21 @@ def _refused_trials(plan: Plan) -> list[str]:
     return out
 
 
+def _set_aside(lay, suffix: str) -> str:
+    """Move the Tune experiment to `stage2-<suffix>/` (kept for inspection; a new one starts)."""
+    aside = lay.run_dir / f"{lay.experiment_dir.name}-{suffix}"
+    lay.experiment_dir.rename(aside)
+    return aside.name
+
+
 def _retire_stale_experiment(lay, digest: str) -> None:
     """A Tune experiment trained from another Phase-1 checkpoint (Phase 1 was retrained) is
     moved aside: its trial checkpoints must not seed trials of the new checkpoint."""
     known = Stage2Record.read(lay.stage2_json).phase1_sha256
     if known and known != digest and lay.experiment_dir.exists():
-        aside = lay.run_dir / f"{lay.experiment_dir.name}-phase1-{known[:12]}"
-        lay.experiment_dir.rename(aside)
+        aside = _set_aside(lay, f"phase1-{known[:12]}")
         say(f"[stage 2/3] the Tune experiment was trained from Phase-1 checkpoint "
-            f"{known[:12]}..., not {digest[:12]}...; moved to {aside.name}, trials restart")
+            f"{known[:12]}..., not {digest[:12]}...; moved to {aside}, trials restart")
 
 
 def _warm_task(cfg_dict: dict, condition: str, phase1_ckpt: str, compile_cache: str) -> float:
@@ -601,7 +614,7 @@ def _experiment_problem(exp_dir: Path) -> str | None:
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -> dict:
     from ray import tune
 
-    from pipelines.trial import trial_dirname, trial_str
+    from pipelines.trial import trial_name
 
     lay, sp = plan.layout, plan.space
     if precheck:  # fail fast in the driver; every trial checks again before training
@@ -622,11 +635,10 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     _retire_stale_experiment(lay, digest)
     refused = _refused_trials(plan) if exp_dir.exists() else []
     if refused:  # a configuration error ended them without a retry; a resume tries again
-        aside = lay.run_dir / f"{exp_dir.name}-refused-{time.strftime('%Y%m%d-%H%M%S')}"
-        exp_dir.rename(aside)
+        aside = _set_aside(lay, f"refused-{time.strftime('%Y%m%d-%H%M%S')}")
         say(f"[stage 2/3] {len(refused)} trial(s) ended on a configuration error "
             f"({', '.join(refused[:4])}{', ...' if len(refused) > 4 else ''}); a new Tune "
-            f"experiment runs them again (the old one is in {aside.name}): finished trials "
+            f"experiment runs them again (the old one is in {aside}): finished trials "
             "reuse their results, the others resume from their checkpoints")
     tuner = None
     if tune.Tuner.can_restore(str(exp_dir)):
@@ -642,10 +654,9 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
             except Exception as e:  # e.g. a tuner.pkl truncated by a full disk
                 problem = f"{type(e).__name__}: {e}"
         if problem is not None:
-            aside = lay.run_dir / f"{exp_dir.name}-damaged-{time.strftime('%Y%m%d-%H%M%S')}"
-            exp_dir.rename(aside)
+            aside = _set_aside(lay, f"damaged-{time.strftime('%Y%m%d-%H%M%S')}")
             say(f"[stage 2/3] the Tune experiment's state cannot be continued ({problem}); "
-                f"moved to {aside.name}. A new experiment starts: the {n_done} finished "
+                f"moved to {aside}. A new experiment starts: the {n_done} finished "
                 "results are kept, unfinished trials restart their training")
     if tuner is None:
         say(f"[stage 2/3] {sp.n_trials} trials -> {exp_dir}")
@@ -653,7 +664,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
             trainable, param_space=sp.param_space(),
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True,
-                trial_name_creator=trial_str, trial_dirname_creator=trial_dirname),
+                trial_name_creator=trial_name, trial_dirname_creator=trial_name),
             run_config=tune.RunConfig(
                 name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
                 failure_config=tune.FailureConfig(max_failures=sp.max_failures),
@@ -725,7 +736,7 @@ def stage3(plan: Plan, runs: Runs) -> bool:
 
 
 def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float,
-                  stage1_wall: float) -> dict:
+                  stage1_wall: float) -> Timing:
     """This invocation's times, appended to timing.json's `invocations`. Phase-1 tasks train
     side by side, and so do trials: `phase1_train_s` and `sum_trial_train_s` are summed
     over them and may exceed the wall time. `overhead_s` is the wall time outside the two
@@ -733,18 +744,15 @@ def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float,
     `stage1_wall_s` - `compile_warm_s` - `stage2_wall_s`; `overhead_ratio` = wall / (those
     three)."""
     wall = time.time() - t_start
-    sum_train = s2["sum_trial_train_s"]
     stages = stage1_wall + s2.get("compile_warm_s", 0.0) + s2["wall_s"]
-    conc = plan.space.max_concurrent or None
-    timing = {
-        "wall_s": wall, "stage1_wall_s": stage1_wall, "stage2_wall_s": s2["wall_s"],
-        "phase1_train_s": p1_time, "sum_trial_train_s": sum_train,
-        "trials_finished": s2["finished"], "compile_warm_s": s2.get("compile_warm_s", 0.0),
-        "overhead_s": max(0.0, wall - stages),
-        "overhead_ratio": wall / max(1e-9, stages),
-        "max_concurrent": conc or 0, "resumed": plan.resumed,
-        "host": socket.gethostname(), "cpus": os.cpu_count(),
-    }
-    history = (read_json(plan.layout.timing_json, {}) or {}).get("invocations", [])
-    write_json(plan.layout.timing_json, {**timing, "invocations": history + [timing]})
+    timing = Timing(
+        wall_s=wall, stage1_wall_s=stage1_wall, stage2_wall_s=s2["wall_s"],
+        phase1_train_s=p1_time, sum_trial_train_s=s2["sum_trial_train_s"],
+        trials_finished=s2["finished"], compile_warm_s=s2.get("compile_warm_s", 0.0),
+        overhead_s=max(0.0, wall - stages), overhead_ratio=wall / max(1e-9, stages),
+        max_concurrent=plan.space.max_concurrent or 0, resumed=plan.resumed,
+        host=socket.gethostname(), cpus=os.cpu_count())
+    history = TimingRecord.read(plan.layout.timing_json).invocations
+    TimingRecord(**timing.to_dict(), invocations=history + [timing.to_dict()]).write(
+        plan.layout.timing_json)
     return timing

@@ -13,8 +13,7 @@ from typing import Any
 
 from pipelines.layout import Layout, read_json
 from pipelines.lock import driver_alive
-from pipelines.records import TrackingRecord, TrialState
-from pmnet.trial_id import TrialId
+from pipelines.records import PipelineRecord, TrackingRecord, TrialState
 
 COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test updated_ltm",
            "mlflow run")
@@ -22,33 +21,25 @@ COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test 
 VARIANT_COLUMNS = ("condition", "variant", *COLUMNS[1:])
 
 
-def pipeline_state(layout: Layout, meta: dict) -> str:
-    status = meta.get("status", "?")
-    if status == "running" and not driver_alive(layout.run_dir):
+def pipeline_state(layout: Layout, meta: PipelineRecord) -> str:
+    if meta.status == "running" and not driver_alive(layout.run_dir):
         return "interrupted (driver gone; `make resume` continues it)"
-    return status
-
-
-def grid_trials(meta: dict) -> list[TrialId]:
-    """The pipeline's trials from its pipeline.json: its stored space (with its variants), or
-    for a record without one, its grid's conditions x seeds."""
-    from tune_spaces import Space
-
-    try:
-        return Space.from_dict(meta["space"]).trials
-    except (KeyError, TypeError, ValueError):
-        grid = meta.get("grid") or {}
-        return [TrialId(c, int(s)) for s in grid.get("seeds", [])
-                for c in grid.get("conditions", [])]
+    return meta.status or "?"
 
 
 def trial_rows(layout: Layout) -> list[dict[str, Any]]:
-    meta = read_json(layout.pipeline_json, {}) or {}
-    live = meta.get("status") == "running" and driver_alive(layout.run_dir)
+    from tune_spaces import Space
+
+    meta = PipelineRecord.read(layout.pipeline_json)
+    live = meta.status == "running" and driver_alive(layout.run_dir)
     tracked = TrackingRecord.read(layout.tracking_json).trials
     from_conditions = _select_metrics()
+    try:
+        trials = Space.from_dict(meta.space).trials
+    except (KeyError, TypeError, ValueError):  # a damaged record: no rows, the head says so
+        trials = []
     rows = []
-    for trial in grid_trials(meta):
+    for trial in trials:
         cond = trial.condition
         info = TrialState.read(layout.trial_dir(trial) / "trial.json")
         res = read_json(layout.result_path(trial))
@@ -114,20 +105,20 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def status_text(layout: Layout) -> str:
-    meta = read_json(layout.pipeline_json, {}) or {}
+    meta = PipelineRecord.read(layout.pipeline_json)
     rows = trial_rows(layout)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     tracking = TrackingRecord.read(layout.tracking_json)
     head = [
-        f"pipeline {layout.name} ({meta.get('preset', '?')}, {pipeline_state(layout, meta)})"
+        f"pipeline {layout.name} ({meta.preset or '?'}, {pipeline_state(layout, meta)})"
         f" at {layout.run_dir}",
         f"trials: {len(rows)} = " + ", ".join(f"{v} {k.lower()}" for k, v in
                                             sorted(counts.items())),
     ]
-    if meta.get("phase1_sha256"):
-        head.append(f"phase1 sha256: {meta['phase1_sha256']}")
+    if meta.phase1_sha256:
+        head.append(f"phase1 sha256: {meta.phase1_sha256}")
     if tracking.experiment_id:
         head.append(f"mlflow: experiment '{tracking.experiment_name}' "
                     f"(id {tracking.experiment_id}), parent run {tracking.parent_run_id}, "

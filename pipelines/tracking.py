@@ -36,7 +36,7 @@ from ray.air.integrations.mlflow import MLflowLoggerCallback
 from pipelines.console import say
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import TrackingRecord, TrialRecord, TrialState
+from pipelines.records import TrackingRecord, TrialRecord, TrialState, as_float
 from pipelines.tracking_uri import EMBEDDED, artifact_location, store_uri
 from pmnet.trial_id import TrialId
 
@@ -166,13 +166,6 @@ def _param_str(value: Any) -> str:
     return s if len(s) <= MAX_PARAM_LEN else s[: MAX_PARAM_LEN - 3] + "..."
 
 
-def _float(value: Any) -> float | None:
-    try:
-        return float(value.item() if hasattr(value, "item") else value)
-    except (TypeError, ValueError):
-        return None
-
-
 class Tracker:
     """A thin layer over `MlflowClient` with idempotent run creation and param logging."""
 
@@ -271,7 +264,7 @@ class Tracker:
 
         now = int(time.time() * 1000)
         items = [Metric(k, f, now, int(step)) for step, metrics in rows
-                 for k, v in metrics.items() if (f := _float(v)) is not None]
+                 for k, v in metrics.items() if (f := as_float(v)) is not None]
         for i in range(0, len(items), 1000):
             self.client.log_batch(run_id, metrics=items[i:i + 1000])
 
@@ -431,7 +424,7 @@ def epoch_metrics(result: dict) -> dict[str, float]:
     """The metrics of one epoch in a trial's Tune report: `epoch` and the `<split>/<name>`
     values (Tune's own bookkeeping keys have no '/')."""
     return {k: f for k, v in result.items()
-            if (k == "epoch" or "/" in k) and (f := _float(v)) is not None}
+            if (k == "epoch" or "/" in k) and (f := as_float(v)) is not None}
 
 
 def record_result(tracker: Tracker, run_id: str, result: dict,
@@ -446,7 +439,7 @@ def record_result(tracker: Tracker, run_id: str, result: dict,
     logged = tracker.logged_steps(run_id, "epoch")
     rows, best = [], float("-inf")
     for row in result.get("history") or []:
-        value = _float(row.get(f"val/{select}"))
+        value = as_float(row.get(f"val/{select}"))
         if value is not None and value > best:
             best = value
         step = int(row.get("epoch", len(rows)))

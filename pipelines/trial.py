@@ -26,8 +26,8 @@ reported epoch, unless `<dir>/<trial>` exists (the trial creates it first).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -37,11 +37,10 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pipelines.layout import Layout, check_name, read_json, trial_key, write_json
+from pipelines.layout import Layout, check_name, read_json, trial_key
 from pipelines.phase1 import Phase1Refused, check_phase1
-from pipelines.records import TrialState
+from pipelines.records import Attempt, CkptOrigin, TrialState, TuneMeta, as_float
 from pmnet.conditions import seed_problem
 from pmnet.io import atomic_copy
 from pmnet.trial_id import TrialId, variant_name_problem
@@ -162,13 +161,7 @@ def _fault_marker(trial: TrialId) -> Path | None:
 
 
 def _scalar_metrics(metrics: dict) -> dict[str, float]:
-    out = {}
-    for k, v in metrics.items():
-        try:
-            out[k] = float(v.item() if hasattr(v, "item") else v)
-        except (TypeError, ValueError):
-            continue
-    return out
+    return {k: f for k, v in metrics.items() if (f := as_float(v)) is not None}
 
 
 def _is_final(trainer) -> bool:
@@ -176,10 +169,8 @@ def _is_final(trainer) -> bool:
     return bool(trainer.should_stop) or trainer.current_epoch + 1 >= int(trainer.max_epochs or 0)
 
 
-def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str,
-                         resume_final: bool = False):
-    """The Lightning callback that reports each epoch to Tune. `resume_final`: the attempt
-    resumes a checkpoint whose Tune meta.json marked its epoch final."""
+def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str):
+    """The Lightning callback that reports each epoch to Tune."""
     from lightning.pytorch.callbacks import Checkpoint
     from ray import tune
 
@@ -201,7 +192,7 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str,
         def __init__(self):
             self.best = float("-inf")
             self._trainer = None
-            self._resume_final = resume_final
+            self._resume_final = False
 
         def setup(self, trainer, pl_module, stage):
             self._trainer = trainer
@@ -243,9 +234,9 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str,
             base = Path(trial_dir) / ".tune_ckpt"
             base.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=base) as tmp:
-                write_json(Path(tmp) / "meta.json", _checkpoint_meta(
-                    Path(trial_dir) / "ckpt" / "last.ckpt", epoch=epoch,
-                    final=_is_final(trainer), trial=trial))
+                _checkpoint_meta(Path(trial_dir) / "ckpt" / "last.ckpt", epoch=epoch,
+                                 final=_is_final(trainer), trial=trial).write(
+                    Path(tmp) / "meta.json")
                 tune.report({**metrics, **trial.to_config()},
                             checkpoint=tune.Checkpoint.from_directory(tmp))
             marker = _fault_marker(trial)
@@ -258,28 +249,15 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str,
     return TuneReport()
 
 
-def _checkpoint_meta(last: Path, *, epoch: int, final: bool, trial: TrialId) -> dict:
-    """What Tune keeps of an epoch: which last.ckpt holds it (and its size and mtime, to see
-    whether a later epoch has replaced it since), not the weights."""
-    info: dict[str, Any] = {"epoch": epoch, "final": final, **trial.to_config(),
-                            "last_ckpt": str(last)}
+def _checkpoint_meta(last: Path, *, epoch: int, final: bool, trial: TrialId) -> TuneMeta:
+    """What Tune keeps of an epoch: which last.ckpt holds it, not the weights."""
+    meta = TuneMeta(**trial.to_config(), epoch=epoch, final=final, last_ckpt=str(last))
     try:
         st = last.stat()
-        info |= {"last_ckpt_size": st.st_size, "last_ckpt_mtime_ns": st.st_mtime_ns}
+        meta.last_ckpt_size, meta.last_ckpt_mtime_ns = st.st_size, st.st_mtime_ns
     except FileNotFoundError:
-        info["last_ckpt"] = None
-    return info
-
-
-def copy_atomic(src: Path, dst: Path) -> Path:
-    """Byte-identical copy that appears at `dst` in one step."""
-    return atomic_copy(src, dst)
-
-
-def _append_attempt(trial_dir: Path, record: dict) -> None:
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    with open(trial_dir / "attempts.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+        meta.last_ckpt = None
+    return meta
 
 
 def _result_matches(path: Path, digest: str, cfg, record: dict) -> dict | None:
@@ -421,7 +399,7 @@ def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
     are removed so the trial cannot resume from them. Returns why something was removed."""
     trial_dir = Path(trial_dir)
     ckpt_dir, origin = trial_dir / "ckpt", trial_dir / CKPT_ORIGIN
-    known = (read_json(origin, {}) or {}).get("phase1_sha256")
+    known = CkptOrigin.read(origin).phase1_sha256
     why = None
     if known != digest and ckpt_dir.is_dir() and any(ckpt_dir.iterdir()):
         why = (f"checkpoints trained from Phase-1 {known[:12]}..." if known else
@@ -429,22 +407,16 @@ def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
         shutil.rmtree(ckpt_dir)
         log.warning("trial %s: removed %s", trial_dir.name, why)
     if known != digest:
-        write_json(origin, {"phase1_sha256": digest})
+        CkptOrigin(phase1_sha256=digest).write(origin)
     return why
 
 
-def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, bool, dict]:
-    """(checkpoint to resume from, whether its epoch was final, Tune's meta.json).
-
-    The trial directory's last.ckpt is the truth (Tune's checkpoint only names it, and
-    last.ckpt may be an epoch newer); its own callback state says whether it was final. A
-    Tune checkpoint of the previous version still holding `checkpoint.ckpt` is used as is.
-    """
-    meta = (read_json(Path(ckdir) / "meta.json", {}) or {}) if ckdir else {}
-    legacy = Path(ckdir) / "checkpoint.ckpt" if ckdir else None
-    if legacy is not None and legacy.is_file():
-        return legacy, bool(meta.get("final")), meta
-    return (last if last.is_file() else None), False, meta
+def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, TuneMeta]:
+    """(checkpoint to resume from, Tune's meta.json). The trial directory's last.ckpt is the
+    truth: Tune's checkpoint only names it, and last.ckpt may be an epoch newer (its own
+    callback state says whether that epoch was final)."""
+    meta = TuneMeta.read(Path(ckdir) / "meta.json") if ckdir else TuneMeta()
+    return (last if last.is_file() else None), meta
 
 
 def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: Path,
@@ -457,32 +429,28 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
     # already finished (driver died before Tune recorded it)? then report, don't retrain
     done = _result_matches(result_path, digest, cfg, record)
     ckpt = tune.get_checkpoint()
-    attempt = {"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
-               "node_id": _node_id(),
-               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-               "accelerator": assigned_device(),
-               "resume_from": None, "kind": "reuse" if done else "train", **setup}
+    attempt = Attempt(time=time.time(), pid=os.getpid(), host=socket.gethostname(),
+                      node_id=_node_id(),
+                      cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                      accelerator=assigned_device(), kind="reuse" if done else "train", **setup)
+    attempts = tdir / "attempts.jsonl"
     if done is None:
-        discarded = discard_foreign_checkpoints(tdir, digest)
-        if discarded:
-            attempt["discarded"] = discarded
-        with (ckpt.as_directory() if ckpt else _nulldir()) as ckdir:
-            resume_from, resume_final, meta = _resume_point(ckdir, tdir / "ckpt" / "last.ckpt")
+        attempt.discarded = discard_foreign_checkpoints(tdir, digest)
+        with (ckpt.as_directory() if ckpt else contextlib.nullcontext()) as ckdir:
+            resume_from, meta = _resume_point(ckdir, tdir / "ckpt" / "last.ckpt")
             if resume_from is not None:
-                attempt["resume_from"] = str(resume_from)
-                attempt["resume_epoch"] = checkpoint_epoch(resume_from)
-            if meta:
-                attempt["tune_checkpoint_epoch"] = meta.get("epoch")
-            _append_attempt(tdir, attempt)
-            cb = make_report_callback(
-                trial_dir=tdir, trial=trial, select=cond.select, resume_final=resume_final)
+                attempt.resume_from = str(resume_from)
+                attempt.resume_epoch = checkpoint_epoch(resume_from)
+            attempt.tune_checkpoint_epoch = meta.epoch
+            attempt.append(attempts)
+            cb = make_report_callback(trial_dir=tdir, trial=trial, select=cond.select)
             result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
                                 phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
                                 resume_from=resume_from, progress=False, record=record,
-                                accelerator=attempt["accelerator"])
-        copy_atomic(tdir / "result.json", result_path)
+                                accelerator=attempt.accelerator)
+        atomic_copy(tdir / "result.json", result_path)
     else:
-        _append_attempt(tdir, attempt)
+        attempt.append(attempts)
         result = done
 
     test = result.get("test") or {}
@@ -501,19 +469,7 @@ def _node_id() -> str | None:
         return None
 
 
-class _nulldir:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def trial_dirname(trial) -> str:
-    """Tune trial directory name: the TrialId's name (module level: picklable)."""
-    return TrialId.from_config(trial.config).name
-
-
-def trial_str(trial) -> str:
+def trial_name(trial) -> str:
+    """A Tune trial's name and directory name: its TrialId's (module level: picklable)."""
     return TrialId.from_config(trial.config).name
 

@@ -13,6 +13,7 @@ import pytest
 
 from pipelines import stages
 from pipelines.progress import PROGRESS_FILE, Phase1Progress, describe
+from pipelines.records import Progress
 from pipelines.tracking import Runs
 
 
@@ -38,7 +39,7 @@ def test_phase1_callback_writes_progress_with_history(tmp_path):
     assert [r["epoch"] for r in info["history"]] == [r["epoch"] for r in meta["history"]]
     assert info["history"][-1]["val/mean_stm"] == pytest.approx(meta["history"][-1]["val/mean_stm"])
     assert res["sha256"]
-    line = describe(info, 125.0)
+    line = describe(Progress.from_dict(info), 125.0)
     assert re.search(rf"epoch \d+/{cfg.phase1_max_epochs}, step {info['step']}/"
                      rf"{info['total_steps']} \(100%\), val mean_stm [\d.]+; 2\.1 min", line)
 
