@@ -57,6 +57,7 @@ CONCERN = {
     "TrialState": RECORD, "TrialRecord": RECORD, "TrackingRecord": RECORD,
     "Stage1Record": RECORD, "PipelineRecord": RECORD, "Timing": RECORD, "TimingRecord": RECORD,
     "Attempt": RECORD, "Started": RECORD, "Progress": RECORD, "CkptOrigin": RECORD,
+    "TuneMeta": RECORD,
     "Stage2Record": RECORD,
     "Exit": FAULT, "_common": ORCH, "_compute": ORCH, "build_parser": ORCH, "cmd_start": ORCH,
     "cmd_resume": FAULT, "run_plan": FAULT, "_save_traceback": FAULT, "cmd_status": VIEW,
