@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ray import tune
+
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write_json
@@ -393,58 +395,53 @@ def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
 # -- Stage 2 ---------------------------------------------------------------------------------
 
 
-def _progress_callback_class():
-    from ray import tune
+class ConsoleProgress(tune.Callback):
+    """One line per finished, failed or retried trial, with the best result so far."""
 
-    class ConsoleProgress(tune.Callback):
-        """One line per finished, failed or retried trial, with the best result so far."""
+    def __init__(self, total: int, trials_dir: str):
+        self.total, self.trials_dir = total, trials_dir
 
-        def __init__(self, total: int, trials_dir: str):
-            self.total, self.trials_dir = total, trials_dir
+    def _best(self, trials, current=None):
+        best = None
+        for t in trials:
+            v = (t.last_result or {}).get("test/updated_ltm")
+            ok = t.status == "TERMINATED" or t is current
+            if ok and isinstance(v, (int, float)) and v == v:
+                if best is None or v > best[1]:
+                    best = (t, v)
+        return best
 
-        def _best(self, trials, current=None):
-            best = None
-            for t in trials:
-                v = (t.last_result or {}).get("test/updated_ltm")
-                ok = t.status == "TERMINATED" or t is current
-                if ok and isinstance(v, (int, float)) and v == v:
-                    if best is None or v > best[1]:
-                        best = (t, v)
-            return best
+    def on_trial_start(self, iteration, trials, trial, **info):
+        kill_point("stage2-trial-started")
+        n_run = 1 + sum(t.status == "RUNNING" for t in trials if t is not trial)
+        say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
 
-        def on_trial_start(self, iteration, trials, trial, **info):
-            kill_point("stage2-trial-started")
-            n_run = 1 + sum(t.status == "RUNNING" for t in trials if t is not trial)
-            say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        from pipelines.trial import CONFIG_ERROR
 
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            from pipelines.trial import CONFIG_ERROR
+        done = {t.trial_id for t in trials if t.status == "TERMINATED"} | {trial.trial_id}
+        r = trial.last_result or {}
+        if r.get(CONFIG_ERROR):
+            say(f"[stage 2/3] {_tname(trial)} failed, not retried (its configuration "
+                f"cannot run): {str(r[CONFIG_ERROR]).splitlines()[0][:300]}")
+            return
+        v, sel = r.get("test/updated_ltm"), r.get("best/select")
+        best = self._best(list(trials), trial) or (trial, v)
+        best_s = (f"{best[1]:.2f} ({_tname(best[0])})"
+                  if isinstance(best[1], (int, float)) else "n/a")
+        say(f"[stage 2/3] {len(done)}/{self.total} done: {_tname(trial)} "
+            f"test updated_ltm {_fmt(v)}, best val select {_fmt(sel)}, "
+            f"train {_fmt(r.get('train_time_s'), 1)} s; best so far {best_s}")
+        kill_point("stage2-first-result" if len(done) == 1 else "stage2-last-result"
+                   if len(done) == self.total else "")
 
-            done = {t.trial_id for t in trials if t.status == "TERMINATED"} | {trial.trial_id}
-            r = trial.last_result or {}
-            if r.get(CONFIG_ERROR):
-                say(f"[stage 2/3] {_tname(trial)} failed, not retried (its configuration "
-                    f"cannot run): {str(r[CONFIG_ERROR]).splitlines()[0][:300]}")
-                return
-            v, sel = r.get("test/updated_ltm"), r.get("best/select")
-            best = self._best(list(trials), trial) or (trial, v)
-            best_s = (f"{best[1]:.2f} ({_tname(best[0])})"
-                      if isinstance(best[1], (int, float)) else "n/a")
-            say(f"[stage 2/3] {len(done)}/{self.total} done: {_tname(trial)} "
-                f"test updated_ltm {_fmt(v)}, best val select {_fmt(sel)}, "
-                f"train {_fmt(r.get('train_time_s'), 1)} s; best so far {best_s}")
-            kill_point("stage2-first-result" if len(done) == 1 else "stage2-last-result"
-                       if len(done) == self.total else "")
+    def on_trial_error(self, iteration, trials, trial, **info):
+        err = _first_error_line(trial, self.trials_dir)
+        say(f"[stage 2/3] {_tname(trial)} failed for good: {err}")
 
-        def on_trial_error(self, iteration, trials, trial, **info):
-            err = _first_error_line(trial, self.trials_dir)
-            say(f"[stage 2/3] {_tname(trial)} failed for good: {err}")
-
-        def on_trial_recover(self, iteration, trials, trial, **info):
-            err = _first_error_line(trial, self.trials_dir)
-            say(f"[stage 2/3] {_tname(trial)} crashed ({err}); retrying from its last checkpoint")
-
-    return ConsoleProgress
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        err = _first_error_line(trial, self.trials_dir)
+        say(f"[stage 2/3] {_tname(trial)} crashed ({err}); retrying from its last checkpoint")
 
 
 def _tname(trial) -> str:
@@ -500,8 +497,6 @@ class TrialResources:
 
 
 def make_trainable(plan: Plan, ctx):
-    from ray import tune
-
     from pipelines.trial import train_trial
 
     sp = plan.space
@@ -612,8 +607,6 @@ def _experiment_problem(exp_dir: Path) -> str | None:
 
 
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -> dict:
-    from ray import tune
-
     from pipelines.trial import trial_name
 
     lay, sp = plan.layout, plan.space
@@ -669,7 +662,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
                 name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
                 failure_config=tune.FailureConfig(max_failures=sp.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                callbacks=[_progress_callback_class()(sp.n_trials, str(lay.trials_dir)),
+                callbacks=[ConsoleProgress(sp.n_trials, str(lay.trials_dir)),
                            TrialRuns(ctx)]))
     Stage2Record(phase1_sha256=digest).write(lay.stage2_json)
     grid = tuner.fit()
