@@ -66,7 +66,7 @@ CONCERN = {
     "progress_every_s": VIEW, "_wait_phase1": VIEW, "_started": FAULT, "_log_epochs": TRACK,
     "Stage1Job": ORCH, "Stage1Result": ORCH, "Stage1Resources": CLUSTER,
     "stage1_resources": CLUSTER, "stage1_start": ORCH, "import_phase1": STUDY,
-    "stage1_finish": ORCH, "_record": TRACK, "_progress_callback_class": VIEW, "_tname": VIEW,
+    "stage1_finish": ORCH, "_record": TRACK, "ConsoleProgress": VIEW, "_tname": VIEW,
     "_fmt": VIEW, "_first_error_line": VIEW, "trial_context": ORCH, "TrialResources": CLUSTER,
     "make_trainable": ORCH, "_refused_trials": FAULT, "_set_aside": FAULT,
     "_retire_stale_experiment": FAULT, "_warm_task": STUDY, "warm_compile_cache": STUDY,
