@@ -133,10 +133,35 @@ BASELINE_CONDITIONS: dict[str, Condition] = {
 #: only) and the GRU consolidation operator of issue 11.
 BASELINE_REFERENCES: tuple[str, ...] = ("consolidator_only", "operator_gru")
 
+#: Beyond the paper (issue 39, "can anything use the routing channel?"): the routing-off
+#: twins of the two most capable arms that route with L, so that the routing effect
+#: (on - off, paired by seed from the same checkpoint) can be measured for a capable
+#: consolidation operator and for a trainable router, not only for the Consolidator. Each is
+#: its routing-on condition with the direct L term of Eq. 9 removed, nothing else changed.
+CHANNEL_CONDITIONS: dict[str, Condition] = {
+    c.name: c
+    for c in (
+        Condition("operator_gru_routing_off", "gru", "operator_only", False, "updated",
+                  "updated_ltm", "GRU operator, routing off",
+                  "GRU operator only, direct LTM routing term of Eq. 9 removed"),
+        Condition("memory_consolidator_routing_off", "learned", "memory_consolidator", False,
+                  "updated", "updated_ltm", "Memory + Consolidator, routing off",
+                  "Memory read/write/routing + Consolidator, direct LTM routing term of "
+                  "Eq. 9 removed"),
+    )
+}
+
+#: The routing-on arm each routing-off arm is paired with (the paper's, then issue 39's).
+ROUTING_PAIRS: dict[str, str] = {
+    "consolidator_only": "consolidator_only_routing_off",
+    "operator_gru": "operator_gru_routing_off",
+    "memory_consolidator": "memory_consolidator_routing_off",
+}
+
 #: Every condition that can be trained: the paper's six, the operator conditions, the
-#: baselines.
+#: baselines, the routing-off twins of issue 39.
 ALL_CONDITIONS: dict[str, Condition] = {**CONDITIONS, **OPERATOR_CONDITIONS,
-                                        **BASELINE_CONDITIONS}
+                                        **BASELINE_CONDITIONS, **CHANNEL_CONDITIONS}
 
 #: Phase-2 seeds of the paper (Appendix "Hyperparameters and Architecture").
 PAPER_SEEDS: tuple[int, ...] = (42, 43, 44, 45, 46)

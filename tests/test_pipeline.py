@@ -269,13 +269,14 @@ def test_debug_pipeline_runs_two_variants_of_the_segments_grid(tmp_path):
 
 
 def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
-    """`--phase1-seeds 1,2` end to end: Stage 1 trains two checkpoints (one per Phase-1
-    seed, side by side), every trial starts from its own, and the report has the Phase-1
-    variance tables; a second start with the same name finds everything done."""
+    """The `checkpoints` grid (issue 39) with `--phase1-seeds 1,2` end to end: Stage 1 trains
+    two checkpoints (one per Phase-1 seed, side by side), every trial starts from its own,
+    and the report has the Phase-1 variance tables and the checkpoint-distribution section
+    (tables, figure, data); a second start with the same name finds everything done."""
     root = tmp_path / "runs"
     conds = ("consolidator_only", "consolidator_only_routing_off")
-    args = ("start", "--preset", "debug", "--grid", "tiny", "--conditions", ",".join(conds),
-            "--seeds", "42,43", "--phase1-seeds", "1,2", "--root", str(root), "--name", "p1")
+    args = ("start", "--preset", "debug", "--grid", "checkpoints", "--phase1-seeds", "1,2",
+            "--root", str(root), "--name", "p1")
     rc, out = cli(*args)
     assert rc == 0, out[-4000:]
     lay = Layout(root, "p1")
@@ -302,6 +303,17 @@ def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
     assert "Phase-1 checkpoint, phase1_seed 2" in md
     assert "**Table `tab:routes`.**" in md  # a row per checkpoint
     assert len(read_csv_rows(lay.report_dir / "data" / "route_diagnostics.csv")) == 2 * 2
+    assert meta["space"]["name"] == "checkpoints" and meta["space"]["seeds"] == [42, 43]
+    for table in ("tab:checkpoint-distribution", "tab:checkpoint-effects"):
+        assert f"**Table `{table}`.**" in md, table
+    assert (lay.report_dir / "figures" / "fig-checkpoints.png").is_file()
+    dist = read_csv_rows(lay.report_dir / "data" / "checkpoint_distribution.csv")
+    assert {r["label"] for r in dist} == {
+        "routing on - off: updated_ltm", "learned - forced identity, routing on: updated_ltm",
+        "learned - forced identity, routing off: updated_ltm"}
+    assert all(r["k"] == "2" and r["n"] == "4" for r in dist)
+    effects = read_csv_rows(lay.report_dir / "data" / "checkpoint_effects.csv")
+    assert len(effects) == 3 * 2  # one row per effect and checkpoint
     rc, out = cli(*args)  # the same pipeline again: nothing trains
     assert rc == 0, out[-4000:]
     assert out.count("skipped") >= 2 and "Phase 1 as a Ray task" not in out

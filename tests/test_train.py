@@ -595,7 +595,9 @@ def test_phase2_trains_and_tests_on_t_segment_episodes(phase1, tmp_path):
 from pmnet.conditions import (  # noqa: E402
     ALL_CONDITIONS,
     BASELINE_CONDITIONS,
+    CHANNEL_CONDITIONS,
     OPERATOR_CONDITIONS,
+    ROUTING_PAIRS,
     get_condition,
 )
 from pmnet.model import OPERATOR_SUBSET, PMNet  # noqa: E402
@@ -606,7 +608,7 @@ from pmnet.train import init_operator  # noqa: E402
 def test_operator_conditions_are_the_consolidator_only_setting_per_operator():
     assert set(OPERATOR_CONDITIONS).isdisjoint(CONDITIONS)  # the paper's six are untouched
     assert list(ALL_CONDITIONS) == (list(CONDITIONS) + list(OPERATOR_CONDITIONS)
-                                    + list(BASELINE_CONDITIONS))
+                                    + list(BASELINE_CONDITIONS) + list(CHANNEL_CONDITIONS))
     assert [c.consolidation for c in OPERATOR_CONDITIONS.values()] == list(OPERATORS)
     ref = CONDITIONS["consolidator_only"]
     for name, c in OPERATOR_CONDITIONS.items():
@@ -615,6 +617,35 @@ def test_operator_conditions_are_the_consolidator_only_setting_per_operator():
         assert (c.ltm_routing, c.objective, c.select) == (ref.ltm_routing, ref.objective,
                                                           ref.select)
     TrainConfig.from_name("debug", conditions=tuple(OPERATOR_CONDITIONS))  # validates
+
+
+def test_each_routing_off_twin_differs_from_its_arm_only_in_routing():
+    """Issue 39: every routing-on arm of ROUTING_PAIRS has a twin that is the same condition
+    with the direct L term of Eq. 9 removed, and nothing else changed."""
+    assert set(ROUTING_PAIRS.values()) - {"consolidator_only_routing_off"} == set(
+        CHANNEL_CONDITIONS)
+    for on, off in ROUTING_PAIRS.items():
+        a, b = get_condition(on), get_condition(off)
+        assert a.ltm_routing is True and b.ltm_routing is False
+        assert (a.consolidation, a.subset, a.objective, a.select) == (
+            b.consolidation, b.subset, b.objective, b.select)
+
+
+@pytest.mark.parametrize("condition", list(CHANNEL_CONDITIONS))
+def test_routing_off_twin_trains_its_arms_parameters_without_l_in_routing(phase1, condition,
+                                                                         tmp_path):
+    cfg, p1 = phase1
+    res = run_phase2(cfg, condition=condition, seed=42, phase1_ckpt=p1["checkpoint"],
+                     out_dir=tmp_path, progress=False)
+    twin = next(on for on, off in ROUTING_PAIRS.items() if off == condition)
+    assert res["ltm_routing"] is False and res["condition"] == condition
+    ref, _ = load_model_file(p1["checkpoint"])
+    new, _ = load_model_file(tmp_path / "best_model.pt")
+    old = dict(ref.named_parameters())
+    changed = {n for n, p in new.named_parameters() if n not in old or not torch.equal(p,
+                                                                                   old[n])}
+    subset = {n for n, _ in new.trainable_subset(get_condition(twin).subset)}
+    assert changed and changed <= subset  # the twin's own trainable set, and it trained
 
 
 @pytest.mark.parametrize("condition", list(OPERATOR_CONDITIONS))

@@ -360,3 +360,21 @@ def test_baselines_grid_pairs_every_baseline_with_both_references_under_one_chec
     assert len(sp.trials) == len(sp.conditions) * BASELINE_MIN_SEEDS
     paper = TrainConfig.from_name("paper")
     assert get_space("baselines")(paper).seeds == tuple(paper.seeds)  # five: kept
+
+
+def test_checkpoints_grid_is_both_consolidator_arms_under_ten_checkpoints():
+    """Issue 39: both Consolidator-only arms x two Phase-2 seeds x K = 10 Phase-1
+    checkpoints, paired by seed within each checkpoint, at every preset."""
+    from tune_spaces import CHECKPOINT_STUDY_SEEDS, checkpoints
+
+    assert CHECKPOINT_STUDY_SEEDS == tuple(range(10))
+    for preset in ("cpu", "paper", "debug"):
+        cfg = TrainConfig.from_name(preset)
+        sp = checkpoints(cfg)
+        assert sp.name == "checkpoints"
+        assert sp.conditions == ("consolidator_only", "consolidator_only_routing_off")
+        assert sp.seeds == tuple(cfg.seeds)[:2] and sp.phase1_seeds == CHECKPOINT_STUDY_SEEDS
+        assert sp.n_trials == 2 * 2 * 10 == len(sp.trials)
+        assert {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == sp.conditions[0]} \
+            == {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == sp.conditions[1]}
+    assert get_space("checkpoints") is checkpoints

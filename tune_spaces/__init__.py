@@ -2,6 +2,7 @@
 resources for the pipeline's Stage 2."""
 
 from tune_spaces.grids import (
+    CHECKPOINT_STUDY_SEEDS,
     OPERATOR_GRID_CONDITIONS,
     PAPER_CONDITIONS,
     PAPER_SEEDS,
@@ -14,6 +15,7 @@ from tune_spaces.grids import (
     Space,
     SpaceError,
     Variant,
+    checkpoints,
     core,
     default,
     get_space,
@@ -26,6 +28,7 @@ from tune_spaces.grids import (
 )
 
 __all__ = [
+    "CHECKPOINT_STUDY_SEEDS", "checkpoints",
     "OPERATOR_GRID_CONDITIONS", "PAPER_CONDITIONS", "PAPER_SEEDS", "PHASE1_VARIANCE_SEEDS",
     "SEGMENT_CONDITIONS",
     "SEGMENT_COUNTS", "SEGMENT_GRAPHS", "SPACES", "VARIANT_FIELDS", "Space", "SpaceError",

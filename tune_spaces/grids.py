@@ -57,6 +57,13 @@ SEGMENT_CONDITIONS: tuple[str, ...] = (OPERATOR_REFERENCE,)
 # the Phase-1 variance grid (issue 11): K = 3 Phase-1 checkpoints, the preset's grid under each
 # (seed 0 is every preset's own `phase1_seed`, so its checkpoint is the usual one)
 PHASE1_VARIANCE_SEEDS: tuple[int, ...] = (0, 1, 2)
+# the checkpoint study (issue 39): the routing effect's distribution over K = 10 Phase-1
+# checkpoints, both Consolidator-only arms, two Phase-2 seeds each (the between-checkpoint SD
+# decides how many checkpoints a claim needs; more seeds per checkpoint barely help)
+CHECKPOINT_STUDY_SEEDS: tuple[int, ...] = tuple(range(10))
+CHECKPOINT_STUDY_CONDITIONS: tuple[str, ...] = ("consolidator_only",
+                                                "consolidator_only_routing_off")
+CHECKPOINT_STUDY_PHASE2_SEEDS = 2
 
 #: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
 #: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions,
@@ -518,9 +525,24 @@ def phase1_variance(cfg, *, gpu: bool = False) -> Space:
                                         phase1_seeds=PHASE1_VARIANCE_SEEDS)
 
 
+def checkpoints(cfg, *, gpu: bool = False) -> Space:
+    """The checkpoint study (issue 39): both Consolidator-only arms (routing on and off) x
+    the first CHECKPOINT_STUDY_PHASE2_SEEDS of the preset's seeds, nested under K = 10
+    Phase-1 checkpoints (CHECKPOINT_STUDY_SEEDS; `--phase1-seeds` sets others). The report
+    adds the effects' distribution over the checkpoints (`tab:checkpoint-distribution`,
+    `tab:checkpoint-effects`, `fig-checkpoints`: each checkpoint's effect with its CI, the
+    mean with the checkpoint as a random factor, the between-checkpoint SD, and how many
+    checkpoints a study needs). On `cpu`: 10 Phase-1 trainings and 40 trials."""
+    return default(cfg, gpu=gpu).derive(
+        name="checkpoints", conditions=CHECKPOINT_STUDY_CONDITIONS,
+        seeds=tuple(cfg.seeds)[:CHECKPOINT_STUDY_PHASE2_SEEDS],
+        phase1_seeds=CHECKPOINT_STUDY_SEEDS)
+
+
 SPACES: dict[str, Callable[..., Space]] = {
     "default": default, "paper": paper, "tiny": tiny, "core": core, "operators": operators,
     "segments": segments, "phase1_variance": phase1_variance, "baselines": baselines,
+    "checkpoints": checkpoints,
 }
 
 

@@ -31,6 +31,7 @@ Modules (each imports only those above it):
 ``baselines``   task-matched baselines against the Consolidator and the GRU operator
 ``segments``    episodes of T segments: arms and their comparisons (beyond the paper)
 ``phase1``      the Phase-1 checkpoint as a random factor (beyond the paper)
+``checkpoints`` an effect's distribution over checkpoints, and the power (issue 39)
 ==============  ==========================================================================
 
 Everything the rest of the repository uses is importable from ``pmnet.stats`` itself.
@@ -43,6 +44,17 @@ from pmnet.stats.baselines import (
     compare_baselines,
     has_baseline_results,
 )
+from pmnet.stats.checkpoints import (
+    CHANNEL_COMPARISONS,
+    CHECKPOINT_COMPARISONS,
+    POWER_EFFECTS,
+    CheckpointPoint,
+    EffectDistribution,
+    checkpoint_distribution,
+    checkpoints_needed,
+    pooled_within_sd,
+)
+from pmnet.stats.checkpoints import frame as checkpoint_frame
 from pmnet.stats.loading import (
     add_derived_metrics,
     curves_from_metrics_csv,
@@ -146,4 +158,7 @@ __all__ = [
     "PHASE1_COMPARISON_LABELS", "PHASE1_COMPARISONS", "SINGULAR_ICC", "MIXED_OPTIMIZERS",
     "CheckpointTest", "Phase1Effect", "Phase1Analysis", "phase1_seeds", "has_phase1_variance",
     "reference_phase1_seed", "at_phase1_seed", "fit_random_intercept", "phase1_variance",
+    "CHECKPOINT_COMPARISONS", "CHANNEL_COMPARISONS", "POWER_EFFECTS", "CheckpointPoint",
+    "EffectDistribution", "checkpoint_distribution", "checkpoints_needed", "pooled_within_sd",
+    "checkpoint_frame",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pmnet.conditions import BASELINE_CONDITIONS as _BASELINE_CONDITIONS
+from pmnet.conditions import CHANNEL_CONDITIONS as _CHANNEL_CONDITIONS
 from pmnet.conditions import CONDITIONS as _CONDITIONS
 from pmnet.conditions import OPERATOR_CONDITIONS as _OPERATOR_CONDITIONS
 
@@ -15,9 +16,12 @@ CONDITIONS: tuple[str, ...] = tuple(_CONDITIONS)
 OPERATOR_CONDITIONS: tuple[str, ...] = tuple(_OPERATOR_CONDITIONS)
 #: The task-matched baselines (beyond the paper, issue 23), in their defined order.
 BASELINE_CONDITION_NAMES: tuple[str, ...] = tuple(_BASELINE_CONDITIONS)
+#: The routing-off twins of issue 39 (beyond the paper), in their defined order.
+CHANNEL_CONDITION_NAMES: tuple[str, ...] = tuple(_CHANNEL_CONDITIONS)
 CONDITION_LABELS: dict[str, str] = {
     n: c.label
-    for n, c in {**_CONDITIONS, **_OPERATOR_CONDITIONS, **_BASELINE_CONDITIONS}.items()
+    for n, c in {**_CONDITIONS, **_OPERATOR_CONDITIONS, **_BASELINE_CONDITIONS,
+                 **_CHANNEL_CONDITIONS}.items()
 }
 
 #: Per-trial provenance columns of the tidy table, in order. ``condition``, ``seed`` and
@@ -82,9 +86,11 @@ def condition_label(condition: str) -> str:
 
 
 def ordered_conditions(names: Iterable[str]) -> list[str]:
-    """The paper's condition order first, then the operator conditions, the baselines, then
+    """The paper's condition order first, then the operator conditions, the baselines, the
+    routing-off twins of issue 39, then
     unknown names sorted."""
     present = set(names)
-    order = CONDITIONS + OPERATOR_CONDITIONS + BASELINE_CONDITION_NAMES
+    order = (CONDITIONS + OPERATOR_CONDITIONS + BASELINE_CONDITION_NAMES
+             + CHANNEL_CONDITION_NAMES)
     known = [c for c in order if c in present]
     return known + sorted(present - set(order))

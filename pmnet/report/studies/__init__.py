@@ -10,6 +10,7 @@ module here with a ``STUDY`` and one line below (docs/design.md, "Adding a study
 
 from pmnet.report.studies import (
     baselines,
+    checkpoints,
     operators,
     phase1_variance,
     routes,
@@ -23,6 +24,7 @@ STUDIES: tuple[Study, ...] = (
     selected_vs_last.STUDY,
     operators.STUDY,
     phase1_variance.STUDY,
+    checkpoints.STUDY,
     routes.STUDY,
     segments.STUDY,
     baselines.STUDY,
