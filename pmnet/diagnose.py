@@ -21,6 +21,12 @@ the root. These measurements, on the validation stream only, say whether they do
                          between routing with L (Eq. 9) and without, after the first
                          consolidation (the checkpoint's condition's operator; identity for a
                          Phase-1 checkpoint)
+    strict_route_change  per block: the same between the paper's routing off (the direct L
+                         term removed; L from the blocks above still reaches a deeper router
+                         through u) and strict routing off (no router sees L at all): what a
+                         strict-off arm would change (block 0 has no u: always 0)
+    updated_strict_off   a Phase-2 model: updated-LTM recall with no router seeing L, beside
+                         its own routing (issue 39)
     updated_without_ltm_route  a Phase-2 model whose condition routes with L: updated-LTM
                          recall with L removed from the routing state of block b only, of
                          every block (which is routing off, checked against it)
@@ -60,6 +66,8 @@ class Probe:
     one_path: bool = False  # every token descends to child 0: one shared path, no content
     drop_writes: frozenset[int] = frozenset()
     no_ltm_routing: frozenset[int] = frozenset()
+    # False: L leaves the latent state u that deeper routers see too ("strict" routing off)
+    routing_u_uses_ltm: bool = True
     seed: int = DIAGNOSE_SEED
     record: bool = False
     margins: dict[int, list[Tensor]] = field(default_factory=dict)  # top-1 minus top-2
@@ -125,9 +133,11 @@ class RouteDiagnostics:
     stm_without_blocks_from: list[Recall | None]  # per block b: blocks b.. removed (b >= 1)
     ltm_route_change: list[float]  # per block, % of segment-2 tokens
     route_concentration: list[float]  # per block, % of tokens in the most visited group
+    strict_route_change: list[float] | None = None  # per block, off vs strict off
     updated_ltm: Recall | None = None  # Phase-2 model routing with L
     updated_without_ltm_route: list[Recall] | None = None  # per block
     updated_routing_off: Recall | None = None  # L removed from every block
+    updated_strict_off: Recall | None = None  # no router sees L (direct or through u)
 
     @property
     def random_route_drop(self) -> float:
@@ -190,9 +200,14 @@ def _with(model: PMNet, probe: Probe, fn, *args):
 
 
 @torch.no_grad()
-def ltm_route_change(model: PMNet, stream, consolidation: str, batch_size: int) -> list[float]:
+def ltm_route_change(model: PMNet, stream, consolidation: str, batch_size: int,
+                     strict: bool = False) -> list[float]:
     """Per block, % of the last segment's tokens whose child choice differs between routing
-    with and without L, after every earlier segment was processed and consolidated."""
+    with and without L, after every earlier segment was processed and consolidated.
+    `strict`: between routing without the direct L term (the paper's off) and routing with
+    no L at all (L also out of the u deeper routers see)."""
+    if strict:
+        return _strict_route_change(model, stream, consolidation, batch_size)
     device = next(model.parameters()).device
     K, nb = model.cfg.branch, model.cfg.n_blocks
     changed = torch.zeros(nb, dtype=torch.float64)
@@ -208,6 +223,32 @@ def ltm_route_change(model: PMNet, stream, consolidation: str, batch_size: int) 
         for b in range(nb):  # routes[b + 1] % K: the child block b chose
             changed[b] += ((on.routes[b + 1] % K) != (off.routes[b + 1] % K)).sum().item()
         count += on.routes[0].numel()
+    return [100 * c / count for c in changed.tolist()]
+
+
+def _strict_route_change(model: PMNet, stream, consolidation: str,
+                         batch_size: int) -> list[float]:
+    device = next(model.parameters()).device
+    K, nb = model.cfg.branch, model.cfg.n_blocks
+    changed = torch.zeros(nb, dtype=torch.float64)
+    count = 0
+    probe = model.probe
+    for i in range(0, len(stream), batch_size):
+        seg = stream[i:i + batch_size].to(device).seg_tokens
+        state = model.init_state(seg.shape[0], device=device)
+        for d in range(seg.shape[1] - 1):
+            _, state = model(seg[:, d], state, ltm_routing=False, logits="none")
+            state = model.consolidate(state, mode=consolidation).clear_context()
+        _, off = model(seg[:, -1], state, ltm_routing=False, logits="none")
+        model.probe = dataclasses.replace(probe if probe is not None else Probe(),
+                                          routing_u_uses_ltm=False)
+        try:
+            _, strict = model(seg[:, -1], state, ltm_routing=False, logits="none")
+        finally:
+            model.probe = probe
+        for b in range(nb):
+            changed[b] += ((off.routes[b + 1] % K) != (strict.routes[b + 1] % K)).sum().item()
+        count += off.routes[0].numel()
     return [100 * c / count for c in changed.tolist()]
 
 
@@ -260,12 +301,21 @@ def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | Non
                              for b in range(1, nb)]
     changes = _with(model, Probe(), ltm_route_change, stream, consolidation, batch_size)
     concentration = _with(model, Probe(), route_concentration, stream, batch_size)
+    strict_changes = _with(model, Probe(), ltm_route_change, stream, consolidation, batch_size,
+                           True)
     out = dict(checkpoint=checkpoint, kind="phase2" if condition else "phase1",
                condition=condition, episodes=len(stream), n_blocks=nb, margin_median=margins,
                top_prob_mean=tops, stm=_recall(base[1]), stm_random_routes=random_routes,
                stm_one_path=one_path,
                stm_without_block=without, stm_without_blocks_from=without_from,
-               ltm_route_change=changes, route_concentration=concentration)
+               ltm_route_change=changes, route_concentration=concentration,
+               strict_route_change=strict_changes)
+    if condition is not None:
+        own = _with(model, Probe(), _updated_predictions, stream, batch_size, consolidation,
+                    ltm_routing)
+        p_s, h_s = _with(model, Probe(routing_u_uses_ltm=False), _updated_predictions, stream,
+                         batch_size, consolidation, False)
+        out["updated_strict_off"] = _recall(h_s, own, p_s)
     if condition is not None and ltm_routing:
         def updated(probe: Probe, routing: bool = True):
             return _with(model, probe, _updated_predictions, stream, batch_size,
@@ -327,6 +377,7 @@ def format_diagnostics(d: RouteDiagnostics) -> str:
              "",
              f"{'block':>5} {'margin':>8} {'top p':>6} {'-writes b':>10} {'-writes b..':>12}"
              f" {'L changes':>10} {'top group':>10}"
+             + (f" {'strict off':>10}" if d.strict_route_change else "")
              + (f" {'-L route b':>11}" if d.updated_ltm else "")]
     for b in range(d.n_blocks):
         frm = d.stm_without_blocks_from[b]
@@ -334,6 +385,8 @@ def format_diagnostics(d: RouteDiagnostics) -> str:
                f"{_pp(d.stm_without_block[b].drop):>10} "
                f"{_pp(frm.drop if frm else None):>12} {d.ltm_route_change[b]:>9.1f}%"
                f" {d.route_concentration[b]:>9.1f}%")
+        if d.strict_route_change:
+            row += f" {d.strict_route_change[b]:>9.1f}%"
         if d.updated_without_ltm_route:
             row += f" {_pp(d.updated_without_ltm_route[b].drop):>11}"
         lines.append(row)
@@ -343,4 +396,8 @@ def format_diagnostics(d: RouteDiagnostics) -> str:
         lines.append(f"updated-LTM recall {d.updated_ltm.recall:.1f}%; L removed from every "
                      f"block's routing: {d.updated_routing_off.recall:.1f}% "
                      f"(drop {_pp(d.updated_routing_off.drop)} pp)")
+    if d.updated_strict_off is not None:
+        lines.append(f"updated-LTM recall with no router seeing L (strict routing off, L out "
+                     f"of u too): {d.updated_strict_off.recall:.1f}% "
+                     f"(drop {_pp(d.updated_strict_off.drop)} pp from its own routing)")
     return "\n".join(lines)

@@ -545,6 +545,10 @@ class RouteProbe(Protocol):
     (`pmnet.diagnose`); set as `model.probe`, None (the default) in training and evaluation.
 
     routing_uses_ltm(b): whether block b's routing state adds L (Eq. 9) when ltm_routing is on;
+    routing_u_uses_ltm (optional attribute, True when absent): whether the latent state u that
+        carries the visited blocks' memory down to deeper routers (Eq. 1) includes L. False
+        is the "strict" routing-off intervention: no router sees L, directly or through u
+        (reads still see M = S + L, and through the hidden state so do later queries);
     on_write(b, delta, p): the delta block b writes (B, T, K, P), given its scores p (B, T, K);
     choose(b, p): the child (B, T) each token descends to from block b (top-1: p.argmax(-1)).
     """
@@ -741,6 +745,9 @@ class PMNet(nn.Module):
         read_kv = {}  # layer index -> (keys, values) of its read module, for this block
         routes = []
         probe = self.probe
+        # a probe's strict routing-off: routers get u without L (u_route); reads keep u
+        strict = probe is not None and not getattr(probe, "routing_u_uses_ltm", True)
+        u_route = torch.zeros(B, T, K, P, device=dev) if strict and cfg.use_memory else None
         for layer in self.layers:
             a_out, kv[layer.index] = layer.attn(layer.attn_norm(h), cos, sin, kv[layer.index])
             h = h + a_out
@@ -751,7 +758,8 @@ class PMNet(nn.Module):
                 e = F.embedding(group, self.slot_emb[b].view(G, K * P)).view(B, T, K, P)
                 L_tok = _gather_groups(state.ltm[b], group)  # (B, T, K, P)  L_{b,g,j}
                 with_l = ltm_routing and (probe is None or probe.routing_uses_ltm(b))
-                a = u + e + L_tok if with_l else u + e  # routing state        Eq. 1 / Eq. 9
+                u_r = u if u_route is None else u_route
+                a = u_r + e + L_tok if with_l else u_r + e  # routing state    Eq. 1 / Eq. 9
                 delta, p = layer.write(h, a)  # (B, T, K, P), (B, T, K)        Eq. 2
                 if probe is not None:
                     delta = probe.on_write(b, delta, p)
@@ -773,6 +781,8 @@ class PMNet(nn.Module):
                 S_tok = _gather_groups(stm[b], group) + running  # STM of the token's group
                 M_tok = S_tok + L_tok  # (B, T, K, P)  Eq. 3; mod 2pi is implicit: M is
                 u = wrap(u + M_tok)  # only seen through sin/cos, u is wrapped to stay small
+                if u_route is not None:
+                    u_route = wrap(u_route + S_tok)
                 feat = phasor(u + e)  # (B, T, K, 2P) read features for this block's layers
                 idx = self.block_layers[b]
                 read_kv = dict(zip(idx, read_keys_values([self.layers[i].read for i in idx],

@@ -205,3 +205,52 @@ def test_route_concentration_is_100_for_one_path_and_lower_for_random_routes(str
         top, spread = route_concentration(model, stream, batch_size=N)
     assert top == 100.0 and 25.0 < spread < 50.0  # ~40 tokens over 4 groups at random
     assert len(diagnose(model, stream).route_concentration) == 2
+
+
+def test_strict_routing_off_removes_l_from_the_u_deeper_routers_see(stream):
+    """Issue 39: the paper's routing off drops L only at each block's own level; the strict
+    intervention also takes it out of u. The root has no u (nothing changes there); block 1
+    routes on u from block 0, so with L != 0 some of its routes change, and with L = 0 (no
+    writes) none do."""
+    model = _model()
+    changed = ltm_route_change(model, stream, "identity", batch_size=N, strict=True)
+    assert changed[0] == 0.0 and changed[1] > 0.0
+    with probing(model, Probe(drop_writes=frozenset({0, 1}))):
+        assert ltm_route_change(model, stream, "identity", batch_size=N,
+                                strict=True) == [0.0, 0.0]
+
+
+def test_strict_probe_with_zero_ltm_is_the_plain_model(stream):
+    """L = 0 (a fresh state): u with and without L are the same, so every logit and route is
+    bitwise the plain model's; with L != 0 the deeper routes differ."""
+    model = _model()
+    batch = stream[:8]
+    state = model.init_state(8)
+    out, s1 = model(batch.seg_tokens[:, 0], state, ltm_routing=False)
+    with probing(model, Probe(routing_u_uses_ltm=False)):
+        out2, s2 = model(batch.seg_tokens[:, 0], state, ltm_routing=False)
+    assert torch.equal(out, out2) and all(torch.equal(a, b) for a, b in zip(s1.routes,
+                                                                             s2.routes))
+    with_l = model.consolidate(s1, mode="identity").clear_context()
+    _, off = model(batch.seg_tokens[:, 1], with_l, ltm_routing=False)
+    with probing(model, Probe(routing_u_uses_ltm=False)):
+        _, strict = model(batch.seg_tokens[:, 1], with_l, ltm_routing=False)
+    assert torch.equal(off.routes[1], strict.routes[1])  # the root's choice: no u there
+    assert not torch.equal(off.routes[2], strict.routes[2])
+
+
+@pytest.mark.parametrize("condition, routing", [("consolidator_only", True),
+                                                ("consolidator_only_routing_off", False)])
+def test_every_phase2_model_gets_its_strict_off_recall(stream, condition, routing):
+    model = _model()
+    d = diagnose(model, stream, condition=condition, consolidation="learned",
+                 ltm_routing=routing)
+    with probing(model, Probe(routing_u_uses_ltm=False)):
+        strict = evaluate(model, stream, consolidation="learned", ltm_routing=False,
+                          full=False, stm=False)
+    own = evaluate(model, stream, consolidation="learned", ltm_routing=routing, full=False,
+                   stm=False)
+    assert d.updated_strict_off.recall == pytest.approx(strict["updated_ltm"], abs=1e-9)
+    assert d.updated_strict_off.drop == pytest.approx(own["updated_ltm"]
+                                                      - strict["updated_ltm"], abs=1e-6)
+    assert len(d.strict_route_change) == 2 and d.strict_route_change[0] == 0.0
