@@ -911,6 +911,29 @@ def test_the_committed_issue21_run_is_rebuilt_unchanged_with_its_checkpoints_rou
         assert_same_data(paths[data], committed / "data" / data)
     body = _md_rows(paths["tab-routes.md"].read_text())[2:]
     assert [(r[0], r[4], r[-1]) for r in body] == routes
+    # issue 35: with three checkpoints the headline's paired rows are the random-factor
+    # estimates (estimate ± SE, the mixed model's t CI and p), each checkpoint's value beside
+    from pmnet.report.paper_tables import HEADLINE_ROWS
+
+    headline = {r[0]: r for r in _md_rows(paths["tab-headline.md"].read_text())[2:]}
+    assert _md_rows(paths["tab-headline.md"].read_text())[0] == [
+        "Quantity", "Ours", "95% CI", "p", "Per checkpoint", "Paper"]
+    variance = {r[0]: r for r in _md_rows(paths["tab-phase1-variance.md"].read_text())[2:]}
+    checkpoints = _md_rows(paths["tab-phase1-checkpoints.md"].read_text())[2:]
+    paired = [(text, key) for text, cond, key in HEADLINE_ROWS
+              if cond is None and key in variance]
+    assert len(paired) == 3  # routing on - off, learned - identity off and on
+    for text, key in paired:
+        row, fit = headline[text], variance[key]
+        assert row[1:4] == [fit[4], fit[5], fit[6]], key
+        own = [r[3].split(" ± ")[0] for r in checkpoints if r[0] == key]
+        shown = [float(v) for v in row[4].split(" / ")]
+        assert len(shown) == len(own) == 3, key
+        assert all(abs(float(a) - b) <= 0.051 for a, b in zip(own, shown)), key
+    claims = _md_rows(paths["tab-claims.md"].read_text())[2:]
+    routing = next(r for r in claims if r[0].startswith("Routing on > off"))
+    assert routing[1] == variance["routing on - off: updated_ltm"][4]
+    assert "over 3 checkpoints" in routing[-1]
 
 
 @pytest.fixture(scope="module")

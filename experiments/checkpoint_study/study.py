@@ -49,8 +49,11 @@ ARMS: dict[str, tuple[str, ...]] = {
     "channel": ("operator_gru", "operator_gru_routing_off",
                 "memory_consolidator", "memory_consolidator_routing_off"),
 }
-#: routing-on arms whose seed-42 model is diagnosed (L removed from each block's routing)
-DIAGNOSED = ("consolidator_only", "operator_gru", "memory_consolidator")
+#: arms whose seed-42 model is diagnosed (L removed from each block's routing where it
+#: routes with L; every model: updated-LTM recall under strict routing off)
+DIAGNOSED = ("consolidator_only", "consolidator_only_routing_off", "operator_gru",
+             "operator_gru_routing_off", "memory_consolidator",
+             "memory_consolidator_routing_off")
 
 
 def cpu_name() -> str:
@@ -169,6 +172,7 @@ class Job:
             if (out / "diagnose.json").is_file():
                 copy_atomic(out / "diagnose.json", dst.with_name(dst.stem + "-diagnose.json"))
             result = json.loads((out / "result.json").read_text())
+            result["phase1_seed"] = k  # as the pipeline's trials record it
             result["study"] = {"cpu": cpu_name(), "wall_s": round(wall_s, 1),
                                "commit": git_commit()}
             write_json(dst, result)

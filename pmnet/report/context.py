@@ -5,7 +5,8 @@ the cells that are missing, for the table's footnote."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -51,6 +52,55 @@ class Missing:
         return out
 
 
+@dataclass(frozen=True)
+class CheckpointView:
+    """The unit of analysis when trials come from K >= 2 Phase-1 checkpoints (issue 35): every
+    checkpoint's default-variant trials (``every``, derived metrics filled), each paired
+    effect with the checkpoint as a random intercept (``effects`` by label,
+    :func:`pmnet.stats.phase1_variance`), and each checkpoint's own mean difference
+    (``per_checkpoint``: label -> [(phase1_seed, mean_diff)])."""
+
+    phase1_seeds: tuple[int, ...]
+    every: pd.DataFrame
+    effects: Mapping[str, stats.Phase1Effect]
+    per_checkpoint: Mapping[str, list[tuple[int, float]]]
+
+    @property
+    def k(self) -> int:
+        return len(self.phase1_seeds)
+
+    @classmethod
+    def build(cls, every: pd.DataFrame, labels: Sequence[str]) -> CheckpointView:
+        specs = [c for c in stats.COMPARISONS if c.label in set(labels)]
+        analysis = stats.phase1_variance(every, specs)
+        per: dict[str, list[tuple[int, float]]] = {}
+        for t in analysis.checkpoints:
+            if t.n > 0:
+                per.setdefault(t.label, []).append((t.phase1_seed, t.mean_diff))
+        return cls(tuple(stats.phase1_seeds(every)), every,
+                   {e.label: e for e in analysis.effects}, per)
+
+    def condition_means(self, condition: str, metric: str) -> list[tuple[int, float]]:
+        """(phase1_seed, mean over that checkpoint's seeds) of a condition's metric."""
+        df = self.every
+        if metric not in df.columns:
+            return []
+        part = df[df["condition"] == condition]
+        means = part.groupby(stats.PHASE1_SEED)[metric].mean().dropna()
+        return [(int(k), float(v)) for k, v in means.items()]
+
+    def condition_values(self, condition: str, metric: str) -> pd.Series:
+        df = self.every
+        if metric not in df.columns:
+            return pd.Series(dtype=float)
+        return df.loc[df["condition"] == condition, metric].dropna().astype(float)
+
+
+def per_checkpoint_text(values: Sequence[tuple[int, float]], signed: bool = True) -> str:
+    """`+12.1 / +0.3 / -12.9` in Phase-1 seed order (blank without values)."""
+    return " / ".join(f"{v:+.1f}" if signed else f"{v:.1f}" for _, v in sorted(values))
+
+
 class Context:
     """The cells of the tables over one tidy frame: ``stat`` (mean ± SD over seeds), ``seed``,
     ``seed_diff``, ``paired`` (a paired comparison of ``comparisons``, or one computed on
@@ -63,8 +113,10 @@ class Context:
         paper: stats.PaperReference | None,
         comparisons: pd.DataFrame,
         seeds: Sequence[int],
+        checkpoints: CheckpointView | None = None,
     ) -> None:
         self.df = df
+        self.checkpoints = checkpoints  # the unit of analysis with K >= 2 checkpoints
         self.paper = paper
         self.seeds = list(seeds)
         self.present = (

@@ -19,6 +19,20 @@ DESCRIPTIVE_NOTE = (
     "descriptive, as the paper says (Sections 6.3 and 9). All main seeds share one Phase-1 "
     "checkpoint, so their spread reflects consolidation training and data streams only."
 )
+#: the same note when the headline reads K >= 2 Phase-1 checkpoints (issue 35)
+UNIT_NOTE = (
+    "The headline and claims read every Phase-1 checkpoint: their CIs and p values are the "
+    "mixed model's over checkpoints (t with K - 1 df), so with few checkpoints they are wide "
+    "(tab:checkpoint-distribution, where present, says how many a decision needs). Within "
+    "one checkpoint, tests over n = 5 seeds (or fewer) are descriptive, as the paper says "
+    "(Sections 6.3 and 9), and speak for that checkpoint only."
+)
+
+
+def statistics_note(by_id: Mapping[str, Table]) -> str:
+    headline = by_id.get("tab:headline")
+    unit = headline is not None and "Per checkpoint" in headline.columns
+    return UNIT_NOTE if unit else DESCRIPTIVE_NOTE
 
 
 _CSS = """
@@ -76,7 +90,8 @@ def html_page(
     if "tab:headline" in by_id:
         out.append('<h2 id="headline">Headline numbers</h2>')
         out.append(by_id["tab:headline"].to_html())
-    out.append(f'<p class="note"><strong>Statistics.</strong> {esc(DESCRIPTIVE_NOTE)}</p>')
+    out.append(f'<p class="note"><strong>Statistics.</strong> {esc(statistics_note(by_id))}'
+               '</p>')
     if "tab:claims" in by_id:
         out.append('<h2 id="claims">Which claims reproduce</h2>')
         out.append(by_id["tab:claims"].to_html())
@@ -128,7 +143,7 @@ def markdown_page(
     out += [""]
     if "tab:headline" in by_id:
         out += ["## Headline numbers", "", by_id["tab:headline"].to_markdown()]
-    out += [f"**Statistics.** {DESCRIPTIVE_NOTE}", ""]
+    out += [f"**Statistics.** {statistics_note(by_id)}", ""]
     if "tab:claims" in by_id:
         out += ["## Which claims reproduce", "", by_id["tab:claims"].to_markdown()]
     out += ["## What ran", "", "| | |", "|---|---|"]

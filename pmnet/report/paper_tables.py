@@ -12,7 +12,7 @@ import pandas as pd
 
 from pmnet import stats
 from pmnet.report.cells import NA, Cell, finite, format_p, text_cell
-from pmnet.report.context import Context, Missing, finish
+from pmnet.report.context import Context, Missing, finish, per_checkpoint_text
 from pmnet.report.table import Table
 from pmnet.stats import CONDITIONS, condition_label
 
@@ -41,12 +41,65 @@ HEADLINE_ROWS: tuple[tuple[str, str | None, str], ...] = (
 )
 
 
+#: The paired claims of the claims table: (claim, comparison label).
+CLAIM_ROWS: tuple[tuple[str, str], ...] = (
+    ("Learned > forced identity, routing on (updated LTM, pp)",
+     "learned - forced identity, routing on: updated_ltm"),
+    ("Routing on > off (updated LTM, pp)", "routing on - off: updated_ltm"),
+    ("Learned > forced identity, routing off (updated LTM, pp)",
+     "learned - forced identity, routing off: updated_ltm"),
+    *((f"Routing on: updated LTM above the output-set baseline, {name} (pp)",
+       f"recall - output-set baseline, {fam}: {ON}")
+      for fam, name in (("add10", "ADD10"), ("affine10", "AFFINE10"))),
+)
+#: Every paired effect the headline and claims read across K >= 2 checkpoints (issue 35).
+UNIT_LABELS: tuple[str, ...] = tuple(dict.fromkeys(
+    [key for _, condition, key in HEADLINE_ROWS if condition is None]
+    + [label for _, label in CLAIM_ROWS]))
+
+
+def _unit_cells(ctx: Context, label: str) -> tuple[Cell, Cell, Cell, Cell]:
+    """Across checkpoints: estimate ± SE (random intercept), its t CI and p, and each
+    checkpoint's own mean difference."""
+    view = ctx.checkpoints
+    e = view.effects.get(label)
+    per = text_cell(per_checkpoint_text(view.per_checkpoint.get(label, [])))
+    if e is None or not e.fitted:
+        return NA, NA, NA, per
+    return (Cell("stat", e.estimate, e.se, n=e.k, signed=True),
+            Cell("ci", e.ci_low_t, hi=e.ci_high_t), Cell("p", e.p_t), per)
+
+
+def _unit_condition_cells(ctx: Context, condition: str, metric: str) -> tuple[Cell, Cell]:
+    """Across checkpoints: mean ± SD over every trial, and each checkpoint's mean."""
+    view = ctx.checkpoints
+    values = view.condition_values(condition, metric)
+    n = int(values.size)
+    cell = Cell("stat", float(values.mean()) if n else math.nan,
+                float(values.std(ddof=1)) if n > 1 else math.nan)
+    return cell, text_cell(per_checkpoint_text(view.condition_means(condition, metric),
+                                               signed=False))
+
+
+def _unit_note(ctx: Context) -> str:
+    view = ctx.checkpoints
+    return (f"Over K = {view.k} Phase-1 checkpoints (phase1_seed "
+            f"{', '.join(str(k) for k in view.phase1_seeds)}), the unit of analysis: a paired "
+            "row is the mean with the checkpoint as a random intercept (estimate ± SE, REML; "
+            "95% CI and p from a t with K - 1 df, tab:phase1-variance), a condition row the "
+            "mean ± SD over every trial; 'Per checkpoint' gives each checkpoint's own mean "
+            "over its seeds, in Phase-1 seed order. The paper-layout tables below are one "
+            "checkpoint's view.")
+
+
 def table_headline(ctx: Context) -> Table:
     """The paper's headline quantities that this run's trials cover: a row whose condition (or
     either side of whose comparison) has no trial at all is left out, and one note names
-    those conditions."""
+    those conditions. With K >= 2 Phase-1 checkpoints every row is read across them (the
+    unit of analysis) with each checkpoint's value beside it."""
     miss = Missing(ctx)
     ran = {c for c, _ in ctx.present}
+    unit = ctx.checkpoints is not None
     rows, absent = [], []
     for text, condition, key in HEADLINE_ROWS:
         if condition is not None:
@@ -57,8 +110,17 @@ def table_headline(ctx: Context) -> Table:
             absent += [c for c in needs if c not in ran and c not in absent]
             continue
         if condition is not None:
+            paper = ctx.paper_stat(condition, key) or NA
+            if unit:
+                cell, per = _unit_condition_cells(ctx, condition, key)
+                rows.append([text_cell(text), cell, NA, NA, per, paper])
+                continue
             cell = ctx.stat(miss, condition, key, paper=False)
-            rows.append([text_cell(text), cell, NA, NA, ctx.paper_stat(condition, key) or NA])
+            rows.append([text_cell(text), cell, NA, NA, paper])
+            continue
+        if unit:
+            est, ci, p, per = _unit_cells(ctx, key)
+            rows.append([text_cell(text), est, ci, p, per, ctx.paper_cmp(key) or NA])
             continue
         row = ctx.comparison(key)
         rows.append([
@@ -68,13 +130,24 @@ def table_headline(ctx: Context) -> Table:
             Cell("p", row["p"], paper=ctx.paper_cmp(key, "p")),
             ctx.paper_cmp(key) or NA,
         ])
-    table = Table(
-        "tab:headline",
-        "Headline numbers: ours beside the paper's (mean ± SD over seeds; paired differences "
-        "in percentage points with t-distribution 95% CI and paired t-test p).",
-        ["Quantity", "Ours", "95% CI", "p", "Paper"],
-        rows,
-    )
+    if unit:
+        table = Table(
+            "tab:headline",
+            f"Headline numbers over {ctx.checkpoints.k} Phase-1 checkpoints: ours beside the "
+            "paper's (the paper's are from one checkpoint and five seeds).",
+            ["Quantity", "Ours", "95% CI", "p", "Per checkpoint", "Paper"],
+            rows,
+            notes=[_unit_note(ctx)],
+        )
+    else:
+        table = Table(
+            "tab:headline",
+            "Headline numbers: ours beside the paper's (mean ± SD over seeds; paired "
+            "differences in percentage points with t-distribution 95% CI and paired t-test "
+            "p).",
+            ["Quantity", "Ours", "95% CI", "p", "Paper"],
+            rows,
+        )
     if absent:
         left_out = len(HEADLINE_ROWS) - len(rows)
         table.notes.append(
@@ -82,7 +155,7 @@ def table_headline(ctx: Context) -> Table:
             f"{left_out} headline row{'s' if left_out != 1 else ''} about "
             f"{'them' if len(absent) > 1 else 'it'} {'are' if left_out != 1 else 'is'} left "
             "out.")
-    if ctx.paper is not None:
+    if ctx.paper is not None and not unit:
         table.notes.append("Parenthesised CI and p values are the paper's where it prints them.")
     table.missing = miss.lines()
     return table
@@ -106,12 +179,34 @@ def _verdict_paired(row: Mapping[str, Any]) -> str:
     return "does not reproduce (difference <= 0)"
 
 
+def _verdict_unit(e: stats.Phase1Effect | None) -> str:
+    """'reproduces' when the mean over checkpoints (random intercept) is > 0 with p <
+    CLAIM_ALPHA."""
+    if e is None or e.n == 0:
+        return "not tested (no paired trials)"
+    if not e.fitted:
+        return f"not tested ({e.note.split(';')[0]})"
+    if e.estimate > 0 and e.p_t < CLAIM_ALPHA:
+        return f"reproduces over {e.k} checkpoints"
+    if e.estimate > 0:
+        return (f"does not reproduce over {e.k} checkpoints (> 0 but p = {format_p(e.p_t)} "
+                f">= {CLAIM_ALPHA})")
+    return f"does not reproduce over {e.k} checkpoints (mean <= 0)"
+
+
 def table_claims(ctx: Context) -> Table:
     """Which of the paper's claims this run reproduces, each with the test that decides it."""
     miss = Missing(ctx)
     rows = []
+    unit = ctx.checkpoints is not None
 
     def paired_row(claim: str, label: str) -> None:
+        if unit:
+            est, ci, p, per = _unit_cells(ctx, label)
+            e = ctx.checkpoints.effects.get(label)
+            rows.append([text_cell(claim), est, ci, p, per, ctx.paper_cmp(label) or NA,
+                         text_cell(_verdict_unit(e))])
+            return
         row = ctx.comparison(label)
         rows.append([
             text_cell(claim),
@@ -122,35 +217,42 @@ def table_claims(ctx: Context) -> Table:
             text_cell(_verdict_paired(row)),
         ])
 
-    paired_row("Learned > forced identity, routing on (updated LTM, pp)",
-               "learned - forced identity, routing on: updated_ltm")
-    paired_row("Routing on > off (updated LTM, pp)", "routing on - off: updated_ltm")
-    paired_row("Learned > forced identity, routing off (updated LTM, pp)",
-               "learned - forced identity, routing off: updated_ltm")
-    for fam, name in (("add10", "ADD10"), ("affine10", "AFFINE10")):
-        label = f"recall - output-set baseline, {fam}: {ON}"
-        paired_row(f"Routing on: updated LTM above the output-set baseline, {name} (pp)", label)
+    def mean_cells(metric: str) -> tuple[Cell, list[Cell]]:
+        if unit:
+            cell, per = _unit_condition_cells(ctx, ON, metric)
+            n = int(ctx.checkpoints.condition_values(ON, metric).size)
+            return Cell("stat", cell.value, cell.sd, n=n), [per]
+        return ctx.stat(miss, ON, metric, paper=False), []
+
+    for claim, label in CLAIM_ROWS:
+        paired_row(claim, label)
     for metric, name in (("fresh_ltm", "Fresh LTM"), ("mismatched_ltm", "Mismatched LTM")):
-        cell = ctx.stat(miss, ON, metric, paper=False)
+        cell, per = mean_cells(metric)
         ok = cell.n and finite(cell.value) and cell.value <= NEAR_CHANCE_MAX
         verdict = ("reproduces" if ok else
                    "not tested (no results)" if not cell.n else
                    f"does not reproduce (mean above {NEAR_CHANCE_MAX:g}%)")
         rows.append([text_cell(f"{name} near chance (10%), routing on (%)"), cell, NA, NA,
-                     ctx.paper_stat(ON, metric) or NA, text_cell(verdict)])
-    follow = ctx.stat(miss, ON, "mismatched_donor_follow", paper=False)
+                     *per, ctx.paper_stat(ON, metric) or NA, text_cell(verdict)])
+    follow, per = mean_cells("mismatched_donor_follow")
     rows.append([text_cell("Mismatched LTM: answers that follow the donor's rule (%)"), follow,
-                 NA, NA, NA, text_cell("reported (not a claim of the paper)")])
+                 NA, NA, *per, NA, text_cell("reported (not a claim of the paper)")])
+    how = ("over the Phase-1 checkpoints (the mean with the checkpoint as a random "
+           "intercept, t with K - 1 df) is > 0 with p" if unit
+           else "over seeds is > 0 with paired t-test p")
     table = Table(
         "tab:claims",
         "Which of the paper's claims this run reproduces. A paired claim reproduces when the "
-        f"paired mean difference over seeds is > 0 with paired t-test p < {CLAIM_ALPHA:g}; a "
+        f"paired mean difference {how} < {CLAIM_ALPHA:g}; a "
         f"control is near chance when its mean recall is at most {NEAR_CHANCE_MAX:g}%. "
         "Above-baseline rows pair each seed's recall with the output-set baseline on the same "
         "test episodes of that family.",
-        ["Claim", "Ours", "95% CI", "p", "Paper", "Verdict"],
+        ["Claim", "Ours", "95% CI", "p", *(["Per checkpoint"] if unit else []), "Paper",
+         "Verdict"],
         rows,
-        align=["p{5cm}", "r", "r", "r", "r", "p{4.5cm}"],  # the text wraps: fits the page
+        notes=[_unit_note(ctx)] if unit else [],
+        # the text wraps: fits the page
+        align=["p{5cm}", "r", "r", "r", *(["r"] if unit else []), "r", "p{4.5cm}"],
     )
     table.missing = miss.lines()
     return table

@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 
 from pmnet import stats
-from pmnet.report.context import Context
+from pmnet.report.context import CheckpointView, Context
+from pmnet.report.paper_tables import UNIT_LABELS
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Trials:
     meta: Mapping[str, Any]
     comparisons: pd.DataFrame | None
     notes: list[str] = field(default_factory=list)
+    checkpoints: CheckpointView | None = None  # K >= 2 Phase-1 checkpoints: every one
 
     @property
     def paper_part(self) -> bool:
@@ -48,7 +50,7 @@ class Trials:
     @cached_property
     def ctx(self) -> Context:
         """The cell builder over ``base`` that the paper's tables and their studies share."""
-        return Context(self.base, self.paper, self.comparisons, self.seeds)
+        return Context(self.base, self.paper, self.comparisons, self.seeds, self.checkpoints)
 
     @classmethod
     def build(
@@ -67,16 +69,22 @@ class Trials:
         notes: list[str] = []
         derived = stats.add_derived_metrics(df) if not df.empty else df.copy()
         derived.attrs = dict(df.attrs)
+        view = None
         if stats.has_phase1_variance(derived):  # K Phase-1 checkpoints
             reference = stats.reference_phase1_seed(derived)
+            every = stats.default_variant(derived)
+            view = CheckpointView.build(every, UNIT_LABELS)
             derived = stats.at_phase1_seed(derived, reference)
             k = stats.phase1_seeds(df)
             notes.append(
                 f"Trials from {len(k)} Phase-1 checkpoints (phase1_seed "
-                f"{', '.join(str(s) for s in k)}). The paper-layout tables, the result figures "
-                f"and the missing-results list use phase1_seed {reference} (the smallest: the "
-                "paper's fixed-checkpoint analysis); tab:phase1-variance, "
-                "tab:phase1-checkpoints and the training curves use every checkpoint.")
+                f"{', '.join(str(s) for s in k)}), the unit of analysis: the headline and "
+                "claims tables give each paired effect with the checkpoint as a random factor "
+                "and every checkpoint's own value beside it. The paper-layout tables after them, "
+                f"the result figures and the missing-results list are one checkpoint's view, "
+                f"phase1_seed {reference} (the smallest: the paper's fixed-checkpoint "
+                "analysis); tab:phase1-variance, tab:phase1-checkpoints and the training "
+                "curves use every checkpoint.")
         if paper_note:
             notes.append(paper_note)
         # named variants (beyond the paper): the paper's tables read the default variant's
@@ -94,4 +102,4 @@ class Trials:
         if paper_part and comparisons is None:
             comparisons = stats.compare_all(base, expected_seeds=seeds)
         return cls(df, derived, base, list(seeds), paper, dict(meta or {}),
-                   comparisons if paper_part else None, notes)
+                   comparisons if paper_part else None, notes, view)

@@ -1,0 +1,167 @@
+"""The checkpoint study's analysis (issue 39): what `study.py` has committed so far ->
+`experiments/results/issue39/study/analysis/` (summary.md, CSVs, predictor.json, the figure).
+
+    python experiments/checkpoint_study/analyze.py
+
+Everything comes from the library's statistics (`pmnet.stats.checkpoint_distribution`, the
+report's `fig-checkpoints`), applied to the study's result files; the predictor's test is the
+one pre-registered in docs/results.md ("Pre-registration" and its two amendments):
+Spearman's rho between the root's L route change of each Phase-1 checkpoint and its routing
+effect, one-sided (rho < 0), p < 0.05, confirmatory on Phase-1 seeds 3..9.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+from scipy import stats as sps
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from pmnet import stats  # noqa: E402
+from pmnet.io import atomic_write_text  # noqa: E402
+from pmnet.report.figures import save_figure  # noqa: E402
+from pmnet.report.studies.checkpoints import figure_checkpoints  # noqa: E402
+
+STUDY = ROOT / "experiments" / "results" / "issue39" / "study"
+CONFIRMATORY = tuple(range(3, 10))  # the second amendment: seeds 0..2 are not independent
+ROUTING = "routing on - off: updated_ltm"
+
+
+def load_trials() -> pd.DataFrame:
+    files = sorted(p for p in (STUDY / "trials").glob("*.json")
+                   if not p.stem.endswith("-diagnose"))
+    if not files:
+        raise SystemExit(f"no trial results in {STUDY / 'trials'} yet")
+    return stats.default_variant(stats.add_derived_metrics(stats.load_results(files)))
+
+
+def checkpoint_features() -> pd.DataFrame:
+    """Per checkpoint: the pre-registered predictor and the secondary ones (Phase-1 route
+    diagnostics), and from the routing-on model of seed 42 the recall lost when L leaves the
+    root's routing; the routing-off model's loss under strict routing off."""
+    rows = []
+    for d in sorted((STUDY / "checkpoints").glob("p1s*"), key=lambda p: int(p.name[3:])):
+        diag = d / "diagnose.json"
+        if not diag.is_file():
+            continue
+        k = int(d.name[3:])
+        g = json.loads(diag.read_text())
+        origin = json.loads((d / "origin.json").read_text())
+        row = {"phase1_seed": k, "root_l_route_change": g["ltm_route_change"][0],
+               "random_route_cost": g["stm_random_routes"]["drop"],
+               "root_margin": g["margin_median"][0], "phase1_stm_val": g["stm"]["recall"],
+               "strict_route_change": json.dumps([round(x, 1) for x in
+                                                  g.get("strict_route_change") or []]),
+               "cpu": origin["cpu"], "sha256": origin["sha256"][:12]}
+        for cond, key in (("consolidator_only", "on"),
+                          ("consolidator_only_routing_off", "off")):
+            p2 = STUDY / "trials" / f"{cond}-p{k}-s42-diagnose.json"
+            if p2.is_file():
+                h = json.loads(p2.read_text())
+                if h.get("updated_without_ltm_route"):
+                    row["on_root_l_removed_cost"] = h["updated_without_ltm_route"][0]["drop"]
+                if h.get("updated_strict_off"):
+                    row[f"{key}_strict_off_cost"] = h["updated_strict_off"]["drop"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def spearman(x: pd.Series, y: pd.Series, alternative: str) -> dict:
+    ok = x.notna() & y.notna()
+    if ok.sum() < 3:
+        return {"n": int(ok.sum()), "rho": None, "p": None}
+    r = sps.spearmanr(x[ok], y[ok], alternative=alternative)
+    return {"n": int(ok.sum()), "rho": float(r.statistic), "p": float(r.pvalue)}
+
+
+def fmt(x, spec=".2f") -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def main() -> int:
+    df = load_trials()
+    comparisons = (*stats.CHECKPOINT_COMPARISONS,
+                   *[c for c in stats.CHANNEL_COMPARISONS if c.label != ROUTING])
+    dists, points = stats.checkpoint_distribution(df, comparisons)
+    out = STUDY / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    dist_df, pts_df = stats.checkpoint_frame(dists), stats.checkpoint_frame(points)
+    atomic_write_text(out / "distribution.csv", dist_df.to_csv(index=False))
+    atomic_write_text(out / "effects.csv", pts_df.to_csv(index=False))
+    feats = checkpoint_features()
+    atomic_write_text(out / "checkpoint_features.csv", feats.to_csv(index=False))
+    fig = figure_checkpoints(dists, points)
+    if fig.figure is not None:
+        save_figure(fig, out)
+
+    routing = pts_df[pts_df.label == ROUTING].set_index("phase1_seed")["mean_diff"]
+    feats = feats.set_index("phase1_seed")
+    feats["routing_effect"] = routing
+    conf = feats.loc[[k for k in CONFIRMATORY if k in feats.index]]
+    predictor = {
+        "pre_registered": "rho(root L route change, routing effect) < 0, one-sided p < 0.05, "
+                          "confirmatory on Phase-1 seeds 3..9",
+        "confirmatory": spearman(conf["root_l_route_change"], conf["routing_effect"], "less"),
+        "all_checkpoints_not_independent": spearman(feats["root_l_route_change"],
+                                                    feats["routing_effect"], "less"),
+        "sign_rule_X_ge_50": [
+            {"phase1_seed": int(k), "x": float(r.root_l_route_change),
+             "routing_effect": float(r.routing_effect)}
+            for k, r in feats.iterrows()
+            if r.root_l_route_change >= 50 and not math.isnan(r.routing_effect)],
+        "secondary_two_sided": {
+            name: spearman(feats[name], feats["routing_effect"], "two-sided")
+            for name in ("random_route_cost", "root_margin", "phase1_stm_val",
+                         "on_root_l_removed_cost") if name in feats},
+        "checkpoints_with_both_arms": sorted(int(k) for k in routing.index),
+    }
+    predictor["confirmatory"]["holds"] = (
+        predictor["confirmatory"]["rho"] is not None and predictor["confirmatory"]["rho"] < 0
+        and predictor["confirmatory"]["p"] < 0.05)
+    atomic_write_text(out / "predictor.json", json.dumps(predictor, indent=2) + "\n")
+
+    lines = ["# Checkpoint study (issue 39): analysis of what has run",
+             "", f"Trials: {len(df)}; checkpoints with both Consolidator arms: "
+             f"{predictor['checkpoints_with_both_arms']}", "",
+             "| effect (pp) | K | n | mean ± SE (random factor) | 95% CI | p | between SD | "
+             "within SD | positive | signif. + / - | K for 5 pp | K for 10 pp |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for d in dists:
+        lines.append(f"| {d.label} | {d.k} | {d.n} | {fmt(d.estimate, '+.2f')} ± {fmt(d.se)} | "
+                     f"[{fmt(d.ci_low, '+.2f')}, {fmt(d.ci_high, '+.2f')}] | {fmt(d.p, '.3f')} | "
+                     f"{fmt(d.sd_between)} | {fmt(d.sd_within)} | {d.positive} / {d.k} | "
+                     f"{d.positive_significant} / {d.negative_significant} | "
+                     f"{d.k_needed_5 or ''} | {d.k_needed_10 or ''} |")
+    labels = list(dict.fromkeys(p.label for p in points))
+    lines += ["", "| Phase-1 seed | " + " | ".join(labels) + " | root L change (%) | "
+              "random-route cost | root margin | Phase-1 STM (val) |",
+              "|---|" + "---:|" * (len(labels) + 4)]
+    by = {(p.label, p.phase1_seed): p for p in points}
+    for k in sorted({p.phase1_seed for p in points}):
+        cells = []
+        for label in labels:
+            p = by.get((label, k))
+            cells.append("" if p is None else f"{p.mean_diff:+.2f} [{p.ci_low:+.1f}, "
+                         f"{p.ci_high:+.1f}] {p.verdict}")
+        f = feats.loc[k] if k in feats.index else None
+        extra = ["", "", "", ""] if f is None else [
+            fmt(f.root_l_route_change, ".1f"), fmt(f.random_route_cost, "+.1f"),
+            fmt(f.root_margin, ".3f"), fmt(f.phase1_stm_val, ".1f")]
+        lines.append(f"| {k} | " + " | ".join(cells + extra) + " |")
+    c = predictor["confirmatory"]
+    lines += ["", f"Predictor (pre-registered, seeds 3..9): n = {c['n']}, rho = "
+              f"{fmt(c['rho'], '+.3f')}, one-sided p = {fmt(c['p'], '.3f')}; holds: "
+              f"{c['holds']}"]
+    atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
