@@ -23,6 +23,7 @@ calls are skipped; SQLite's "database is locked" is retried, `SQLITE_LOCK_RETRIE
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -162,8 +163,23 @@ class TrackingGuard:
 
 
 def _param_str(value: Any) -> str:
-    s = value if isinstance(value, str) else str(value)
+    """One spelling per value: a tuple and the list a result file reads back are the same
+    JSON list (`[1, 1, 8, 8]`), so a param logged from the config and again from the result
+    is not seen as changed (issue 37)."""
+    s = value if isinstance(value, str) else (
+        json.dumps(value) if isinstance(value, (list, tuple)) else str(value))
     return s if len(s) <= MAX_PARAM_LEN else s[: MAX_PARAM_LEN - 3] + "..."
+
+
+def _same_param(logged: str, value: Any) -> bool:
+    """Whether `logged` spells `value`: today's spelling, or one of the two an earlier version
+    wrote (`str` of the tuple or of the list), so a run logged then is not changed by a
+    resume now."""
+    spellings = {_param_str(value)}
+    if isinstance(value, (list, tuple)):
+        spellings |= {str(tuple(value)), str(list(value))}
+    cut = {x if len(x) <= MAX_PARAM_LEN else x[: MAX_PARAM_LEN - 3] + "..." for x in spellings}
+    return logged in cut
 
 
 class Tracker:
@@ -240,7 +256,7 @@ class Tracker:
             s = _param_str(v)
             if k not in existing:
                 todo.append(Param(k, s))
-            elif existing[k] != s:
+            elif not _same_param(existing[k], v):
                 differ.append(k)
         for i in range(0, len(todo), 100):
             self.client.log_batch(run_id, params=todo[i:i + 100])

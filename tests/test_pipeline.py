@@ -279,6 +279,7 @@ def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
             "--root", str(root), "--name", "p1")
     rc, out = cli(*args)
     assert rc == 0, out[-4000:]
+    assert "different values for params" not in out  # issue 37: one spelling per param
     lay = Layout(root, "p1")
     shas = {}
     for k in (1, 2):

@@ -319,6 +319,14 @@ def test_trial_runs_are_named_and_reattached(tracker):
                                                        "new": "x"}
     assert tracker.logged_steps(rid, "epoch") == {0}
     assert len(tracker.client.search_runs([exp], f"tags.run_key = '{key}'")) == 1
+    # issue 37: a tuple from the config and the list its result file reads back are one
+    # spelling, nested too; a run logged with the old spelling (str of a tuple) is unchanged
+    assert tracker.log_params_once(rid, {"model.write_dims": (1, 1, 8, 8)}) == []
+    assert tracker.log_params_once(rid, {"model.write_dims": [1, 1, 8, 8]}) == []
+    assert tracker.client.get_run(rid).data.params["model.write_dims"] == "[1, 1, 8, 8]"
+    tracker.client.log_param(rid, "seeds", str((42, 43)))  # as an older version logged it
+    assert tracker.log_params_once(rid, {"seeds": [42, 43]}) == []
+    assert tracker.log_params_once(rid, {"seeds": [42, 44]}) == ["seeds"]
 
 
 # -- status from disk -----------------------------------------------------------------------
