@@ -27,6 +27,7 @@ the default variant, `<condition>-<variant>-s<seed>` for a named one.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -205,21 +206,36 @@ def check_writable(root: str | os.PathLike) -> Path:
     """
     root = Path(root).expanduser().absolute()
     hint = "pass a writable --root (RUNS=... for make)"
-    if root.exists():
-        if not root.is_dir():
-            raise PipelineError(f"storage root {root} is not a directory; {hint}")
+    try:
+        if root.exists():
+            if not root.is_dir():
+                raise PipelineError(f"storage root {root} is not a directory; {hint}")
+            try:
+                fd, tmp = tempfile.mkstemp(dir=root, prefix=".write-test-")
+                os.close(fd)
+                os.unlink(tmp)
+            except OSError as e:
+                raise PipelineError(f"storage root {root} is not writable "
+                                    f"({e.strerror or e}); {hint}") from e
+            return root
+        parent = root.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise PipelineError(f"storage root {root} cannot be created: {parent} is not a "
+                                f"writable directory; {hint}")
+        # prove it (issue 37): a directory made and removed where the root's first missing
+        # part goes (a virtual or read-only file system, or a name too long, fails here)
         try:
-            fd, tmp = tempfile.mkstemp(dir=root, prefix=".write-test-")
-            os.close(fd)
-            os.unlink(tmp)
-        except OSError as e:
-            raise PipelineError(f"storage root {root} is not writable ({e.strerror or e}); "
-                                f"{hint}") from e
-        return root
-    parent = root.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise PipelineError(f"storage root {root} cannot be created: {parent} is not a "
-                            f"writable directory; {hint}")
+            name_max = os.pathconf(parent, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            name_max = 255
+        if (any(len(part) > name_max for part in root.relative_to(parent).parts)
+                or len(str(root)) >= 4096):
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+        tmp = tempfile.mkdtemp(dir=parent, prefix=".root-test-")
+        os.rmdir(tmp)
+    except OSError as e:
+        raise PipelineError(f"storage root {root} cannot be created or written "
+                            f"({e.strerror or e}); {hint}") from e
     return root

@@ -163,6 +163,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     from pmnet.train import TrainConfig
 
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib)
+    root = check_writable(root)  # before Ray is asked anything: a bad root costs nothing
     ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
     if cluster is None:
         cluster = describe_cluster(ray_address, num_cpus)
@@ -178,7 +179,6 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
                         gpus_per_trial=gpus_per_trial, max_concurrent=max_concurrent,
                         max_failures=max_failures, overrides=overrides,
                         phase1_seeds=phase1_seeds)
-    root = check_writable(root)
     name = check_name(name or default_name(cfg.preset))
     uri = requested_tracking_uri(tracking_uri)
     if uri and check_tracking:
