@@ -663,13 +663,22 @@ def test_phase1_tables_from_synthetic_results(tmp_path):
         assert r[3].value == pytest.approx(ref["mean_diff"]) and r[6].value == pytest.approx(
             ref["p"])
     assert per.rules_before  # one block per comparison
-    # the paper-layout tables are the reference checkpoint's (phase1_seed 0) analysis
+    # issue 35: the headline reads every checkpoint (the random-factor estimate, its t CI and
+    # p, each checkpoint's own mean beside it) ...
+    head = next(r for r in tables["tab:headline"].rows if r[0].text.startswith("Direct routing"))
+    assert head[1].value == pytest.approx(want.estimate) and head[1].sd == pytest.approx(want.se)
+    assert (head[2].value, head[2].hi) == pytest.approx((want.ci_low_t, want.ci_high_t))
+    assert head[3].value == pytest.approx(want.p_t)
+    assert head[4].text == " / ".join(f"{r[3].value:+.1f}" for r in routing)
+    claim = next(r for r in tables["tab:claims"].rows if r[0].text.startswith("Routing on >"))
+    assert claim[1].value == pytest.approx(want.estimate) and "checkpoints" in claim[-1].text
+    # ... and the paper-layout tables are the reference checkpoint's (phase1_seed 0) analysis
     ref0 = stats.paired_comparison(stats.at_phase1_seed(df, 0), "consolidator_only",
                                    "updated_ltm", "consolidator_only_routing_off",
                                    "updated_ltm")
-    head = next(r for r in tables["tab:headline"].rows if r[0].text.startswith("Direct routing"))
-    assert head[1].value == pytest.approx(ref0["mean_diff"]) and head[1].n == 5
-    assert head[3].value == pytest.approx(ref0["p"])
+    family = next(r for r in tables["tab:paired-comparisons"].rows if r[0].text == ROUTING)
+    assert any(c.kind == "stat" and c.value == pytest.approx(ref0["mean_diff"])
+               for c in family)
     for table in (var, per):
         for target in ("md", "tex", "html"):
             assert table.id in table.render(target) and "phase1_seed" not in table.caption
@@ -699,7 +708,7 @@ def test_report_with_phase1_checkpoints(tmp_path):
     for table_id in PHASE1_TABLES:
         assert doc.tables[table_id]["body"], table_id
     assert "Trials from 3 Phase-1 checkpoints (phase1_seed 0, 1, 2)" in text
-    assert "use phase1_seed 0" in text and "WARNING" not in text
+    assert "one checkpoint&#x27;s view, phase1_seed 0" in text and "WARNING" not in text
     what = text[text.index('id="what-ran"'):text.index('id="tables"')]
     assert "<th>Phase-1 seeds (from results)</th><td>0, 1, 2 (3 Phase-1 checkpoints)" in what
     missing = text[text.index('id="missing-results"'):]
@@ -1159,7 +1168,8 @@ def test_every_study_names_a_grid_that_exists_and_none_claims_the_papers_trials(
     from tune_spaces.grids import SPACES
 
     assert [s.name for s in STUDIES] == ["selected vs last epoch", "consolidation operators",
-                                         "Phase-1 variance", "route diagnostics", "segments",
+                                         "Phase-1 variance", "checkpoint distribution",
+                                         "route diagnostics", "segments",
                                          "task-matched baselines"]
     assert all(s.grid == "" or s.grid in SPACES for s in STUDIES)
     trials = Trials.build(fixture_df, seeds=[42, 43, 44, 45, 46])

@@ -74,6 +74,7 @@ CONCERN = {
     "pipeline_state": VIEW, "trial_rows": VIEW, "_select_metrics": VIEW, "_num": VIEW,
     "format_table": VIEW, "status_text": VIEW,
     "HttpLimits": TRACK, "_locked": TRACK, "TrackingGuard": TRACK, "_param_str": TRACK,
+    "_same_param": TRACK,
     "Tracker": TRACK, "Runs": TRACK, "experiment_name": TRACK, "open_tracking": TRACK,
     "_open_tracking": TRACK, "stage_run": TRACK, "trial_run_tags": TRACK,
     "trial_params": TRACK, "epoch_metrics": TRACK, "record_result": TRACK, "TrialRuns": TRACK,
