@@ -48,14 +48,57 @@ class GpuCard:
 
 
 @dataclass(frozen=True)
+class TorchCuda:
+    """What the Python that trains on a node sees of CUDA (issue 36): its torch version,
+    `torch.version.cuda` (None for a CPU build) and `torch.cuda.is_available()`; `error`
+    when torch could not be asked."""
+
+    torch: str
+    cuda: str | None
+    available: bool
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.cuda is not None and self.available
+
+    def describe(self) -> str:
+        if self.error:
+            return f"torch could not be asked ({self.error})"
+        return (f"torch {self.torch}, torch.version.cuda={self.cuda}, "
+                f"torch.cuda.is_available()={self.available}")
+
+
+TORCH_CUDA_CODE = ("import json, torch; print(json.dumps([torch.__version__, torch.version.cuda,"
+                   " bool(torch.cuda.is_available())]))")
+
+
+def torch_cuda(python: str | None = None, timeout: float = 120.0) -> TorchCuda:
+    """Ask a fresh `python` (default: this interpreter, the one Ray's workers run) what torch
+    sees of CUDA; never initialises CUDA in this process."""
+    import json
+    import sys
+
+    try:
+        out = subprocess.run([python or sys.executable, "-c", TORCH_CUDA_CODE],
+                             capture_output=True, text=True, timeout=timeout, check=True)
+        version, cuda, available = json.loads(out.stdout.strip().splitlines()[-1])
+        return TorchCuda(str(version), None if cuda is None else str(cuda), bool(available))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        return TorchCuda("unknown", None, False, error=f"{type(e).__name__}: {e}"[:300])
+
+
+@dataclass(frozen=True)
 class NodeInfo:
-    """One node of the cluster: its CPUs and GPUs (Ray's resources) and the GPUs' cards
-    (empty when they could not be read there)."""
+    """One node of the cluster: its CPUs and GPUs (Ray's resources), the GPUs' cards (empty
+    when they could not be read there) and, on a node with cards, what its torch sees of
+    CUDA (None: not asked)."""
 
     label: str
     cpus: float
     gpus: float = 0.0
     cards: tuple[GpuCard, ...] = ()
+    torch: TorchCuda | None = None
 
     @property
     def card_bytes(self) -> int | None:
@@ -142,12 +185,18 @@ def describe_local(num_cpus: int | None = None,
     and GPUs), without starting Ray."""
     found = cards()
     return ClusterInfo(nodes=(NodeInfo(label=socket.gethostname(), cpus=float(
-        num_cpus or os.cpu_count() or 1), gpus=float(len(found)), cards=found),))
+        num_cpus or os.cpu_count() or 1), gpus=float(len(found)), cards=found,
+        torch=torch_cuda() if found else None),))
 
 
 def probe_cards() -> tuple[GpuCard, ...]:
     """Run on a node: its cards (`local_cards` there)."""
     return local_cards()
+
+
+def probe_torch_cuda() -> TorchCuda:
+    """Run on a node: what its torch sees of CUDA (`torch_cuda` there)."""
+    return torch_cuda()
 
 
 def on_each_node(ray, nodes: list[dict], fn, *args, timeout: float) -> dict[str, tuple]:
@@ -183,13 +232,16 @@ def describe_ray(ray, *, timeout: float = 60.0) -> ClusterInfo:
     alive = [n for n in ray.nodes() if n.get("Alive")]
     gpu_nodes = [n for n in alive if float(n.get("Resources", {}).get("GPU", 0)) >= 1]
     found = on_each_node(ray, gpu_nodes, probe_cards, timeout=timeout)
+    torches = on_each_node(ray, gpu_nodes, probe_torch_cuda, timeout=timeout)
     nodes = []
     for node in alive:
         res = node.get("Resources", {})
         ok, cards = found.get(node["NodeID"], (False, ()))
+        asked, torch = torches.get(node["NodeID"], (False, None))
         nodes.append(NodeInfo(label=node_label(node), cpus=float(res.get("CPU", 0)),
                               gpus=float(res.get("GPU", 0)),
-                              cards=tuple(cards) if ok else ()))
+                              cards=tuple(cards) if ok else (),
+                              torch=torch if asked and isinstance(torch, TorchCuda) else None))
     return ClusterInfo(nodes=tuple(nodes), where="the Ray cluster")
 
 

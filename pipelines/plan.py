@@ -251,6 +251,15 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
         raise PipelineError(
             f"the grid asks {sp.gpus_per_trial:g} GPU per trial but no node of {where} has a "
             f"GPU ({cluster.describe()}); use --gpus-per-trial 0 (or a CPU preset)")
+    if gpu:  # issue 36: nvidia-smi sees a card, but the torch that would train cannot use it
+        blind = [n for n in cluster.gpu_nodes if n.torch is not None and not n.torch.ok]
+        if blind:
+            n = blind[0]
+            raise PipelineError(
+                f"node {n.label}: nvidia-smi sees {len(n.cards) or n.gpus:g} GPU(s) but its "
+                f"Python cannot use them ({n.torch.describe()}); install a CUDA build of "
+                "torch in the environment the pipeline runs in (make: TORCH_SPEC=...), or "
+                "train on CPUs (--gpus-per-trial 0 with a CPU preset)")
     kind = "GPU node" if gpu else "node"
     largest = cluster.largest_cpus(gpu=gpu)
     if sp.cpus_per_trial > largest:

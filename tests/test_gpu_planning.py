@@ -395,3 +395,34 @@ def test_a_resume_checks_the_stored_grid_against_the_cluster_a_report_does_not(t
     again = planning.plan_resume(root=tmp_path / "runs", name="p", cluster=cluster(RTX))
     assert again.space.gpu_shares == plan.space.gpu_shares  # the stored shares, unchanged
     assert planning.plan_resume(root=tmp_path / "runs", name="p", check_resources=False)
+
+
+def test_a_gpu_the_trainers_torch_cannot_use_is_refused_before_anything_starts(
+        tmp_path, monkeypatch):
+    """Issue 36, finding 1: nvidia-smi (a fake one on PATH) sees an RTX 4090, but the torch
+    that would train is this CPU build: planning asks that torch in a fresh process (never
+    this one), names what it saw, and refuses with exit 2 before anything is written; where
+    torch does see CUDA the same node plans GPU trials."""
+    from pipelines import cluster as cl
+    from pipelines import run
+
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho '0, GPU-aaa, NVIDIA GeForce RTX 4090, 24564'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{__import__('os').environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    local = describe_local(num_cpus=4)
+    node = local.nodes[0]
+    assert [c.name for c in node.cards] == ["NVIDIA GeForce RTX 4090"] and node.gpus == 1
+    assert node.torch is not None and node.torch.cuda is None and not node.torch.ok
+    assert node.torch.torch == torch.__version__  # the trainer's torch, asked in a subprocess
+    with pytest.raises(PipelineError, match=r"nvidia-smi sees 1 GPU\(s\) but its Python "
+                                            r"cannot use them .*torch.version.cuda=None"):
+        _plan(tmp_path, local, preset="debug")
+    root = tmp_path / "runs"
+    assert run.main(["start", "--preset", "debug", "--grid", "tiny", "--root", str(root)]) == 2
+    assert not root.exists()  # refused before anything was written
+    seeing = cl.TorchCuda("2.13.0+cu128", "12.8", True)
+    ok = ClusterInfo(nodes=(NodeInfo("gpu", 4, 1, node.cards, torch=seeing),))
+    assert _plan(tmp_path, ok, preset="debug").space.gpus_per_trial > 0

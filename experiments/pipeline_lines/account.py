@@ -30,6 +30,7 @@ CONCERN = {
     # cluster.py
     "GpuCard": CLUSTER, "NodeInfo": CLUSTER, "ClusterInfo": CLUSTER, "local_cards": CLUSTER,
     "describe_local": CLUSTER, "probe_cards": CLUSTER, "on_each_node": CLUSTER,
+    "TorchCuda": CLUSTER, "torch_cuda": CLUSTER, "probe_torch_cuda": CLUSTER,
     "describe_ray": CLUSTER, "describe_cluster": CLUSTER, "runtime_env": CLUSTER,
     "_loopback_node_ip": CLUSTER, "_ray_kwargs": ORCH, "connect_ray": CLUSTER,
     "init_ray": ORCH, "probe_storage": CLUSTER, "node_label": CLUSTER, "probe_nodes": CLUSTER,
