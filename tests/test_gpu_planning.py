@@ -426,3 +426,17 @@ def test_a_gpu_the_trainers_torch_cannot_use_is_refused_before_anything_starts(
     seeing = cl.TorchCuda("2.13.0+cu128", "12.8", True)
     ok = ClusterInfo(nodes=(NodeInfo("gpu", 4, 1, node.cards, torch=seeing),))
     assert _plan(tmp_path, ok, preset="debug").space.gpus_per_trial > 0
+
+
+def test_the_checkpoints_grid_plans_at_the_paper_preset_on_one_4090(tmp_path):
+    """Issue 39: a user with one RTX 4090 runs the checkpoint study at the paper's scale:
+    ten Phase-1 checkpoints, both Consolidator-only arms x two seeds each (40 trials), each
+    arm with a GPU share from the memory model that fits the card."""
+    plan = _plan(tmp_path, cluster(HEAD, RTX), preset="paper", grid="checkpoints")
+    sp = plan.space
+    assert plan.cfg.preset == "paper" and sp.phase1_seeds == tuple(range(10))
+    assert sp.n_trials == 40 and sp.seeds == (42, 43)
+    shares = {c: g for c, _, g in sp.gpu_shares}
+    assert set(shares) == {"consolidator_only", "consolidator_only_routing_off"}
+    assert all(0 < g <= 1 for g in shares.values())
+    assert not (tmp_path / "runs").exists()
