@@ -84,7 +84,13 @@ def fmt(x, spec=".2f") -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import argparse
+
+    global STUDY
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--study", default=str(STUDY), help="the study directory")
+    STUDY = Path(ap.parse_args(argv).study).resolve()
     df = load_trials()
     comparisons = (*stats.CHECKPOINT_COMPARISONS,
                    *[c for c in stats.CHANNEL_COMPARISONS if c.label != ROUTING])

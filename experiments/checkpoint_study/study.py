@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "experiments" / "results" / "issue39" / "study"
 WORK = ROOT / "runs" / "issue39"
+PRESET = "cpu"  # `--preset debug` for a quick check of the machinery (tests)
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 SEEDS = (42, 43)  # Phase-2 seeds: the `cpu` preset's two
 #: the arms of the study, by name: `core` (both Consolidator-only arms, every checkpoint) and
@@ -101,7 +102,7 @@ def trial_name(cond: str, k: int, seed: int) -> str:
 
 
 def phase1_args(k: int) -> list[str]:
-    return ["train", "phase1", "--preset", "cpu", "--out", str(WORK / f"p1s{k}"),
+    return ["train", "phase1", "--preset", PRESET, "--out", str(WORK / f"p1s{k}"),
             "--set", f"phase1_seed={k}", "--set", "threads=1"]
 
 
@@ -145,7 +146,7 @@ class Job:
         if self.kind == "diagnose":
             return [cli + ["diagnose", ckpt, "--out", str(ckpt_dir(k) / "diagnose.json")]]
         out = WORK / "trials" / trial_name(self.cond, k, self.seed)
-        cmds = [cli + ["train", "phase2", "--preset", "cpu", "--condition", self.cond,
+        cmds = [cli + ["train", "phase2", "--preset", PRESET, "--condition", self.cond,
                        "--seed", str(self.seed), "--phase1", ckpt, "--out", str(out),
                        "--set", f"phase1_seed={k}", "--set", "threads=1"]]
         if self.cond in DIAGNOSED and self.seed == SEEDS[0]:
@@ -276,9 +277,20 @@ def main(argv=None) -> int:
     r.add_argument("--channel-seeds", default="", help="Phase-1 seeds of the channel arms")
     r.add_argument("--jobs", type=int, default=2)
     r.add_argument("--stop-on-failure", action="store_true")
-    sub.add_parser("status")
+    st = sub.add_parser("status")
+    for q in (r, st):
+        q.add_argument("--preset", default=PRESET, help="training preset (default cpu)")
+        q.add_argument("--study", default=str(STUDY), help="the committed study directory")
+        q.add_argument("--work", default=str(WORK), help="where jobs train (not committed)")
     args = p.parse_args(argv)
+    configure(args.preset, Path(args.study), Path(args.work))
     return run(args) if args.cmd == "run" else status(args)
+
+
+def configure(preset: str, study: Path, work: Path) -> None:
+    """Point the module at a study (the defaults: the `cpu` preset, issue 39's study)."""
+    global PRESET, STUDY, WORK
+    PRESET, STUDY, WORK = preset, study.resolve(), work.resolve()
 
 
 if __name__ == "__main__":
