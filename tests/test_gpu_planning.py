@@ -164,7 +164,10 @@ def test_a_ray_cluster_is_described_from_its_nodes_and_their_cards():
                   answers={_id("gpu1"): (card(80), card(80)), _id("gpu2"): (card(24),)})
     info = describe_ray(ray)
     assert [n.cpus for n in info.nodes] == [64, 16, 8]
-    assert [r["resources"] for r in ray.submitted] == [{"num_cpus": 0, "max_retries": 0}] * 2
+    # two probes per GPU node, pinned there, taking no CPU: its cards, and its torch's CUDA
+    # (issue 36; the fake answers every probe with cards, so no torch answer is kept)
+    assert [r["resources"] for r in ray.submitted] == [{"num_cpus": 0, "max_retries": 0}] * 4
+    assert all(n.torch is None for n in info.nodes)
     assert info.has_gpu and info.largest_cpus(gpu=True) == 16 and info.largest_cpus(gpu=False) == 64
     assert info.card_bytes == 24 * GiB  # a share must fit the smallest card
 
