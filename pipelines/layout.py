@@ -206,6 +206,7 @@ def check_writable(root: str | os.PathLike) -> Path:
     """
     root = Path(root).expanduser().absolute()
     hint = "pass a writable --root (RUNS=... for make)"
+    where = root  # the directory the OS refused
     try:
         if root.exists():
             if not root.is_dir():
@@ -221,11 +222,13 @@ def check_writable(root: str | os.PathLike) -> Path:
         parent = root.parent
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        if not parent.is_dir():
             raise PipelineError(f"storage root {root} cannot be created: {parent} is not a "
                                 f"writable directory; {hint}")
         # prove it (issue 37): a directory made and removed where the root's first missing
-        # part goes (a virtual or read-only file system, or a name too long, fails here)
+        # part goes. A virtual or read-only file system, a name too long, or no permission
+        # (the kernel's answer, not os.access's guess) fails here with the OS's reason
+        where = parent
         try:
             name_max = os.pathconf(parent, "PC_NAME_MAX")
         except (OSError, ValueError):
@@ -237,5 +240,5 @@ def check_writable(root: str | os.PathLike) -> Path:
         os.rmdir(tmp)
     except OSError as e:
         raise PipelineError(f"storage root {root} cannot be created or written "
-                            f"({e.strerror or e}); {hint}") from e
+                            f"({e.strerror or e} in {where}); {hint}") from e
     return root

@@ -111,6 +111,44 @@ def _a_file(root: Path) -> None:
     (root / "a-file").write_text("not a directory")
 
 
+NOBODY = 65534  # an unprivileged uid (root's permissions bypass every mode bit)
+
+
+def _roots_dir(root: Path) -> None:
+    """A directory of root's, mode 0755: another user may enter it but not write in it."""
+    root.mkdir(parents=True)
+    root.chmod(0o755)
+
+
+def _mount(args: list[str], root: Path) -> None:
+    import subprocess
+
+    r = subprocess.run(["mount", *args, str(root)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount here ({r.stderr.strip() or r.returncode}): needs root "
+                    "and a mount namespace that allows it")
+
+
+def _read_only_tmpfs(root: Path) -> None:
+    """ROOT is an empty tmpfs mounted read-only."""
+    root.mkdir(parents=True)
+    _mount(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"], root)
+
+
+def _read_only_pipeline(root: Path) -> None:
+    """A recorded pipeline `p` whose root was then bind-mounted read-only over itself."""
+    _existing(root)
+    _mount(["--bind", str(root)], root)
+    _mount(["-o", "remount,bind,ro"], root)
+
+
+def _unmount(root: Path) -> None:
+    import subprocess
+
+    while subprocess.run(["umount", str(root)], capture_output=True).returncode == 0:
+        pass  # a bind mount of a bind mount: until nothing is mounted there
+
+
 # -- the table ------------------------------------------------------------------------------
 
 
@@ -122,6 +160,8 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     setup: Callable[[Path], None] | None = None
     kind: str = "flag"  # flag | --set | environment | path | record
+    user: int | None = None  # run the command as this uid (in a forked child)
+    teardown: Callable[[Path], None] | None = None  # after the case (unmount what setup mounted)
 
     def args(self, root: Path) -> list[str]:
         return [a.replace("ROOT", str(root)) for a in self.argv]
@@ -202,6 +242,22 @@ CASES = [
     Case("--root with a name too long", ["start", "--preset", "debug", "--root",
                                          "ROOT/" + "r" * 300],
          "cannot be created or written .File name too long", kind="path"),
+    Case("--root where the user may not create it", ["start", "--preset", "debug", "--root",
+                                                     "ROOT/runs"],
+         r"cannot be created or written .Permission denied in \S+/root\)", setup=_roots_dir,
+         user=NOBODY, kind="path"),
+    Case("an existing --root the user may not write", ["start", "--preset", "debug", "--root",
+                                                       "ROOT"],
+         r"storage root \S+/root is not writable .Permission denied", setup=_roots_dir,
+         user=NOBODY, kind="path"),
+    Case("--root on a read-only file system", ["start", "--preset", "debug", "--root",
+                                              "ROOT/runs"],
+         r"cannot be created or written .Read-only file system in \S+/root\)",
+         setup=_read_only_tmpfs, teardown=_unmount, kind="path"),
+    Case("resume with the root on a read-only file system",
+         ["resume", "--root", "ROOT", "--name", "p"],
+         r"storage root \S+/root is not writable .Read-only file system",
+         setup=_read_only_pipeline, teardown=_unmount, kind="path"),
     Case("a single Phase-1 seed", [*S, "--phase1-seeds", "3"],
          "is not a Phase-1 variance grid"),
     Case("a Phase-1 seed listed twice", [*S, "--phase1-seeds", "1,1"], "listed twice"),
@@ -256,8 +312,44 @@ def _snapshot(root: Path) -> dict[str, tuple]:
     return out
 
 
+def _main(argv: list[str]) -> int:
+    try:
+        return run.main(argv)
+    except SystemExit as e:  # argparse
+        return int(e.code or 0)
+
+
+def _main_as(uid: int, argv: list[str]) -> tuple[int, str]:
+    """`main(argv)` in a forked child that dropped to `uid` (and its gid, no groups), as an
+    unprivileged user runs the CLI: root would bypass the permissions under test."""
+    import pipelines.plan  # noqa: F401  (imported here, not by the child as `uid`)
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        rc = 99
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with os.fdopen(w, "w") as f:
+                with contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+                    rc = _main(argv)
+        except BaseException:  # noqa: BLE001 - reported through the exit code
+            rc = 99
+        finally:
+            os._exit(rc)
+    os.close(w)
+    with os.fdopen(r) as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), text
+
+
 def run_case(case: Case, root: Path) -> tuple[int, str, float]:
-    """(exit code, stderr+stdout, seconds) of `main(case.argv)` in this process."""
+    """(exit code, stderr+stdout, seconds) of `main(case.argv)` in this process (as
+    `case.user` in a forked child when set)."""
     if case.setup is not None:
         case.setup(root)
     env = {k: v.replace("CLOSED", str(_closed_port())) for k, v in case.env.items()}
@@ -268,11 +360,12 @@ def run_case(case: Case, root: Path) -> tuple[int, str, float]:
     out, err = io.StringIO(), io.StringIO()
     t0 = time.time()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = run.main(case.args(root))
-            except SystemExit as e:  # argparse
-                rc = int(e.code or 0)
+        if case.user is not None:
+            rc, text = _main_as(case.user, case.args(root))
+            err.write(text)
+        else:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = _main(case.args(root))
     finally:
         for k, v in saved.items():
             if v is None:
@@ -282,19 +375,44 @@ def run_case(case: Case, root: Path) -> tuple[int, str, float]:
     return rc, err.getvalue() + out.getvalue(), time.time() - t0
 
 
+@contextlib.contextmanager
+def case_base(case: Case, base: Path):
+    """Where the case's ROOT goes: `base`, or for a case run as another user a fresh
+    directory in the system's temporary directory that this user may enter (pytest's own
+    temporary directories are private to root); the case's teardown runs on exit."""
+    import shutil
+    import tempfile
+
+    made = None
+    if case.user is not None:
+        made = base = Path(tempfile.mkdtemp(prefix="pmnet-bad-input-"))
+        base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        if case.teardown is not None:
+            case.teardown(base / "root")
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.what for c in CASES])
 def test_bad_input_fails_before_any_compute_or_write(case, tmp_path):
-    root = tmp_path / "root"
-    if case.setup is not None:
-        case.setup(root)
-        case = Case(**{**case.__dict__, "setup": None})
-    before = _snapshot(root)
-    rc, text, seconds = run_case(case, root)
-    assert rc == run.Exit.BAD_INPUT, text
-    assert re.search(case.message, text), text
-    assert _snapshot(root) == before, "the storage root changed"
-    assert not (Path.cwd() / "not a uri").exists()
-    assert seconds < 15, f"took {seconds:.1f} s: something started"
+    with case_base(case, tmp_path) as base:
+        root = base / "root"
+        if case.setup is not None:
+            case.setup(root)
+        before = _snapshot(root)
+        rc, text, seconds = run_case(Case(**{**case.__dict__, "setup": None}), root)
+        assert rc == run.Exit.BAD_INPUT, text
+        assert re.search(case.message, text), text
+        assert _snapshot(root) == before, "the storage root changed"
+        assert not (Path.cwd() / "not a uri").exists()
+        assert seconds < 15, f"took {seconds:.1f} s: something started"
+        if case.user is not None:  # the permission refused it: root may write there
+            from pipelines.layout import check_writable
+
+            check_writable(case.args(root)[case.argv.index("--root") + 1])
 
 
 def test_there_are_at_least_25_cases_of_every_kind():
@@ -308,9 +426,10 @@ def render_table() -> str:
     rows = ["| kind | bad input | command (after `python -m pipelines.run`) | exit | message |",
             "|---|---|---|---|---|"]
     for case in CASES:
-        with tempfile.TemporaryDirectory() as tmp:
-            root = Path(tmp) / "root"
+        with tempfile.TemporaryDirectory() as tmp, case_base(case, Path(tmp)) as base:
+            root = base / "root"
             rc, text, _ = run_case(case, root)
+            tmp = str(base)
             lines = [ln for ln in text.splitlines() if ln.strip()]
             msg = next((ln for ln in lines if "error" in ln), lines[-1] if lines else "")
             msg = msg.replace(str(root), "ROOT").replace(tmp, "TMP")
@@ -318,6 +437,8 @@ def render_table() -> str:
         cmd = shlex.join(case.argv)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in case.env.items())
         cmd = f"{env} {cmd}".strip().replace("|", "\\|")
+        if case.user is not None:
+            cmd = f"(as uid {case.user}) {cmd}"
         msg = msg[:240].replace("|", "\\|")
         rows.append(f"| {case.kind} | {case.what} | `{cmd}` | {rc} | {msg} |")
     return "\n".join(rows)
