@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shutil
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -32,6 +33,12 @@ PAPER_TABLES = [
 ]
 ALL_TABLES = ["tab:headline", "tab:claims", *PAPER_TABLES, "tab:shortcut-diagnostics",
               "tab:paired-comparisons"]
+#: the paper's tables with a row of ours (issue 35: only they are printed) when both
+#: Consolidator-only arms ran, and when only the routing-on arm did
+ARMS_TABLES = [t for t in ALL_TABLES if not t.startswith("tab:dual-objective")]
+ON_TABLES = [t for t in ARMS_TABLES if t != "tab:routing-per-seed"]
+#: needs per-family recall, which the synthetic results below do not write
+FAMILY = "tab:routing-rule-family"
 
 
 def paper_or_none() -> stats.PaperReference | None:
@@ -197,8 +204,11 @@ def paper_tables() -> list[report.Table]:
 
 
 def test_tables_render_every_row_and_column(paper_tables):
-    assert [t.id for t in paper_tables] == ALL_TABLES
+    # the paper's per-seed numbers hold no per-family recall: that table has no row of ours
+    assert [t.id for t in paper_tables] == [t for t in ALL_TABLES
+                                            if t != "tab:routing-rule-family"]
     for table in paper_tables:
+        assert table.rows and all(table.has_value(r) for r in table.rows), table.id
         n_cols, n_rows = len(table.columns), len(table.rows)
         md = _md_rows(table.to_markdown())
         assert len(md) == n_rows + 2, table.id  # header + alignment row + body
@@ -231,23 +241,26 @@ def test_paper_tables_show_paper_values(paper_tables):
 def test_missing_trials_render_as_dash(fixture_tables):
     table = fixture_tables["tab:routing-per-seed"]
     md = _md_rows(table.to_markdown())
-    row44 = next(r for r in md if r[0] == "44")
-    # every routing-off cell of seed 44 is missing (the paper's value may follow in parentheses)
-    assert all(c.startswith("—") for c in row44[1:]), row44
-    assert row44[-1].startswith("—")  # On - Off for seed 44: routing-off trial missing
+    # issue 35: seed 44 has no routing-off trial, so its row holds no value of ours: it is
+    # left out, named in one line, and the missing trial in the footnote
+    assert [r[0] for r in md[2:]] == ["42", "43", "Mean", "SD"]
     row43 = next(r for r in md if r[0] == "43")
     assert not any(c.startswith("—") for c in row43[1:]), row43
-    tex44 = next(r for r in _tex_rows(table.to_latex()) if r[0] == "44")
-    assert tex44[1].startswith("---")
+    assert "44" not in [r[0] for r in _tex_rows(table.to_latex())]
     foot = " ".join(table.footnotes())
+    assert "Not shown: seed 44 (no value of ours" in foot
     assert "consolidator_only_routing_off: no result for seed 44" in foot
     assert r"consolidator\_only\_routing\_off: no result for seed 44" in table.to_latex()
 
-    core = _md_rows(fixture_tables["tab:core-parameter-isolation"].to_markdown())
-    identity = next(r for r in core if r[0] == "Identity full")
-    assert all(c.startswith("—") for c in identity[1:])
-    assert "identity_full: no result for seeds 42, 43, 44" in " ".join(
-        fixture_tables["tab:core-parameter-isolation"].footnotes())
+    core_table = fixture_tables["tab:core-parameter-isolation"]
+    core = _md_rows(core_table.to_markdown())
+    assert [r[0] for r in core[2:]] == ["Learned full", "Consolidator only"]
+    foot = " ".join(core_table.footnotes())
+    assert ("Not run here: Identity full, Memory + Consolidator (no trial of identity_full, "
+            "memory_consolidator; grids `paper`, `core`, `phase1_variance` run them).") in foot
+    assert "no result" not in foot and "n=0" not in foot  # named once, as not run
+    assert ("Learned full - identity full: not run here (no trial of identity_full; grids "
+            "`paper`, `core`, `phase1_variance` run it).") in foot
 
     dual = fixture_tables["tab:dual-objective-aggregate"]
     rows = _md_rows(dual.to_markdown())
@@ -255,7 +268,9 @@ def test_missing_trials_render_as_dash(fixture_tables):
     assert "learned_full: mean_stm not reported for seed 43" in " ".join(dual.footnotes())
 
     per_seed = _md_rows(fixture_tables["tab:core-results-per-seed"].to_markdown())
-    assert len(per_seed) == 2 + 4 * 3  # every core condition x expected seed, even if absent
+    # every core condition that ran x expected seed (memory_consolidator's one trial failed)
+    assert [(r[0], r[1]) for r in per_seed[2:]] == [
+        (c, str(s)) for c in ("Learned full", "Consolidator only") for s in (42, 43, 44)]
 
 
 def test_tables_without_paper(fixture_df):
@@ -417,9 +432,18 @@ def test_build_report_from_frame_skips_missing_figures(tmp_path, fixture_df):
     assert "fig-dual-objective" in doc.ids and "fig-dual-objective" not in doc.figures
     assert "Figure skipped" in text and "fig-training" in doc.ids
     assert "paper&#x27;s reference numbers are not shown" in text
-    assert set(ALL_TABLES) <= set(doc.tables)
+    # issue 35: only the tables with a row of ours; one line names the others and the grids
+    not_run = {"tab:routing-per-seed", "tab:dual-objective-aggregate",
+               "tab:dual-objective-per-seed"}
+    assert {t for t in doc.tables if t.startswith("tab:")} == set(ALL_TABLES) - not_run
     md = paths["markdown"].read_text(encoding="utf-8")
     assert "*Figure skipped: Dual objective" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("Not run here, so not printed"))
+    assert md.index("## Tables") < md.index(line) < md.index("**Table `tab:same-address")
+    assert ("tab:dual-objective-per-seed (no trial of learned_full_dual; grids `paper`, "
+            "`phase1_variance` run it)") in line and all(t in line for t in not_run)
+    assert line in text.replace("&#x27;", "'") and not (tmp_path / "rep" / "tables" / (
+        "tab-routing-per-seed.md")).exists()
 
 
 def test_report_from_empty_results_dir(tmp_path):
@@ -427,7 +451,9 @@ def test_report_from_empty_results_dir(tmp_path):
     paths = report.main_report(tmp_path)
     text = paths["html"].read_text(encoding="utf-8")
     doc = parse_html(text)
-    assert set(ALL_TABLES) <= set(doc.tables) and not doc.figures
+    assert not [t for t in doc.tables if t.startswith("tab:")] and not doc.figures
+    # nothing ran: no table of results; one line names them all and the grids that run them
+    assert all(t in text[text.index("Not run here, so not printed"):] for t in ALL_TABLES)
     assert text.count("Figure skipped") == 5
     assert "no result: consolidator_only seeds 42, 43, 44, 45, 46" in text
 
@@ -458,26 +484,36 @@ def test_claims_table_reads_the_papers_own_numbers_as_reproducing(paper_tables):
     assert claims["Learned > forced identity, routing off (updated LTM, pp)"] == "reproduces"
     assert claims["Fresh LTM near chance (10%), routing on (%)"] == "reproduces"
     assert claims["Mismatched LTM near chance (10%), routing on (%)"] == "reproduces"
-    # the paper prints no per-family baseline: that claim cannot be decided from its numbers
-    assert claims["Routing on: updated LTM above the output-set baseline, ADD10 (pp)"
-                  ].startswith("not tested")
+    # the paper prints no per-family baseline: those rows hold no value of ours, so they are
+    # left out and named (issue 35)
+    assert not [c for c in claims if "output-set baseline" in c]
+    table = next(t for t in paper_tables if t.id == "tab:claims")
+    assert any(n.startswith("Not shown: Routing on: updated LTM above the output-set "
+                            "baseline, ADD10 (pp)") for n in table.notes)
 
 
 def test_headline_lists_only_the_conditions_that_ran(fixture_df):
     paper = {t.id: t for t in report.build_tables(stats.per_seed_frame_from_paper())}
-    full = paper["tab:headline"]  # every condition ran: every row, no note
-    assert len(full.rows) == 14 and not any("Not run here" in n for n in full.notes)
+    full = paper["tab:headline"]  # every condition ran: no "not run" note
+    assert not any("Not run here" in n for n in full.notes)
+    # the paper's per-seed numbers lack AFFINE10 and the dual's paired mean STM: those two
+    # rows hold no value of ours, so they are left out and named (issue 35)
+    assert len(full.rows) == 12 and full.notes == [
+        "Not shown: Consolidator only, AFFINE10 updated LTM (%), Dual - LTM only, mean STM "
+        "(pp) (no value of ours; the missing results say why)."]
     some = {t.id: t for t in report.build_tables(fixture_df, paper=None)}["tab:headline"]
     assert len(some.rows) == 11 and some.notes == [
-        "Not run here: identity_full, memory_consolidator; the paper's 3 headline rows about "
-        "them are left out."]
+        "Not run here: identity_full, memory_consolidator (grids `paper`, `core`, "
+        "`phase1_variance` run them); the paper's 3 headline rows about them are left out."]
     arms = fixture_df[fixture_df["condition"].isin(["consolidator_only",
                                                     "consolidator_only_routing_off"])]
     head = {t.id: t for t in report.build_tables(arms, paper=None)}["tab:headline"]
-    assert [r[0].text for r in head.rows] == [r[0].text for r in full.rows[:6]]
+    from pmnet.report.paper_tables import HEADLINE_ROWS
+
+    assert [r[0].text for r in head.rows] == [r[0] for r in HEADLINE_ROWS[:6]]
     assert head.notes[0] == ("Not run here: learned_full, identity_full, memory_consolidator, "
-                             "learned_full_dual; the paper's 8 headline rows about them are "
-                             "left out.")
+                             "learned_full_dual (grids `paper`, `phase1_variance` run them); "
+                             "the paper's 8 headline rows about them are left out.")
     assert not any("learned_full" in m for m in head.missing)
 
 
@@ -485,10 +521,11 @@ def test_claims_table_wraps_its_text_columns_in_html(fixture_df):
     claims = {t.id: t for t in report.build_tables(fixture_df, paper=None)}["tab:claims"]
     html = claims.to_html()
     row = html.split("<tbody>")[1].split("</tr>")[0].strip()
-    assert row.startswith('<tr><th class="wrap">') and row.count('class="wrap"') == 2
-    assert row.endswith('<td class="wrap">reproduces</td>')  # the verdict column wraps
+    assert row.startswith('<tr><th class="wrap">') and row.count('class="wrap') == 2
+    # the verdict column wraps; it and the paper's column are not values of ours (asides)
+    assert row.endswith('<td class="aside"></td><td class="wrap aside">reproduces</td>')
     page = html_page({}, [], [claims], [], {}, [], [])
-    assert "td.wrap,th.wrap{white-space:normal" in page and "<td class=\"wrap\">" in page
+    assert "td.wrap,th.wrap{white-space:normal" in page and "<td class=\"wrap aside\">" in page
 
 
 def test_claims_table_says_when_an_effect_does_not_reproduce():
@@ -539,7 +576,7 @@ def test_operator_tables_from_synthetic_results(tmp_path):
     write_operator_results(tmp_path / "results")
     df = stats.load_results(tmp_path / "results")
     tables = {t.id: t for t in report.build_tables(df, paper=None)}
-    assert list(tables) == ALL_TABLES + OPERATOR_TABLES
+    assert list(tables) == [t for t in ON_TABLES if t != FAMILY] + OPERATOR_TABLES
     ops = tables["tab:operators"]
     assert ops.columns == ["Operator", "Updated LTM", "Forced identity", "Initial LTM", "Fresh",
                            "Mismatched", "Trainable parameters"]
@@ -636,7 +673,7 @@ def test_phase1_tables_from_synthetic_results(tmp_path):
     write_phase1_results(tmp_path / "results")
     df = stats.load_results(tmp_path / "results")
     tables = {t.id: t for t in report.build_tables(df, paper=None)}
-    assert list(tables) == ALL_TABLES + PHASE1_TABLES
+    assert list(tables) == [t for t in ARMS_TABLES if t != FAMILY] + PHASE1_TABLES
     analysis = stats.phase1_variance(stats.add_derived_metrics(df))
     var = tables["tab:phase1-variance"]
     assert var.columns[:8] == ["Comparison", "K", "n", "Mean diff ± SD", "Estimate ± SE",
@@ -692,7 +729,8 @@ def test_phase1_tables_omitted_for_one_checkpoint_or_none(tmp_path):
     assert "phase1_seed" in one.columns and "phase1_seed" not in none.columns
     tables_one = report.build_tables(one, paper=None)
     tables_none = report.build_tables(none, paper=None)
-    assert [t.id for t in tables_one] == [t.id for t in tables_none] == ALL_TABLES
+    assert [t.id for t in tables_one] == [t.id for t in tables_none] == [
+        t for t in ARMS_TABLES if t != FAMILY]
     for a, b in zip(tables_one, tables_none):
         assert a.to_markdown() == b.to_markdown(), a.id
 
@@ -1335,3 +1373,83 @@ def test_the_committed_baselines_run_is_rebuilt_unchanged(tmp_path):
     assert len(body) == 6 and not any("[n=" in c for r in body.values() for c in r)
     flat = pd.read_csv(paths["baseline_comparisons.csv"])
     assert (flat["n"] == 3).all() and (flat["holm_m"] == 8).all()
+
+
+# ------------------------------------------------------------------------------------------
+# only what ran (issue 35): the grids that run what did not, every committed page rebuilt
+# ------------------------------------------------------------------------------------------
+
+
+def test_the_report_grid_map_is_the_grids_own():
+    """pmnet.report.grid_map (pmnet may not import tune_spaces) is what the grids say:
+    `experiments/rebuild_reports.py --grid-map` rewrites it when a grid changes."""
+    from pmnet.report.context import grids_phrase
+    from pmnet.report.grid_map import GRIDS_RUNNING
+    from tune_spaces.grids import grids_running, report_grid_map
+
+    assert GRIDS_RUNNING == report_grid_map(), "stale: run rebuild_reports.py --grid-map"
+    assert grids_running(["learned_full_dual"]) == ("paper", "phase1_variance")
+    assert "segments" not in grids_running(["consolidator_only"])  # named variants only
+    assert grids_phrase(["identity_full", "memory_consolidator"]) == (
+        "grids `paper`, `core`, `phase1_variance` run them")
+    assert grids_phrase(["operator_ema"]) == "grid `operators` runs it"
+    assert grids_phrase(["operator_ema", "baseline_no_reset"]) == "no one grid runs them all"
+
+
+def test_a_comparison_family_prints_no_n0_row_and_names_what_did_not_run(fixture_df):
+    """tab:paired-comparisons keeps the comparisons with paired seeds; one line names the
+    others (data/comparisons.csv keeps every row); long per-row notes are footnotes."""
+    tables = {t.id: t for t in report.build_tables(fixture_df, paper=None)}
+    table = tables["tab:paired-comparisons"]
+    family = stats.compare_all(stats.add_derived_metrics(fixture_df),
+                               expected_seeds=[42, 43, 44])
+    assert [r[0].text for r in table.rows] == list(family.loc[family["n"] > 0, "label"])
+    assert all(r[1].value > 0 for r in table.rows)
+    line = next(n for n in table.notes if n.startswith("Not run here"))
+    assert "learned_full - identity_full: updated_ltm" in line
+    assert "no trial of identity_full" in line
+    md = table.to_markdown()
+    assert "n=0" not in md and "nothing to compare" not in md
+    marks, texts = table.numbered()
+    assert marks and all(len(t) > 40 for t in texts)
+    assert f"- [1] {texts[0]}" in md and "| [1] |" in md
+    assert '<sup class="fn">1</sup>' in table.to_html()
+    assert r"\textsuperscript{1}" in table.to_latex()
+
+
+def test_the_page_shortens_hashes_and_paths_and_keeps_them_whole_in_data(tmp_path):
+    from pmnet.report.page import shorten
+
+    sha = "590eccb8e2db9f85a513e87b13dbb3e9e90c0f76337aa6712c951751169f0e62"
+    assert shorten(f"sha256 {sha}") == "sha256 590eccb8e2db…"
+    assert shorten("imported from /work/x/runs/ops/phase1/phase1.pt") == (
+        "imported from …/phase1/phase1.pt")
+    assert shorten("git 0123abc; /tmp") == "git 0123abc; /tmp"
+    write_phase1_results(tmp_path / "results")
+    meta = {"tracking": "/a/very/long/path/to/the/store", "phase1_sha256": sha}
+    (tmp_path / "pipeline.json").write_text(json.dumps(meta))
+    paths = report.main_report(tmp_path)
+    text = paths["html"].read_text(encoding="utf-8")
+    assert sha not in text and "<dd>590eccb8e2db…</dd>" in text
+    assert "<th>MLflow</th><td>…/the/store</td>" in text
+    assert "| MLflow | …/the/store |" in paths["markdown"].read_text(encoding="utf-8")
+    records = json.loads(paths["run_records.json"].read_text())
+    assert records["phase1_sha256"] == sha and records["tracking"] == meta["tracking"]
+
+
+def test_the_committed_issue20_report_is_rebuilt_unchanged(tmp_path):
+    """The issue-20 cpu pipeline kept phase1_metrics.json, not phase1/: its report.md is
+    rebuilt from its results and that record (experiments/rebuild_reports.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "rebuild_reports", ISSUE11.parent.parent / "rebuild_reports.py")
+    rebuild = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = rebuild  # its dataclasses look their module up
+    spec.loader.exec_module(rebuild)
+    run = next(r for r in rebuild.RUNS if r.path.startswith("issue20/"))
+    paths = report.main_report(rebuild.stage(run, tmp_path))
+    committed = rebuild.RESULTS / run.path
+    assert paths["markdown"].read_text() == (committed / "report.md").read_text()
+    for name in ("summary.csv", "comparisons.csv"):
+        assert_same_data(paths[name], committed / "data" / name)

@@ -19,6 +19,7 @@ from tune_spaces.grids import (
     core,
     default,
     get_space,
+    grids_running,
     operators,
     paper,
     phase1_variance,
@@ -32,7 +33,7 @@ __all__ = [
     "OPERATOR_GRID_CONDITIONS", "PAPER_CONDITIONS", "PAPER_SEEDS", "PHASE1_VARIANCE_SEEDS",
     "SEGMENT_CONDITIONS",
     "SEGMENT_COUNTS", "SEGMENT_GRAPHS", "SPACES", "VARIANT_FIELDS", "Space", "SpaceError",
-    "Variant", "core", "default", "get_space", "operators", "paper",
+    "Variant", "core", "default", "get_space", "grids_running", "operators", "paper",
     "phase1_variance", "segment_variants",
     "segments", "tiny",
 ]

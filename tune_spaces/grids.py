@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pmnet.conditions import (
+    ALL_CONDITIONS,
     BASELINE_CONDITIONS,
     BASELINE_REFERENCES,
     CONDITIONS,
@@ -544,6 +545,39 @@ SPACES: dict[str, Callable[..., Space]] = {
     "segments": segments, "phase1_variance": phase1_variance, "baselines": baselines,
     "checkpoints": checkpoints,
 }
+
+
+#: The preset `grids_running` reads every grid at: the paper's conditions and seeds, one
+#: Phase-1 checkpoint (what the grid functions read of a TrainConfig).
+_PAPER_PRESET = dataclasses.make_dataclass(
+    "PaperPreset", [("conditions", tuple, field(default=PAPER_CONDITIONS)),
+                    ("seeds", tuple, field(default=PAPER_SEEDS)),
+                    ("phase1_seeds", tuple, field(default=()))])
+
+
+def grids_running(conditions: Iterable[str]) -> tuple[str, ...]:
+    """The grids (names of SPACES, in its order) whose trials run every one of `conditions` in
+    the default variant (the one the paper's tables read), each grid read at the paper
+    preset's conditions and seeds. `default` is left out (it is the preset's own grid: what
+    it runs depends on the preset), and so is a grid that runs a condition only in named
+    variants (`segments`). The report names these under a table whose rows did not run."""
+    wanted = set(conditions)
+    out = []
+    for name, grid in SPACES.items():
+        if name == "default":
+            continue
+        space = grid(_PAPER_PRESET())
+        if wanted <= set(space.conditions) and any(not v.name for v in space.variants):
+            out.append(name)
+    return tuple(out)
+
+
+def report_grid_map() -> dict[str, tuple[str, ...]]:
+    """Every condition (`pmnet.conditions.ALL_CONDITIONS`) -> `grids_running([it])`: the
+    table `pmnet.report.grid_map.GRIDS_RUNNING` holds (the report may not import this
+    package; a test holds the two equal, `experiments/rebuild_reports.py --grid-map` writes
+    it)."""
+    return {c: grids_running([c]) for c in ALL_CONDITIONS}
 
 
 def get_space(name: str) -> Callable[..., Space]:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from pmnet import stats
 from pmnet.io import atomic_write_text
+from pmnet.report.context import grids_phrase, not_run_line, row_names
 from pmnet.report.facts import (
     _grid_from_meta,
     _pipeline_facts,
@@ -39,6 +40,27 @@ from pmnet.stats import CONDITIONS
 LIST_COLUMNS = ("seeds", "missing_seeds", "phase1_seeds", "pairs_per_checkpoint")
 
 
+def printed(tables: Sequence[Table]) -> tuple[list[Table], list[str]]:
+    """Only what ran (issue 35): every table without its rows that hold no value of ours
+    (named in a line under it), and one line naming the tables left with no row, which are
+    not printed, each with the conditions that did not run and the grids that run them."""
+    shown, empty = [], []
+    for table in tables:
+        dropped = table.prune()
+        if dropped and table.rows:
+            table.notes.append(not_run_line(row_names(table, dropped), []))
+        (shown if table.rows else empty).append(table)
+    if not empty:
+        return shown, []
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for table in empty:
+        groups.setdefault(tuple(stats.ordered_conditions(table.absent)), []).append(table.id)
+    parts = [f"{', '.join(ids)} (no trial of {', '.join(absent)}; {grids_phrase(absent)})"
+             if absent else f"{', '.join(ids)} (no value of ours)"
+             for absent, ids in groups.items()]
+    return shown, [f"Not run here, so not printed: {'; '.join(parts)}."]
+
+
 def study_findings(trials: Trials) -> list[Findings]:
     """The findings of every study whose results the trials hold, in registry order."""
     return [study.build(trials) for study in STUDIES if study.recognise(trials)]
@@ -56,7 +78,7 @@ def build_tables(
     seeds = list(expected_seeds) if expected_seeds is not None else stats.expected_seed_set(df)
     trials = Trials.build(df, seeds=seeds, paper=paper, comparisons=comparisons)
     tables = paper_tables(trials.ctx, trials.comparisons) if trials.paper_part else []
-    return tables + [t for found in study_findings(trials) for t in found.tables]
+    return printed(tables + [t for found in study_findings(trials) for t in found.tables])[0]
 
 
 def _resolve_paper(paper: stats.PaperReference | str | None
@@ -124,7 +146,7 @@ def build_report(
     tables = paper_tables(trials.ctx, trials.comparisons) if trials.paper_part else []
     figures = paper_figures(trials.base) if trials.paper_part else []
     findings = study_findings(trials)
-    tables += [t for found in findings for t in found.tables]
+    tables, not_printed = printed(tables + [t for found in findings for t in found.tables])
     figures += [f for found in findings for f in found.figures] + figure_training_curves(curves)
     families = {} if trials.comparisons is None else {"comparisons.csv": trials.comparisons}
     families.update({name: frame for found in findings
@@ -142,9 +164,9 @@ def build_report(
     figure_png = {f.id: paths[f"{f.id}.png"].read_bytes() for f in figures
                   if f.figure is not None}
     paths["markdown"] = atomic_write_text(out / "report.md", markdown_page(
-        meta, facts, tables, figures, figure_files, missing, trials.notes))
+        meta, facts, tables, figures, figure_files, missing, trials.notes, not_printed))
     paths["html"] = atomic_write_text(out / "report.html", html_page(
-        meta, facts, tables, figures, figure_png, missing, trials.notes))
+        meta, facts, tables, figures, figure_png, missing, trials.notes, not_printed))
     for fig in figures:
         if fig.figure is not None:
             fig.figure.clear()

@@ -25,7 +25,8 @@ def finite(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Cell:
-    """One table cell. ``kind``: stat (mean ± SD), num, int, p, ci, text, na, missing.
+    """One table cell. ``kind``: stat (mean ± SD), num, int, p, ci, text, na (not
+    applicable: blank, or ``text`` saying why), missing.
 
     ``paper`` is the paper's value for the same cell (shown in parentheses) or None.
     """
@@ -53,6 +54,11 @@ class Cell:
 
 def text_cell(text: str) -> Cell:
     return Cell("text", text=str(text))
+
+
+def na_cell(why: str) -> Cell:
+    """Not applicable, saying why (``n/a: no consolidation``): not a value of ours."""
+    return Cell("na", text=str(why))
 
 
 NA = Cell("na")
@@ -119,7 +125,7 @@ def _core(cell: Cell, target: str) -> str:
     missing = "---" if target == "tex" else MISSING
     pm = r" \(\pm\) " if target == "tex" else " ± "
     if cell.kind == "na":
-        return ""
+        return escape(cell.text, target)
     if cell.kind == "text":
         return escape(cell.text, target)
     if cell.is_missing:
@@ -152,8 +158,8 @@ def format_cell(cell: Cell | str, target: str = "md") -> str:
     out = _core(cell, target)
     if cell.paper is not None and not cell.paper.is_missing:
         paper = _core(cell.paper, target)
-        if target == "html":
-            out += f' <span class="paper">({paper})</span>'
+        if target == "html":  # the page may break a line between ours and the paper's
+            out = f'<span class="ours">{out}</span> <span class="paper">({paper})</span>'
         else:
             out += f" ({paper})"
     return out

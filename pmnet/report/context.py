@@ -13,7 +13,50 @@ import pandas as pd
 
 from pmnet import stats
 from pmnet.report.cells import Cell, finite, format_p, number
+from pmnet.report.grid_map import GRIDS_RUNNING
 from pmnet.report.table import Table
+
+
+def grids_phrase(conditions: Sequence[str]) -> str:
+    """Which grids run every one of ``conditions`` (in the default variant):
+    "grids `paper`, `core` run them", "grid `operators` runs it", "no grid runs it"
+    (:data:`pmnet.report.grid_map.GRIDS_RUNNING`, derived from ``tune_spaces.grids``)."""
+    conditions = list(conditions)
+    if not conditions:
+        return ""
+    it = "them" if len(conditions) > 1 else "it"
+    common = [g for g in GRIDS_RUNNING.get(conditions[0], ())
+              if all(g in GRIDS_RUNNING.get(c, ()) for c in conditions)]
+    if not common:
+        return f"no grid runs {it}" if len(conditions) == 1 else "no one grid runs them all"
+    names = ", ".join(f"`{g}`" for g in common)
+    return f"grid {names} runs {it}" if len(common) == 1 else f"grids {names} run {it}"
+
+
+def not_run_line(rows: Sequence[str], absent: Sequence[str]) -> str:
+    """The one line under a table that names the rows left out: with the conditions that
+    have no trial and the grids that run them, or, when every condition ran, as rows
+    without a value of ours."""
+    names = ", ".join(rows)
+    if absent:
+        return (f"Not run here: {names} (no trial of {', '.join(absent)}; "
+                f"{grids_phrase(absent)}).")
+    return f"Not shown: {names} (no value of ours; the missing results say why)."
+
+
+def row_names(table: Table, rows: Sequence[Sequence[Cell]]) -> list[str]:
+    """Rows by their labels; with two label columns grouped by the first, naming the second
+    only where the table keeps some of that group's rows (``Identity full``, ``Learned full
+    (44)``)."""
+    if table.labels < 2:
+        what = table.columns[0].lower() + " " if table.columns[0].endswith("eed") else ""
+        names = [table.row_name(list(r)) for r in rows]
+        return [what + n if n.isdigit() else n for n in names]
+    kept = {r[0].text for r in table.rows}
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        groups.setdefault(r[0].text, []).append(" ".join(c.text for c in r[1:table.labels]))
+    return [f"{k} ({', '.join(v)})" if k in kept and any(v) else k for k, v in groups.items()]
 
 
 class Missing:
@@ -33,9 +76,22 @@ class Missing:
             elif seed not in values.index:
                 self.metrics.setdefault((condition, metric), set()).add(seed)
 
-    def lines(self) -> list[str]:
+    def absent(self) -> list[str]:
+        """The conditions this table reads that have no trial at all."""
+        ran = {c for c, _ in self.ctx.present}
+        return [c for c in stats.ordered_conditions(self.trials) if c not in ran]
+
+    def lines(self, named: Sequence[str] = ()) -> list[str]:
+        """The missing trials and metrics; a condition without any trial is "not run here"
+        with the grids that run it, and left out when ``named`` already names it."""
         out = []
+        absent = self.absent()
         for condition in stats.ordered_conditions(self.trials):
+            if condition in named:
+                continue
+            if condition in absent:
+                out.append(f"{condition}: not run here ({grids_phrase([condition])})")
+                continue
             seeds = sorted(self.trials[condition])
             out.append(f"{condition}: no result for {stats._seed_word(seeds)}")
         conditions = stats.ordered_conditions(c for c, _ in self.metrics)
@@ -249,8 +305,13 @@ class Context:
     def paired_sentence(self, label: str, what: str) -> str:
         """A note line: our paired result with CI and p, and the paper's where known."""
         row = self.comparison(label)
-        if row["n"] == 0:
-            return f"{what}: not computable ({row['note']})."
+        if row["n"] == 0:  # issue 35: what did not run, not the n = 0 row's notes
+            ran = {c for c, _ in self.present}
+            absent = [c for c in dict.fromkeys((row["cond_a"], row["cond_b"])) if c not in ran]
+            if absent:
+                return (f"{what}: not run here (no trial of {', '.join(absent)}; "
+                        f"{grids_phrase(absent)}).")
+            return f"{what}: not computable (no seed has both values)."
         text = f"{what}: {number(row['mean_diff'], True)}"
         if finite(row["sd_diff"]):
             text += f" ± {number(row['sd_diff'])} pp"
@@ -281,8 +342,20 @@ PAPER_NOTE = (
 )
 
 
+def only_ran(table: Table, miss: Missing) -> Table:
+    """Only what ran (issue 35): drop the rows without a value of ours, name them in one line
+    with the conditions that have no trial and the grids that run them, and list the other
+    missing trials and metrics."""
+    dropped = table.prune()
+    absent = miss.absent()
+    if dropped:
+        table.notes.append(not_run_line(row_names(table, dropped), absent))
+        table.absent = absent
+    table.missing = miss.lines(named=absent if dropped else ())
+    return table
+
+
 def finish(ctx: Context, table: Table, miss: Missing) -> Table:
     if ctx.paper is not None:
         table.notes.append(PAPER_NOTE)
-    table.missing = miss.lines()
-    return table
+    return only_ran(table, miss)

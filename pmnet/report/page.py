@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,30 @@ def statistics_note(by_id: Mapping[str, Table]) -> str:
     return UNIT_NOTE if unit else DESCRIPTIVE_NOTE
 
 
+#: A hexadecimal run this long (a sha256, a commit) is shown as its first HASH_CHARS digits
+#: and "…" on the page; data/run_records.json holds it whole.
+LONG_HEX = re.compile(r"\b[0-9a-f]{16,}\b")
+HASH_CHARS = 12
+#: An absolute path of more than two parts is shown as "…/" and its last two parts.
+LONG_PATH = re.compile(r"(?<![\w.~])/(?:[^/\s\"',;()]+/)+([^/\s\"',;()]+/[^/\s\"',;()]+)")
+#: A raw record longer than this is cut on the page ("… whole in data/run_records.json").
+RECORD_CHARS = 400
+
+
+def shorten(text: str) -> str:
+    """A value as the page shows it (issue 35): hashes to HASH_CHARS hex digits + "…",
+    absolute paths to their last two parts (``…/phase1/phase1.pt``)."""
+    text = LONG_HEX.sub(lambda m: m.group(0)[:HASH_CHARS] + "…", text)
+    return LONG_PATH.sub(lambda m: "…/" + m.group(1), text)
+
+
+def _record(value: Any) -> str:
+    text = shorten(_meta_value(value))
+    if len(text) > RECORD_CHARS:
+        text = text[:RECORD_CHARS].rstrip() + f" … (whole in data/{RAW_RECORDS})"
+    return text
+
+
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1200px;margin:2em auto;
 padding:0 1em;color:#222;line-height:1.45}
@@ -43,8 +68,10 @@ table{border-collapse:collapse;margin:1em 0;font-size:.85em}
 caption{caption-side:top;text-align:left;font-weight:600;padding:.3em 0}
 th,td{border-top:1px solid #ddd;border-bottom:1px solid #ddd;padding:.25em .6em;text-align:right;
 white-space:nowrap}
-thead th{border-bottom:2px solid #444;text-align:center}
-tbody th{text-align:left;font-weight:normal}
+thead th{border-bottom:2px solid #444;text-align:center;white-space:normal;vertical-align:bottom}
+tbody th{text-align:left;font-weight:normal;white-space:normal;min-width:6em}
+td.pair{white-space:normal}.ours,.paper{white-space:nowrap}
+td.aside{color:#444}sup.fn{color:#555}p.fn sup{font-weight:600}
 tr.rule{border-top:2px solid #888}
 td.missing,th.missing{color:#b00}
 td.wrap,th.wrap{white-space:normal;min-width:12em}
@@ -54,8 +81,10 @@ td.wrap,th.wrap{white-space:normal;min-width:12em}
 figure{margin:1.5em 0}figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.85em;color:#444}
 code{background:#f4f4f4;padding:0 .2em}
-dl.meta dt{font-weight:600}dl.meta dd{margin:0 0 .4em 1.2em;font-family:monospace}
-table.facts th{text-align:left;padding-right:1em;white-space:nowrap}
+dl.meta dt{font-weight:600}dl.meta dd{margin:0 0 .4em 1.2em;font-family:monospace;
+overflow-wrap:anywhere}
+table.facts th{text-align:left;padding-right:1em;white-space:nowrap;vertical-align:top}
+table.facts td{text-align:left;white-space:normal;overflow-wrap:anywhere}
 """
 
 
@@ -74,6 +103,7 @@ def html_page(
     figure_data: Mapping[str, bytes],
     missing: Sequence[str],
     notes: Sequence[str],
+    not_printed: Sequence[str] = (),
 ) -> str:
     esc = html.escape
     by_id = {t.id: t for t in tables}
@@ -97,9 +127,11 @@ def html_page(
         out.append(by_id["tab:claims"].to_html())
     out.append('<h2 id="what-ran">What ran</h2><table class="facts"><tbody>')
     for key, value in facts:
-        out.append(f"<tr><th>{esc(key)}</th><td>{esc(value)}</td></tr>")
+        out.append(f"<tr><th>{esc(key)}</th><td>{esc(shorten(str(value)))}</td></tr>")
     out.append("</tbody></table>")
     out.append('<h2 id="tables">Tables</h2>')
+    for line in not_printed:
+        out.append(f'<p class="note not-printed">{esc(line)}</p>')
     for table in tables:
         if table.id not in FRONT_TABLES:
             out.append(table.to_html())
@@ -123,7 +155,7 @@ def html_page(
     out.append('<h2 id="raw-records">Raw records</h2>')
     out.append(f'<p class="note">Also in <code>data/{RAW_RECORDS}</code>.</p><dl class="meta">')
     for key, value in meta.items():
-        out.append(f"<dt>{esc(str(key))}</dt><dd>{esc(_meta_value(value))}</dd>")
+        out.append(f"<dt>{esc(str(key))}</dt><dd>{esc(_record(value))}</dd>")
     out.append("</dl>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
@@ -137,6 +169,7 @@ def markdown_page(
     figure_files: Mapping[str, str],
     missing: Sequence[str],
     notes: Sequence[str],
+    not_printed: Sequence[str] = (),
 ) -> str:
     by_id = {t.id: t for t in tables}
     out = ["# PMNet Consolidator: reproduction report", ""] + [f"> {n}" for n in notes]
@@ -147,8 +180,8 @@ def markdown_page(
     if "tab:claims" in by_id:
         out += ["## Which claims reproduce", "", by_id["tab:claims"].to_markdown()]
     out += ["## What ran", "", "| | |", "|---|---|"]
-    out += [f"| {key} | {str(value).replace('|', '/')} |" for key, value in facts]
-    out += ["", "## Tables", ""]
+    out += [f"| {key} | {shorten(str(value)).replace('|', '/')} |" for key, value in facts]
+    out += ["", "## Tables", ""] + [f"{line}\n" for line in not_printed]
     for table in tables:
         if table.id not in FRONT_TABLES:
             out += [table.to_markdown()]

@@ -12,7 +12,16 @@ import pandas as pd
 
 from pmnet import stats
 from pmnet.report.cells import NA, Cell, finite, format_p, text_cell
-from pmnet.report.context import Context, Missing, finish, per_checkpoint_text
+from pmnet.report.context import (
+    Context,
+    Missing,
+    finish,
+    grids_phrase,
+    not_run_line,
+    only_ran,
+    per_checkpoint_text,
+    row_names,
+)
 from pmnet.report.table import Table
 from pmnet.stats import CONDITIONS, condition_label
 
@@ -138,6 +147,8 @@ def table_headline(ctx: Context) -> Table:
             ["Quantity", "Ours", "95% CI", "p", "Per checkpoint", "Paper"],
             rows,
             notes=[_unit_note(ctx)],
+            align=["l", "r", "r", "r", "p{2.5cm}", "r"],
+            asides={5},
         )
     else:
         table = Table(
@@ -147,14 +158,20 @@ def table_headline(ctx: Context) -> Table:
             "p).",
             ["Quantity", "Ours", "95% CI", "p", "Paper"],
             rows,
+            asides={4},
         )
     if absent:
         left_out = len(HEADLINE_ROWS) - len(rows)
+        absent = stats.ordered_conditions(absent)
         table.notes.append(
-            f"Not run here: {', '.join(stats.ordered_conditions(absent))}; the paper's "
+            f"Not run here: {', '.join(absent)} ({grids_phrase(absent)}); the paper's "
             f"{left_out} headline row{'s' if left_out != 1 else ''} about "
             f"{'them' if len(absent) > 1 else 'it'} {'are' if left_out != 1 else 'is'} left "
             "out.")
+        table.absent = list(absent)
+    empty = table.prune()  # a condition that ran without the metric
+    if empty:
+        table.notes.append(not_run_line(row_names(table, empty), []))
     if ctx.paper is not None and not unit:
         table.notes.append("Parenthesised CI and p values are the paper's where it prints them.")
     table.missing = miss.lines()
@@ -252,10 +269,10 @@ def table_claims(ctx: Context) -> Table:
         rows,
         notes=[_unit_note(ctx)] if unit else [],
         # the text wraps: fits the page
-        align=["p{5cm}", "r", "r", "r", *(["r"] if unit else []), "r", "p{4.5cm}"],
+        align=["p{5cm}", "r", "r", "r", *(["p{2.5cm}"] if unit else []), "r", "p{4.5cm}"],
+        asides={5, 6} if unit else {4, 5},
     )
-    table.missing = miss.lines()
-    return table
+    return only_ran(table, miss)
 
 
 def table_same_address_update(ctx: Context) -> Table:
@@ -431,6 +448,7 @@ def table_core_results_per_seed(ctx: Context) -> Table:
         ["Condition", "Seed", "Primary recall", "Alternative mode", "Fresh", "Segment-2 STM",
          "Mismatched"],
         rows,
+        labels=2,
     )
     return finish(ctx, table, miss)
 
@@ -539,27 +557,57 @@ def comparison_cells(r: Mapping[str, Any]) -> list[Cell]:
     ]
 
 
+def comparisons_run(ctx: Context, comparisons: pd.DataFrame,
+                    name: Callable[[Mapping[str, Any]], str] = lambda r: r["label"],
+                    ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The comparisons of a family with paired seeds (n > 0), the one line naming those
+    without (issue 35: no n = 0 row on the page; data/ keeps every row: the conditions
+    with no trial and the grids that run them, or "no seed with both sides"), and those
+    conditions."""
+    records = comparisons.to_dict("records")
+    run = [r for r in records if r["n"] > 0]
+    idle = [r for r in records if r["n"] <= 0]
+    if not idle:
+        return run, [], []
+    ran = {c for c, _ in ctx.present}
+    unrun = [r for r in idle if not {r["cond_a"], r["cond_b"]} <= ran]
+    absent = stats.ordered_conditions({c for r in unrun for c in (r["cond_a"], r["cond_b"])
+                                       if c not in ran})
+    parts = []
+    if unrun:
+        parts.append(f"{', '.join(name(r) for r in unrun)} (no trial of {', '.join(absent)}; "
+                     f"{grids_phrase(absent)})")
+    lacking = [r for r in idle if r not in unrun]
+    if lacking:
+        parts.append(f"{', '.join(name(r) for r in lacking)} (no seed has both values)")
+    return run, [f"Not run here: {'; '.join(parts)}."], absent
+
+
 def table_paired_comparisons(ctx: Context, comparisons: pd.DataFrame) -> Table:
     rows = []
     m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
-    for r in comparisons.to_dict("records"):
+    run, idle, absent = comparisons_run(ctx, comparisons)
+    for r in run:
         paper = ctx.paper.comparison(r["label"]) if ctx.paper is not None else None
         paper_cell: Cell = NA
         if paper is not None:
             paper_cell = Cell("stat", paper["mean"], paper.get("sd", math.nan), signed=True)
         rows.append([text_cell(r["label"]), *comparison_cells(r), paper_cell,
                      text_cell(r["note"])])
-    return Table(
+    table = Table(
         "tab:paired-comparisons",
         f"Every paired comparison of the family (A - B, paired by seed). Holm p adjusts over the "
         f"{m} comparisons with a defined p. Blank = not defined (see note).",
         ["Comparison", "n", "Mean diff ± SD", "95% CI", "t", "p", "Holm p", "d_z", "Paper",
          "Note"],
         rows,
-        notes=["With n = 5 seeds the intervals and tests are descriptive (paper Sections 6.3 and "
-               "9)."],
-        align=["l"] + ["r"] * 8 + ["p{6cm}"],
+        notes=[*idle, "With n = 5 seeds the intervals and tests are descriptive (paper "
+               "Sections 6.3 and 9)."],
+        align=["l"] + ["r"] * 8 + ["l"],
+        asides={8, 9},
+        absent=absent,
     )
+    return table
 
 
 def family_comparison_table(ctx: Context, comparisons: pd.DataFrame, table_id: str,
@@ -570,7 +618,8 @@ def family_comparison_table(ctx: Context, comparisons: pd.DataFrame, table_id: s
     miss = Missing(ctx)
     m = int(comparisons["holm_m"].iloc[0]) if len(comparisons) else 0
     rows = []
-    for r in comparisons.to_dict("records"):
+    run, idle, absent = comparisons_run(ctx, comparisons, label)
+    for r in run:
         miss.check(r["cond_a"], r["metric_a"])
         miss.check(r["cond_b"], r["metric_b"])
         rows.append([text_cell(label(r)), *comparison_cells(r), text_cell(r["note"])])
@@ -578,9 +627,11 @@ def family_comparison_table(ctx: Context, comparisons: pd.DataFrame, table_id: s
         table_id, caption(m),
         ["Comparison", "n", "Mean diff ± SD", "95% CI", "t", "p", "Holm p", "d_z", "Note"],
         rows,
-        notes=["With few seeds the intervals and tests are descriptive (paper Sections 6.3 "
-               "and 9)."],
-        align=["l"] + ["r"] * 7 + ["p{6cm}"],
+        notes=[*idle, "With few seeds the intervals and tests are descriptive (paper "
+               "Sections 6.3 and 9)."],
+        align=["l"] + ["r"] * 7 + ["l"],
+        asides={8},
+        absent=absent,
     )
     table.missing = miss.lines()
     return table

@@ -8,7 +8,7 @@ minus each reference arm, a family of its own (``tab:baseline-comparisons``,
 from __future__ import annotations
 
 from pmnet import stats
-from pmnet.report.cells import Cell, text_cell
+from pmnet.report.cells import Cell, na_cell, text_cell
 from pmnet.report.context import PAPER_NOTE, Context, Missing, finish
 from pmnet.report.figures import FigureResult, paired_figure
 from pmnet.report.paper_tables import family_comparison_table
@@ -68,7 +68,7 @@ def table_baselines(ctx: Context) -> Table:
         cells = []
         for m in BASELINE_METRICS:
             if m == "forced_identity" and c in stats.BASELINE_CONDITIONS:
-                cells.append(text_cell(NOT_COMPARABLE))
+                cells.append(na_cell(NOT_COMPARABLE))
             else:
                 cells.append(ctx.stat(miss, c, m, paper=False))
         rows.append([text_cell(_label(c)), text_cell(CROSSES[c])] + cells
@@ -84,6 +84,7 @@ def table_baselines(ctx: Context) -> Table:
          "Forced identity", "Trainable parameters"],
         rows,
         rules_before={2},
+        labels=2,
     )
     return _finish(ctx, table, miss)
 

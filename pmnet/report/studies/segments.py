@@ -12,7 +12,7 @@ import pandas as pd
 
 from pmnet import stats
 from pmnet.report.cells import NA, Cell, text_cell
-from pmnet.report.context import Context, Missing
+from pmnet.report.context import Context, Missing, only_ran
 from pmnet.report.figures import FigureResult, new_figure
 from pmnet.report.paper_tables import family_comparison_table
 from pmnet.report.studies.study import Findings, Study
@@ -90,9 +90,9 @@ def table_segments(ctx: Context, arms: Sequence[stats.SegmentArm]) -> Table:
         notes=notes,
         rules_before=rules,
         align=(["l"] if several else []) + ["r", "l"] + ["r"] * 6,
+        labels=3 if several else 2,
     )
-    table.missing = miss.lines()
-    return table
+    return only_ran(table, miss)
 
 
 def table_segment_comparisons(ctx: Context, comparisons: pd.DataFrame) -> Table:

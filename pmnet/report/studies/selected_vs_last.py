@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pmnet import stats
-from pmnet.report.cells import MISSING, text_cell
+from pmnet.report.cells import MISSING, na_cell, text_cell
 from pmnet.report.context import Context, Missing, finish
 from pmnet.report.studies.study import Findings, Study
 from pmnet.report.table import Table
@@ -36,7 +36,7 @@ def table_selected_vs_last(ctx: Context) -> Table:
                text_cell(str(int(last.max())) if len(last) else MISSING)]
         for metric in ("updated_ltm", "forced_identity"):
             if metric == "forced_identity" and c in stats.BASELINE_CONDITIONS:
-                row += [text_cell(NOT_COMPARABLE)] * 3  # a baseline has nothing to force
+                row += [na_cell(NOT_COMPARABLE)] * 3  # a baseline has nothing to force
                 continue
             label = f"last - selected epoch: {c} {metric}"
             row += [ctx.stat(miss, c, metric, paper=False),
