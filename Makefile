@@ -39,10 +39,19 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed ## create or reuse the virtual environment and install the project
 
-test: install ## run the fast test suite (no slow, no gpu tests)
-	$(PY) -m pytest -q -m "not slow and not gpu"
+browser: ## install Chromium for the report's browser check when missing (root + apt-get only; never fails)
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium) \
+		|| echo "browser: installing chromium failed; tests/test_report_browser.py will skip"; \
+	else \
+		echo "browser: no chromium, and not root with apt-get to install it; tests/test_report_browser.py will skip"; \
+	fi
 
-test-all: install ## run every test, slow ones included
+test: install browser ## run the fast test suite (no slow, no gpu tests)
+	$(PY) -m pytest -q -rs -m "not slow and not gpu"
+
+test-all: install browser ## run every test, slow ones included
 	$(PY) -m pytest -q
 
 lint: install ## ruff check
@@ -69,4 +78,4 @@ ui: install ## start the MLflow UI on 127.0.0.1 for the local store (prints the 
 clean: ## remove caches (keeps the venv and runs/)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help install test test-all lint bench pipeline resume status report ui clean
+.PHONY: help install browser test test-all lint bench pipeline resume status report ui clean
