@@ -132,19 +132,23 @@ def assigned_device() -> str:
     return "cpu"
 
 
-def release_device_memory() -> None:
-    """Give the GPU memory a finished trial cached back (Tune reuses the actor for the next
-    trial, whose share of the card must not hold the last trial's cache)."""
-    import gc
-
-    gc.collect()
+def assigned_gpu_share() -> float | None:
+    """The fraction of a GPU Ray gave this trial (its memory cap), None without one."""
     try:
-        import torch
+        import ray
 
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-    except Exception:  # noqa: BLE001 - best effort; nothing to free without CUDA
-        pass
+        return float(ray.get_runtime_context().get_assigned_resources().get("GPU", 0)) or None
+    except Exception:  # noqa: BLE001 - no Ray worker context: nothing was assigned
+        return None
+
+
+def release_device_memory() -> None:
+    """Give back what a finished trial holds, in its own thread (Tune reuses the actor for
+    the next trial, in a new thread): its compiled code, CUDA-graph trees and pools, and
+    the allocator's cache (`pmnet.train.compiled_steps.release_compiled_steps`)."""
+    from pmnet.train.compiled_steps import release_compiled_steps
+
+    release_compiled_steps()
 
 
 def quiet_training_logs() -> None:
@@ -447,7 +451,8 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
             result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
                                 phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
                                 resume_from=resume_from, progress=False, record=record,
-                                accelerator=attempt.accelerator)
+                                accelerator=attempt.accelerator,
+                                gpu_share=assigned_gpu_share())
         atomic_copy(tdir / "result.json", result_path)
     else:
         attempt.append(attempts)

@@ -47,7 +47,12 @@ from pmnet.conditions import (
 from pmnet.model import PMNet
 from pmnet.operators import OPERATORS
 from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, checkpoint_epoch
-from pmnet.train.compiled_steps import compile_step, use_compile_cache
+from pmnet.train.compiled_steps import (
+    compile_step,
+    fresh_compile_state,
+    release_compiled_steps,
+    use_compile_cache,
+)
 from pmnet.train.config import (
     ACCELERATORS,
     COMPILE_STEPS,
@@ -58,6 +63,7 @@ from pmnet.train.config import (
     parse_overrides,
 )
 from pmnet.train.data import CopyBatches, EpisodeData, EpochBatches
+from pmnet.train.gpu_memory import GpuMemoryCap, memory_cap_bytes, memory_cap_fraction
 from pmnet.train.model_files import (
     MODEL_FORMAT,
     PHASE1_FORMAT,
@@ -78,6 +84,7 @@ from pmnet.train.phases import (
     RESULT_KEYS,
     ROUTES_FILE,
     device_name,
+    evaluation_inference_mode,
     init_baseline,
     init_consolidator,
     init_operator,
@@ -98,12 +105,16 @@ __all__ = [
     "TrainConfig", "parse_overrides",
     # data.py, compiled_steps.py, modules.py
     "CopyBatches", "EpisodeData", "EpochBatches", "compile_step", "use_compile_cache",
+    "fresh_compile_state", "release_compiled_steps",
+    # gpu_memory.py (issue 36)
+    "GpuMemoryCap", "memory_cap_bytes", "memory_cap_fraction",
     "VAL_LOGGED", "Phase0Module", "Phase1Module", "Phase2Module", "freeze_to_subset",
     # model_files.py, checkpoints.py
     "MODEL_FORMAT", "PHASE1_FORMAT", "load_model_file", "save_model_file", "sha256_file",
     "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
     # phases.py
-    "RESULT_KEYS", "ROUTES_FILE", "device_name", "init_consolidator", "init_operator",
+    "RESULT_KEYS", "ROUTES_FILE", "device_name", "evaluation_inference_mode",
+    "init_consolidator", "init_operator",
     "init_baseline", "init_phase2",
     "phase1_route_diagnostics", "run_phase1", "run_phase2", "trained_on", "warm_compile",
 ]

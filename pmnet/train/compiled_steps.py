@@ -1,9 +1,11 @@
 """The training and evaluation steps through `torch.compile` (issue 20, docs/choices.md
-"Speed"): `compile_step` and the on-disk compile cache a pipeline's processes share."""
+"Speed"): `compile_step`, the on-disk compile cache a pipeline's processes share, and a
+trial's fresh compile state (`fresh_compile_state`, `release_compiled_steps`: issue 36)."""
 
 from __future__ import annotations
 
 import functools
+import gc
 import os
 from pathlib import Path
 
@@ -23,6 +25,9 @@ def compile_step(fn, device: torch.device, cfg: TrainConfig):
     marks a new step (`cudagraph_mark_step_begin`): the previous step's outputs (read by
     then) may be overwritten. Compiled graphs go to inductor's on-disk cache (see
     `use_compile_cache`), so another process with the same graphs loads them."""
+    # a step that would recompile past dynamo's limit (8 per code object) fails instead of
+    # silently running eager from then on (issue 36, finding 2)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     graphs = cfg.cuda_graphs and torch.device(device).type == "cuda"
     mode = "reduce-overhead" if graphs and COMPILE_BACKEND == "inductor" else None
     compiled = torch.compile(fn, backend=COMPILE_BACKEND, mode=mode)
@@ -47,3 +52,23 @@ def use_compile_cache(directory: str | Path) -> Path:
     os.environ["TRITON_CACHE_DIR"] = str(directory / "triton")
     return directory
 
+
+
+def fresh_compile_state() -> None:
+    """Start a trial as a fresh process would (issue 36, finding 2): drop the compiled code
+    of earlier trials in this process (dynamo's cache entries hang on the step functions'
+    code objects, which every trial shares, so a reused Ray actor would otherwise count
+    every earlier arm against the recompile limit) and this thread's CUDA-graph trees.
+    The on-disk cache is kept: the trial loads its graphs from it."""
+    torch._dynamo.reset()
+
+
+def release_compiled_steps() -> None:
+    """At a trial's end, in the thread that ran it: its compiled code, its CUDA-graph trees
+    and their private memory pools (per thread, and not freed by `empty_cache` while a
+    compiled function holds them), then the allocator's cache. The next trial on a reused
+    actor starts on a card that holds nothing of this one."""
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -24,8 +24,10 @@ from pmnet.io import atomic_write_json
 from pmnet.model import PMNet
 from pmnet.operators import OPERATORS, add_operator
 from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, _best_epoch
+from pmnet.train.compiled_steps import fresh_compile_state, release_compiled_steps
 from pmnet.train.config import ACCELERATORS, TrainConfig
 from pmnet.train.data import CopyBatches, EpisodeData, _loader
+from pmnet.train.gpu_memory import GpuMemoryCap
 from pmnet.train.model_files import (
     MODEL_FORMAT,
     PHASE1_FORMAT,
@@ -39,6 +41,17 @@ from pmnet.train.modules import Phase0Module, Phase1Module, Phase2Module
 def _setup_threads(cfg: TrainConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.compile:  # a reused process starts from no compiled code (issue 36, finding 2)
+        fresh_compile_state()
+
+
+def evaluation_inference_mode(cfg: TrainConfig) -> bool:
+    """Lightning's `inference_mode` for validation and test: off (plain `no_grad`) when the
+    evaluation step is compiled (issue 36, finding 4). Its CUDA graphs share a tree and a
+    memory pool with the training step's, and tensors made under inference mode inside
+    them break later training replays (pytorch#135892, #166792); `no_grad` computes the
+    same numbers. Eager evaluation keeps Lightning's default."""
+    return "eval" not in cfg.compile
 
 
 def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str | None,
@@ -70,7 +83,7 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
         enable_progress_bar=bool(progress), enable_model_summary=False,
         num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1,
         log_every_n_steps=10, enable_checkpointing=ckpt is not None,
-        default_root_dir=str(out_dir),
+        default_root_dir=str(out_dir), inference_mode=evaluation_inference_mode(cfg),
     )
     return trainer, ckpt
 
@@ -125,6 +138,7 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
     digest = save_model_file(ckpt_path, module.model, fmt=PHASE1_FORMAT, meta=_jsonable(meta))
     atomic_write_json(out_dir / "phase1_metrics.json", _jsonable(meta))
     routes = phase1_route_diagnostics(cfg, module.model, out_dir)
+    release_compiled_steps()
     return {"checkpoint": str(ckpt_path), "sha256": digest, "metrics": module.test_metrics,
             "train_time_s": train_time, **trained_on(trainer),
             **({"routes": routes} if routes is not None else {})}
@@ -198,13 +212,13 @@ RESULT_KEYS = frozenset({
     "condition", "seed", "preset", "phase1_sha256", "best_epoch", "trainable_params",
     "total_params", "trainable_fraction", "consolidation", "ltm_routing", "objective",
     "select", "val", "test", "test_seed", "test_stream_hash", "train_time_s", "history",
-    "best_model", "config", "device", "precision", "last_epoch", "test_last"})
+    "best_model", "config", "device", "precision", "last_epoch", "test_last", "gpu_memory"})
 
 
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
                out_dir: str | Path, callbacks=(), loggers=(), resume_from=None,
                progress: bool | None = None, record: dict | None = None,
-               accelerator: str = "auto") -> dict:
+               accelerator: str = "auto", gpu_share: float | None = None) -> dict:
     """Train one Phase-2 trial (condition x seed) from the Phase-1 checkpoint; evaluate the
     selected checkpoint on the fixed test stream; write `result.json` and return it.
 
@@ -213,7 +227,11 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     precision the trainer used (`device`, `precision`).
 
     `record`: extra keys written into result.json as given (a caller's provenance, e.g. the
-    pipeline's variant name and overrides); they may not replace a key of the result."""
+    pipeline's variant name and overrides); they may not replace a key of the result.
+
+    `gpu_share`: the fraction of its GPU the trial was given (Ray's share): on a GPU the
+    allocator is capped at it (`GpuMemoryCap`) and result.json records the cap and the
+    measured peaks (`gpu_memory`)."""
     cond = get_condition(condition)  # validate everything before any compute
     _check_accelerator(accelerator)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -234,9 +252,10 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     init_phase2(model, cfg, cond, seed)
     module = Phase2Module(cfg, model, cond)
     data = EpisodeData(cfg, seed, cfg.episodes_per_epoch, segments=cfg.segments)
+    cap = GpuMemoryCap(gpu_share)
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
                              monitor=f"val/{cond.select}", patience=cfg.patience,
-                             callbacks=callbacks, loggers=loggers, progress=progress,
+                             callbacks=[cap, *callbacks], loggers=loggers, progress=progress,
                              ckpt_dir=out_dir / "ckpt", accelerator=accelerator)
     last = out_dir / "ckpt" / "last.ckpt"
     if resume_from is None and last.is_file():
@@ -279,9 +298,11 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
         # earlier attempts (up to the checkpoint this one resumed from) plus this one
         "train_time_s": module.prior_time_s + (time.time() - t0), "history": module.history,
         "best_model": str(best_model), "config": cfg.flat(), **trained_on(trainer),
+        **({"gpu_memory": cap.record} if cap.record is not None else {}),
     }
     result = _jsonable({**result, **record})
     atomic_write_json(out_dir / "result.json", result)
+    release_compiled_steps()
     return result
 
 
@@ -319,8 +340,10 @@ def warm_compile(cfg: TrainConfig, *, condition: str, phase1_ckpt: str | Path,
         for stream, full in ((task.validation_stream, False), (task.test_stream, True)):
             episodes = stream(min(cfg.eval_batch_size, cfg.val_episodes if not full
                                   else cfg.test_episodes), segments=cfg.segments)
-            with torch.autocast(device.type, dtype=half or torch.bfloat16,
-                                enabled=half is not None):
+            # under no_grad, as the trainer evaluates (`evaluation_inference_mode`): the
+            # grad mode is part of a compiled graph's guards
+            with torch.no_grad(), torch.autocast(device.type, dtype=half or torch.bfloat16,
+                                                 enabled=half is not None):
                 module.step_fn(module._outcomes, train=False)(episodes.to(device), full)
     return time.time() - t0
 
