@@ -322,13 +322,65 @@ class Attention(nn.Module):
 
 #: the device type flash-attn runs on (a test points it at the CPU with a stand-in kernel)
 FLASH_DEVICE = "cuda"
+#: the torch.library namespace of flash-attn's kernels: from 2.7 on `flash_attn_func` calls
+#: `torch.ops.flash_attn._flash_attn_forward` / `_flash_attn_backward`, custom ops that a
+#: compiled step traces into its graph (2.6.x calls its C extension from Python, which
+#: breaks the graph in every layer)
+FLASH_OPS = "flash_attn"
+#: the compute capability flash-attn 2 needs (Ampere, sm80, and newer)
+FLASH_MIN_CAPABILITY = (8, 0)
+
+
+def flash_is_custom_op(namespace: str = FLASH_OPS) -> bool:
+    """flash-attn's forward and backward kernels are torch custom ops in `namespace`."""
+    try:
+        ops = getattr(torch.ops, namespace)
+        return all(hasattr(ops, n) for n in ("_flash_attn_forward", "_flash_attn_backward"))
+    except Exception:  # noqa: BLE001 - no such namespace or op
+        return False
+
+
+#: flash-attn is used only when it is installed and its kernels are custom ops (issue 36)
+FLASH_IS_OP = flash_attn_func is not None and flash_is_custom_op()
+
+
+@torch.compiler.assume_constant_result
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def flash_capable(device: torch.device) -> bool:
+    """A CUDA device of compute capability >= FLASH_MIN_CAPABILITY (flash-attn 2 has no
+    kernels for older cards: SDPA runs there); any other device type (a test's stand-in)."""
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_capability(index) >= FLASH_MIN_CAPABILITY
+
+
+def flash_status() -> str:
+    """What the installed flash-attn is, and whether the model uses it (`pmnet info`,
+    `make gpu-check`)."""
+    if flash_attn_func is None:
+        return "not installed (SDPA)"
+    try:
+        from importlib.metadata import version
+
+        v = version("flash-attn")
+    except Exception:  # noqa: BLE001
+        v = "unknown version"
+    if not FLASH_IS_OP:
+        return f"{v}: not a torch custom op, not used (SDPA); install flash-attn>=2.7"
+    return f"{v} (torch custom ops)"
 
 
 def _flash_ok(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """flash-attn is installed and q, k, v are half precision on its device (what autocast
-    gives: the projections are bf16 and `rms_norm` / RoPE keep their input's dtype)."""
-    return (flash_attn_func is not None and q.device.type == FLASH_DEVICE
-            and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype)
+    """flash-attn is installed as custom ops and q, k, v are half precision on its device
+    (what autocast gives: the projections are bf16 and `rms_norm` / RoPE keep their input's
+    dtype), a device it has kernels for."""
+    return (flash_attn_func is not None and FLASH_IS_OP and q.device.type == FLASH_DEVICE
+            and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype
+            and flash_capable(q.device))
 
 
 def attention_mask(n_query: int, n_key: int, window: int | None, device=None) -> Tensor:
