@@ -57,6 +57,9 @@ test-all: install browser ## run every test, slow ones included
 lint: install ## ruff check
 	$(VENV)/bin/ruff check .
 
+gpu-check: install ## run first on a new GPU: the GPU path's predictions against the card, one table (exit 1: off by more than docs/gpu-check.md's tolerances; 2: no GPU)
+	$(PY) -m pmnet.gpu_check
+
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py
 
@@ -78,4 +81,4 @@ ui: install ## start the MLflow UI on 127.0.0.1 for the local store (prints the 
 clean: ## remove caches (keeps the venv and runs/)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help install browser test test-all lint bench pipeline resume status report ui clean
+.PHONY: help install browser test test-all lint gpu-check bench pipeline resume status report ui clean
