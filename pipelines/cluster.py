@@ -28,7 +28,7 @@ from pipelines.layout import PipelineError
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_PACKAGES = ("pmnet", "pipelines", "tune_spaces")  # what the Ray workers import
-PASS_ENV = ("PMNET_TEST_FAULT_ONCE",)  # test hooks forwarded to the Ray workers
+PASS_ENV = ("PMNET_TEST_FAULT_ONCE", "PMNET_TEST_EPOCH_PAUSE_S")  # test hooks for the workers
 LOOPBACK = "127.0.0.1"
 STORAGE_CHECK_TIMEOUT_S = 120.0
 SHARED_STORAGE_HELP = (
@@ -376,23 +376,45 @@ def probe_nodes(ray, nodes: list[dict], root: str, token_name: str, token: str,
     return failures
 
 
-def check_storage(root: Path, ray, timeout: float = STORAGE_CHECK_TIMEOUT_S) -> list[str]:
+def check_storage(root: Path, ray, timeout: float = STORAGE_CHECK_TIMEOUT_S,
+                  skip: frozenset[str] = frozenset()) -> dict[str, str]:
     """Every alive node must see the storage root at the same path, or the pipeline would
     fail late and obscurely (a missing Phase-1 checkpoint on a remote node, a refused
-    trial). Returns the labels of the nodes checked; PipelineError names those that fail."""
+    trial). Nodes whose NodeID is in `skip` passed already (while planning). Returns
+    {NodeID: label} of every alive node; PipelineError names those that fail. A root that
+    does not exist yet is made for the check and removed again (when still empty)."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
+    todo = [n for n in nodes if n["NodeID"] not in skip]
+    if todo:
+        _check_nodes(Path(root), ray, todo, len(nodes), timeout)
+    return {n["NodeID"]: node_label(n) for n in nodes}
+
+
+def _check_nodes(root: Path, ray, nodes: list[dict], n_alive: int, timeout: float) -> None:
     token_name = f".storage-check-{secrets.token_hex(8)}"
     token = f"{socket.gethostname()} {os.getpid()} {time.time()} {secrets.token_hex(16)}\n"
-    token_path = Path(root) / token_name
-    token_path.parent.mkdir(parents=True, exist_ok=True)
-    token_path.write_text(token)
+    made = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
+    token_path = root / token_name
+    root.mkdir(parents=True, exist_ok=True)
     try:
+        token_path.write_text(token)
         failures = probe_nodes(ray, nodes, str(root), token_name, token, timeout)
     finally:
         token_path.unlink(missing_ok=True)
+        for p in made:  # nothing of the check is left behind
+            with contextlib.suppress(OSError):
+                p.rmdir()
     if failures:
         lines = "\n".join(f"  - {label}: {why}" for label, why in sorted(failures.items()))
         raise PipelineError(
-            f"{len(failures)} of {len(nodes)} Ray nodes do not see the storage root {root}:\n"
+            f"{len(failures)} of {n_alive} Ray nodes do not see the storage root {root}:\n"
             f"{lines}\n{SHARED_STORAGE_HELP}")
-    return [node_label(n) for n in nodes]
+
+
+def planned_storage_check(root: Path) -> frozenset[str]:
+    """Planning on a cluster (connected by `describe_cluster`): `check_storage` before
+    anything is written, so a node without the shared storage is refused with exit 2 (and
+    the driver checks only the nodes that joined since). Returns the NodeIDs that passed."""
+    import ray
+
+    return frozenset(check_storage(root, ray))

@@ -116,7 +116,7 @@ def check_cluster(plan: Plan, ray) -> ClusterInfo:
     problem = resource_problem(plan, cluster)
     if problem:
         raise PipelineError(f"the cluster changed since planning: {problem}")
-    checked = check_storage(plan.layout.root, ray)
+    checked = check_storage(plan.layout.root, ray, skip=plan.storage_nodes)
     if plan.ray_address:
         say(f"[pipeline] all {len(checked)} Ray nodes see the storage root {plan.layout.root}")
     return cluster

@@ -3,7 +3,9 @@
 `plan_new(...)` and `plan_resume(...)` read the command line, the presets, the grid and the
 stored records of an existing pipeline and return a `Plan`, or raise PipelineError /
 SpaceError with a message that names the problem. They create nothing on disk, start no
-process and train nothing: the driver (`pipelines.driver.execute`) does that afterwards.
+process and train nothing: the driver (`pipelines.driver.execute`) does that afterwards. On a
+running Ray cluster, last, they check that every node sees the storage root (one small task
+per node reads a token file written under the root, which is then removed).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.cluster import ClusterInfo, describe_cluster
+from pipelines.cluster import ClusterInfo, describe_cluster, planned_storage_check
 from pipelines.layout import (
     Layout,
     PipelineError,
@@ -49,6 +51,8 @@ class Plan:
     cluster: ClusterInfo | None = None
     # per arm, the memory model's peak on the GPU (planning with GPUs), for the log
     memory: dict = field(default_factory=dict)
+    # the Ray nodes (NodeIDs) that saw the storage root when planning checked it (a cluster)
+    storage_nodes: frozenset = frozenset()
 
     @property
     def name(self) -> str:
@@ -165,6 +169,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib)
     root = check_writable(root)  # before Ray is asked anything: a bad root costs nothing
     ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
+    on_cluster = bool(ray_address) and cluster is None  # a running cluster, asked here
     if cluster is None:
         cluster = describe_cluster(ray_address, num_cpus)
     preset, reason = choose_preset(preset, cluster)
@@ -192,7 +197,10 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     if phase1_from is not None:
         plan.phase1_from = check_phase1_source(phase1_from, plan.phase1_slots)
     _check_existing(plan)
-    return _check_resources(plan)
+    plan = _check_resources(plan)
+    if on_cluster:  # last: every input is valid, and nothing was written yet
+        plan.storage_nodes = planned_storage_check(plan.layout.root)
+    return plan
 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None) -> None:
@@ -415,6 +423,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         check_tracking_uri(uri)
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus)
     ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
+    on_cluster = bool(ray_address) and cluster is None and check_resources
     if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.preset_reason or "",
@@ -428,7 +437,10 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     if isinstance(src, dict) and not plan.phase1_slot(src.get("slot_seed")).ckpt.is_file():
         # imported, then removed: import it again (checked again)
         plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), plan.phase1_slots)
-    return _check_resources(plan)
+    plan = _check_resources(plan)
+    if on_cluster:  # last: every input is valid, and nothing was written yet
+        plan.storage_nodes = planned_storage_check(plan.layout.root)
+    return plan
 
 
 def _check_resources(plan: Plan) -> Plan:

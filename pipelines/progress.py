@@ -17,6 +17,7 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from pipelines.faults import epoch_pause
 from pipelines.records import Progress, as_float
 
 PROGRESS_FILE = "progress.json"
@@ -40,6 +41,10 @@ class Phase1Progress(Callback):
         self._t0 = time.time()
         self._start_step = int(trainer.global_step)  # a resumed run: rate of this attempt
         self._write(trainer, pl_module)
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch > 0:
+            epoch_pause()  # a test hook (pipelines.faults); nothing unless it is set
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if time.time() - self._last >= self.every_s:

@@ -241,12 +241,14 @@ class Attempt(Record):
 
 @dataclass
 class Started(Record):
-    """`phase1[-p1s<k>]/started.json`: a Phase-1 task began (where, when); the driver
-    removes it before it submits the task and waits a bounded time for it to appear."""
+    """`phase1[-p1s<k>]/started.json`: a Phase-1 task began (where, when: host, pid and
+    Ray node); the driver removes it before it submits the task, waits a bounded time for it
+    to appear, and says so when a retry of the task (its node was lost) rewrites it."""
 
     time: float | None = None
     host: str | None = None
     pid: int | None = None
+    node_id: str | None = None
 
 
 @dataclass

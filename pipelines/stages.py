@@ -82,7 +82,10 @@ def stage1_start_timeout_s() -> float:
 
 def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str) -> dict:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    Started(time=time.time(), host=socket.gethostname(), pid=os.getpid()).write(
+    import ray
+
+    Started(time=time.time(), host=socket.gethostname(), pid=os.getpid(),
+            node_id=ray.get_runtime_context().get_node_id()).write(
         Path(out_dir) / STARTED_FILE)  # first: the driver waits for this
     from pipelines.progress import PROGRESS_FILE, Phase1Progress
     from pipelines.trial import assigned_device, quiet_training_logs
@@ -136,6 +139,7 @@ def _wait_phase1(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
                 f"them (busy, or too small: {jobs[0].cluster}). Free the resources, or lower "
                 "--stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
         for job in list(pending.values()):
+            _note_retry(job, len(jobs) > 1)
             info = Progress.read(job.slot.dir / PROGRESS_FILE)
             job.progress = info if info.time >= job.t0 else None  # else: an earlier attempt's
             if job.rid and job.progress is not None:
@@ -156,6 +160,22 @@ def _wait_phase1(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
                              label=job.slot.label if len(jobs) > 1 else ""))
     if error is not None:
         raise error
+
+
+def _note_retry(job: Stage1Job, tag: bool) -> None:
+    """Say so when the job's task started again: Ray retries a Phase-1 task whose worker or
+    node was lost (`max_retries=1`), and the retry rewrites started.json. It continues from
+    the last epoch checkpoint of Phase 1 in the slot's directory, when one was written."""
+    st = Started.read(job.slot.dir / STARTED_FILE)
+    if st.time is None or st.time == job.started_time:
+        return
+    if job.started_time is not None:
+        last = job.slot.dir / "phase1_ckpt" / "last.ckpt"
+        say(f"[stage 1/3]{' ' + job.slot.label + ':' if tag else ''} the Phase-1 task "
+            f"started again on node {str(st.node_id)[:12]} (pid {st.pid}): Ray retried it "
+            "after its worker or node was lost; it continues from "
+            + (f"its last epoch checkpoint {last}" if last.is_file() else "the start"))
+    job.started_time = st.time
 
 
 def _started(job: Stage1Job) -> bool:
@@ -192,6 +212,7 @@ class Stage1Job:
     logged: set = field(default_factory=set)  # epochs already in the Stage-1 MLflow run
     rid: str | None = None  # its Stage-1 MLflow run
     progress: Progress | None = None  # the task's last progress record
+    started_time: float | None = None  # the `time` of the started.json seen last
     train_time_s: float = 0.0
     cpus: float = 0.0  # what its Ray task asks for
     gpus: float = 0.0
@@ -456,17 +477,22 @@ def _fmt(v, nd: int = 2) -> str:
 
 
 def _first_error_line(trial, trials_dir: str) -> str:
-    """The error the trial recorded in its trial.json, else the end of Tune's error.txt."""
+    """The error the trial recorded in its trial.json, else the first line of the last
+    failure in Tune's error.txt (written in the trial's local directory first, then synced
+    to the storage): e.g. a lost node's `The actor ... is unavailable: ... Socket closed`."""
     info = TrialState.read(Path(trials_dir) / _tname(trial) / "trial.json")
     if info.state == "ERROR" and info.error:
         return info.error.splitlines()[0][:300]
-    try:
-        path = Path(trial.path) / "error.txt"
-        if path.is_file():
-            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-            return lines[-1].strip()[:300] if lines else "unknown error"
-    except Exception:
-        pass
+    for base in (getattr(trial, "local_path", None), getattr(trial, "path", None)):
+        try:
+            path = Path(base) / "error.txt"
+            if base and path.is_file():
+                lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+                last = max((i for i, ln in enumerate(lines) if ln.startswith("Failure #")),
+                           default=-1)
+                return (lines[last + 1:] or lines[-1:] or ["unknown error"])[0][:300]
+        except Exception:
+            pass
     return "see the trial's error.txt"
 
 
@@ -621,6 +647,9 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     ctx = trial_context(plan, p1)
     import ray
 
+    # one console line per crashed trial (ConsoleProgress), not Tune's traceback: the trace
+    # stays in the trial's error.txt
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     warm_s = warm_compile_cache(plan, ray, ctx)
     trainable = make_trainable(plan, ctx)
     exp_dir = lay.experiment_dir

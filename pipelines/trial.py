@@ -38,6 +38,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.faults import epoch_pause
 from pipelines.layout import Layout, check_name, read_json, trial_key
 from pipelines.phase1 import Phase1Refused, check_phase1
 from pipelines.records import Attempt, CkptOrigin, TrialState, TuneMeta, as_float
@@ -249,6 +250,7 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str):
                 marker.write_text(f"fault injected after epoch {epoch}\n")
                 raise RuntimeError(f"{FAULT_ENV}: injected fault after epoch {epoch} "
                                    f"of {trial.name}")
+            epoch_pause()  # a test hook (pipelines.faults); nothing unless it is set
 
     return TuneReport()
 

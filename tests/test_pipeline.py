@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import pytest
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.records import TrackingRecord
 from pmnet.trial_id import TrialId
+from tests.ray_nodes import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 GRID = [(c, s) for s in (42, 43) for c in ("learned_full", "consolidator_only")]
@@ -341,7 +341,7 @@ class MlflowServer:
     def start(self) -> str:
         import urllib.request
 
-        port = _free_port()
+        port = free_port()
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
@@ -590,49 +590,14 @@ def test_mlflow_server_killed_mid_stage2_trials_finish_and_resume_logs_them(tmp_
 # -- a two-node Ray cluster on this machine (slow) ----------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_node_cluster_runs_the_debug_pipeline(tmp_path):
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    common = ["--num-cpus", "1", "--block", "--disable-usage-stats"]
-    auth = {"RAY_AUTH_MODE": "token"}  # `ray start` clusters use token auth (Ray >= 2.59)
-    nodes = []
-    # `ray start --block` stays in the foreground; ending its process group stops exactly
-    # the node it started (a global `ray stop` would also hit other Ray users of the box)
-    try:
-        nodes.append(subprocess.Popen(
-            [ray_bin, "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
-             "--include-dashboard=false", *common], env=_env(auth), start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        probe = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
-                 "print(sum(n['Alive'] for n in ray.nodes()))")
-        deadline = time.time() + 120
-        n_alive = 0
-        while time.time() < deadline:
-            try:
-                r = subprocess.run([sys.executable, "-c", probe, address], env=_env(auth),
-                                   capture_output=True, text=True, timeout=60)
-            except subprocess.TimeoutExpired:
-                continue
-            if r.returncode == 0 and r.stdout.strip():
-                n_alive = int(r.stdout.strip().splitlines()[-1])
-                if len(nodes) == 1:
-                    nodes.append(subprocess.Popen(
-                        [ray_bin, "start", "--address", address, "--node-ip-address",
-                         "127.0.0.1", *common], env=_env(auth), start_new_session=True,
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                elif n_alive >= 2:
-                    break
-            time.sleep(1)
-        assert n_alive >= 2, "the second Ray node did not join"
+    from tests.ray_nodes import LoopbackCluster
 
+    with LoopbackCluster() as cluster:  # each node in its own process group (tests/ray_nodes)
+        cluster.add_node(head=True, num_cpus=1)
+        cluster.add_node(num_cpus=1)
+        address = cluster.address
         root = tmp_path / "runs"
         # no RAY_AUTH_MODE here: the driver retries with token auth by itself
         rc, out = cli("start", *BASE, "--root", str(root), "--name", "cluster",
@@ -646,18 +611,6 @@ def test_two_node_cluster_runs_the_debug_pipeline(tmp_path):
         for c, s in GRID:
             assert_same_training(read_json(lay.result_path(TrialId(c, s))),
                                  reference(lay.run_dir, c, s))
-    finally:
-        for p in nodes:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in nodes:  # a node drains for up to 30 s after SIGTERM
-            try:
-                p.wait(40)
-            except subprocess.TimeoutExpired:
-                pass
-            _kill_group(p.pid)
 
 
 # -- trials sharing one GPU (needs CUDA; skipped elsewhere) ---------------------------------------
@@ -824,10 +777,11 @@ class TestLocalRay:
         plan, ray = local_ray
         root = plan.layout.root
         nodes = [n for n in ray.nodes() if n["Alive"]]
+        assert not root.exists()
         assert len(check_storage(root, ray)) == 1
-        assert not list(root.glob(".storage-check*"))  # the token is removed
+        assert not root.exists()  # made for the check, then removed with the token
         # a node with its own disk at that path reads no token there
-        (root / "elsewhere").mkdir()
+        (root / "elsewhere").mkdir(parents=True)
         failed = probe_nodes(ray, nodes, str(root / "elsewhere"), ".token", "t\n")
         assert list(failed.values()) and "cannot read" in next(iter(failed.values()))
         # a node that cannot run the check (here: one that is not really there) is named,
