@@ -298,7 +298,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
         # earlier attempts (up to the checkpoint this one resumed from) plus this one
         "train_time_s": module.prior_time_s + (time.time() - t0), "history": module.history,
         "best_model": str(best_model), "config": cfg.flat(), **trained_on(trainer),
-        **({"gpu_memory": cap.record} if cap.record is not None else {}),
+        "gpu_memory": cap.record,  # the GPU cap and peaks (None on a CPU or without a share)
     }
     result = _jsonable({**result, **record})
     atomic_write_json(out_dir / "result.json", result)
