@@ -227,10 +227,10 @@ def _attempts(lay: Layout, condition: str, seed: int) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def start_in_background(root: Path, name: str) -> subprocess.Popen:
+def start_in_background(root: Path, name: str, env: dict | None = None) -> subprocess.Popen:
     """`pipelines.run start` of the debug pipeline in its own process group, not waited for."""
     return subprocess.Popen([sys.executable, "-m", "pipelines.run", "start", *BASE, "--root",
-                             str(root), "--name", name], cwd=REPO, env=_env(),
+                             str(root), "--name", name], cwd=REPO, env=_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -245,7 +245,10 @@ def first_line(out: str, prefix: str) -> str:
 @pytest.mark.slow
 def test_two_drivers_at_once(tmp_path, reference):
     root = tmp_path / "runs"
-    first = start_in_background(root, "two")
+    # trials pause 10 s per epoch, so that the first driver is still in Stage 2 while the
+    # two refused ones run (on a lightly loaded box it used to finish first, and its own
+    # last write to pipeline.json failed the comparison)
+    first = start_in_background(root, "two", {PAUSE_ENV: "10"})
     try:
         lock = root / "two" / "driver.lock"
         deadline = time.time() + 120
@@ -261,6 +264,7 @@ def test_two_drivers_at_once(tmp_path, reference):
         before = (root / "two" / "pipeline.json").read_bytes()
         rc_b, out_b = cli("resume", "--root", str(root), "--name", "two")
         rc_c, out_c = cli("start", *BASE, "--root", str(root), "--name", "two")
+        assert first.poll() is None, "the first driver ended before the refused ones did"
         assert (root / "two" / "pipeline.json").read_bytes() == before
         out_a, _ = first.communicate(timeout=420)
     finally:
