@@ -134,10 +134,14 @@ def assigned_device() -> str:
 
 
 def assigned_gpu_share() -> float | None:
-    """The fraction of a GPU Ray gave this trial (its memory cap), None without one."""
+    """The fraction of a GPU Ray gave this trial (its memory cap), None without one (and
+    outside Ray: `get_runtime_context` would start a local Ray instance there, minutes on a
+    loaded box, e.g. for every in-process trial of the tests)."""
     try:
         import ray
 
+        if not ray.is_initialized():
+            return None
         return float(ray.get_runtime_context().get_assigned_resources().get("GPU", 0)) or None
     except Exception:  # noqa: BLE001 - no Ray worker context: nothing was assigned
         return None
