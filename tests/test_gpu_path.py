@@ -216,10 +216,14 @@ def test_a_pipeline_trial_passes_rays_gpu_share_to_training(monkeypatch):
     from pipelines import trial as T
 
     ctx = types.SimpleNamespace(get_assigned_resources=lambda: {"CPU": 2.0, "GPU": 0.3333})
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(
-        get_runtime_context=lambda: ctx))
+    fake = types.SimpleNamespace(get_runtime_context=lambda: ctx, is_initialized=lambda: True)
+    monkeypatch.setitem(sys.modules, "ray", fake)
     assert T.assigned_gpu_share() == pytest.approx(0.3333)
     ctx.get_assigned_resources = lambda: {"CPU": 1.0}
+    assert T.assigned_gpu_share() is None
+    # outside Ray it asks nothing (get_runtime_context would start a local Ray instance)
+    fake.is_initialized = lambda: False
+    fake.get_runtime_context = lambda: pytest.fail("asked Ray outside Ray")
     assert T.assigned_gpu_share() is None
     src = inspect.getsource(T._train_and_record)
     assert "gpu_share=assigned_gpu_share()" in src
