@@ -171,6 +171,12 @@ def _param_str(value: Any) -> str:
     return s if len(s) <= MAX_PARAM_LEN else s[: MAX_PARAM_LEN - 3] + "..."
 
 
+#: a param whose value differs from the logged one on resume: tag `param_changed.<key>`
+#: = "logged <old>; this attempt <new>" (the logged value stays, as MLflow params are
+#: immutable); tag values are cut at TAG_MAX characters
+PARAM_CHANGED, TAG_MAX = "param_changed.", 5000
+
+
 def _same_param(logged: str, value: Any) -> bool:
     """Whether `logged` spells `value`: today's spelling, or one of the two an earlier version
     wrote (`str` of the tuple or of the list), so a run logged then is not changed by a
@@ -260,9 +266,10 @@ class Tracker:
                 differ.append(k)
         for i in range(0, len(todo), 100):
             self.client.log_batch(run_id, params=todo[i:i + 100])
-        if differ:
-            log.warning("run %s already has different values for params %s; kept the logged "
-                        "ones", run_id, differ)
+        if differ:  # a real difference on resume: recorded on the run, not printed
+            self.set_tags(run_id, {f"{PARAM_CHANGED}{k}": f"logged {existing[k]}; this attempt "
+                                   f"{_param_str(params[k])}"[:TAG_MAX] for k in differ})
+            log.debug("run %s already has different values for params %s", run_id, differ)
         return differ
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:

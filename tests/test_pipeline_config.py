@@ -327,6 +327,11 @@ def test_trial_runs_are_named_and_reattached(tracker):
     tracker.client.log_param(rid, "seeds", str((42, 43)))  # as an older version logged it
     assert tracker.log_params_once(rid, {"seeds": [42, 43]}) == []
     assert tracker.log_params_once(rid, {"seeds": [42, 44]}) == ["seeds"]
+    # a real difference is kept on the run as a tag (params are immutable), not printed
+    tags = tracker.client.get_run(rid).data.tags
+    assert tags["param_changed.lr"] == "logged 0.001; this attempt 0.5"
+    assert tags["param_changed.seeds"] == "logged (42, 43); this attempt [42, 44]"
+    assert "param_changed.model.write_dims" not in tags
 
 
 # -- status from disk -----------------------------------------------------------------------
