@@ -39,6 +39,7 @@ from tests.test_faults import (  # noqa: F401  (`reference` is the uninterrupted
     _attempts,
     assert_nothing_lost,
     reference,
+    write_doc_rows,
 )
 from tests.test_pipeline import BASE, GRID, REPO, _env, _kill_group, cli
 
@@ -80,24 +81,10 @@ def record(sid: str, *, sees: str, code: str, work: str, lost: str = "nothing") 
 
 @pytest.fixture(scope="module", autouse=True)
 def write_table():
-    """With PMNET_WRITE_FAULT_TABLE=1: the rows observed here replace their rows in
-    docs/pipeline.md; rows of scenarios not run this time are kept."""
+    """The rows observed here replace their rows of "Clusters: faults" (`write_doc_rows`)."""
     yield
-    if not (os.environ.get("PMNET_WRITE_FAULT_TABLE") and ROWS):
-        return
-    text = DOCS.read_text()
-    head, rest = text.split(BEGIN, 1)
-    block, tail = rest.split(END, 1)
-    old = {ln.split(" | ", 1)[0][2:]: ln for ln in block.strip().splitlines()[2:]}
-    rows = list(HEADER)
-    for sid, (fault, _) in SCENARIOS.items():
-        if sid in ROWS:
-            r = {k: v.replace("|", "\\|") for k, v in ROWS[sid].items()}
-            rows.append(f"| {r['fault']} | {r['how']} | {r['sees']} | {r['code']} | "
-                        f"{r['work']} | {r['lost']} |")
-        elif fault in old:
-            rows.append(old[fault])
-    DOCS.write_text(f"{head}{BEGIN}\n" + "\n".join(rows) + f"\n{END}{tail}")
+    write_doc_rows(BEGIN, END, HEADER, ("fault", "how", "sees", "code", "work", "lost"),
+                   SCENARIOS, ROWS)
 
 
 # -- helpers --------------------------------------------------------------------------------

@@ -169,27 +169,34 @@ def reference(tmp_path_factory) -> dict[str, str]:
     return ref
 
 
-@pytest.fixture(scope="module", autouse=True)
-def write_table():
-    """With PMNET_WRITE_FAULT_TABLE=1: the rows observed here replace their rows in
-    docs/pipeline.md; rows of scenarios not run this time are kept."""
-    yield
-    if not (os.environ.get("PMNET_WRITE_FAULT_TABLE") and ROWS):
+def write_doc_rows(begin: str, end: str, header: list[str], columns: tuple[str, ...],
+                   scenarios: dict[str, tuple[str, str]], observed: dict[str, dict]) -> None:
+    """With PMNET_WRITE_FAULT_TABLE=1: the rows observed (`columns` of each) replace their
+    rows in docs/pipeline.md between the `begin` and `end` markers; rows of scenarios not run
+    this time are kept. Shared by the fault table and the clusters' fault table."""
+    if not (os.environ.get("PMNET_WRITE_FAULT_TABLE") and observed):
         return
     text = DOCS.read_text()
-    head, rest = text.split(BEGIN, 1)
-    block, tail = rest.split(END, 1)
+    head, rest = text.split(begin, 1)
+    block, tail = rest.split(end, 1)
     old = {ln.split(" | ", 1)[0][2:]: ln for ln in block.strip().splitlines()[2:]}
-    rows = ["| fault | how it is injected | what the user sees | exit code | what is lost |",
-            "|---|---|---|---|---|"]
-    for sid, (fault, _) in SCENARIOS.items():
-        if sid in ROWS:
-            r = {k: v.replace("|", "\\|") for k, v in ROWS[sid].items()}
-            rows.append(f"| {r['fault']} | {r['how']} | {r['sees']} | {r['code']} | "
-                        f"{r['lost']} |")
+    rows = list(header)
+    for sid, (fault, _) in scenarios.items():
+        if sid in observed:
+            r = {k: v.replace("|", "\\|") for k, v in observed[sid].items()}
+            rows.append("| " + " | ".join(r[c] for c in columns) + " |")
         elif fault in old:
             rows.append(old[fault])
-    DOCS.write_text(f"{head}{BEGIN}\n" + "\n".join(rows) + f"\n{END}{tail}")
+    DOCS.write_text(f"{head}{begin}\n" + "\n".join(rows) + f"\n{end}{tail}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def write_table():
+    """The rows observed here replace their rows of the fault table (`write_doc_rows`)."""
+    yield
+    write_doc_rows(BEGIN, END, ["| fault | how it is injected | what the user sees | exit code "
+                                "| what is lost |", "|---|---|---|---|---|"],
+                   ("fault", "how", "sees", "code", "lost"), SCENARIOS, ROWS)
 
 
 # -- the scenarios --------------------------------------------------------------------------
