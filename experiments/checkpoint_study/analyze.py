@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pmnet import stats  # noqa: E402
+from pmnet.conditions import ROUTING_PAIRS  # noqa: E402
 from pmnet.io import atomic_write_text  # noqa: E402
 from pmnet.report.figures import save_figure  # noqa: E402
 from pmnet.report.studies.checkpoints import figure_checkpoints  # noqa: E402
@@ -70,6 +71,153 @@ def checkpoint_features() -> pd.DataFrame:
                     row[f"{key}_strict_off_cost"] = h["updated_strict_off"]["drop"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: the channel arms' operators (issue 39, "Can anything use the channel?"), each with its
+#: routing-off twin (`pmnet.conditions.ROUTING_PAIRS`), read against the Consolidator's
+CONSOLIDATOR = "consolidator_only"
+CHANNEL_OPERATORS = ("operator_gru", "memory_consolidator")
+#: how well each arm consolidates, on the channel checkpoints: the operator - the Consolidator,
+#: same routing (is the operator more capable, i.e. is the comparison worth making?)
+LEVEL_COMPARISONS: tuple[stats.Comparison, ...] = tuple(
+    stats.Comparison(f"{op} - {CONSOLIDATOR}, routing {r}: updated_ltm",
+                     op + suffix, "updated_ltm", CONSOLIDATOR + suffix, "updated_ltm", "")
+    for op in CHANNEL_OPERATORS
+    for r, suffix in (("on", ""), ("off", "_routing_off")))
+
+
+def channel_checkpoints(df: pd.DataFrame) -> list[int]:
+    """Phase-1 seeds with every arm of the channel question (each operator, routing on and
+    off, and the Consolidator's two arms) on at least one common Phase-2 seed."""
+    conds = [c for op in (CONSOLIDATOR, *CHANNEL_OPERATORS)
+             for c in (op, ROUTING_PAIRS[op])]
+    have = df.groupby(["phase1_seed", "seed"]).condition.agg(set)
+    return sorted({k for (k, _), got in have.items() if set(conds) <= got})
+
+
+def routing_interaction(df: pd.DataFrame, op: str, ks: list[int]) -> dict:
+    """(op on - off) - (Consolidator on - off) of updated-LTM recall, per checkpoint the mean
+    over its Phase-2 seeds (paired by seed), then a one-sample t over the checkpoints: the
+    checkpoint is the unit (with equal seeds per checkpoint this is the random-intercept
+    estimate). > 0: the operator gains more from routing than the Consolidator does."""
+    v = df[df.phase1_seed.isin(ks)].pivot_table(index=["phase1_seed", "seed"],
+                                                columns="condition", values="updated_ltm")
+    need = [op, ROUTING_PAIRS[op], CONSOLIDATOR, ROUTING_PAIRS[CONSOLIDATOR]]
+    v = v.dropna(subset=need)
+    d = ((v[op] - v[ROUTING_PAIRS[op]])
+         - (v[CONSOLIDATOR] - v[ROUTING_PAIRS[CONSOLIDATOR]]))
+    per = d.groupby(level="phase1_seed").mean()
+    out = {"operator": op, "k": int(len(per)), "n_pairs": int(len(d)),
+           "per_checkpoint": {int(k): float(x) for k, x in per.items()}}
+    if len(per) >= 2:
+        t = sps.ttest_1samp(per, 0.0)
+        ci = t.confidence_interval(0.95)
+        out.update(mean=float(per.mean()), se=float(per.std(ddof=1) / math.sqrt(len(per))),
+                   ci_low=float(ci.low), ci_high=float(ci.high), p=float(t.pvalue))
+    return out
+
+
+def channel_mechanism(ks: list[int]) -> list[dict]:
+    """From each seed-42 model's diagnostics: the updated-LTM recall it loses (pp) with
+    routing switched off at inference (the paper's off: L out of each block's own routing),
+    with L out of the root's routing only, and under strict routing off (L out of u too),
+    and its L route change per block: do the trained models use the channel at all?"""
+    rows = []
+    for k in ks:
+        for op in (CONSOLIDATOR, *CHANNEL_OPERATORS):
+            for cond in (op, ROUTING_PAIRS[op]):
+                f = STUDY / "trials" / f"{cond}-p{k}-s42-diagnose.json"
+                if not f.is_file():
+                    continue
+                h = json.loads(f.read_text())
+                wo = h.get("updated_without_ltm_route") or []
+                strict = h.get("updated_strict_off") or {}
+                rows.append({
+                    "phase1_seed": k, "condition": cond,
+                    # a routing-off model has no "updated_ltm" entry: its recall is the
+                    # strict-off recall plus what strict off cost it
+                    "updated_ltm": ((h.get("updated_ltm") or {}).get("recall")
+                                    or strict["recall"] + strict["drop"]),
+                    "routing_off_cost": (h.get("updated_routing_off") or {}).get("drop"),
+                    "root_l_removed_cost": wo[0]["drop"] if wo else None,
+                    "strict_off_cost": strict.get("drop"),
+                    "l_route_change": json.dumps([round(x, 1) for x in
+                                                  h.get("ltm_route_change") or []])})
+    return rows
+
+
+def channel_section(df: pd.DataFrame, out: Path) -> list[str]:
+    """"Can anything use the channel?": on the checkpoints with every channel arm, each
+    arm's routing effect and level against the Consolidator's, their interaction, and
+    whether the trained models use L's routes at all -> channel.json and summary lines."""
+    ks = channel_checkpoints(df)
+    if not ks:
+        return ["", "Channel arms: no checkpoint has all six arms yet."]
+    sub = df[df.phase1_seed.isin(ks)]
+    dists, points = stats.checkpoint_distribution(
+        sub, (*stats.CHANNEL_COMPARISONS, *LEVEL_COMPARISONS))
+    inter = [routing_interaction(df, op, ks) for op in CHANNEL_OPERATORS]
+    routing = {c.cond_a: c.label for c in stats.CHANNEL_COMPARISONS}
+    eff = stats.checkpoint_frame(points).pivot(index="phase1_seed", columns="label",
+                                               values="mean_diff")
+    agree = {op: spearman(eff[routing[CONSOLIDATOR]], eff[routing[op]], "two-sided")
+             for op in CHANNEL_OPERATORS if routing[op] in eff}
+    mech = channel_mechanism(ks)
+    levels = (sub.groupby(["condition", "phase1_seed"])[["updated_ltm", "updated_ltm_add10",
+                                                          "updated_ltm_affine10"]]
+              .mean().groupby("condition").mean())
+    result = {"checkpoints": ks,
+              "phase2_seeds": sorted(int(x) for x in sub.seed.unique()),
+              "distribution": stats.checkpoint_frame(dists).to_dict(orient="records"),
+              "interaction_vs_consolidator": inter,
+              "routing_effect_agreement_with_consolidator": agree,
+              "levels_mean_over_checkpoints": levels.round(3).to_dict(orient="index"),
+              "mechanism_seed42": mech}
+    atomic_write_text(out / "channel.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "channel_effects.csv",
+                      stats.checkpoint_frame(points).to_csv(index=False))
+
+    lines = ["", f"## Channel arms (checkpoints {ks})", "",
+             "| effect (pp) | K | n | mean ± SE (random factor) | 95% CI | p | between SD | "
+             "within SD | positive | signif. + / - |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for d in dists:
+        lines.append(f"| {d.label} | {d.k} | {d.n} | {fmt(d.estimate, '+.2f')} ± {fmt(d.se)} | "
+                     f"[{fmt(d.ci_low, '+.2f')}, {fmt(d.ci_high, '+.2f')}] | {fmt(d.p, '.3f')} | "
+                     f"{fmt(d.sd_between)} | {fmt(d.sd_within)} | {d.positive} / {d.k} | "
+                     f"{d.positive_significant} / {d.negative_significant} |")
+    for x in inter:
+        lines.append(f"| ({x['operator']} on - off) - (Consolidator on - off) | {x['k']} | "
+                     f"{x['n_pairs']} | {fmt(x.get('mean'), '+.2f')} ± {fmt(x.get('se'))} | "
+                     f"[{fmt(x.get('ci_low'), '+.2f')}, {fmt(x.get('ci_high'), '+.2f')}] | "
+                     f"{fmt(x.get('p'), '.3f')} | | | | |")
+    labels = list(dict.fromkeys(p.label for p in points))
+    by = {(p.label, p.phase1_seed): p for p in points}
+    lines += ["", "| Phase-1 seed | " + " | ".join(labels) + " |",
+              "|---|" + "---:|" * len(labels)]
+    for k in ks:
+        cells = [("" if (p := by.get((lab, k))) is None else
+                  f"{p.mean_diff:+.2f} [{p.ci_low:+.1f}, {p.ci_high:+.1f}] {p.verdict}")
+                 for lab in labels]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines += ["", "| arm | updated LTM | ADD10 | AFFINE10 |", "|---|---:|---:|---:|"]
+    for cond, r in levels.iterrows():
+        lines.append(f"| {cond} | {r.updated_ltm:.2f} | {r.updated_ltm_add10:.2f} | "
+                     f"{r.updated_ltm_affine10:.2f} |")
+    lines += ["", "| Phase-1 seed | model (seed 42) | updated LTM | cost: routing off | "
+              "cost: L out of the root's routing | cost: strict off | "
+              "L route change per block (%) |",
+              "|---|---|---:|---:|---:|---:|---|"]
+    for m in mech:
+        lines.append(f"| {m['phase1_seed']} | {m['condition']} | {m['updated_ltm']:.2f} | "
+                     f"{fmt(m['routing_off_cost'], '+.2f')} | "
+                     f"{fmt(m['root_l_removed_cost'], '+.2f')} | "
+                     f"{fmt(m['strict_off_cost'], '+.2f')} | {m['l_route_change']} |")
+    for op, a in agree.items():
+        lines.append(f"\nRouting effect, {op} vs the Consolidator across checkpoints: "
+                     f"Spearman rho = {fmt(a['rho'], '+.2f')} (n = {a['n']}, p = "
+                     f"{fmt(a['p'], '.3f')})")
+    return lines
 
 
 def spearman(x: pd.Series, y: pd.Series, alternative: str) -> dict:
@@ -164,6 +312,7 @@ def main(argv=None) -> int:
     lines += ["", f"Predictor (pre-registered, seeds 3..9): n = {c['n']}, rho = "
               f"{fmt(c['rho'], '+.3f')}, one-sided p = {fmt(c['p'], '.3f')}; holds: "
               f"{c['holds']}"]
+    lines += channel_section(df, out)
     atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

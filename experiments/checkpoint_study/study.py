@@ -190,13 +190,17 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def jobs_for(seeds: list[int], arms: list[str], arm_seeds: dict[str, list[int]]) -> list[Job]:
-    """Every job, checkpoint by checkpoint: Phase 1, diagnostics, then each arm's trials."""
+    """Every job: each checkpoint's Phase 1 and diagnostics, then the trials seed by seed
+    (every checkpoint's seed-42 trials before any seed-43 one, so an interrupted study has
+    one seed on every checkpoint rather than two on some)."""
     jobs: list[Job] = []
     for k in seeds:
         jobs += [Job("phase1", k), Job("diagnose", k)]
-        for arm in arms:
-            if k in arm_seeds[arm]:
-                jobs += [Job("trial", k, c, s) for s in SEEDS for c in ARMS[arm]]
+    for s in SEEDS:
+        for k in seeds:
+            for arm in arms:
+                if k in arm_seeds[arm]:
+                    jobs += [Job("trial", k, c, s) for c in ARMS[arm]]
     return jobs
 
 
