@@ -54,3 +54,56 @@ def test_a_debug_study_grows_by_units_and_is_analysed(tmp_path):
     predictor = json.loads((root / "analysis" / "predictor.json").read_text())
     assert predictor["checkpoints_with_both_arms"] == [1, 2]
     assert predictor["confirmatory"]["n"] == 0  # seeds 3..9 did not run
+    assert "no checkpoint has all six arms yet" in (root / "analysis" / "summary.md").read_text()
+
+    # the channel arms on checkpoint 1, one Phase-2 seed on it before the other
+    out = study("run", "--seeds", "1,2", "--arms", "core,channel", "--channel-seeds", "1",
+                "--order", "seed", "--jobs", "2", tmp=tmp_path)
+    assert "8 jobs to run" in out  # 4 channel arms x 2 seeds; the core arms are done
+    started = [line.split()[-1] for line in out.splitlines() if " start " in line]
+    assert len(started) == 8 and all(s.endswith("-s42") for s in started[:4]), started
+    done = subprocess.run([sys.executable, str(ANALYZE_PY), "--study", str(root)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    channel = json.loads((root / "analysis" / "channel.json").read_text())
+    assert channel["checkpoints"] == [1] and channel["phase2_seeds"] == [42, 43]
+    for x in channel["interaction_vs_consolidator"]:
+        assert x["k"] == 1 and x["n_pairs"] == 2 and set(x["per_checkpoint"]) == {"1"}
+    labels = {d["label"] for d in channel["distribution"]}
+    assert "routing on - off: updated_ltm (operator_gru)" in labels
+    assert "memory_consolidator - consolidator_only, routing on: updated_ltm" in labels
+    mech = {m["condition"] for m in channel["mechanism_seed42"]}
+    assert mech == {"consolidator_only", "consolidator_only_routing_off", "operator_gru",
+                    "operator_gru_routing_off", "memory_consolidator",
+                    "memory_consolidator_routing_off"}
+    assert "## Channel arms (checkpoints [1])" in (root / "analysis" / "summary.md").read_text()
+
+
+def _study_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("checkpoint_study_study", STUDY_PY)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_jobs_come_whole_checkpoints_first_or_one_seed_everywhere_first():
+    m = _study_module()
+    by_ckpt = [j.name for j in m.jobs_for([0, 1], ["core"], {"core": [0, 1]})]
+    assert by_ckpt[:6] == ["phase1 p1s0", "diagnose p1s0", "consolidator_only-p0-s42",
+                           "consolidator_only_routing_off-p0-s42", "consolidator_only-p0-s43",
+                           "consolidator_only_routing_off-p0-s43"]
+    by_seed = [j.name for j in m.jobs_for([0, 1], ["core", "channel"],
+                                          {"core": [0, 1], "channel": [0]}, "seed")]
+    assert by_seed[:4] == ["phase1 p1s0", "diagnose p1s0", "phase1 p1s1", "diagnose p1s1"]
+    trials = by_seed[4:]
+    assert len(trials) == len(set(trials)) == 2 * (2 * 2 + 4)  # seeds x (core x 2 + channel)
+    assert all(t.endswith("-s42") for t in trials[:8]) and all(t.endswith("-s43")
+                                                                for t in trials[8:])
+    same = [j.name for j in m.jobs_for([0, 1], ["core", "channel"],
+                                       {"core": [0, 1], "channel": [0]}) if j.kind == "trial"]
+    assert sorted(trials) == sorted(same)  # the same jobs, another order
+    with pytest.raises(SystemExit, match="--order"):
+        m.jobs_for([0], ["core"], {"core": [0]}, "arm")

@@ -19,8 +19,11 @@ study grows by checkpoints (`--seeds`) and by arms (`--arms`), each unit in its 
 
 Jobs are scheduled checkpoint by checkpoint (Phase 1, then its diagnostics, then its
 trials, before the next checkpoint's Phase 1 takes a free slot), so what is finished when a
-session ends is whole checkpoints. Each job is one single-threaded process (two of them side
-by side beat one 2-thread process on 2 cores). The analysis is `analyze.py`.
+session ends is whole checkpoints; `--order seed` runs every checkpoint's seed-42 trials
+before any seed-43 one instead (the channel arms:
+`run --seeds 0-9 --arms channel --channel-seeds 0-4 --order seed --jobs 2`). Each job is
+one single-threaded process (two of them side by side beat one 2-thread process on 2
+cores). The analysis is `analyze.py`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ WORK = ROOT / "runs" / "issue39"
 PRESET = "cpu"  # `--preset debug` for a quick check of the machinery (tests)
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 SEEDS = (42, 43)  # Phase-2 seeds: the `cpu` preset's two
+ORDERS = ("checkpoint", "seed")  # how `run` orders the jobs (`jobs_for`)
 #: the arms of the study, by name: `core` (both Consolidator-only arms, every checkpoint) and
 #: `channel` (can a capable operator or a trainable router use the routing channel?)
 ARMS: dict[str, tuple[str, ...]] = {
@@ -189,18 +193,29 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def jobs_for(seeds: list[int], arms: list[str], arm_seeds: dict[str, list[int]]) -> list[Job]:
-    """Every job: each checkpoint's Phase 1 and diagnostics, then the trials seed by seed
-    (every checkpoint's seed-42 trials before any seed-43 one, so an interrupted study has
-    one seed on every checkpoint rather than two on some)."""
+def jobs_for(seeds: list[int], arms: list[str], arm_seeds: dict[str, list[int]],
+             order: str = "checkpoint") -> list[Job]:
+    """Every job. `checkpoint` order: checkpoint by checkpoint (Phase 1, diagnostics, then
+    each arm's trials), so what an interrupted study holds is whole checkpoints. `seed`
+    order: every checkpoint's Phase 1 and diagnostics, then the trials Phase-2 seed by seed
+    (every checkpoint's seed-42 trials before any seed-43 one), so an interrupted study has
+    one seed on every checkpoint rather than two on some (how the channel arms ran)."""
+    if order not in ORDERS:
+        raise SystemExit(f"--order: one of {', '.join(ORDERS)}, got {order!r}")
+
+    def trials(k: int, seeds_: tuple[int, ...]) -> list[Job]:
+        return [Job("trial", k, c, s) for s in seeds_ for arm in arms
+                if k in arm_seeds[arm] for c in ARMS[arm]]
     jobs: list[Job] = []
+    if order == "checkpoint":
+        for k in seeds:
+            jobs += [Job("phase1", k), Job("diagnose", k), *trials(k, SEEDS)]
+        return jobs
     for k in seeds:
         jobs += [Job("phase1", k), Job("diagnose", k)]
     for s in SEEDS:
         for k in seeds:
-            for arm in arms:
-                if k in arm_seeds[arm]:
-                    jobs += [Job("trial", k, c, s) for c in ARMS[arm]]
+            jobs += trials(k, (s,))
     return jobs
 
 
@@ -212,7 +227,7 @@ def run(args) -> int:
             raise SystemExit(f"--arms: unknown arm {a!r} (known: {', '.join(ARMS)})")
     arm_seeds = {a: (parse_seeds(args.channel_seeds) if a == "channel" and args.channel_seeds
                      else seeds) for a in arms}
-    todo = [j for j in jobs_for(seeds, arms, arm_seeds) if not j.done()]
+    todo = [j for j in jobs_for(seeds, arms, arm_seeds, args.order) if not j.done()]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "TORCHINDUCTOR_CACHE_DIR": str(WORK / "compile-cache"),
            "TRITON_CACHE_DIR": str(WORK / "compile-cache" / "triton")}
@@ -280,6 +295,9 @@ def main(argv=None) -> int:
     r.add_argument("--arms", default="core", help=f"comma-separated: {', '.join(ARMS)}")
     r.add_argument("--channel-seeds", default="", help="Phase-1 seeds of the channel arms")
     r.add_argument("--jobs", type=int, default=2)
+    r.add_argument("--order", default="checkpoint", choices=ORDERS,
+                   help="checkpoint: whole checkpoints first; "
+                        "seed: one seed on every checkpoint first")
     r.add_argument("--stop-on-failure", action="store_true")
     st = sub.add_parser("status")
     for q in (r, st):
