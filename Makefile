@@ -63,7 +63,7 @@ gpu-check: install ## run first on a new GPU: the GPU path's predictions against
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py
 
-pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run PRESET=paper without a GPU)
+pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints|checkpoint_channel, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run PRESET=paper without a GPU)
 	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(CONDITIONS),--conditions $(CONDITIONS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(NAME),--name $(NAME)) $(if $(PHASE1),--phase1-from $(PHASE1)) $(if $(GPU_MEM),--gpu-mem $(GPU_MEM)) $(if $(ALLOW_CPU_PAPER),--allow-cpu-paper) --root $(RUNS)
 
 resume: install ## resume the last (or NAME=...) pipeline

@@ -669,6 +669,22 @@ def write_phase1_results(results: Path, phase1_seeds=(0, 1, 2), seeds=(42, 43, 4
                 (results / f"{condition}__seed{seed}__p1{k}.json").write_text(json.dumps(obj))
 
 
+def test_both_checkpoint_grids_get_the_distribution_section_with_few_checkpoints(tmp_path):
+    """Three checkpoints are fewer than the section needs on their own (MIN_CHECKPOINTS);
+    a run of `checkpoints` or `checkpoint_channel` (issue 39) gets it all the same."""
+    from pmnet.report.studies.checkpoints import MIN_CHECKPOINTS, recognise
+    from pmnet.report.trials import Trials
+
+    write_phase1_results(tmp_path / "results")
+    df = stats.load_results(tmp_path / "results")
+    assert len(stats.phase1_seeds(df)) < MIN_CHECKPOINTS
+    seeds = [42, 43, 44, 45, 46]
+    for grid, want in (("checkpoints", True), ("checkpoint_channel", True),
+                       ("phase1_variance", False)):
+        assert recognise(Trials.build(df, seeds=seeds, meta={"space": {"name": grid}})) \
+            is want, grid
+
+
 def test_phase1_tables_from_synthetic_results(tmp_path):
     write_phase1_results(tmp_path / "results")
     df = stats.load_results(tmp_path / "results")

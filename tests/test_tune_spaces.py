@@ -378,3 +378,23 @@ def test_checkpoints_grid_is_both_consolidator_arms_under_ten_checkpoints():
         assert {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == sp.conditions[0]} \
             == {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == sp.conditions[1]}
     assert get_space("checkpoints") is checkpoints
+
+
+def test_checkpoint_channel_grid_is_every_routing_pair_under_five_checkpoints():
+    """Issue 39, "can anything use the channel?": each arm with a routing-off twin, on and
+    off, x two Phase-2 seeds x the first 5 of the study's checkpoints, paired by seed."""
+    from pmnet.conditions import ROUTING_PAIRS
+    from tune_spaces import CHECKPOINT_CHANNEL_SEEDS, CHECKPOINT_STUDY_SEEDS, checkpoint_channel
+
+    assert CHECKPOINT_CHANNEL_SEEDS == CHECKPOINT_STUDY_SEEDS[:5] == (0, 1, 2, 3, 4)
+    for preset in ("cpu", "paper", "debug"):
+        cfg = TrainConfig.from_name(preset)
+        sp = checkpoint_channel(cfg)
+        assert sp.name == "checkpoint_channel"
+        assert sp.conditions[:2] == ("consolidator_only", "consolidator_only_routing_off")
+        assert set(sp.conditions) == {c for pair in ROUTING_PAIRS.items() for c in pair}
+        assert sp.n_trials == 6 * 2 * 5 == len(sp.trials)
+        for on, off in ROUTING_PAIRS.items():
+            assert {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == on} \
+                == {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == off}
+    assert get_space("checkpoint_channel") is checkpoint_channel

@@ -2,6 +2,8 @@
 resources for the pipeline's Stage 2."""
 
 from tune_spaces.grids import (
+    CHECKPOINT_CHANNEL_CONDITIONS,
+    CHECKPOINT_CHANNEL_SEEDS,
     CHECKPOINT_STUDY_SEEDS,
     OPERATOR_GRID_CONDITIONS,
     PAPER_CONDITIONS,
@@ -15,6 +17,7 @@ from tune_spaces.grids import (
     Space,
     SpaceError,
     Variant,
+    checkpoint_channel,
     checkpoints,
     core,
     default,
@@ -29,7 +32,8 @@ from tune_spaces.grids import (
 )
 
 __all__ = [
-    "CHECKPOINT_STUDY_SEEDS", "checkpoints",
+    "CHECKPOINT_CHANNEL_CONDITIONS", "CHECKPOINT_CHANNEL_SEEDS", "CHECKPOINT_STUDY_SEEDS",
+    "checkpoint_channel", "checkpoints",
     "OPERATOR_GRID_CONDITIONS", "PAPER_CONDITIONS", "PAPER_SEEDS", "PHASE1_VARIANCE_SEEDS",
     "SEGMENT_CONDITIONS",
     "SEGMENT_COUNTS", "SEGMENT_GRAPHS", "SPACES", "VARIANT_FIELDS", "Space", "SpaceError",

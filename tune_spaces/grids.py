@@ -34,6 +34,7 @@ from pmnet.conditions import (
     OPERATOR_REFERENCE,
     PAPER_SEEDS,
     PHASE2_ONLY_FIELDS,
+    ROUTING_PAIRS,
     seed_problem,
 )
 from pmnet.trial_id import DEFAULT_VARIANT, TrialId, grid_size, variant_name_problem
@@ -65,6 +66,12 @@ CHECKPOINT_STUDY_SEEDS: tuple[int, ...] = tuple(range(10))
 CHECKPOINT_STUDY_CONDITIONS: tuple[str, ...] = ("consolidator_only",
                                                 "consolidator_only_routing_off")
 CHECKPOINT_STUDY_PHASE2_SEEDS = 2
+# "can anything use the channel?" (issue 39): every arm with a routing-off twin (the
+# Consolidator, the GRU operator, `memory_consolidator` with router and memory trainable),
+# routing on and off, under the first 5 of the study's checkpoints
+CHECKPOINT_CHANNEL_SEEDS: tuple[int, ...] = CHECKPOINT_STUDY_SEEDS[:5]
+CHECKPOINT_CHANNEL_CONDITIONS: tuple[str, ...] = tuple(
+    c for pair in ROUTING_PAIRS.items() for c in pair)
 
 #: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
 #: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions,
@@ -540,10 +547,23 @@ def checkpoints(cfg, *, gpu: bool = False) -> Space:
         phase1_seeds=CHECKPOINT_STUDY_SEEDS)
 
 
+def checkpoint_channel(cfg, *, gpu: bool = False) -> Space:
+    """Can anything use the routing channel? (issue 39): the Consolidator, the GRU operator
+    and `memory_consolidator` (router and memory trainable), each with routing on and off
+    (`pmnet.conditions.ROUTING_PAIRS`), x the first CHECKPOINT_STUDY_PHASE2_SEEDS of the
+    preset's seeds, nested under K = 5 Phase-1 checkpoints (CHECKPOINT_CHANNEL_SEEDS;
+    `--phase1-seeds` sets others). The report's checkpoint section gives each arm's routing
+    effect over the checkpoints. On `cpu`: 5 Phase-1 trainings and 60 trials."""
+    return default(cfg, gpu=gpu).derive(
+        name="checkpoint_channel", conditions=CHECKPOINT_CHANNEL_CONDITIONS,
+        seeds=tuple(cfg.seeds)[:CHECKPOINT_STUDY_PHASE2_SEEDS],
+        phase1_seeds=CHECKPOINT_CHANNEL_SEEDS)
+
+
 SPACES: dict[str, Callable[..., Space]] = {
     "default": default, "paper": paper, "tiny": tiny, "core": core, "operators": operators,
     "segments": segments, "phase1_variance": phase1_variance, "baselines": baselines,
-    "checkpoints": checkpoints,
+    "checkpoints": checkpoints, "checkpoint_channel": checkpoint_channel,
 }
 
 

@@ -1,9 +1,9 @@
-"""The effects' distribution over Phase-1 checkpoints (beyond the paper; issue 39, grid
-``checkpoints``): with trials from many checkpoints, each effect as one point per checkpoint
-with its CI (``fig-checkpoints``, ``tab:checkpoint-effects``), and its mean with the
-checkpoint as a random factor, the between-checkpoint SD, the share of checkpoints where it is
-significant either way, and the checkpoints a study needs (``tab:checkpoint-distribution``),
-from :func:`pmnet.stats.checkpoint_distribution`."""
+"""The effects' distribution over Phase-1 checkpoints (beyond the paper; issue 39, grids
+``checkpoints`` and ``checkpoint_channel``): with trials from many checkpoints, each effect
+as one point per checkpoint with its CI (``fig-checkpoints``, ``tab:checkpoint-effects``),
+and its mean with the checkpoint as a random factor, the between-checkpoint SD, the share of
+checkpoints where it is significant either way, and the checkpoints a study needs
+(``tab:checkpoint-distribution``), from :func:`pmnet.stats.checkpoint_distribution`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from pmnet.report.table import Table
 from pmnet.report.trials import Trials
 
 GRID = "checkpoints"
+#: every grid whose trials get the section (`checkpoint_channel` adds the GRU operator's and
+#: `memory_consolidator`'s routing arms to five of the checkpoints)
+GRIDS: tuple[str, ...] = (GRID, "checkpoint_channel")
 #: Trials from this many Phase-1 checkpoints or more get the section whatever the grid (with
 #: fewer, `tab:phase1-variance` says what there is to say).
 MIN_CHECKPOINTS = 5
@@ -33,7 +36,7 @@ def _grid_name(meta: Mapping[str, Any]) -> str:
 def recognise(trials: Trials) -> bool:
     if not stats.has_phase1_variance(trials.loaded):
         return False
-    return (_grid_name(trials.meta) == GRID
+    return (_grid_name(trials.meta) in GRIDS
             or len(stats.phase1_seeds(trials.loaded)) >= MIN_CHECKPOINTS)
 
 
