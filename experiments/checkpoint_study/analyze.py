@@ -164,7 +164,7 @@ def channel_section(df: pd.DataFrame, out: Path) -> list[str]:
              for op in CHANNEL_OPERATORS if routing[op] in eff}
     mech = channel_mechanism(ks)
     levels = (sub.groupby(["condition", "phase1_seed"])[["updated_ltm", "updated_ltm_add10",
-                                                          "updated_ltm_affine10"]]
+                                                          "updated_ltm_affine10", "seg2_stm"]]
               .mean().groupby("condition").mean())
     result = {"checkpoints": ks,
               "phase2_seeds": sorted(int(x) for x in sub.seed.unique()),
@@ -200,10 +200,11 @@ def channel_section(df: pd.DataFrame, out: Path) -> list[str]:
                   f"{p.mean_diff:+.2f} [{p.ci_low:+.1f}, {p.ci_high:+.1f}] {p.verdict}")
                  for lab in labels]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
-    lines += ["", "| arm | updated LTM | ADD10 | AFFINE10 |", "|---|---:|---:|---:|"]
+    lines += ["", "| arm (mean over the checkpoints) | updated LTM | ADD10 | AFFINE10 | "
+              "segment-2 STM |", "|---|---:|---:|---:|---:|"]
     for cond, r in levels.iterrows():
         lines.append(f"| {cond} | {r.updated_ltm:.2f} | {r.updated_ltm_add10:.2f} | "
-                     f"{r.updated_ltm_affine10:.2f} |")
+                     f"{r.updated_ltm_affine10:.2f} | {r.seg2_stm:.2f} |")
     lines += ["", "| Phase-1 seed | model (seed 42) | updated LTM | cost: routing off | "
               "cost: L out of the root's routing | cost: strict off | "
               "L route change per block (%) |",
