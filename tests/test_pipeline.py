@@ -320,6 +320,38 @@ def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
     assert out.count("skipped") >= 2 and "Phase 1 as a Ray task" not in out
 
 
+@pytest.mark.slow
+def test_debug_pipeline_runs_the_channel_grid_with_each_operators_routing_effect(tmp_path):
+    """The `checkpoint_channel` grid (issue 39) end to end at `debug`, narrowed to the two
+    routing pairs it adds (the Consolidator's pair is the `checkpoints` test's): both
+    checkpoints train, every trial starts from its own, and the report's distribution
+    section carries each operator's routing on - off over the two checkpoints."""
+    root = tmp_path / "runs"
+    conds = ("operator_gru", "operator_gru_routing_off", "memory_consolidator",
+             "memory_consolidator_routing_off")
+    rc, out = cli("start", "--preset", "debug", "--grid", "checkpoint_channel",
+                  "--phase1-seeds", "1,2", "--conditions", ",".join(conds),
+                  "--root", str(root), "--name", "ch", timeout=900)
+    assert rc == 0, out[-4000:]
+    lay = Layout(root, "ch")
+    meta = read_json(lay.pipeline_json)
+    assert meta["space"]["name"] == "checkpoint_channel"
+    for k in (1, 2):
+        for s in (42, 43):
+            for c in conds:
+                res = read_json(lay.result_path(TrialId(c, s, phase1_seed=k)))
+                assert res["phase1_sha256"] == meta["phase1_sha256s"][str(k)]
+                assert res["ltm_routing"] is (not c.endswith("_routing_off"))
+    assert wait_gone(str(root)) == []
+    md = (lay.report_dir / "report.md").read_text()
+    assert "**Table `tab:checkpoint-distribution`.**" in md
+    dist = read_csv_rows(lay.report_dir / "data" / "checkpoint_distribution.csv")
+    labels = {r["label"] for r in dist}
+    assert {"routing on - off: updated_ltm (operator_gru)",
+            "routing on - off: updated_ltm (memory_consolidator)"} <= labels, labels
+    assert all(r["k"] == "2" and r["n"] == "4" for r in dist)
+
+
 
 def read_csv_rows(path) -> list[dict]:
     import csv
