@@ -187,6 +187,17 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _routing_of(model, cond, path) -> None:
+    """A model file meets its condition's routers: a strict-off condition (issue 39) makes
+    the routers read u without L; a strict-off model file under another condition is refused
+    (its routers were trained without L in u)."""
+    if not cond.routing_u_ltm:
+        model.routing_u_uses_ltm = False
+    elif not model.routing_u_uses_ltm:
+        raise ValueError(f"{path} is a strict routing-off model (its routers read u without "
+                         f"L); condition {cond.name!r} is not: use its strict-off condition")
+
+
 def cmd_evaluate(args) -> int:
     from pmnet import task
     from pmnet.evaluate import evaluate
@@ -194,6 +205,7 @@ def cmd_evaluate(args) -> int:
 
     cond = get_condition(args.condition)
     model, payload = load_model_file(args.checkpoint)
+    _routing_of(model, cond, args.checkpoint)
     stream = _stream(args.stream, args.n, args.segments, args.test_seed)
     metrics = evaluate(model, stream, consolidation=cond.consolidation,
                        ltm_routing=cond.ltm_routing, progress=True)
@@ -229,6 +241,7 @@ def cmd_ltm(args) -> int:
                              "LTM file to write")
         if args.out is None:
             raise ValueError("ltm save needs --out FILE")
+        _routing_of(model, cond, args.model)
         segments = task.N_SEGMENTS if args.segments is None else args.segments
         stream = _stream(args.stream, args.n, segments, args.test_seed)
         state = consolidate_batch(model, stream, RunOptions(cond.consolidation,

@@ -36,6 +36,15 @@ class Condition:
     select: str  # validation metric that selects the checkpoint
     label: str  # short name in tables and figures
     description: str
+    # L in the latent state u the deeper routers read (Eq. 1): True in every condition of the
+    # paper; False is the strict routing off of issue 39 (no router sees L, directly or
+    # through u), valid only with ltm_routing False
+    routing_u_ltm: bool = True
+
+    def __post_init__(self):
+        if not self.routing_u_ltm and self.ltm_routing:
+            raise ValueError(f"condition {self.name!r}: routing_u_ltm=False (strict routing "
+                             f"off) needs ltm_routing=False")
 
 
 #: The six conditions, in the paper's table order.
@@ -158,10 +167,39 @@ ROUTING_PAIRS: dict[str, str] = {
     "memory_consolidator": "memory_consolidator_routing_off",
 }
 
+#: Beyond the paper (issue 39, "what a strict-off arm changes"): the paper's routing off
+#: removes the direct L term of Eq. 9 at each block's own level only; L written by the blocks
+#: above still reaches the deeper routers through u (the paper says so, Sec. 4.3). A
+#: strict-off twin removes that path too: no router sees L, directly or through u, while the
+#: reads keep M = S + L (`PMNet.routing_u_uses_ltm`). One twin for the Consolidator and one
+#: for the trainable router, the arm whose routing-off models lean on u most (issue 39's
+#: probes).
+STRICT_OFF_CONDITIONS: dict[str, Condition] = {
+    c.name: c
+    for c in (
+        Condition("consolidator_only_strict_off", "learned", "consolidator_only", False,
+                  "updated", "updated_ltm", "Consolidator only, strict routing off",
+                  "Consolidator only, no router sees L (direct term of Eq. 9 and L in u "
+                  "removed)", routing_u_ltm=False),
+        Condition("memory_consolidator_strict_off", "learned", "memory_consolidator", False,
+                  "updated", "updated_ltm", "Memory + Consolidator, strict routing off",
+                  "Memory read/write/routing + Consolidator, no router sees L (direct term "
+                  "of Eq. 9 and L in u removed)", routing_u_ltm=False),
+    )
+}
+
+#: The routing-off arm each strict-off arm is paired with (off - strict off: what L reaching
+#: the routers through u is worth).
+STRICT_PAIRS: dict[str, str] = {
+    "consolidator_only_routing_off": "consolidator_only_strict_off",
+    "memory_consolidator_routing_off": "memory_consolidator_strict_off",
+}
+
 #: Every condition that can be trained: the paper's six, the operator conditions, the
-#: baselines, the routing-off twins of issue 39.
+#: baselines, the routing-off and strict-off twins of issue 39.
 ALL_CONDITIONS: dict[str, Condition] = {**CONDITIONS, **OPERATOR_CONDITIONS,
-                                        **BASELINE_CONDITIONS, **CHANNEL_CONDITIONS}
+                                        **BASELINE_CONDITIONS, **CHANNEL_CONDITIONS,
+                                        **STRICT_OFF_CONDITIONS}
 
 #: Phase-2 seeds of the paper (Appendix "Hyperparameters and Architecture").
 PAPER_SEEDS: tuple[int, ...] = (42, 43, 44, 45, 46)

@@ -645,6 +645,12 @@ class PMNet(nn.Module):
         self.block_layers = [[i for i in range(cfg.n_layer) if i // cfg.write_period == b]
                              for b in range(cfg.n_blocks)] if cfg.use_memory else []
         self.probe: RouteProbe | None = None  # route diagnostics only (pmnet.diagnose)
+        # whether the latent state u that the routers read carries L (Eq. 1; True: the paper's
+        # model, in every condition of the paper). False is the trained "strict routing off"
+        # of issue 39 (`Condition.routing_u_ltm`): with `ltm_routing=False` no router sees L,
+        # directly or through u; the reads keep M = S + L. Not a parameter: set at Phase 2
+        # by `pmnet.train.init_phase2`, kept in a trained model's file (`model_files`).
+        self.routing_u_uses_ltm: bool = True
         self._init_weights()
 
     @torch.no_grad()
@@ -797,8 +803,10 @@ class PMNet(nn.Module):
         read_kv = {}  # layer index -> (keys, values) of its read module, for this block
         routes = []
         probe = self.probe
-        # a probe's strict routing-off: routers get u without L (u_route); reads keep u
-        strict = probe is not None and not getattr(probe, "routing_u_uses_ltm", True)
+        # strict routing off (the model's own, or a probe's): routers get u without L
+        # (u_route); reads keep u
+        strict = not self.routing_u_uses_ltm or (
+            probe is not None and not getattr(probe, "routing_u_uses_ltm", True))
         u_route = torch.zeros(B, T, K, P, device=dev) if strict and cfg.use_memory else None
         for layer in self.layers:
             a_out, kv[layer.index] = layer.attn(layer.attn_norm(h), cos, sin, kv[layer.index])

@@ -78,6 +78,30 @@ def test_a_debug_study_grows_by_units_and_is_analysed(tmp_path):
                     "memory_consolidator_routing_off"}
     assert "## Channel arms (checkpoints [1])" in (root / "analysis" / "summary.md").read_text()
 
+    # the strict-off arms on checkpoint 1: their models' routers ignore L (strict off at
+    # inference costs them exactly nothing), and the analysis reads off - strict off
+    out = study("run", "--seeds", "1", "--arms", "strict", "--jobs", "2", tmp=tmp_path)
+    assert "4 jobs to run" in out  # 2 strict arms x 2 seeds
+    result = json.loads((root / "trials" / "memory_consolidator_strict_off-p1-s43.json")
+                        .read_text())
+    assert result["routing_u_ltm"] is False and result["ltm_routing"] is False
+    done = subprocess.run([sys.executable, str(ANALYZE_PY), "--study", str(root)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    strict = json.loads((root / "analysis" / "strict.json").read_text())
+    assert strict["checkpoints"] == {"consolidator_only": [1], "memory_consolidator": [1]}
+    labels = {d["label"] for d in strict["distribution"]}
+    assert labels == {
+        "routing off - strict off: updated_ltm (consolidator_only_routing_off)",
+        "routing off - strict off: updated_ltm (memory_consolidator_routing_off)",
+        "routing on - strict off: updated_ltm (consolidator_only)",
+        "routing on - strict off: updated_ltm (memory_consolidator)"}
+    sanity = strict["strict_models_seed42"]
+    assert {m["condition"] for m in sanity} == {"consolidator_only_strict_off",
+                                               "memory_consolidator_strict_off"}
+    assert all(m["strict_off_cost"] == 0 for m in sanity)
+    assert "## Strict-off arms" in (root / "analysis" / "summary.md").read_text()
+
 
 def _study_module():
     import importlib.util
@@ -105,5 +129,8 @@ def test_jobs_come_whole_checkpoints_first_or_one_seed_everywhere_first():
     same = [j.name for j in m.jobs_for([0, 1], ["core", "channel"],
                                        {"core": [0, 1], "channel": [0]}) if j.kind == "trial"]
     assert sorted(trials) == sorted(same)  # the same jobs, another order
+    strict = [j.name for j in m.jobs_for([0], ["strict"], {"strict": [0]}) if j.kind == "trial"]
+    assert strict == [f"{c}_strict_off-p0-s{s}" for s in (42, 43)
+                      for c in ("consolidator_only", "memory_consolidator")]
     with pytest.raises(SystemExit, match="--order"):
         m.jobs_for([0], ["core"], {"core": [0]}, "arm")

@@ -166,3 +166,27 @@ def test_info_lists_the_baselines_carried_memories(capsys):
     out = capsys.readouterr().out
     assert "baseline memory_tokens" in out and "baseline recurrent_state" in out
     assert "baseline no_reset" not in out  # no module of its own: it trains the whole model
+
+
+def test_a_strict_off_model_meets_only_a_strict_off_condition(tmp_path, capsys, one_thread):
+    """Issue 39: a strict-off model file (routers trained without L in u) evaluated under a
+    condition whose routers see L is refused by name, before any compute; under its own
+    condition it evaluates, and a strict-off condition makes any model's routers strict."""
+    import torch
+
+    from pmnet.config import ModelConfig
+    from pmnet.model import PMNet
+    from pmnet.train import MODEL_FORMAT, load_model_file, save_model_file
+
+    torch.manual_seed(0)
+    model = PMNet(ModelConfig.from_name("debug"))
+    model.routing_u_uses_ltm = False
+    model_file = tmp_path / "strict.pt"
+    save_model_file(model_file, model, fmt=MODEL_FORMAT, meta={})
+    assert load_model_file(model_file)[0].routing_u_uses_ltm is False
+    args = ["evaluate", str(model_file), "--n", "4"]
+    assert main([*args, "--condition", "consolidator_only_routing_off"]) == 2
+    err = capsys.readouterr().err
+    assert "strict routing-off model" in err and "consolidator_only_routing_off" in err
+    assert main([*args, "--condition", "consolidator_only_strict_off"]) == 0
+    assert 0 <= json.loads(capsys.readouterr().out)["updated_ltm"] <= 100

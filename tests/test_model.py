@@ -675,3 +675,28 @@ def test_operator_reset_is_seeded():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
     assert op.candidate.w_g.weight.std().item() == pytest.approx(0.5, rel=0.2)
+
+
+# ------------------------------------------------------------------ strict routing off
+def test_a_strict_off_model_is_the_strict_probe_and_keeps_the_roots_routes():
+    """Issue 39: a model whose routers read u without L (`routing_u_uses_ltm=False`, the
+    trained strict-off arm) computes exactly what the diagnostic strict probe computes; with
+    L != 0 its deeper routes differ from the paper's routing off, the root's (no u above it)
+    do not; the attribute is not a parameter (the state dict is the paper's)."""
+    from pmnet.diagnose import Probe, probing
+
+    model = make().eval()
+    keys = set(model.state_dict())
+    st, x = random_ltm(model, 3), tokens(3)
+    with torch.no_grad():
+        _, off = model(x, st, ltm_routing=False)
+        with probing(model, Probe(routing_u_uses_ltm=False)):
+            probe_logits, probe = model(x, st, ltm_routing=False)
+        model.routing_u_uses_ltm = False
+        own_logits, own = model(x, st, ltm_routing=False)
+    assert torch.equal(own_logits, probe_logits)
+    assert all(torch.equal(a, b) for a, b in zip(own.routes, probe.routes))
+    assert all(torch.equal(a, b) for a, b in zip(own.stm, probe.stm))
+    assert torch.equal(own.routes[1], off.routes[1])  # the root's choice
+    assert not torch.equal(own.routes[2], off.routes[2])  # block 1 routed without L in u
+    assert set(model.state_dict()) == keys

@@ -82,6 +82,22 @@ def test_comparisons_without_pairs_are_left_out():
     assert {p.label for p in points} == {ROUTING}
 
 
+def test_strict_comparisons_read_routing_off_minus_strict_off_per_arm():
+    """What L through u is worth (issue 39): for each routing-off arm with a strict-off
+    twin, off - strict off paired by seed within each checkpoint; no twin, no row."""
+    from pmnet.conditions import STRICT_PAIRS
+
+    off, strict = "memory_consolidator_routing_off", "memory_consolidator_strict_off"
+    assert STRICT_PAIRS[off] == strict
+    df = routing_trials([4.0, 6.0, 8.0], seeds=2, sigma=0.5, seed=1)
+    df = df.assign(condition=df.condition.map({ON: off, OFF: strict}))
+    dists, points = stats.checkpoint_distribution(df, stats.STRICT_COMPARISONS)
+    (dist,) = dists
+    assert dist.label == f"routing off - strict off: updated_ltm ({off})"
+    assert dist.k == 3 and dist.estimate == pytest.approx(6.0, abs=1.0)
+    assert [p.mean_diff > 0 for p in points] == [True] * 3
+
+
 def test_checkpoints_needed_agrees_with_the_t_test_it_claims():
     """At the K it returns, a simulated one-sample t-test over checkpoint means reaches 80%
     power; at K - 1 it does not (Monte Carlo, 20,000 studies each)."""

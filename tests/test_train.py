@@ -598,6 +598,9 @@ from pmnet.conditions import (  # noqa: E402
     CHANNEL_CONDITIONS,
     OPERATOR_CONDITIONS,
     ROUTING_PAIRS,
+    STRICT_OFF_CONDITIONS,
+    STRICT_PAIRS,
+    Condition,
     get_condition,
 )
 from pmnet.model import OPERATOR_SUBSET, PMNet  # noqa: E402
@@ -608,7 +611,8 @@ from pmnet.train import init_operator  # noqa: E402
 def test_operator_conditions_are_the_consolidator_only_setting_per_operator():
     assert set(OPERATOR_CONDITIONS).isdisjoint(CONDITIONS)  # the paper's six are untouched
     assert list(ALL_CONDITIONS) == (list(CONDITIONS) + list(OPERATOR_CONDITIONS)
-                                    + list(BASELINE_CONDITIONS) + list(CHANNEL_CONDITIONS))
+                                    + list(BASELINE_CONDITIONS) + list(CHANNEL_CONDITIONS)
+                                    + list(STRICT_OFF_CONDITIONS))
     assert [c.consolidation for c in OPERATOR_CONDITIONS.values()] == list(OPERATORS)
     ref = CONDITIONS["consolidator_only"]
     for name, c in OPERATOR_CONDITIONS.items():
@@ -646,6 +650,58 @@ def test_routing_off_twin_trains_its_arms_parameters_without_l_in_routing(phase1
                                                                                    old[n])}
     subset = {n for n, _ in new.trainable_subset(get_condition(twin).subset)}
     assert changed and changed <= subset  # the twin's own trainable set, and it trained
+
+
+def test_each_strict_off_twin_is_its_routing_off_arm_with_l_out_of_u_too():
+    """Issue 39: a strict-off twin differs from its routing-off arm only in L leaving the
+    latent state u of the routers; strict off with the direct term on is refused."""
+    assert set(STRICT_PAIRS.values()) == set(STRICT_OFF_CONDITIONS)
+    for off, strict in STRICT_PAIRS.items():
+        a, b = get_condition(off), get_condition(strict)
+        assert (a.ltm_routing, a.routing_u_ltm) == (False, True)
+        assert (b.ltm_routing, b.routing_u_ltm) == (False, False)
+        assert (a.consolidation, a.subset, a.objective, a.select) == (
+            b.consolidation, b.subset, b.objective, b.select)
+    assert all(c.routing_u_ltm for n, c in ALL_CONDITIONS.items()
+               if n not in STRICT_OFF_CONDITIONS)
+    with pytest.raises(ValueError, match="strict routing off.*needs ltm_routing=False"):
+        Condition("x", "learned", "consolidator_only", True, "updated", "updated_ltm", "x", "x",
+                  routing_u_ltm=False)
+
+
+@pytest.mark.parametrize("condition", list(STRICT_OFF_CONDITIONS))
+def test_strict_off_twin_trains_and_its_model_file_keeps_its_routers_strict(phase1, condition,
+                                                                           tmp_path):
+    cfg, p1 = phase1
+    res = run_phase2(cfg, condition=condition, seed=42, phase1_ckpt=p1["checkpoint"],
+                     out_dir=tmp_path, progress=False)
+    assert res["routing_u_ltm"] is False and res["ltm_routing"] is False
+    ref, ref_payload = load_model_file(p1["checkpoint"])
+    new, payload = load_model_file(tmp_path / "best_model.pt")
+    assert ref.routing_u_uses_ltm is True and "routing_u_uses_ltm" not in ref_payload
+    assert new.routing_u_uses_ltm is False and payload["routing_u_uses_ltm"] is False
+    old = dict(ref.named_parameters())
+    changed = {n for n, p in new.named_parameters() if not torch.equal(p, old[n])}
+    assert changed and changed <= {n for n, _ in new.trainable_subset(
+        get_condition(condition).subset)}
+    # the file's routers are what was tested: re-evaluated, the loaded model gives the
+    # result's test recall
+    from pmnet import task
+    from pmnet.evaluate import evaluate
+
+    stream = task.test_stream(cfg.test_episodes, seed=cfg.test_seed)
+    again = evaluate(new, stream, consolidation="learned", ltm_routing=False, full=False,
+                     stm=False)
+    assert again["updated_ltm"] == pytest.approx(res["test"]["updated_ltm"], abs=1e-9)
+
+
+def test_a_model_file_with_a_bad_strict_flag_is_refused(phase1, tmp_path):
+    _, p1 = phase1
+    payload = torch.load(p1["checkpoint"], weights_only=True)
+    payload["routing_u_uses_ltm"] = "no"
+    torch.save(payload, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="routing_u_uses_ltm must be true or false"):
+        load_model_file(tmp_path / "bad.pt")
 
 
 @pytest.mark.parametrize("condition", list(OPERATOR_CONDITIONS))

@@ -382,8 +382,9 @@ def test_checkpoints_grid_is_both_consolidator_arms_under_ten_checkpoints():
 
 def test_checkpoint_channel_grid_is_every_routing_pair_under_five_checkpoints():
     """Issue 39, "can anything use the channel?": each arm with a routing-off twin, on and
-    off, x two Phase-2 seeds x the first 5 of the study's checkpoints, paired by seed."""
-    from pmnet.conditions import ROUTING_PAIRS
+    off, and the strict-off twins, x two Phase-2 seeds x the first 5 of the study's
+    checkpoints, paired by seed."""
+    from pmnet.conditions import ROUTING_PAIRS, STRICT_PAIRS
     from tune_spaces import CHECKPOINT_CHANNEL_SEEDS, CHECKPOINT_STUDY_SEEDS, checkpoint_channel
 
     assert CHECKPOINT_CHANNEL_SEEDS == CHECKPOINT_STUDY_SEEDS[:5] == (0, 1, 2, 3, 4)
@@ -392,9 +393,10 @@ def test_checkpoint_channel_grid_is_every_routing_pair_under_five_checkpoints():
         sp = checkpoint_channel(cfg)
         assert sp.name == "checkpoint_channel"
         assert sp.conditions[:2] == ("consolidator_only", "consolidator_only_routing_off")
-        assert set(sp.conditions) == {c for pair in ROUTING_PAIRS.items() for c in pair}
-        assert sp.n_trials == 6 * 2 * 5 == len(sp.trials)
-        for on, off in ROUTING_PAIRS.items():
+        assert set(sp.conditions) == ({c for pair in ROUTING_PAIRS.items() for c in pair}
+                                      | set(STRICT_PAIRS.values()))
+        assert sp.n_trials == 8 * 2 * 5 == len(sp.trials)
+        for on, off in (*ROUTING_PAIRS.items(), *STRICT_PAIRS.items()):
             assert {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == on} \
                 == {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == off}
     assert get_space("checkpoint_channel") is checkpoint_channel

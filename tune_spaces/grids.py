@@ -35,6 +35,7 @@ from pmnet.conditions import (
     PAPER_SEEDS,
     PHASE2_ONLY_FIELDS,
     ROUTING_PAIRS,
+    STRICT_PAIRS,
     seed_problem,
 )
 from pmnet.trial_id import DEFAULT_VARIANT, TrialId, grid_size, variant_name_problem
@@ -70,8 +71,8 @@ CHECKPOINT_STUDY_PHASE2_SEEDS = 2
 # Consolidator, the GRU operator, `memory_consolidator` with router and memory trainable),
 # routing on and off, under the first 5 of the study's checkpoints
 CHECKPOINT_CHANNEL_SEEDS: tuple[int, ...] = CHECKPOINT_STUDY_SEEDS[:5]
-CHECKPOINT_CHANNEL_CONDITIONS: tuple[str, ...] = tuple(
-    c for pair in ROUTING_PAIRS.items() for c in pair)
+CHECKPOINT_CHANNEL_CONDITIONS: tuple[str, ...] = (
+    *(c for pair in ROUTING_PAIRS.items() for c in pair), *STRICT_PAIRS.values())
 
 #: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
 #: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions,
@@ -550,10 +551,12 @@ def checkpoints(cfg, *, gpu: bool = False) -> Space:
 def checkpoint_channel(cfg, *, gpu: bool = False) -> Space:
     """Can anything use the routing channel? (issue 39): the Consolidator, the GRU operator
     and `memory_consolidator` (router and memory trainable), each with routing on and off
-    (`pmnet.conditions.ROUTING_PAIRS`), x the first CHECKPOINT_STUDY_PHASE2_SEEDS of the
-    preset's seeds, nested under K = 5 Phase-1 checkpoints (CHECKPOINT_CHANNEL_SEEDS;
-    `--phase1-seeds` sets others). The report's checkpoint section gives each arm's routing
-    effect over the checkpoints. On `cpu`: 5 Phase-1 trainings and 60 trials."""
+    (`pmnet.conditions.ROUTING_PAIRS`), and the strict-off twins of the Consolidator and
+    `memory_consolidator` (no router sees L; `STRICT_PAIRS`), x the first
+    CHECKPOINT_STUDY_PHASE2_SEEDS of the preset's seeds, nested under K = 5 Phase-1
+    checkpoints (CHECKPOINT_CHANNEL_SEEDS; `--phase1-seeds` sets others). The report's
+    checkpoint section gives each arm's routing effect over the checkpoints and what L
+    through u is worth (off - strict off). On `cpu`: 5 Phase-1 trainings and 80 trials."""
     return default(cfg, gpu=gpu).derive(
         name="checkpoint_channel", conditions=CHECKPOINT_CHANNEL_CONDITIONS,
         seeds=tuple(cfg.seeds)[:CHECKPOINT_STUDY_PHASE2_SEEDS],

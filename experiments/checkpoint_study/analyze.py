@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pmnet import stats  # noqa: E402
-from pmnet.conditions import ROUTING_PAIRS  # noqa: E402
+from pmnet.conditions import ROUTING_PAIRS, STRICT_PAIRS  # noqa: E402
 from pmnet.io import atomic_write_text  # noqa: E402
 from pmnet.report.figures import save_figure  # noqa: E402
 from pmnet.report.studies.checkpoints import figure_checkpoints  # noqa: E402
@@ -221,6 +221,118 @@ def channel_section(df: pd.DataFrame, out: Path) -> list[str]:
     return lines
 
 
+#: the arms with a strict-off twin, by their routing-on name
+STRICT_ARMS = tuple(on for on, off in ROUTING_PAIRS.items() if off in STRICT_PAIRS)
+#: all of L's routing influence: routing on - strict off, per arm with a strict-off twin
+ALL_ROUTING_COMPARISONS: tuple[stats.Comparison, ...] = tuple(
+    stats.Comparison(f"routing on - strict off: updated_ltm ({on})", on, "updated_ltm",
+                     STRICT_PAIRS[ROUTING_PAIRS[on]], "updated_ltm", "")
+    for on in STRICT_ARMS)
+
+
+def strict_checkpoints(df: pd.DataFrame, on: str) -> list[int]:
+    """Phase-1 seeds where arm `on` has its routing-on, routing-off and strict-off models on at
+    least one common Phase-2 seed."""
+    conds = {on, ROUTING_PAIRS[on], STRICT_PAIRS[ROUTING_PAIRS[on]]}
+    have = df.groupby(["phase1_seed", "seed"]).condition.agg(set)
+    return sorted({k for (k, _), got in have.items() if conds <= got})
+
+
+def strict_section(df: pd.DataFrame, out: Path) -> list[str]:
+    """What a trained strict-off arm changes: per arm with a strict-off twin, on the
+    checkpoints where its three arms ran, routing off - strict off (what L through u is
+    worth) and routing on - strict off (all of L's routing influence), with the checkpoint as
+    the unit; whether the strict models' routers really ignore L (their diagnostics: strict
+    off costs them nothing); and whether the inference-time probe on the routing-off model
+    (its strict-off cost) foretells the trained effect -> strict.json and summary lines."""
+    arms = {on: strict_checkpoints(df, on) for on in STRICT_ARMS}
+    if not any(arms.values()):
+        return ["", "Strict-off arms: no checkpoint has them yet."]
+    dists, points, probe_vs_trained, sanity = [], [], {}, []
+    for on, ks in arms.items():
+        if not ks:
+            continue
+        off = ROUTING_PAIRS[on]
+        strict = STRICT_PAIRS[off]
+        comps = [c for c in (*stats.STRICT_COMPARISONS, *ALL_ROUTING_COMPARISONS)
+                 if c.cond_a in (on, off) and c.cond_b == strict]
+        d, p = stats.checkpoint_distribution(df[df.phase1_seed.isin(ks)], comps)
+        dists += d
+        points += p
+        trained = {q.phase1_seed: q.mean_diff for q in p if q.label.startswith("routing off")}
+        probe = {}
+        for k in ks:
+            for cond in (off, strict):
+                f = STUDY / "trials" / f"{cond}-p{k}-s42-diagnose.json"
+                if not f.is_file():
+                    continue
+                h = json.loads(f.read_text())
+                cost = (h.get("updated_strict_off") or {}).get("drop")
+                if cond == off:
+                    probe[k] = cost
+                else:
+                    sanity.append({"phase1_seed": k, "condition": cond,
+                                   "strict_off_cost": cost,
+                                   "l_route_change": h.get("ltm_route_change")})
+        ok = [k for k in ks if k in probe and k in trained and probe[k] is not None]
+        probe_vs_trained[on] = {
+            "per_checkpoint": [{"phase1_seed": k, "probe_cost_seed42": probe[k],
+                                "trained_off_minus_strict": trained[k]} for k in ok],
+            "spearman": spearman(pd.Series([probe[k] for k in ok]),
+                                 pd.Series([trained[k] for k in ok]), "two-sided")}
+    levels = (df[df.condition.isin([c for on in arms for c in
+                                    (on, ROUTING_PAIRS[on], STRICT_PAIRS[ROUTING_PAIRS[on]])])]
+              .pipe(lambda x: x[x.phase1_seed.isin(sorted({k for ks in arms.values()
+                                                             for k in ks}))])
+              .groupby(["condition", "phase1_seed"])[["updated_ltm", "updated_ltm_add10",
+                                                      "seg2_stm"]]
+              .mean().groupby("condition").mean())
+    result = {"checkpoints": {on: ks for on, ks in arms.items()},
+              "distribution": stats.checkpoint_frame(dists).to_dict(orient="records"),
+              "levels_mean_over_checkpoints": levels.round(3).to_dict(orient="index"),
+              "probe_vs_trained": probe_vs_trained,
+              "strict_models_seed42": sanity}
+    atomic_write_text(out / "strict.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "strict_effects.csv",
+                      stats.checkpoint_frame(points).to_csv(index=False))
+    lines = ["", f"## Strict-off arms (checkpoints {result['checkpoints']})", "",
+             "| effect (pp) | K | n | mean ± SE (random factor) | 95% CI | p | between SD | "
+             "within SD | positive | signif. + / - |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for d in dists:
+        lines.append(f"| {d.label} | {d.k} | {d.n} | {fmt(d.estimate, '+.2f')} ± {fmt(d.se)} | "
+                     f"[{fmt(d.ci_low, '+.2f')}, {fmt(d.ci_high, '+.2f')}] | {fmt(d.p, '.3f')} | "
+                     f"{fmt(d.sd_between)} | {fmt(d.sd_within)} | {d.positive} / {d.k} | "
+                     f"{d.positive_significant} / {d.negative_significant} |")
+    labels = list(dict.fromkeys(p.label for p in points))
+    by = {(p.label, p.phase1_seed): p for p in points}
+    lines += ["", "| Phase-1 seed | " + " | ".join(labels) + " |",
+              "|---|" + "---:|" * len(labels)]
+    for k in sorted({p.phase1_seed for p in points}):
+        cells = [("" if (p := by.get((lab, k))) is None else
+                  f"{p.mean_diff:+.2f} [{p.ci_low:+.1f}, {p.ci_high:+.1f}] {p.verdict}")
+                 for lab in labels]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines += ["", "| arm (mean over the checkpoints) | updated LTM | ADD10 | segment-2 STM |",
+              "|---|---:|---:|---:|"]
+    for cond, r in levels.iterrows():
+        lines.append(f"| {cond} | {r.updated_ltm:.2f} | {r.updated_ltm_add10:.2f} | "
+                     f"{r.seg2_stm:.2f} |")
+    lines += ["", "| Phase-1 seed | strict model (seed 42) | cost: strict off at inference "
+              "(0 = its routers ignore L) | L route change per block (%) |",
+              "|---|---|---:|---|"]
+    for m in sanity:
+        lines.append(f"| {m['phase1_seed']} | {m['condition']} | "
+                     f"{fmt(m['strict_off_cost'], '+.2f')} | "
+                     f"{[round(x, 1) for x in m['l_route_change'] or []]} |")
+    for on, v in probe_vs_trained.items():
+        a = v["spearman"]
+        lines.append(f"\nProbe (seed-42 routing-off model's strict-off cost) vs trained off - "
+                     f"strict off, {on}: Spearman rho = {fmt(a['rho'], '+.2f')} (n = {a['n']}, "
+                     f"p = {fmt(a['p'], '.3f')})")
+    return lines
+
+
 def spearman(x: pd.Series, y: pd.Series, alternative: str) -> dict:
     ok = x.notna() & y.notna()
     if ok.sum() < 3:
@@ -242,7 +354,8 @@ def main(argv=None) -> int:
     STUDY = Path(ap.parse_args(argv).study).resolve()
     df = load_trials()
     comparisons = (*stats.CHECKPOINT_COMPARISONS,
-                   *[c for c in stats.CHANNEL_COMPARISONS if c.label != ROUTING])
+                   *[c for c in stats.CHANNEL_COMPARISONS if c.label != ROUTING],
+                   *stats.STRICT_COMPARISONS)
     dists, points = stats.checkpoint_distribution(df, comparisons)
     out = STUDY / "analysis"
     out.mkdir(parents=True, exist_ok=True)
@@ -314,6 +427,7 @@ def main(argv=None) -> int:
               f"{fmt(c['rho'], '+.3f')}, one-sided p = {fmt(c['p'], '.3f')}; holds: "
               f"{c['holds']}"]
     lines += channel_section(df, out)
+    lines += strict_section(df, out)
     atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -47,18 +47,21 @@ PRESET = "cpu"  # `--preset debug` for a quick check of the machinery (tests)
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 SEEDS = (42, 43)  # Phase-2 seeds: the `cpu` preset's two
 ORDERS = ("checkpoint", "seed")  # how `run` orders the jobs (`jobs_for`)
-#: the arms of the study, by name: `core` (both Consolidator-only arms, every checkpoint) and
-#: `channel` (can a capable operator or a trainable router use the routing channel?)
+#: the arms of the study, by name: `core` (both Consolidator-only arms, every checkpoint),
+#: `channel` (can a capable operator or a trainable router use the routing channel?) and
+#: `strict` (the strict-off twins: no router sees L, directly or through u)
 ARMS: dict[str, tuple[str, ...]] = {
     "core": ("consolidator_only", "consolidator_only_routing_off"),
     "channel": ("operator_gru", "operator_gru_routing_off",
                 "memory_consolidator", "memory_consolidator_routing_off"),
+    "strict": ("consolidator_only_strict_off", "memory_consolidator_strict_off"),
 }
 #: arms whose seed-42 model is diagnosed (L removed from each block's routing where it
 #: routes with L; every model: updated-LTM recall under strict routing off)
 DIAGNOSED = ("consolidator_only", "consolidator_only_routing_off", "operator_gru",
              "operator_gru_routing_off", "memory_consolidator",
-             "memory_consolidator_routing_off")
+             "memory_consolidator_routing_off", "consolidator_only_strict_off",
+             "memory_consolidator_strict_off")
 
 
 def cpu_name() -> str:

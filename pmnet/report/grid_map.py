@@ -39,4 +39,6 @@ GRIDS_RUNNING: dict[str, tuple[str, ...]] = {
     "baseline_no_memory": ("baselines",),
     "operator_gru_routing_off": ("checkpoint_channel",),
     "memory_consolidator_routing_off": ("checkpoint_channel",),
+    "consolidator_only_strict_off": ("checkpoint_channel",),
+    "memory_consolidator_strict_off": ("checkpoint_channel",),
 }

@@ -48,6 +48,7 @@ from pmnet.stats.checkpoints import (
     CHANNEL_COMPARISONS,
     CHECKPOINT_COMPARISONS,
     POWER_EFFECTS,
+    STRICT_COMPARISONS,
     CheckpointPoint,
     EffectDistribution,
     checkpoint_distribution,
@@ -158,7 +159,8 @@ __all__ = [
     "PHASE1_COMPARISON_LABELS", "PHASE1_COMPARISONS", "SINGULAR_ICC", "MIXED_OPTIMIZERS",
     "CheckpointTest", "Phase1Effect", "Phase1Analysis", "phase1_seeds", "has_phase1_variance",
     "reference_phase1_seed", "at_phase1_seed", "fit_random_intercept", "phase1_variance",
-    "CHECKPOINT_COMPARISONS", "CHANNEL_COMPARISONS", "POWER_EFFECTS", "CheckpointPoint",
+    "CHECKPOINT_COMPARISONS", "CHANNEL_COMPARISONS", "STRICT_COMPARISONS", "POWER_EFFECTS",
+    "CheckpointPoint",
     "EffectDistribution", "checkpoint_distribution", "checkpoints_needed", "pooled_within_sd",
     "checkpoint_frame",
 ]

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import pandas as pd
 
-from pmnet.conditions import ROUTING_PAIRS
+from pmnet.conditions import ROUTING_PAIRS, STRICT_PAIRS
 from pmnet.stats.paired import COMPARISONS, Comparison
 from pmnet.stats.phase1 import Phase1Effect, phase1_variance
 
@@ -45,6 +45,14 @@ CHANNEL_COMPARISONS: tuple[Comparison, ...] = tuple(
     Comparison(f"routing on - off: updated_ltm ({on})" if on != "consolidator_only"
                else "routing on - off: updated_ltm", on, "updated_ltm", off, "updated_ltm", "")
     for on, off in ROUTING_PAIRS.items()
+)
+#: What a strict-off arm changes (issue 39): routing off - strict off, paired by seed, for
+#: every routing-off arm with a strict-off twin (`pmnet.conditions.STRICT_PAIRS`): what L
+#: reaching the deeper routers through u is worth when the direct term is already gone.
+STRICT_COMPARISONS: tuple[Comparison, ...] = tuple(
+    Comparison(f"routing off - strict off: updated_ltm ({off})", off, "updated_ltm", strict,
+               "updated_ltm", "")
+    for off, strict in STRICT_PAIRS.items()
 )
 #: The mean effects the power statement is made for (pp).
 POWER_EFFECTS: tuple[float, ...] = (5.0, 10.0)

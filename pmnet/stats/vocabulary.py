@@ -9,6 +9,7 @@ from pmnet.conditions import BASELINE_CONDITIONS as _BASELINE_CONDITIONS
 from pmnet.conditions import CHANNEL_CONDITIONS as _CHANNEL_CONDITIONS
 from pmnet.conditions import CONDITIONS as _CONDITIONS
 from pmnet.conditions import OPERATOR_CONDITIONS as _OPERATOR_CONDITIONS
+from pmnet.conditions import STRICT_OFF_CONDITIONS as _STRICT_OFF_CONDITIONS
 
 #: Condition names in the paper's order, and their table labels (from pmnet.conditions).
 CONDITIONS: tuple[str, ...] = tuple(_CONDITIONS)
@@ -18,10 +19,12 @@ OPERATOR_CONDITIONS: tuple[str, ...] = tuple(_OPERATOR_CONDITIONS)
 BASELINE_CONDITION_NAMES: tuple[str, ...] = tuple(_BASELINE_CONDITIONS)
 #: The routing-off twins of issue 39 (beyond the paper), in their defined order.
 CHANNEL_CONDITION_NAMES: tuple[str, ...] = tuple(_CHANNEL_CONDITIONS)
+#: The strict-off twins of issue 39 (beyond the paper), in their defined order.
+STRICT_OFF_CONDITION_NAMES: tuple[str, ...] = tuple(_STRICT_OFF_CONDITIONS)
 CONDITION_LABELS: dict[str, str] = {
     n: c.label
     for n, c in {**_CONDITIONS, **_OPERATOR_CONDITIONS, **_BASELINE_CONDITIONS,
-                 **_CHANNEL_CONDITIONS}.items()
+                 **_CHANNEL_CONDITIONS, **_STRICT_OFF_CONDITIONS}.items()
 }
 
 #: Per-trial provenance columns of the tidy table, in order. ``condition``, ``seed`` and
@@ -87,10 +90,9 @@ def condition_label(condition: str) -> str:
 
 def ordered_conditions(names: Iterable[str]) -> list[str]:
     """The paper's condition order first, then the operator conditions, the baselines, the
-    routing-off twins of issue 39, then
-    unknown names sorted."""
+    routing-off and strict-off twins of issue 39, then unknown names sorted."""
     present = set(names)
     order = (CONDITIONS + OPERATOR_CONDITIONS + BASELINE_CONDITION_NAMES
-             + CHANNEL_CONDITION_NAMES)
+             + CHANNEL_CONDITION_NAMES + STRICT_OFF_CONDITION_NAMES)
     known = [c for c in order if c in present]
     return known + sorted(present - set(order))

@@ -32,9 +32,11 @@ def save_model_file(path: Path, model: PMNet, *, fmt: str, meta: dict) -> str:
     import io
 
     buf = io.BytesIO()
+    # a strict-off model (issue 39) says so; every other file is byte for byte as before
+    strict = {} if model.routing_u_uses_ltm else {"routing_u_uses_ltm": False}
     torch.save({"format": fmt, "model_config": model.cfg.to_dict(),
                 "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                "meta": meta}, buf)
+                "meta": meta, **strict}, buf)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     atomic_write_bytes(Path(path), data)
@@ -105,5 +107,9 @@ def load_model_file(path: str | Path, *, expect_config: ModelConfig | None = Non
                         if k.startswith("baselines.") and k.count(".") >= 2}):
         add_baseline(model, name)  # a baseline trial's carried memory (issue 23)
     model.load_state_dict(payload["state_dict"])
+    strict = payload.get("routing_u_uses_ltm", True)
+    if strict is not True and strict is not False:
+        raise ValueError(f"{path}: routing_u_uses_ltm must be true or false, got {strict!r}")
+    model.routing_u_uses_ltm = strict  # False: a strict-off model's routers read u without L
     return model, payload
 

@@ -198,7 +198,9 @@ def init_baseline(model: PMNet, cfg: TrainConfig, mode: str, seed: int) -> None:
 
 def init_phase2(model: PMNet, cfg: TrainConfig, cond: Condition, seed: int) -> None:
     """A Phase-2 trial's start from the loaded Phase-1 model: the operator or baseline its
-    condition uses, else the Consolidator's start (`init_consolidator`)."""
+    condition uses, else the Consolidator's start (`init_consolidator`); a strict-off
+    condition's routers read u without L (`PMNet.routing_u_uses_ltm`)."""
+    model.routing_u_uses_ltm = cond.routing_u_ltm
     if cond.consolidation in OPERATORS:  # the Consolidator stays as stored (frozen, unused)
         init_operator(model, cfg, cond.consolidation, seed)
     elif cond.consolidation in BASELINE_MODES:  # likewise
@@ -210,9 +212,10 @@ def init_phase2(model: PMNet, cfg: TrainConfig, cond: Condition, seed: int) -> N
 #: the keys of a Phase-2 result.json (run_phase2); a caller's `record` adds others
 RESULT_KEYS = frozenset({
     "condition", "seed", "preset", "phase1_sha256", "best_epoch", "trainable_params",
-    "total_params", "trainable_fraction", "consolidation", "ltm_routing", "objective",
-    "select", "val", "test", "test_seed", "test_stream_hash", "train_time_s", "history",
-    "best_model", "config", "device", "precision", "last_epoch", "test_last", "gpu_memory"})
+    "total_params", "trainable_fraction", "consolidation", "ltm_routing", "routing_u_ltm",
+    "objective", "select", "val", "test", "test_seed", "test_stream_hash", "train_time_s",
+    "history", "best_model", "config", "device", "precision", "last_epoch", "test_last",
+    "gpu_memory"})
 
 
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
@@ -289,7 +292,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
         "best_epoch": best_epoch, "last_epoch": last_epoch, "trainable_params": trainable,
         "total_params": counts["total"], "trainable_fraction": trainable / counts["total"],
         "consolidation": cond.consolidation, "ltm_routing": cond.ltm_routing,
-        "objective": cond.objective, "select": cond.select,
+        "routing_u_ltm": cond.routing_u_ltm, "objective": cond.objective, "select": cond.select,
         "val": val_best, "test": module.test_metrics, "test_last": test_last,
         "test_seed": cfg.test_seed,
         "test_stream_hash": task.content_hash(task.test_stream(cfg.test_episodes,

@@ -41,7 +41,7 @@ def recognise(trials: Trials) -> bool:
 
 
 def _comparisons() -> tuple[stats.Comparison, ...]:
-    extra = [c for c in stats.CHANNEL_COMPARISONS
+    extra = [c for c in (*stats.CHANNEL_COMPARISONS, *stats.STRICT_COMPARISONS)
              if c.label not in {x.label for x in stats.CHECKPOINT_COMPARISONS}]
     return (*stats.CHECKPOINT_COMPARISONS, *extra)
 
