@@ -333,12 +333,13 @@ def saved_bytes(step: Callable[[], torch.Tensor], exclude: Sequence[torch.Tensor
 
 def build_model(model_cfg: ModelConfig, condition: Condition, seed: int = 0) -> PMNet:
     """The model of a Phase-2 trial on CPU, frozen to the condition's subset, in train mode
-    (an operator or baseline condition gets its module, as `pmnet.train.run_phase2` adds
-    it)."""
+    (an operator or baseline condition gets its module, and a strict-off condition its
+    routers without L in u, as `pmnet.train.run_phase2` does)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = PMNet(model_cfg)
         add_phase2_module(model, condition.consolidation)
+    model.routing_u_uses_ltm = condition.routing_u_ltm  # strict off keeps a second u (issue 39)
     keep = {n for n, _ in model.trainable_subset(condition.subset)}
     for n, p in model.named_parameters():
         p.requires_grad_(n in keep)

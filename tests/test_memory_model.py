@@ -280,3 +280,13 @@ def test_finding1_the_default_quarter_gpu_overflows_the_papers_card(one_thread):
     assert 4 * (full.saved + full.weights + full.gradients + full.optimizer) > card  # no factor
     assert mm.gpu_share(full.peak, card).fraction == 1.0
     assert dual.peak <= mm.usable_bytes(card) < 2 * full.peak
+
+
+def test_a_strict_off_trial_is_measured_with_its_routers_strict():
+    """Issue 39: the model a strict-off trial's memory is measured on routes as the trial
+    does (u without L for the routers), its routing-off twin as the paper's."""
+    from pmnet.conditions import STRICT_PAIRS
+
+    for off, strict in STRICT_PAIRS.items():
+        assert mm.build_model(DEBUG, get_condition(strict)).routing_u_uses_ltm is False
+        assert mm.build_model(DEBUG, get_condition(off)).routing_u_uses_ltm is True
