@@ -86,6 +86,10 @@ LEVEL_COMPARISONS: tuple[stats.Comparison, ...] = tuple(
     for r, suffix in (("on", ""), ("off", "_routing_off")))
 
 
+#: the conditions only the channel arms train (the Consolidator's two are the core arms)
+CHANNEL_ONLY = tuple(c for op in CHANNEL_OPERATORS for c in (op, ROUTING_PAIRS[op]))
+
+
 def channel_checkpoints(df: pd.DataFrame) -> list[int]:
     """Phase-1 seeds with every arm of the channel question (each operator, routing on and
     off, and the Consolidator's two arms) on at least one common Phase-2 seed."""
@@ -353,6 +357,13 @@ def main(argv=None) -> int:
     ap.add_argument("--study", default=str(STUDY), help="the study directory")
     STUDY = Path(ap.parse_args(argv).study).resolve()
     df = load_trials()
+    # a checkpoint enters the channel comparisons only as a whole unit: every channel arm on
+    # a common Phase-2 seed (`channel_checkpoints`); a started, unfinished checkpoint's
+    # channel trials are listed, not averaged in
+    partial = df[df.condition.isin(CHANNEL_ONLY) & ~df.phase1_seed.isin(channel_checkpoints(df))]
+    df_all, df = df, df.drop(partial.index)
+    left_out = ", ".join(f"{r.condition} p{r.phase1_seed} s{r.seed} {r.updated_ltm:.2f}"
+                         for r in partial.itertuples())
     comparisons = (*stats.CHECKPOINT_COMPARISONS,
                    *[c for c in stats.CHANNEL_COMPARISONS if c.label != ROUTING],
                    *stats.STRICT_COMPARISONS)
@@ -395,8 +406,10 @@ def main(argv=None) -> int:
     atomic_write_text(out / "predictor.json", json.dumps(predictor, indent=2) + "\n")
 
     lines = ["# Checkpoint study (issue 39): analysis of what has run",
-             "", f"Trials: {len(df)}; checkpoints with both Consolidator arms: "
+             "", f"Trials: {len(df_all)}; checkpoints with both Consolidator arms: "
              f"{predictor['checkpoints_with_both_arms']}", "",
+             *([f"Channel trials of checkpoints without every channel arm, left out "
+                f"(updated LTM, %): {left_out}", ""] if left_out else []),
              "| effect (pp) | K | n | mean ± SE (random factor) | 95% CI | p | between SD | "
              "within SD | positive | signif. + / - | K for 5 pp | K for 10 pp |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
