@@ -323,12 +323,13 @@ def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
 @pytest.mark.slow
 def test_debug_pipeline_runs_the_channel_grid_with_each_operators_routing_effect(tmp_path):
     """The `checkpoint_channel` grid (issue 39) end to end at `debug`, narrowed to the two
-    routing pairs it adds (the Consolidator's pair is the `checkpoints` test's): both
-    checkpoints train, every trial starts from its own, and the report's distribution
-    section carries each operator's routing on - off over the two checkpoints."""
+    routing pairs it adds and a strict-off twin (the Consolidator's pair is the `checkpoints`
+    test's): both checkpoints train, every trial starts from its own, and the report's
+    distribution section carries each operator's routing on - off and routing off - strict
+    off over the two checkpoints."""
     root = tmp_path / "runs"
     conds = ("operator_gru", "operator_gru_routing_off", "memory_consolidator",
-             "memory_consolidator_routing_off")
+             "memory_consolidator_routing_off", "memory_consolidator_strict_off")
     rc, out = cli("start", "--preset", "debug", "--grid", "checkpoint_channel",
                   "--phase1-seeds", "1,2", "--conditions", ",".join(conds),
                   "--root", str(root), "--name", "ch", timeout=900)
@@ -341,14 +342,17 @@ def test_debug_pipeline_runs_the_channel_grid_with_each_operators_routing_effect
             for c in conds:
                 res = read_json(lay.result_path(TrialId(c, s, phase1_seed=k)))
                 assert res["phase1_sha256"] == meta["phase1_sha256s"][str(k)]
-                assert res["ltm_routing"] is (not c.endswith("_routing_off"))
+                assert res["ltm_routing"] is (not c.endswith(("_routing_off", "_strict_off")))
+                assert res["routing_u_ltm"] is (not c.endswith("_strict_off"))
     assert wait_gone(str(root)) == []
     md = (lay.report_dir / "report.md").read_text()
     assert "**Table `tab:checkpoint-distribution`.**" in md
     dist = read_csv_rows(lay.report_dir / "data" / "checkpoint_distribution.csv")
     labels = {r["label"] for r in dist}
     assert {"routing on - off: updated_ltm (operator_gru)",
-            "routing on - off: updated_ltm (memory_consolidator)"} <= labels, labels
+            "routing on - off: updated_ltm (memory_consolidator)",
+            "routing off - strict off: updated_ltm (memory_consolidator_routing_off)"
+            } <= labels, labels
     assert all(r["k"] == "2" and r["n"] == "4" for r in dist)
 
 
