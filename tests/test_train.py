@@ -623,6 +623,18 @@ def test_operator_conditions_are_the_consolidator_only_setting_per_operator():
     TrainConfig.from_name("debug", conditions=tuple(OPERATOR_CONDITIONS))  # validates
 
 
+def _changed_parameters(ref, new) -> set[str]:
+    """Names of `new`'s parameters that are not bitwise `ref`'s (or that `ref` lacks)."""
+    old = dict(ref.named_parameters())
+    return {n for n, p in new.named_parameters() if n not in old or not torch.equal(p, old[n])}
+
+
+def _same_arm(a, b) -> bool:
+    """Two conditions alike in everything but routing (operator, subset, objective, select)."""
+    return (a.consolidation, a.subset, a.objective, a.select) == (
+        b.consolidation, b.subset, b.objective, b.select)
+
+
 def test_each_routing_off_twin_differs_from_its_arm_only_in_routing():
     """Issue 39: every routing-on arm of ROUTING_PAIRS has a twin that is the same condition
     with the direct L term of Eq. 9 removed, and nothing else changed."""
@@ -631,8 +643,7 @@ def test_each_routing_off_twin_differs_from_its_arm_only_in_routing():
     for on, off in ROUTING_PAIRS.items():
         a, b = get_condition(on), get_condition(off)
         assert a.ltm_routing is True and b.ltm_routing is False
-        assert (a.consolidation, a.subset, a.objective, a.select) == (
-            b.consolidation, b.subset, b.objective, b.select)
+        assert _same_arm(a, b)
 
 
 @pytest.mark.parametrize("condition", list(CHANNEL_CONDITIONS))
@@ -645,9 +656,7 @@ def test_routing_off_twin_trains_its_arms_parameters_without_l_in_routing(phase1
     assert res["ltm_routing"] is False and res["condition"] == condition
     ref, _ = load_model_file(p1["checkpoint"])
     new, _ = load_model_file(tmp_path / "best_model.pt")
-    old = dict(ref.named_parameters())
-    changed = {n for n, p in new.named_parameters() if n not in old or not torch.equal(p,
-                                                                                   old[n])}
+    changed = _changed_parameters(ref, new)
     subset = {n for n, _ in new.trainable_subset(get_condition(twin).subset)}
     assert changed and changed <= subset  # the twin's own trainable set, and it trained
 
@@ -660,8 +669,7 @@ def test_each_strict_off_twin_is_its_routing_off_arm_with_l_out_of_u_too():
         a, b = get_condition(off), get_condition(strict)
         assert (a.ltm_routing, a.routing_u_ltm) == (False, True)
         assert (b.ltm_routing, b.routing_u_ltm) == (False, False)
-        assert (a.consolidation, a.subset, a.objective, a.select) == (
-            b.consolidation, b.subset, b.objective, b.select)
+        assert _same_arm(a, b)
     assert all(c.routing_u_ltm for n, c in ALL_CONDITIONS.items()
                if n not in STRICT_OFF_CONDITIONS)
     with pytest.raises(ValueError, match="strict routing off.*needs ltm_routing=False"):
@@ -680,8 +688,7 @@ def test_strict_off_twin_trains_and_its_model_file_keeps_its_routers_strict(phas
     new, payload = load_model_file(tmp_path / "best_model.pt")
     assert ref.routing_u_uses_ltm is True and "routing_u_uses_ltm" not in ref_payload
     assert new.routing_u_uses_ltm is False and payload["routing_u_uses_ltm"] is False
-    old = dict(ref.named_parameters())
-    changed = {n for n, p in new.named_parameters() if not torch.equal(p, old[n])}
+    changed = _changed_parameters(ref, new)
     assert changed and changed <= {n for n, _ in new.trainable_subset(
         get_condition(condition).subset)}
     # the file's routers are what was tested: re-evaluated, the loaded model gives the

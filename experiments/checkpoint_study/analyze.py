@@ -130,10 +130,8 @@ def channel_mechanism(ks: list[int]) -> list[dict]:
     for k in ks:
         for op in (CONSOLIDATOR, *CHANNEL_OPERATORS):
             for cond in (op, ROUTING_PAIRS[op]):
-                f = STUDY / "trials" / f"{cond}-p{k}-s42-diagnose.json"
-                if not f.is_file():
+                if (h := seed42_diagnostics(cond, k)) is None:
                     continue
-                h = json.loads(f.read_text())
                 wo = h.get("updated_without_ltm_route") or []
                 strict = h.get("updated_strict_off") or {}
                 rows.append({
@@ -181,29 +179,15 @@ def channel_section(df: pd.DataFrame, out: Path) -> list[str]:
     atomic_write_text(out / "channel_effects.csv",
                       stats.checkpoint_frame(points).to_csv(index=False))
 
-    lines = ["", f"## Channel arms (checkpoints {ks})", "",
-             "| effect (pp) | K | n | mean ± SE (random factor) | 95% CI | p | between SD | "
-             "within SD | positive | signif. + / - |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for d in dists:
-        lines.append(f"| {d.label} | {d.k} | {d.n} | {fmt(d.estimate, '+.2f')} ± {fmt(d.se)} | "
-                     f"[{fmt(d.ci_low, '+.2f')}, {fmt(d.ci_high, '+.2f')}] | {fmt(d.p, '.3f')} | "
-                     f"{fmt(d.sd_between)} | {fmt(d.sd_within)} | {d.positive} / {d.k} | "
-                     f"{d.positive_significant} / {d.negative_significant} |")
+    lines = ["", f"## Channel arms (checkpoints {ks})", "", DISTRIBUTION_HEADER,
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             *map(distribution_row, dists)]
     for x in inter:
         lines.append(f"| ({x['operator']} on - off) - (Consolidator on - off) | {x['k']} | "
                      f"{x['n_pairs']} | {fmt(x.get('mean'), '+.2f')} ± {fmt(x.get('se'))} | "
                      f"[{fmt(x.get('ci_low'), '+.2f')}, {fmt(x.get('ci_high'), '+.2f')}] | "
                      f"{fmt(x.get('p'), '.3f')} | | | | |")
-    labels = list(dict.fromkeys(p.label for p in points))
-    by = {(p.label, p.phase1_seed): p for p in points}
-    lines += ["", "| Phase-1 seed | " + " | ".join(labels) + " |",
-              "|---|" + "---:|" * len(labels)]
-    for k in ks:
-        cells = [("" if (p := by.get((lab, k))) is None else
-                  f"{p.mean_diff:+.2f} [{p.ci_low:+.1f}, {p.ci_high:+.1f}] {p.verdict}")
-                 for lab in labels]
-        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines += ["", *checkpoint_table(points, ks)]
     lines += ["", "| arm (mean over the checkpoints) | updated LTM | ADD10 | AFFINE10 | "
               "segment-2 STM |", "|---|---:|---:|---:|---:|"]
     for cond, r in levels.iterrows():
@@ -267,10 +251,8 @@ def strict_section(df: pd.DataFrame, out: Path) -> list[str]:
         probe = {}
         for k in ks:
             for cond in (off, strict):
-                f = STUDY / "trials" / f"{cond}-p{k}-s42-diagnose.json"
-                if not f.is_file():
+                if (h := seed42_diagnostics(cond, k)) is None:
                     continue
-                h = json.loads(f.read_text())
                 cost = (h.get("updated_strict_off") or {}).get("drop")
                 if cond == off:
                     probe[k] = cost
@@ -284,10 +266,9 @@ def strict_section(df: pd.DataFrame, out: Path) -> list[str]:
                                 "trained_off_minus_strict": trained[k]} for k in ok],
             "spearman": spearman(pd.Series([probe[k] for k in ok]),
                                  pd.Series([trained[k] for k in ok]), "two-sided")}
-    levels = (df[df.condition.isin([c for on in arms for c in
-                                    (on, ROUTING_PAIRS[on], STRICT_PAIRS[ROUTING_PAIRS[on]])])]
-              .pipe(lambda x: x[x.phase1_seed.isin(sorted({k for ks in arms.values()
-                                                             for k in ks}))])
+    all_ks = sorted({k for ks in arms.values() for k in ks})
+    conds = [c for on in arms for c in (on, ROUTING_PAIRS[on], STRICT_PAIRS[ROUTING_PAIRS[on]])]
+    levels = (df[df.condition.isin(conds) & df.phase1_seed.isin(all_ks)]
               .groupby(["condition", "phase1_seed"])[["updated_ltm", "updated_ltm_add10",
                                                       "seg2_stm"]]
               .mean().groupby("condition").mean())
@@ -300,23 +281,8 @@ def strict_section(df: pd.DataFrame, out: Path) -> list[str]:
     atomic_write_text(out / "strict_effects.csv",
                       stats.checkpoint_frame(points).to_csv(index=False))
     lines = ["", f"## Strict-off arms (checkpoints {result['checkpoints']})", "",
-             "| effect (pp) | K | n | mean ± SE (random factor) | 95% CI | p | between SD | "
-             "within SD | positive | signif. + / - |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for d in dists:
-        lines.append(f"| {d.label} | {d.k} | {d.n} | {fmt(d.estimate, '+.2f')} ± {fmt(d.se)} | "
-                     f"[{fmt(d.ci_low, '+.2f')}, {fmt(d.ci_high, '+.2f')}] | {fmt(d.p, '.3f')} | "
-                     f"{fmt(d.sd_between)} | {fmt(d.sd_within)} | {d.positive} / {d.k} | "
-                     f"{d.positive_significant} / {d.negative_significant} |")
-    labels = list(dict.fromkeys(p.label for p in points))
-    by = {(p.label, p.phase1_seed): p for p in points}
-    lines += ["", "| Phase-1 seed | " + " | ".join(labels) + " |",
-              "|---|" + "---:|" * len(labels)]
-    for k in sorted({p.phase1_seed for p in points}):
-        cells = [("" if (p := by.get((lab, k))) is None else
-                  f"{p.mean_diff:+.2f} [{p.ci_low:+.1f}, {p.ci_high:+.1f}] {p.verdict}")
-                 for lab in labels]
-        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+             DISTRIBUTION_HEADER, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             *map(distribution_row, dists), "", *checkpoint_table(points, all_ks)]
     lines += ["", "| arm (mean over the checkpoints) | updated LTM | ADD10 | segment-2 STM |",
               "|---|---:|---:|---:|"]
     for cond, r in levels.iterrows():
@@ -347,6 +313,39 @@ def spearman(x: pd.Series, y: pd.Series, alternative: str) -> dict:
 
 def fmt(x, spec=".2f") -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+DISTRIBUTION_HEADER = ("| effect (pp) | K | n | mean ± SE (random factor) | 95% CI | p | "
+                       "between SD | within SD | positive | signif. + / - |")
+
+
+def distribution_row(d: stats.EffectDistribution) -> str:
+    """One effect's distribution over checkpoints, the columns of DISTRIBUTION_HEADER."""
+    return (f"| {d.label} | {d.k} | {d.n} | {fmt(d.estimate, '+.2f')} ± {fmt(d.se)} | "
+            f"[{fmt(d.ci_low, '+.2f')}, {fmt(d.ci_high, '+.2f')}] | {fmt(d.p, '.3f')} | "
+            f"{fmt(d.sd_between)} | {fmt(d.sd_within)} | {d.positive} / {d.k} | "
+            f"{d.positive_significant} / {d.negative_significant} |")
+
+
+def point_cell(p: stats.CheckpointPoint | None) -> str:
+    """One checkpoint's effect: mean [pooled-SD CI] verdict, or "" where it did not run."""
+    return "" if p is None else (f"{p.mean_diff:+.2f} [{p.ci_low:+.1f}, {p.ci_high:+.1f}] "
+                                 f"{p.verdict}")
+
+
+def checkpoint_table(points, ks) -> list[str]:
+    """A row per checkpoint of `ks`, a column per effect of `points` (in their order)."""
+    labels = list(dict.fromkeys(p.label for p in points))
+    by = {(p.label, p.phase1_seed): p for p in points}
+    return (["| Phase-1 seed | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+            + [f"| {k} | " + " | ".join(point_cell(by.get((lab, k))) for lab in labels) + " |"
+               for k in ks])
+
+
+def seed42_diagnostics(cond: str, k: int) -> dict | None:
+    """`pmnet diagnose` of the seed-42 model of `cond` on checkpoint k, if it ran."""
+    f = STUDY / "trials" / f"{cond}-p{k}-s42-diagnose.json"
+    return json.loads(f.read_text()) if f.is_file() else None
 
 
 def main(argv=None) -> int:
@@ -410,26 +409,17 @@ def main(argv=None) -> int:
              f"{predictor['checkpoints_with_both_arms']}", "",
              *([f"Channel trials of checkpoints without every channel arm, left out "
                 f"(updated LTM, %): {left_out}", ""] if left_out else []),
-             "| effect (pp) | K | n | mean ± SE (random factor) | 95% CI | p | between SD | "
-             "within SD | positive | signif. + / - | K for 5 pp | K for 10 pp |",
+             DISTRIBUTION_HEADER + " K for 5 pp | K for 10 pp |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for d in dists:
-        lines.append(f"| {d.label} | {d.k} | {d.n} | {fmt(d.estimate, '+.2f')} ± {fmt(d.se)} | "
-                     f"[{fmt(d.ci_low, '+.2f')}, {fmt(d.ci_high, '+.2f')}] | {fmt(d.p, '.3f')} | "
-                     f"{fmt(d.sd_between)} | {fmt(d.sd_within)} | {d.positive} / {d.k} | "
-                     f"{d.positive_significant} / {d.negative_significant} | "
-                     f"{d.k_needed_5 or ''} | {d.k_needed_10 or ''} |")
+        lines.append(f"{distribution_row(d)} {d.k_needed_5 or ''} | {d.k_needed_10 or ''} |")
     labels = list(dict.fromkeys(p.label for p in points))
     lines += ["", "| Phase-1 seed | " + " | ".join(labels) + " | root L change (%) | "
               "random-route cost | root margin | Phase-1 STM (val) |",
               "|---|" + "---:|" * (len(labels) + 4)]
     by = {(p.label, p.phase1_seed): p for p in points}
     for k in sorted({p.phase1_seed for p in points}):
-        cells = []
-        for label in labels:
-            p = by.get((label, k))
-            cells.append("" if p is None else f"{p.mean_diff:+.2f} [{p.ci_low:+.1f}, "
-                         f"{p.ci_high:+.1f}] {p.verdict}")
+        cells = [point_cell(by.get((label, k))) for label in labels]
         f = feats.loc[k] if k in feats.index else None
         extra = ["", "", "", ""] if f is None else [
             fmt(f.root_l_route_change, ".1f"), fmt(f.random_route_cost, "+.1f"),
