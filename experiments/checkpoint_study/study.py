@@ -57,11 +57,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     "strict": ("consolidator_only_strict_off", "memory_consolidator_strict_off"),
 }
 #: arms whose seed-42 model is diagnosed (L removed from each block's routing where it
-#: routes with L; every model: updated-LTM recall under strict routing off)
-DIAGNOSED = ("consolidator_only", "consolidator_only_routing_off", "operator_gru",
-             "operator_gru_routing_off", "memory_consolidator",
-             "memory_consolidator_routing_off", "consolidator_only_strict_off",
-             "memory_consolidator_strict_off")
+#: routes with L; every model: updated-LTM recall under strict routing off): all of them
+DIAGNOSED = tuple(c for arm in ARMS.values() for c in arm)
 
 
 def cpu_name() -> str:

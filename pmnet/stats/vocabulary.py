@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pmnet.conditions import ALL_CONDITIONS as _ALL_CONDITIONS
 from pmnet.conditions import BASELINE_CONDITIONS as _BASELINE_CONDITIONS
 from pmnet.conditions import CHANNEL_CONDITIONS as _CHANNEL_CONDITIONS
 from pmnet.conditions import CONDITIONS as _CONDITIONS
@@ -21,11 +22,7 @@ BASELINE_CONDITION_NAMES: tuple[str, ...] = tuple(_BASELINE_CONDITIONS)
 CHANNEL_CONDITION_NAMES: tuple[str, ...] = tuple(_CHANNEL_CONDITIONS)
 #: The strict-off twins of issue 39 (beyond the paper), in their defined order.
 STRICT_OFF_CONDITION_NAMES: tuple[str, ...] = tuple(_STRICT_OFF_CONDITIONS)
-CONDITION_LABELS: dict[str, str] = {
-    n: c.label
-    for n, c in {**_CONDITIONS, **_OPERATOR_CONDITIONS, **_BASELINE_CONDITIONS,
-                 **_CHANNEL_CONDITIONS, **_STRICT_OFF_CONDITIONS}.items()
-}
+CONDITION_LABELS: dict[str, str] = {n: c.label for n, c in _ALL_CONDITIONS.items()}
 
 #: Per-trial provenance columns of the tidy table, in order. ``condition``, ``seed`` and
 #: ``variant`` are the trial's identity (:class:`pmnet.trial_id.TrialId`; ``variant`` is ""
