@@ -30,6 +30,21 @@ the root. These measurements, on the validation stream only, say whether they do
     updated_without_ltm_route  a Phase-2 model whose condition routes with L: updated-LTM
                          recall with L removed from the routing state of block b only, of
                          every block (which is routing off, checked against it)
+    order                can the final LTM tell which segment came last (issue 44)? The
+                         final query's answers with the last two segments in their order and
+                         swapped: `updated` (the last rule's answer), `stale` (the rule before
+                         it), `order_change` (% of episodes whose answer changes when the two
+                         are swapped) and `order_gain` = updated - (the swapped run's rate of
+                         the same answer). The episodes are exchangeable in the two segments,
+                         so order_gain <= order_change on every sample: an LTM that is the
+                         same whichever segment came last cannot recall the update above the
+                         stale rule, whatever its Consolidator (the symmetry bound)
+    seg2_route_change_learned  a learned model: per block, % of the last segment's tokens
+                         whose child choice differs between the L its Consolidator wrote and
+                         the L forced identity writes (does C's output move later writes?)
+    query_reach          per block, where the final query's tokens are routed: % in a group
+                         written by the last segment only, by an earlier segment only, by
+                         both, by none (does the query read what the update wrote?)
 
 Each recall is a percentage of the same episodes; a difference of two of them is paired, so
 its noise is smaller than the +-3 pp of one 1,000-episode stream (`agreement` gives the
@@ -118,6 +133,34 @@ class Recall:
 
 
 @dataclass(frozen=True)
+class OrderDiagnostics:
+    """The final query's answers with the last two segments in order and swapped (percent
+    of episodes). `order_gain <= order_change` holds on every sample (see `order_test`)."""
+
+    updated: float  # answers = the last rule at the final query (updated-LTM recall)
+    stale: float  # answers = the rule before it
+    swapped_stale: float  # swapped run: answers = the (true) last rule, now the stale one
+    order_change: float  # answers that change when the two segments are swapped
+    episodes: int
+
+    @property
+    def order_gain(self) -> float:
+        """updated - swapped_stale: recall of the update that depends on the order."""
+        return self.updated - self.swapped_stale
+
+
+@dataclass(frozen=True)
+class QueryReach:
+    """Where the final query's tokens are routed in one block: % of query tokens in a group
+    written by the last segment only, by earlier segments only, by both, by none."""
+
+    last_only: float
+    earlier_only: float
+    both: float
+    neither: float
+
+
+@dataclass(frozen=True)
 class RouteDiagnostics:
     checkpoint: str
     kind: str  # "phase1" or "phase2"
@@ -138,13 +181,19 @@ class RouteDiagnostics:
     updated_without_ltm_route: list[Recall] | None = None  # per block
     updated_routing_off: Recall | None = None  # L removed from every block
     updated_strict_off: Recall | None = None  # no router sees L (direct or through u)
+    order: OrderDiagnostics | None = None  # the symmetry bound (issue 44)
+    seg2_route_change_learned: list[float] | None = None  # per block, learned vs identity L
+    query_reach: list[QueryReach] | None = None  # per block
 
     @property
     def random_route_drop(self) -> float:
         return float(self.stm_random_routes.drop)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.order is not None:
+            d["order"]["order_gain"] = self.order.order_gain
+        return d
 
 
 # -----------------------------------------------------------------------------------------
@@ -275,6 +324,97 @@ def route_concentration(model: PMNet, stream, batch_size: int) -> list[float]:
     return [100 * v / count for v in share.tolist()]
 
 
+
+def swap_last_segments(batch):
+    """The same episodes with the demonstrations of their last two segments swapped; the
+    queries and every other field unchanged (so the final query's "update" is now the rule
+    of the segment before the last)."""
+    T = batch.seg_tokens.shape[1]
+    if T < 2:
+        raise ValueError("swapping segments needs episodes of at least 2 segments")
+    order = list(range(T))
+    order[-2], order[-1] = order[-1], order[-2]
+    return dataclasses.replace(batch, seg_tokens=batch.seg_tokens[:, order])
+
+
+def order_test(model: PMNet, stream, consolidation: str, ltm_routing: bool,
+               batch_size: int) -> OrderDiagnostics:
+    """The symmetry bound: final-query answers in order and with the last two segments
+    swapped. Because episodes are exchangeable in those two segments, the recall of the
+    update above the stale rule that a model can show is at most the share of answers that
+    change with the order: updated - swapped_stale <= order_change, exactly, per sample."""
+    pred, _ = _updated_predictions(model, stream, batch_size, consolidation, ltm_routing)
+    pred_s, _ = _updated_predictions(model, swap_last_segments(stream), batch_size,
+                                     consolidation, ltm_routing)
+    answers = stream.final_answers()  # (N, T): each rule's answer at the final query
+
+    def pct(x: Tensor) -> float:
+        return 100 * x.float().mean().item()
+
+    return OrderDiagnostics(updated=pct(pred == answers[:, -1]),
+                            stale=pct(pred == answers[:, -2]),
+                            swapped_stale=pct(pred_s == answers[:, -1]),
+                            order_change=pct(pred != pred_s), episodes=len(stream))
+
+
+@torch.no_grad()
+def learned_route_change(model: PMNet, stream, ltm_routing: bool,
+                         batch_size: int) -> list[float]:
+    """Per block, % of the last segment's tokens whose child choice differs between the LTM
+    the Consolidator wrote at the earlier boundaries and the LTM forced identity writes
+    (same routing flag): how far C's output moves the writes that follow it."""
+    device = next(model.parameters()).device
+    K, nb = model.cfg.branch, model.cfg.n_blocks
+    changed = torch.zeros(nb, dtype=torch.float64)
+    count = 0
+    for i in range(0, len(stream), batch_size):
+        seg = stream[i:i + batch_size].to(device).seg_tokens
+        routes = []
+        for mode in ("learned", "identity"):
+            state = model.init_state(seg.shape[0], device=device)
+            for d in range(seg.shape[1] - 1):
+                _, state = model(seg[:, d], state, ltm_routing=ltm_routing, logits="none")
+                state = model.consolidate(state, mode=mode).clear_context()
+            routes.append(model(seg[:, -1], state, ltm_routing=ltm_routing,
+                                logits="none")[1].routes)
+        for b in range(nb):
+            changed[b] += ((routes[0][b + 1] % K) != (routes[1][b + 1] % K)).sum().item()
+        count += routes[0][0].numel()
+    return [100 * c / count for c in changed.tolist()]
+
+
+@torch.no_grad()
+def query_reach(model: PMNet, stream, consolidation: str, ltm_routing: bool,
+                batch_size: int) -> list[QueryReach]:
+    """Per block, the share (%) of the final query's tokens routed to a group that the last
+    segment wrote only, earlier segments only, both, or none (the model's own lifecycle)."""
+    device = next(model.parameters()).device
+    nb = model.cfg.n_blocks
+    tally = torch.zeros(nb, 4, dtype=torch.float64)  # last only, earlier only, both, neither
+    for i in range(0, len(stream), batch_size):
+        batch = stream[i:i + batch_size].to(device)
+        seg = batch.seg_tokens
+        state = model.init_state(seg.shape[0], device=device)
+        earlier = last = None
+        for d in range(seg.shape[1]):
+            _, before = model(seg[:, d], state, ltm_routing=ltm_routing, logits="none")
+            if d < seg.shape[1] - 1:
+                earlier = [o.clone() if earlier is None else earlier[b] | o
+                           for b, o in enumerate(before.occ)]
+            else:
+                last = list(before.occ)
+            state = model.consolidate(before, mode=consolidation).clear_context()
+        _, q = model(batch.query_tokens[:, -1], state, ltm_routing=ltm_routing, logits="none")
+        for b in range(nb):
+            g = q.routes[b]  # (B, Tq) the group each query token visits in block b
+            in_last, in_earlier = last[b].gather(1, g), earlier[b].gather(1, g)
+            for j, m in enumerate((in_last & ~in_earlier, ~in_last & in_earlier,
+                                   in_last & in_earlier, ~in_last & ~in_earlier)):
+                tally[b, j] += m.sum().item()
+    tally = 100 * tally / tally.sum(1, keepdim=True)
+    return [QueryReach(*row) for row in tally.tolist()]
+
+
 def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | None = None,
              consolidation: str = "identity", ltm_routing: bool = False,
              batch_size: int = 250) -> RouteDiagnostics:
@@ -310,6 +450,13 @@ def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | Non
                stm_without_block=without, stm_without_blocks_from=without_from,
                ltm_route_change=changes, route_concentration=concentration,
                strict_route_change=strict_changes)
+    out["order"] = _with(model, Probe(), order_test, stream, consolidation, ltm_routing,
+                         batch_size)
+    out["query_reach"] = _with(model, Probe(), query_reach, stream, consolidation,
+                               ltm_routing, batch_size)
+    if consolidation == "learned":
+        out["seg2_route_change_learned"] = _with(model, Probe(), learned_route_change, stream,
+                                                 ltm_routing, batch_size)
     if condition is not None:
         own = _with(model, Probe(), _updated_predictions, stream, batch_size, consolidation,
                     ltm_routing)
@@ -396,6 +543,19 @@ def format_diagnostics(d: RouteDiagnostics) -> str:
         lines.append(f"updated-LTM recall {d.updated_ltm.recall:.1f}%; L removed from every "
                      f"block's routing: {d.updated_routing_off.recall:.1f}% "
                      f"(drop {_pp(d.updated_routing_off.drop)} pp)")
+    if d.order is not None:
+        o = d.order
+        lines.append(f"final query: update {o.updated:.1f}%, stale rule {o.stale:.1f}%; last two "
+                     f"segments swapped: {o.order_change:.1f}% of answers change, order gain "
+                     f"{o.order_gain:+.1f} pp (at most the change: the symmetry bound)")
+    if d.query_reach is not None:
+        lines.append("final query's tokens by block, % in groups written by the last segment "
+                     "only / earlier only / both / none: " + "; ".join(
+                         f"{b}: {r.last_only:.0f}/{r.earlier_only:.0f}/{r.both:.0f}/"
+                         f"{r.neither:.0f}" for b, r in enumerate(d.query_reach)))
+    if d.seg2_route_change_learned is not None:
+        lines.append("last segment's routes changed by learned vs identity L, per block: "
+                     + ", ".join(f"{x:.1f}%" for x in d.seg2_route_change_learned))
     if d.updated_strict_off is not None:
         lines.append(f"updated-LTM recall with no router seeing L (strict routing off, L out "
                      f"of u too): {d.updated_strict_off.recall:.1f}% "

@@ -13,10 +13,14 @@ from pmnet.diagnose import (
     Probe,
     diagnose,
     diagnose_file,
+    learned_route_change,
     ltm_route_change,
+    order_test,
     probing,
+    query_reach,
     route_concentration,
     stm_recall,
+    swap_last_segments,
 )
 from pmnet.evaluate import evaluate
 from pmnet.model import PMNet
@@ -254,3 +258,69 @@ def test_every_phase2_model_gets_its_strict_off_recall(stream, condition, routin
     assert d.updated_strict_off.drop == pytest.approx(own["updated_ltm"]
                                                       - strict["updated_ltm"], abs=1e-6)
     assert len(d.strict_route_change) == 2 and d.strict_route_change[0] == 0.0
+
+
+# --- the capability diagnostics (issue 44) ----------------------------------------------
+
+
+def test_swapping_segments_swaps_the_demonstrations_only(stream):
+    swapped = swap_last_segments(stream)
+    assert torch.equal(swapped.seg_tokens[:, 0], stream.seg_tokens[:, 1])
+    assert torch.equal(swapped.seg_tokens[:, 1], stream.seg_tokens[:, 0])
+    assert torch.equal(swapped.query_tokens, stream.query_tokens)
+    assert torch.equal(swapped.target, stream.target)
+    assert torch.equal(swap_last_segments(swapped).seg_tokens, stream.seg_tokens)
+
+
+@pytest.mark.parametrize("routing", [True, False])
+def test_the_order_gain_is_bounded_by_the_answers_the_order_changes(stream, routing):
+    model = _model()
+    o = order_test(model, stream, "identity", routing, batch_size=N)
+    assert o.episodes == N
+    on = evaluate(model, stream, consolidation="identity", ltm_routing=routing, full=False,
+                  stm=False)
+    assert o.updated == pytest.approx(on["updated_ltm"], abs=1e-9)
+    assert o.order_gain <= o.order_change + 1e-9
+    # the final query separates the last two rules: an answer cannot be both
+    assert o.updated + o.stale <= 100.0 + 1e-9
+
+
+def test_an_order_blind_model_has_no_order_gain(stream):
+    """With every write removed, LTM stays zero whatever the order: no answer changes when
+    the segments are swapped, so the update cannot be recalled above the stale rule."""
+    model = _model()
+    with probing(model, Probe(drop_writes=frozenset({0, 1}))):
+        o = order_test(model, stream, "identity", True, batch_size=N)
+    assert o.order_change == 0.0 and o.order_gain == pytest.approx(0.0, abs=1e-9)
+    # and the plain model does depend on the order
+    assert order_test(model, stream, "identity", True, batch_size=N).order_change > 0.0
+
+
+def test_query_reach_splits_the_query_tokens_by_who_wrote_their_group(stream):
+    reach = query_reach(_model(), stream, "identity", True, batch_size=N)
+    assert len(reach) == 2
+    for r in reach:
+        assert r.last_only + r.earlier_only + r.both + r.neither == pytest.approx(100.0)
+    # the root group is written by every segment and visited by every query token
+    assert reach[0].both == pytest.approx(100.0)
+
+
+def test_learned_route_change_is_zero_for_an_identity_consolidator(stream):
+    """A Consolidator at its identity start writes the same L as forced identity, so the
+    routes after it cannot differ; one that is not the identity moves them."""
+    model = _model()
+    assert learned_route_change(model, stream, True, batch_size=N) == [0.0, 0.0]
+    with torch.no_grad():
+        model.consolidator.reinit(1.0, torch.Generator().manual_seed(0))
+        model.consolidator.w_d.weight.normal_(0, 1.0)
+    assert max(learned_route_change(model, stream, True, batch_size=N)) > 0.0
+
+
+def test_diagnose_reports_the_capability_measurements(stream):
+    d = diagnose(_model(), stream, condition="consolidator_only", consolidation="learned",
+                 ltm_routing=True)
+    assert d.order is not None and len(d.query_reach) == 2
+    assert d.seg2_route_change_learned == [0.0, 0.0]  # the identity start
+    out = d.to_dict()
+    assert out["order"]["order_gain"] == pytest.approx(d.order.order_gain)
+    assert diagnose(_model(), stream).seg2_route_change_learned is None  # identity: n/a

@@ -90,6 +90,38 @@ def _unit_condition_cells(ctx: Context, condition: str, metric: str) -> tuple[Ce
                                                signed=False))
 
 
+def _gate_frame(ctx: Context) -> pd.DataFrame:
+    """The trials an arm's recall and baseline are averaged over: every checkpoint's with
+    K >= 2 checkpoints, else the run's."""
+    return ctx.checkpoints.every if ctx.checkpoints is not None else ctx.df
+
+
+def _gate(ctx: Context, label: str) -> stats.CapabilityGate | None:
+    """Both arms of a paired comparison beside their output-set baselines (issue 44)."""
+    spec = next((c for c in stats.COMPARISONS if c.label == label), None)
+    return None if spec is None else stats.capability_gate(_gate_frame(ctx), spec)
+
+
+def _gate_cell(ctx: Context, label: str) -> Cell:
+    gate = _gate(ctx, label)
+    return NA if gate is None else text_cell(gate.text())
+
+
+def _arm_cell(ctx: Context, condition: str, metric: str) -> Cell:
+    """`20.1 vs 42.0 (below)`: a condition's recall beside its output-set baseline."""
+    arm = stats.arm_capability(_gate_frame(ctx), condition, metric)
+    if arm is None:
+        return NA
+    return text_cell(f"{arm.recall:.1f} vs {arm.baseline:.1f}"
+                     + ("" if arm.above else " (below)"))
+
+
+#: The verdict of a paired claim whose two arms are both at or below the output-set baseline
+BELOW_BASELINE_VERDICT = ("no verdict: both arms at or below the output-set baseline (neither "
+                          "uses the rule)")
+BASELINE_COLUMN = "Recall vs output-set baseline (%)"
+
+
 def _unit_note(ctx: Context) -> str:
     view = ctx.checkpoints
     return (f"Over K = {view.k} Phase-1 checkpoints (phase1_seed "
@@ -120,16 +152,18 @@ def table_headline(ctx: Context) -> Table:
             continue
         if condition is not None:
             paper = ctx.paper_stat(condition, key) or NA
+            base = _arm_cell(ctx, condition, key)
             if unit:
                 cell, per = _unit_condition_cells(ctx, condition, key)
-                rows.append([text_cell(text), cell, NA, NA, per, paper])
+                rows.append([text_cell(text), cell, NA, NA, per, base, paper])
                 continue
             cell = ctx.stat(miss, condition, key, paper=False)
-            rows.append([text_cell(text), cell, NA, NA, paper])
+            rows.append([text_cell(text), cell, NA, NA, base, paper])
             continue
         if unit:
             est, ci, p, per = _unit_cells(ctx, key)
-            rows.append([text_cell(text), est, ci, p, per, ctx.paper_cmp(key) or NA])
+            rows.append([text_cell(text), est, ci, p, per, _gate_cell(ctx, key),
+                         ctx.paper_cmp(key) or NA])
             continue
         row = ctx.comparison(key)
         rows.append([
@@ -137,6 +171,7 @@ def table_headline(ctx: Context) -> Table:
             ctx.paired(miss, key, "stat", paper=False),
             Cell("ci", row["ci_low"], hi=row["ci_high"], paper=ctx.paper_cmp(key, "ci")),
             Cell("p", row["p"], paper=ctx.paper_cmp(key, "p")),
+            _gate_cell(ctx, key),
             ctx.paper_cmp(key) or NA,
         ])
     if unit:
@@ -144,11 +179,11 @@ def table_headline(ctx: Context) -> Table:
             "tab:headline",
             f"Headline numbers over {ctx.checkpoints.k} Phase-1 checkpoints: ours beside the "
             "paper's (the paper's are from one checkpoint and five seeds).",
-            ["Quantity", "Ours", "95% CI", "p", "Per checkpoint", "Paper"],
+            ["Quantity", "Ours", "95% CI", "p", "Per checkpoint", BASELINE_COLUMN, "Paper"],
             rows,
             notes=[_unit_note(ctx)],
-            align=["l", "r", "r", "r", "p{2.5cm}", "r"],
-            asides={5},
+            align=["l", "r", "r", "r", "p{2.5cm}", "r", "r"],
+            asides={6},
         )
     else:
         table = Table(
@@ -156,9 +191,9 @@ def table_headline(ctx: Context) -> Table:
             "Headline numbers: ours beside the paper's (mean ± SD over seeds; paired "
             "differences in percentage points with t-distribution 95% CI and paired t-test "
             "p).",
-            ["Quantity", "Ours", "95% CI", "p", "Paper"],
+            ["Quantity", "Ours", "95% CI", "p", BASELINE_COLUMN, "Paper"],
             rows,
-            asides={4},
+            asides={5},
         )
     if absent:
         left_out = len(HEADLINE_ROWS) - len(rows)
@@ -174,6 +209,7 @@ def table_headline(ctx: Context) -> Table:
         table.notes.append(not_run_line(row_names(table, empty), []))
     if ctx.paper is not None and not unit:
         table.notes.append("Parenthesised CI and p values are the paper's where it prints them.")
+    _baseline_column(table)
     table.missing = miss.lines()
     return table
 
@@ -211,6 +247,20 @@ def _verdict_unit(e: stats.Phase1Effect | None) -> str:
     return f"does not reproduce over {e.k} checkpoints (mean <= 0)"
 
 
+def _baseline_column(table: Table) -> None:
+    """Explain the baseline column, or drop it when the input has no baseline (the paper's
+    own per-seed numbers)."""
+    if not table.drop_empty_column(BASELINE_COLUMN):
+        table.notes.append(_baseline_note())
+
+
+def _baseline_note() -> str:
+    return (f"{BASELINE_COLUMN}: each arm's mean recall (for a paired row: arm a / arm b) "
+            "beside the mean output-set baseline of the same trials' test episodes, the "
+            "rule-free guesser's recall (about 42% overall, 50% on ADD10); '(below)': at or "
+            "under it, so the arm does not use the episode's rule.")
+
+
 def table_claims(ctx: Context) -> Table:
     """Which of the paper's claims this run reproduces, each with the test that decides it."""
     miss = Missing(ctx)
@@ -218,11 +268,15 @@ def table_claims(ctx: Context) -> Table:
     unit = ctx.checkpoints is not None
 
     def paired_row(claim: str, label: str) -> None:
+        gate = _gate(ctx, label)
+        base = NA if gate is None else text_cell(gate.text())
+        gated = gate is not None and gate.both_below
         if unit:
             est, ci, p, per = _unit_cells(ctx, label)
             e = ctx.checkpoints.effects.get(label)
-            rows.append([text_cell(claim), est, ci, p, per, ctx.paper_cmp(label) or NA,
-                         text_cell(_verdict_unit(e))])
+            verdict = BELOW_BASELINE_VERDICT if gated else _verdict_unit(e)
+            rows.append([text_cell(claim), est, ci, p, per, base, ctx.paper_cmp(label) or NA,
+                         text_cell(verdict)])
             return
         row = ctx.comparison(label)
         rows.append([
@@ -230,8 +284,9 @@ def table_claims(ctx: Context) -> Table:
             ctx.paired(miss, label, "stat", paper=False),
             Cell("ci", row["ci_low"], hi=row["ci_high"]),
             Cell("p", row["p"]),
+            base,
             ctx.paper_cmp(label) or NA,
-            text_cell(_verdict_paired(row)),
+            text_cell(BELOW_BASELINE_VERDICT if gated else _verdict_paired(row)),
         ])
 
     def mean_cells(metric: str) -> tuple[Cell, list[Cell]]:
@@ -250,10 +305,10 @@ def table_claims(ctx: Context) -> Table:
                    "not tested (no results)" if not cell.n else
                    f"does not reproduce (mean above {NEAR_CHANCE_MAX:g}%)")
         rows.append([text_cell(f"{name} near chance (10%), routing on (%)"), cell, NA, NA,
-                     *per, ctx.paper_stat(ON, metric) or NA, text_cell(verdict)])
+                     *per, NA, ctx.paper_stat(ON, metric) or NA, text_cell(verdict)])
     follow, per = mean_cells("mismatched_donor_follow")
     rows.append([text_cell("Mismatched LTM: answers that follow the donor's rule (%)"), follow,
-                 NA, NA, *per, NA, text_cell("reported (not a claim of the paper)")])
+                 NA, NA, *per, NA, NA, text_cell("reported (not a claim of the paper)")])
     how = ("over the Phase-1 checkpoints (the mean with the checkpoint as a random "
            "intercept, t with K - 1 df) is > 0 with p" if unit
            else "over seeds is > 0 with paired t-test p")
@@ -263,15 +318,18 @@ def table_claims(ctx: Context) -> Table:
         f"paired mean difference {how} < {CLAIM_ALPHA:g}; a "
         f"control is near chance when its mean recall is at most {NEAR_CHANCE_MAX:g}%. "
         "Above-baseline rows pair each seed's recall with the output-set baseline on the same "
-        "test episodes of that family.",
-        ["Claim", "Ours", "95% CI", "p", *(["Per checkpoint"] if unit else []), "Paper",
-         "Verdict"],
+        "test episodes of that family. A paired claim whose two arms both recall at or below "
+        "their output-set baseline gets no verdict: it compares two models that do not use "
+        "the rule (issue 44).",
+        ["Claim", "Ours", "95% CI", "p", *(["Per checkpoint"] if unit else []),
+         BASELINE_COLUMN, "Paper", "Verdict"],
         rows,
         notes=[_unit_note(ctx)] if unit else [],
         # the text wraps: fits the page
-        align=["p{5cm}", "r", "r", "r", *(["p{2.5cm}"] if unit else []), "r", "p{4.5cm}"],
-        asides={5, 6} if unit else {4, 5},
+        align=["p{5cm}", "r", "r", "r", *(["p{2.5cm}"] if unit else []), "r", "r", "p{4.5cm}"],
+        asides={6, 7} if unit else {5, 6},
     )
+    _baseline_column(table)
     return only_ran(table, miss)
 
 

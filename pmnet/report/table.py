@@ -70,6 +70,18 @@ class Table:
     def has_value(self, row: list[Cell]) -> bool:
         return any(self.is_value(j, c) for j, c in enumerate(row))
 
+    def drop_empty_column(self, name: str) -> bool:
+        """Remove the column named `name` when no row has a cell there (every one missing or
+        n/a: the input lacks what it shows); True when it was removed."""
+        j = self.columns.index(name)
+        if any(row[j].kind != "na" and not row[j].is_missing for row in self.rows):
+            return False
+        del self.columns[j], self.align[j]
+        for row in self.rows:
+            del row[j]
+        self.asides = {a - (a > j) for a in self.asides if a != j}
+        return True
+
     def prune(self) -> list[list[Cell]]:
         """Drop the rows without a value of ours (the horizontal rules follow the rows that
         stay); returns the dropped rows."""

@@ -278,6 +278,82 @@ def _build_comparisons() -> tuple[Comparison, ...]:
     return tuple(out)
 
 
+#: A recall metric's output-set baseline is the column with this suffix: the rule-free
+#: guesser's expected recall on the same episodes (`pmnet.task`, "Output-set shortcut").
+BASELINE_SUFFIX = "_baseline"
+
+
+def baseline_metric(metric: str) -> str | None:
+    """The output-set baseline column of a recall metric (`updated_ltm` ->
+    `updated_ltm_baseline`, `updated_ltm_add10` -> `updated_ltm_add10_baseline`); None for a
+    column that is a baseline itself."""
+    return None if metric.endswith(BASELINE_SUFFIX) else metric + BASELINE_SUFFIX
+
+
+@dataclass(frozen=True)
+class ArmCapability:
+    """One arm's recall beside its output-set baseline, means over the same trials (issue 44):
+    an arm at or below the baseline does not use the episode's rule, whatever it recalls."""
+
+    condition: str
+    metric: str
+    recall: float
+    baseline: float
+    n: int  # trials with both values
+
+    @property
+    def margin(self) -> float:
+        """recall - baseline, percentage points."""
+        return self.recall - self.baseline
+
+    @property
+    def above(self) -> bool:
+        return self.margin > 0
+
+
+@dataclass(frozen=True)
+class CapabilityGate:
+    """The two arms of a paired comparison against their output-set baselines. A comparison
+    whose arms are both at or below the baseline compares two models that do not use the
+    rule: it gets no verdict about the paper's mechanism (issue 44)."""
+
+    a: ArmCapability
+    b: ArmCapability
+
+    @property
+    def both_below(self) -> bool:
+        return not self.a.above and not self.b.above
+
+    def text(self) -> str:
+        """`20.1 / 18.3 vs 42.0` (one baseline when both arms share it), `(both below)`."""
+        base = (f"{self.a.baseline:.1f}" if abs(self.a.baseline - self.b.baseline) < 0.05
+                else f"{self.a.baseline:.1f} / {self.b.baseline:.1f}")
+        out = f"{self.a.recall:.1f} / {self.b.recall:.1f} vs {base}"
+        return out + (" (both below)" if self.both_below else "")
+
+
+def arm_capability(df: pd.DataFrame, condition: str, metric: str) -> ArmCapability | None:
+    """`condition`'s mean `metric` and mean output-set baseline over the trials that have
+    both; None when the metric has no baseline column or no trial has both."""
+    base = baseline_metric(metric)
+    if df.empty or base is None or metric not in df.columns or base not in df.columns:
+        return None
+    rows = df.loc[df["condition"] == condition, [metric, base]]
+    rows = rows.apply(pd.to_numeric, errors="coerce").dropna()
+    if rows.empty:
+        return None
+    return ArmCapability(condition, metric, float(rows[metric].mean()),
+                         float(rows[base].mean()), int(len(rows)))
+
+
+def capability_gate(df: pd.DataFrame, spec: Comparison) -> CapabilityGate | None:
+    """Both arms of `spec` against their baselines; None when either side has no baseline
+    (e.g. a `recall - output-set baseline` comparison) or no trial."""
+    a = arm_capability(df, spec.cond_a, spec.metric_a)
+    b = arm_capability(df, spec.cond_b, spec.metric_b)
+    return None if a is None or b is None else CapabilityGate(a, b)
+
+
 #: The paper's family of paired comparisons (Holm correction runs over all of them).
 COMPARISONS: tuple[Comparison, ...] = _build_comparisons()
 
