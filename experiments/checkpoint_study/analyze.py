@@ -348,6 +348,43 @@ def seed42_diagnostics(cond: str, k: int) -> dict | None:
     return json.loads(f.read_text()) if f.is_file() else None
 
 
+def at_last_epoch(df: pd.DataFrame) -> pd.DataFrame:
+    """Every trial scored at its last epoch instead of its selected one: each metric with a
+    `last_` twin takes that twin's value (issue 44: a trial selected at epoch 0 says what an
+    untrained Consolidator does)."""
+    out = df.copy()
+    for col in df.columns:
+        if col.startswith(stats.LAST_PREFIX) and col[len(stats.LAST_PREFIX):] in df.columns:
+            out[col[len(stats.LAST_PREFIX):]] = df[col]
+    return out
+
+
+def sensitivity_section(df: pd.DataFrame, out: Path) -> list[str]:
+    """Issue 44's corrections: the core effects on the pre-registered confirmatory
+    checkpoints only, every trial at its last epoch, and each arm beside its output-set
+    baseline (a comparison of two arms below it compares models that do not use the rule)."""
+    core = stats.CHECKPOINT_COMPARISONS
+    frames = {"all checkpoints, selected epoch": df,
+              "confirmatory 3..9, selected epoch": df[df.phase1_seed.isin(CONFIRMATORY)],
+              "all checkpoints, last epoch": at_last_epoch(df)}
+    rows, gate_text = [], []
+    for analysis, part in frames.items():
+        for d in stats.checkpoint_distribution(part, core)[0]:
+            gate = stats.capability_gate(part, next(c for c in core if c.label == d.label))
+            rows.append((analysis, d))
+            gate_text.append(gate.text() if gate else "")
+    frame = stats.checkpoint_frame([d for _, d in rows])
+    frame.insert(0, "analysis", [a for a, _ in rows])
+    frame["arms_vs_baseline"] = gate_text
+    atomic_write_text(out / "sensitivity.csv", frame.to_csv(index=False))
+    lines = ["", "## Sensitivity (issue 44): confirmatory subset, last epoch, capability",
+             "", "| analysis " + DISTRIBUTION_HEADER + " arms vs output-set baseline (%) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for (analysis, d), gate in zip(rows, frame["arms_vs_baseline"]):
+        lines.append(f"| {analysis} {distribution_row(d)} {gate} |")
+    return lines
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -431,6 +468,7 @@ def main(argv=None) -> int:
               f"{c['holds']}"]
     lines += channel_section(df, out)
     lines += strict_section(df, out)
+    lines += sensitivity_section(df, out)
     atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
