@@ -408,8 +408,14 @@ def test_the_image_pins_the_tested_versions():
     from source unless asked (main: torch 2.8, the rest unpinned, flash-attn>=2.6 built
     when no wheel matched)."""
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    pins = dict(re.findall(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+)$",
-                           (ROOT / "docker" / "constraints.txt").read_text(), re.M))
+    lines = [ln.split("#")[0].strip()
+             for ln in (ROOT / "docker" / "constraints.txt").read_text().splitlines()]
+    lines = [ln for ln in lines if ln]
+    # pip refuses extras in a constraints file ("Constraints cannot have extras"): a pin
+    # with one would stop `docker build` at its first install (issue 46)
+    assert not [ln for ln in lines if "[" in ln], lines
+    pins = dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)$", "\n".join(lines), re.M))
+    assert len(pins) == len(lines), lines
     for pkg in ("torch", "lightning", "ray", "mlflow"):
         assert pins.get(pkg) == version(pkg).split("+")[0], pkg
     for pkg, v in pins.items():
