@@ -28,6 +28,39 @@ from pmnet.train import load_model_file  # noqa: E402
 DEFAULTS = dict(routing=1, hidden=0, n=1000, threads=1)
 
 
+@torch.no_grad()
+def oracle_ceilings(m, stream, routing: bool, batch_size: int = 250) -> dict:
+    """What this frozen backbone answers when LTM holds the update by construction (no
+    Consolidator could do better by accumulating): `last_only`, LTM = segment 2's STM written
+    from an empty memory (the first-mapping read of the update); `overwrite`, identity after
+    segment 1, then segment 2's STM replaces LTM in the groups segment 2 wrote (an
+    order-aware slot-local operator that sees the occupancy). Recall of the final query, %."""
+    from pmnet.evaluate import digit_prediction
+
+    hits = {"last_only": 0, "overwrite": 0}
+    for i in range(0, len(stream), batch_size):
+        b = stream[i:i + batch_size]
+        seg, q = b.seg_tokens, b.query_tokens[:, -1]
+        target = b.target_digit[:, -1]
+        # last only: segment 2 alone, identity boundary, query
+        st = m.init_state(seg.shape[0])
+        _, st = m(seg[:, -1], st, ltm_routing=routing, logits="none")
+        st = m.consolidate(st, mode="identity").clear_context()
+        pred = digit_prediction(m(q, st, ltm_routing=routing, logits="last")[0])
+        hits["last_only"] += (pred == target).sum().item()
+        # overwrite: segment 1 -> identity; segment 2 -> its STM replaces L where written
+        st = m.init_state(seg.shape[0])
+        _, st = m(seg[:, 0], st, ltm_routing=routing, logits="none")
+        st = m.consolidate(st, mode="identity").clear_context()
+        _, st = m(seg[:, 1], st, ltm_routing=routing, logits="none")
+        ltm = tuple(torch.where(o[:, :, None, None], s, l)
+                    for s, o, l in zip(st.stm, st.occ, st.ltm))
+        st = st.with_ltm(ltm).clear_context()
+        pred = digit_prediction(m(q, st, ltm_routing=routing, logits="last")[0])
+        hits["overwrite"] += (pred == target).sum().item()
+    return {k: 100 * v / len(stream) for k, v in hits.items()}
+
+
 def main(ckpt: str, cons: str, out: str, a: dict) -> dict:
     torch.set_num_threads(a["threads"])
     m, _ = load_model_file(ckpt)
@@ -43,7 +76,11 @@ def main(ckpt: str, cons: str, out: str, a: dict) -> dict:
     d = diagnose(m, task.validation_stream(a["n"]), checkpoint=f"{ckpt} + {cons}",
                  condition=condition, consolidation=mode, ltm_routing=routing)
     print(format_diagnostics(d), flush=True)
-    Path(out).write_text(json.dumps({"args": a, "consolidator": cons, **d.to_dict()},
+    extra = {}
+    if mode == "identity":  # the backbone's ceilings, once per checkpoint
+        extra["oracle"] = oracle_ceilings(m, task.validation_stream(a["n"]), routing)
+        print("oracle LTM (update by construction):", extra["oracle"], flush=True)
+    Path(out).write_text(json.dumps({"args": a, "consolidator": cons, **d.to_dict(), **extra},
                                     indent=1))
     return d.to_dict()
 

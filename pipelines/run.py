@@ -72,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--preset", default=None,
                    help="paper | cpu | debug (default: paper with a CUDA GPU, cpu otherwise)")
+    from tune_spaces import SPACES  # light: no torch, Ray or MLflow
+
     p.add_argument("--grid", default="default",
-                   help="grid function in tune_spaces (default, paper, tiny, core, operators, "
-                        "segments, phase1_variance, baselines)")
+                   help=f"grid function in tune_spaces ({', '.join(SPACES)})")
     p.add_argument("--conditions", default=None, help="comma-separated conditions")
     p.add_argument("--variants", default=None,
                    help="comma-separated variants of the grid to run (e.g. T2-full,T4-full "

@@ -1010,3 +1010,15 @@ def test_timing_overhead_is_the_wall_outside_the_stages_when_tasks_run_side_by_s
     stages.timing_record(plan, time.time() - 10.0, {**s2, "wall_s": 20.0}, 0.0, 0.0)
     rec = read_json(plan.layout.timing_json)
     assert len(rec["invocations"]) == 2 and rec["overhead_s"] == 0.0  # clipped, not negative
+
+
+def test_start_help_lists_every_grid_of_tune_spaces(capsys):
+    """The grid list in `start --help` is read from tune_spaces, not a copy that misses the
+    grids added since (issue 47: `checkpoints` and `checkpoint_channel` were missing)."""
+    from tune_spaces import SPACES
+
+    with pytest.raises(SystemExit):
+        run.build_parser().parse_args(["start", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"grid function in tune_spaces ({', '.join(SPACES)})" in text
+    assert "checkpoint_channel" in SPACES

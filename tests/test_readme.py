@@ -31,7 +31,13 @@ def test_the_first_screen_holds_the_commands_the_results_and_the_presets():
     assert "make pipeline" in FIRST_SCREEN and "make test" in FIRST_SCREEN
     results = _table_after(FIRST_SCREEN, "| paper claim |")
     assert len(results) >= 4
-    assert all(len(row) == 4 and all(row[1:]) for row in results), results
+    assert all(len(row) == 5 and all(row[1:]) for row in results), results
+    # issue 44: a comparison whose arms are both below the output-set baseline is not judged
+    for row in results:
+        if re.fullmatch(r"[\d.]+ / [\d.]+ vs [\d.]+%", row[3]):
+            a, b, base = map(float, re.findall(r"[\d.]+", row[3]))
+            if a <= base and b <= base:
+                assert row[4].startswith("no verdict"), row
     presets = _table_after(FIRST_SCREEN, "| preset |")
     named = {re.match(r"`(\w+)`", row[0]).group(1) for row in presets}
     assert named == set(TRAIN_PRESETS)
