@@ -342,7 +342,12 @@ def order_test(model: PMNet, stream, consolidation: str, ltm_routing: bool,
     """The symmetry bound: final-query answers in order and with the last two segments
     swapped. Because episodes are exchangeable in those two segments, the recall of the
     update above the stale rule that a model can show is at most the share of answers that
-    change with the order: updated - swapped_stale <= order_change, exactly, per sample."""
+    change with the order: updated - swapped_stale <= order_change, exactly, per sample
+    (with a = the last rule's answer, p and p_s the two runs' answers: mean([p = a] -
+    [p_s = a]) <= mean([p != p_s]), since the bracket is positive only where p != p_s).
+    Exchangeability makes swapped_stale an unbiased estimate of the stale rate, so without
+    order information (order_change = 0) the update is answered no more often than the
+    stale rule."""
     pred, _ = _updated_predictions(model, stream, batch_size, consolidation, ltm_routing)
     pred_s, _ = _updated_predictions(model, swap_last_segments(stream), batch_size,
                                      consolidation, ltm_routing)
