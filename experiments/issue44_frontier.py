@@ -52,9 +52,11 @@ def trend(curve: list[dict], start_frac: float = 0.5) -> tuple[float, float] | N
     return float(slope), float(intercept)
 
 
-def steps_to(level: float, fit: tuple[float, float] | None) -> str:
+def steps_to(level: float, fit: tuple[float, float] | None, curve: list[dict]) -> str:
     if fit is None:
         return "n/a"
+    if max(r["val"][0] for r in curve) < 15.0:
+        return "never (at chance, 10%)"
     slope, intercept = fit
     if slope <= 0.05:
         return "never (flat or falling)"
@@ -84,13 +86,15 @@ def main() -> int:
         best = max(curve, key=lambda r: r["val"][0])
         last = curve[-1]
         fit = trend(curve)
+        steps = (f"{a['steps']:,}" if not d.get("stopped")
+                 else f"{last['step']:,} of {a['steps']:,} (stopped)")
         lines.append(
-            f"| {name} | {ckpt} | {a['steps']:,} | {a['hidden'] or 'ckpt'} | {a['lr']:g} / "
+            f"| {name} | {ckpt} | {steps} | {a['hidden'] or 'ckpt'} | {a['lr']:g} / "
             f"{a['std']:g} / {a['wd']:g} | {'digits' if a['digits'] else 'full vocab'} | "
             f"{d['identity']:.1f} | {best['val'][0]:.1f} ({best['step']:,}) | "
             f"{last['val'][0]:.1f} | {last['val'][1]:.1f} / {last['val'][2]:.1f} | "
-            f"{'' if fit is None else f'{fit[0]:+.1f}'} | {steps_to(base, fit)} | "
-            f"{steps_to(base + CAPABLE_MARGIN, fit)} |")
+            f"{'' if fit is None else f'{fit[0]:+.1f}'} | {steps_to(base, fit, curve)} | "
+            f"{steps_to(base + CAPABLE_MARGIN, fit, curve)} |")
     caps = sorted(PROBE.glob("cap-*.json"))
     if caps:
         lines += ["", "Capability diagnostics of each trained Consolidator (`pmnet.diagnose`; "
@@ -98,18 +102,21 @@ def main() -> int:
                   "| Consolidator | updated | stale rule | answers changed by swapping the "
                   "segments | order gain (<= change) | last segment's routes moved by "
                   "learned vs identity L, per block (%) | final query's tokens in groups only "
-                  "the last segment wrote, per block (%) |",
-                  "|---|---:|---:|---:|---:|---|---|"]
+                  "the last segment wrote, per block (%) | oracle LTM: last segment only / "
+                  "overwrite (identity rows) |",
+                  "|---|---:|---:|---:|---:|---|---|---|"]
         for p in caps:
             g = json.loads(p.read_text())
             o = g["order"]
             moved = g.get("seg2_route_change_learned")
             reach = ", ".join(f"{r['last_only']:.0f}" for r in g["query_reach"])
+            oracle = (f"{g['oracle']['last_only']:.1f} / {g['oracle']['overwrite']:.1f}"
+                      if "oracle" in g else "")
             lines.append(
                 f"| {p.stem[4:]} | {o['updated']:.1f} | {o['stale']:.1f} | "
                 f"{o['order_change']:.1f} | {o['order_gain']:+.1f} | "
                 f"{'-' if moved is None else ', '.join(f'{x:.1f}' for x in moved)} | "
-                f"{reach} |")
+                f"{reach} | {oracle} |")
     atomic_write_text(OUT / "frontier.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     try:
