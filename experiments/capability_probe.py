@@ -73,12 +73,13 @@ def main(ckpt: str, cons: str, out: str, a: dict) -> dict:
     m.eval()
     routing = bool(a["routing"])
     condition = "consolidator_only" if routing else "consolidator_only_routing_off"
-    d = diagnose(m, task.validation_stream(a["n"]), checkpoint=f"{ckpt} + {cons}",
+    stream = task.validation_stream(a["n"])
+    d = diagnose(m, stream, checkpoint=f"{ckpt} + {cons}",
                  condition=condition, consolidation=mode, ltm_routing=routing)
     print(format_diagnostics(d), flush=True)
     extra = {}
     if mode == "identity":  # the backbone's ceilings, once per checkpoint
-        extra["oracle"] = oracle_ceilings(m, task.validation_stream(a["n"]), routing)
+        extra["oracle"] = oracle_ceilings(m, stream, routing)
         print("oracle LTM (update by construction):", extra["oracle"], flush=True)
     Path(out).write_text(json.dumps({"args": a, "consolidator": cons, **d.to_dict(), **extra},
                                     indent=1))

@@ -68,6 +68,7 @@ from torch import Tensor
 from pmnet import task
 from pmnet.evaluate import episode_outcomes, evaluate
 from pmnet.model import PMNet
+from pmnet.runner import RunOptions, persistent_state
 
 DIAGNOSE_SEED = 20_211  # the random-route draws (independent of every data stream)
 
@@ -248,7 +249,33 @@ def _with(model: PMNet, probe: Probe, fn, *args):
         model.train(was)
 
 
+def _before_last(model: PMNet, seg: Tensor, consolidation: str, ltm_routing: bool):
+    """The state the last segment of `seg` (B, T, L) starts from: every earlier segment
+    processed (with or without L's direct routing term) and consolidated."""
+    state = model.init_state(seg.shape[0], device=seg.device)
+    for d in range(seg.shape[1] - 1):
+        _, state = model(seg[:, d], state, ltm_routing=ltm_routing, logits="none")
+        state = model.consolidate(state, mode=consolidation).clear_context()
+    return state
+
+
 @torch.no_grad()
+def _route_change(model: PMNet, stream, batch_size: int, two_runs) -> list[float]:
+    """Per block, % of the last segment's tokens whose child choice differs between the two
+    runs `two_runs(seg)` returns (each a state's `routes`; routes[b + 1] % K is the child
+    block b chose)."""
+    device = next(model.parameters()).device
+    K, nb = model.cfg.branch, model.cfg.n_blocks
+    changed = torch.zeros(nb, dtype=torch.float64)
+    count = 0
+    for i in range(0, len(stream), batch_size):
+        a, b = two_runs(stream[i:i + batch_size].to(device).seg_tokens)
+        for blk in range(nb):
+            changed[blk] += ((a[blk + 1] % K) != (b[blk + 1] % K)).sum().item()
+        count += a[0].numel()
+    return [100 * c / count for c in changed.tolist()]
+
+
 def ltm_route_change(model: PMNet, stream, consolidation: str, batch_size: int,
                      strict: bool = False) -> list[float]:
     """Per block, % of the last segment's tokens whose child choice differs between routing
@@ -257,37 +284,21 @@ def ltm_route_change(model: PMNet, stream, consolidation: str, batch_size: int,
     no L at all (L also out of the u deeper routers see)."""
     if strict:
         return _strict_route_change(model, stream, consolidation, batch_size)
-    device = next(model.parameters()).device
-    K, nb = model.cfg.branch, model.cfg.n_blocks
-    changed = torch.zeros(nb, dtype=torch.float64)
-    count = 0
-    for i in range(0, len(stream), batch_size):
-        seg = stream[i:i + batch_size].to(device).seg_tokens
-        state = model.init_state(seg.shape[0], device=device)
-        for d in range(seg.shape[1] - 1):
-            _, state = model(seg[:, d], state, ltm_routing=True, logits="none")
-            state = model.consolidate(state, mode=consolidation).clear_context()
-        _, on = model(seg[:, -1], state, ltm_routing=True, logits="none")
-        _, off = model(seg[:, -1], state, ltm_routing=False, logits="none")
-        for b in range(nb):  # routes[b + 1] % K: the child block b chose
-            changed[b] += ((on.routes[b + 1] % K) != (off.routes[b + 1] % K)).sum().item()
-        count += on.routes[0].numel()
-    return [100 * c / count for c in changed.tolist()]
+
+    def on_off(seg: Tensor):
+        state = _before_last(model, seg, consolidation, True)
+        return tuple(model(seg[:, -1], state, ltm_routing=r, logits="none")[1].routes
+                     for r in (True, False))
+
+    return _route_change(model, stream, batch_size, on_off)
 
 
 def _strict_route_change(model: PMNet, stream, consolidation: str,
                          batch_size: int) -> list[float]:
-    device = next(model.parameters()).device
-    K, nb = model.cfg.branch, model.cfg.n_blocks
-    changed = torch.zeros(nb, dtype=torch.float64)
-    count = 0
     probe = model.probe
-    for i in range(0, len(stream), batch_size):
-        seg = stream[i:i + batch_size].to(device).seg_tokens
-        state = model.init_state(seg.shape[0], device=device)
-        for d in range(seg.shape[1] - 1):
-            _, state = model(seg[:, d], state, ltm_routing=False, logits="none")
-            state = model.consolidate(state, mode=consolidation).clear_context()
+
+    def off_strict(seg: Tensor):
+        state = _before_last(model, seg, consolidation, False)
         _, off = model(seg[:, -1], state, ltm_routing=False, logits="none")
         model.probe = dataclasses.replace(probe if probe is not None else Probe(),
                                           routing_u_uses_ltm=False)
@@ -295,10 +306,9 @@ def _strict_route_change(model: PMNet, stream, consolidation: str,
             _, strict = model(seg[:, -1], state, ltm_routing=False, logits="none")
         finally:
             model.probe = probe
-        for b in range(nb):
-            changed[b] += ((off.routes[b + 1] % K) != (strict.routes[b + 1] % K)).sum().item()
-        count += off.routes[0].numel()
-    return [100 * c / count for c in changed.tolist()]
+        return off.routes, strict.routes
+
+    return _route_change(model, stream, batch_size, off_strict)
 
 
 @torch.no_grad()
@@ -362,30 +372,18 @@ def order_test(model: PMNet, stream, consolidation: str, ltm_routing: bool,
                             order_change=pct(pred != pred_s), episodes=len(stream))
 
 
-@torch.no_grad()
 def learned_route_change(model: PMNet, stream, ltm_routing: bool,
                          batch_size: int) -> list[float]:
     """Per block, % of the last segment's tokens whose child choice differs between the LTM
     the Consolidator wrote at the earlier boundaries and the LTM forced identity writes
     (same routing flag): how far C's output moves the writes that follow it."""
-    device = next(model.parameters()).device
-    K, nb = model.cfg.branch, model.cfg.n_blocks
-    changed = torch.zeros(nb, dtype=torch.float64)
-    count = 0
-    for i in range(0, len(stream), batch_size):
-        seg = stream[i:i + batch_size].to(device).seg_tokens
-        routes = []
-        for mode in ("learned", "identity"):
-            state = model.init_state(seg.shape[0], device=device)
-            for d in range(seg.shape[1] - 1):
-                _, state = model(seg[:, d], state, ltm_routing=ltm_routing, logits="none")
-                state = model.consolidate(state, mode=mode).clear_context()
-            routes.append(model(seg[:, -1], state, ltm_routing=ltm_routing,
-                                logits="none")[1].routes)
-        for b in range(nb):
-            changed[b] += ((routes[0][b + 1] % K) != (routes[1][b + 1] % K)).sum().item()
-        count += routes[0][0].numel()
-    return [100 * c / count for c in changed.tolist()]
+
+    def learned_identity(seg: Tensor):
+        return tuple(model(seg[:, -1], _before_last(model, seg, mode, ltm_routing),
+                           ltm_routing=ltm_routing, logits="none")[1].routes
+                     for mode in ("learned", "identity"))
+
+    return _route_change(model, stream, batch_size, learned_identity)
 
 
 @torch.no_grad()
@@ -396,19 +394,17 @@ def query_reach(model: PMNet, stream, consolidation: str, ltm_routing: bool,
     device = next(model.parameters()).device
     nb = model.cfg.n_blocks
     tally = torch.zeros(nb, 4, dtype=torch.float64)  # last only, earlier only, both, neither
+    opts = RunOptions(consolidation, ltm_routing)
     for i in range(0, len(stream), batch_size):
         batch = stream[i:i + batch_size].to(device)
-        seg = batch.seg_tokens
-        state = model.init_state(seg.shape[0], device=device)
-        earlier = last = None
-        for d in range(seg.shape[1]):
-            _, before = model(seg[:, d], state, ltm_routing=ltm_routing, logits="none")
-            if d < seg.shape[1] - 1:
-                earlier = [o.clone() if earlier is None else earlier[b] | o
-                           for b, o in enumerate(before.occ)]
-            else:
-                last = list(before.occ)
-            state = model.consolidate(before, mode=consolidation).clear_context()
+        occ: list[tuple[Tensor, ...]] = []  # each segment's occupancy before its boundary
+
+        def keep(d: int, before, after, occ=occ) -> None:
+            occ.append(before.occ)
+
+        state = persistent_state(model, batch, opts, on_segment=keep)
+        last = occ[-1]
+        earlier = [torch.stack(o).any(0) for o in zip(*occ[:-1])]
         _, q = model(batch.query_tokens[:, -1], state, ltm_routing=ltm_routing, logits="none")
         for b in range(nb):
             g = q.routes[b]  # (B, Tq) the group each query token visits in block b

@@ -102,8 +102,7 @@ def _gate(ctx: Context, label: str) -> stats.CapabilityGate | None:
     return None if spec is None else stats.capability_gate(_gate_frame(ctx), spec)
 
 
-def _gate_cell(ctx: Context, label: str) -> Cell:
-    gate = _gate(ctx, label)
+def _gate_cell(gate: stats.CapabilityGate | None) -> Cell:
     return NA if gate is None else text_cell(gate.text())
 
 
@@ -162,7 +161,7 @@ def table_headline(ctx: Context) -> Table:
             continue
         if unit:
             est, ci, p, per = _unit_cells(ctx, key)
-            rows.append([text_cell(text), est, ci, p, per, _gate_cell(ctx, key),
+            rows.append([text_cell(text), est, ci, p, per, _gate_cell(_gate(ctx, key)),
                          ctx.paper_cmp(key) or NA])
             continue
         row = ctx.comparison(key)
@@ -171,7 +170,7 @@ def table_headline(ctx: Context) -> Table:
             ctx.paired(miss, key, "stat", paper=False),
             Cell("ci", row["ci_low"], hi=row["ci_high"], paper=ctx.paper_cmp(key, "ci")),
             Cell("p", row["p"], paper=ctx.paper_cmp(key, "p")),
-            _gate_cell(ctx, key),
+            _gate_cell(_gate(ctx, key)),
             ctx.paper_cmp(key) or NA,
         ])
     if unit:
@@ -269,7 +268,7 @@ def table_claims(ctx: Context) -> Table:
 
     def paired_row(claim: str, label: str) -> None:
         gate = _gate(ctx, label)
-        base = NA if gate is None else text_cell(gate.text())
+        base = _gate_cell(gate)
         gated = gate is not None and gate.both_below
         if unit:
             est, ci, p, per = _unit_cells(ctx, label)
