@@ -1,0 +1,148 @@
+"""The durable store: the one format a study's finished units are kept in, committed, read
+by the report and filled by any number of pipeline runs (issue 45).
+
+A *unit* is one Phase-1 checkpoint or one Phase-2 trial. A store holds finished units only;
+`runs/` is scratch. Its layout is a run directory's durable subset, so the report reads a
+store exactly as it reads a run (`pmnet.report.main_report`):
+
+    <store>/
+      store.json                  StoreRecord: format version and the study's named subsets
+                                  (e.g. a pre-registered confirmatory set of Phase-1 seeds)
+      phase1/                     the Phase-1 checkpoint unit of a one-checkpoint grid
+      phase1-p1s<k>/              the unit of Phase-1 seed k (grids over checkpoints):
+          phase1.pt  phase1.pt.sha256
+          stage1.json             the Stage-1 record (config hash, sha256, metrics): the
+                                  unit's commit record, written last
+          provenance.json         Provenance, written when the unit starts, completed when
+                                  it lands
+          diagnose.json           `pmnet diagnose phase1.pt` (optional)
+      results/<trial>.json        a finished trial's result: the unit's commit record
+      provenance/<trial>.json     the trial's Provenance
+      diagnostics/<trial>.json    `pmnet diagnose` of the trial's model, where its grid
+                                  declares it (`tune_spaces.Space.diagnose`)
+      locks/<unit>.lock           the writer that holds a unit (a lock per unit, never one
+                                  for the store)
+
+`<trial>` is `TrialId.name` (`<condition>[-<variant>][-p<k>]-s<seed>`). A unit exists when
+its commit record exists: every other file of the unit is written (atomically) before it,
+so a crash leaves either a whole unit or none.
+
+This module only names paths and reads the small records; writing, locking and adopting
+units is the pipeline's (`pipelines.store`). It imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pmnet.trial_id import TrialId
+
+#: the store format this code reads and writes; a store of another version is refused
+STORE_FORMAT = "pmnet-store"
+STORE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Where each file of a store lives (see the module docstring)."""
+
+    root: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root).expanduser().absolute())
+
+    @property
+    def record(self) -> Path:
+        return self.root / "store.json"
+
+    def phase1_dir(self, phase1_seed: int | None) -> Path:
+        return self.root / ("phase1" if phase1_seed is None else f"phase1-p1s{phase1_seed}")
+
+    def phase1_ckpt(self, phase1_seed: int | None) -> Path:
+        return self.phase1_dir(phase1_seed) / "phase1.pt"
+
+    def stage1_json(self, phase1_seed: int | None) -> Path:
+        return self.phase1_dir(phase1_seed) / "stage1.json"
+
+    def phase1_provenance(self, phase1_seed: int | None) -> Path:
+        return self.phase1_dir(phase1_seed) / "provenance.json"
+
+    def phase1_diagnose(self, phase1_seed: int | None) -> Path:
+        return self.phase1_dir(phase1_seed) / "diagnose.json"
+
+    @property
+    def results_dir(self) -> Path:
+        return self.root / "results"
+
+    def result(self, trial: TrialId) -> Path:
+        return self.results_dir / f"{trial.name}.json"
+
+    def provenance(self, trial: TrialId) -> Path:
+        return self.root / "provenance" / f"{trial.name}.json"
+
+    def diagnostics(self, trial: TrialId) -> Path:
+        return self.root / "diagnostics" / f"{trial.name}.json"
+
+    @property
+    def diagnostics_dir(self) -> Path:
+        return self.root / "diagnostics"
+
+    def lock(self, unit: str) -> Path:
+        """`unit` is `phase1`, `phase1-p1s<k>` or a trial name."""
+        return self.root / "locks" / f"{unit}.lock"
+
+
+@dataclass(frozen=True)
+class StoreRecord:
+    """`store.json`. ``subsets`` names sets of Phase-1 seeds the analysis reads by name, e.g.
+    ``{"confirmatory": [3, 4, 5, 6, 7, 8, 9]}``, written before the units they select ran."""
+
+    format: str = STORE_FORMAT
+    version: int = STORE_VERSION
+    subsets: Mapping[str, list[int]] = field(default_factory=dict)
+    notes: str = ""
+
+    def __post_init__(self):
+        if self.format != STORE_FORMAT:
+            raise ValueError(f"not a {STORE_FORMAT} store: store.json says format "
+                             f"{self.format!r}")
+        if self.version != STORE_VERSION:
+            raise ValueError(f"store format version {self.version!r}; this code reads "
+                             f"version {STORE_VERSION}")
+        for name, seeds in self.subsets.items():
+            if not isinstance(seeds, list) or not all(
+                    isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+                raise ValueError(f"store subset {name!r} must be a list of Phase-1 seeds "
+                                 f"(non-negative integers), got {seeds!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "version": self.version,
+                "subsets": {k: list(v) for k, v in self.subsets.items()}, "notes": self.notes}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StoreRecord:
+        if not isinstance(data, dict):
+            raise ValueError(f"store.json must hold a JSON object, got {type(data).__name__}")
+        known = {k: data[k] for k in ("format", "version", "subsets", "notes") if k in data}
+        return cls(**known)
+
+
+def read_store_record(root: str | os.PathLike[str]) -> StoreRecord | None:
+    """The store's record, None where `root` has no store.json; ValueError naming the file
+    when it is unreadable or of another format."""
+    path = StoreLayout(Path(root)).record
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from e
+    try:
+        return StoreRecord.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from e
