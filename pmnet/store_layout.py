@@ -16,12 +16,18 @@ store exactly as it reads a run (`pmnet.report.main_report`):
           provenance.json         Provenance, written when the unit starts, completed when
                                   it lands
           diagnose.json           `pmnet diagnose phase1.pt` (optional)
+          phase1_metrics.json     Phase 1's own metrics and history (optional; a migrated
+                                  unit keeps its study's file here)
       results/<trial>.json        a finished trial's result: the unit's commit record
       provenance/<trial>.json     the trial's Provenance
       diagnostics/<trial>.json    `pmnet diagnose` of the trial's model, where its grid
                                   declares it (`tune_spaces.Space.diagnose`)
       locks/<unit>.lock           the writer that holds a unit (a lock per unit, never one
                                   for the store)
+
+A migrated unit (one that ran before stores existed, e.g. issue 39's study) has a
+provenance file with a `migrated` key saying where it came from; its fields are those its
+old files recorded.
 
 `<trial>` is `TrialId.name` (`<condition>[-<variant>][-p<k>]-s<seed>`). A unit exists when
 its commit record exists: every other file of the unit is written (atomically) before it,
