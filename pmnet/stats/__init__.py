@@ -32,6 +32,8 @@ Modules (each imports only those above it):
 ``segments``    episodes of T segments: arms and their comparisons (beyond the paper)
 ``phase1``      the Phase-1 checkpoint as a random factor (beyond the paper)
 ``checkpoints`` an effect's distribution over checkpoints, and the power (issue 39)
+``checkpoint_study``  the checkpoint study's channel interaction, strict-off contrasts,
+                pre-registered predictor, diagnostics and sensitivity (issues 39, 45)
 ==============  ==========================================================================
 
 Everything the rest of the repository uses is importable from ``pmnet.stats`` itself.
@@ -43,6 +45,38 @@ from pmnet.stats.baselines import (
     BASELINE_CONDITIONS,
     compare_baselines,
     has_baseline_results,
+)
+from pmnet.stats.checkpoint_study import (
+    ALL_ROUTING_COMPARISONS,
+    CHANNEL_CONDITIONS,
+    CHANNEL_ONLY,
+    CHANNEL_OPERATORS,
+    CONSOLIDATOR,
+    LEVEL_COMPARISONS,
+    STRICT_ARMS,
+    STUDY_COMPARISONS,
+    ChannelAnalysis,
+    Correlation,
+    Interaction,
+    OneSample,
+    PredictorTest,
+    ProbeVsTrained,
+    SensitivityRow,
+    StrictAnalysis,
+    at_last_epoch,
+    channel_analysis,
+    checkpoint_features,
+    checkpoints_with,
+    diagnosed_model,
+    diagnostics_frame,
+    load_diagnostics,
+    predictor_test,
+    routing_interaction,
+    sensitivity,
+    sensitivity_frame,
+    spearman,
+    strict_analysis,
+    whole_checkpoints,
 )
 from pmnet.stats.checkpoints import (
     CHANNEL_COMPARISONS,
@@ -171,4 +205,11 @@ __all__ = [
     "CheckpointPoint",
     "EffectDistribution", "checkpoint_distribution", "checkpoints_needed", "pooled_within_sd",
     "checkpoint_frame",
+    "CONSOLIDATOR", "CHANNEL_OPERATORS", "CHANNEL_CONDITIONS", "CHANNEL_ONLY",
+    "LEVEL_COMPARISONS", "STRICT_ARMS", "ALL_ROUTING_COMPARISONS", "STUDY_COMPARISONS",
+    "Correlation", "OneSample", "Interaction", "ChannelAnalysis", "ProbeVsTrained",
+    "StrictAnalysis", "PredictorTest", "SensitivityRow", "spearman", "checkpoints_with",
+    "whole_checkpoints", "routing_interaction", "channel_analysis", "strict_analysis",
+    "diagnostics_frame", "load_diagnostics", "diagnosed_model", "checkpoint_features",
+    "predictor_test", "at_last_epoch", "sensitivity", "sensitivity_frame",
 ]
