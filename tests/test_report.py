@@ -1228,7 +1228,7 @@ def test_every_study_names_a_grid_that_exists_and_none_claims_the_papers_trials(
     from tune_spaces.grids import SPACES
 
     assert [s.name for s in STUDIES] == ["selected vs last epoch", "consolidation operators",
-                                         "Phase-1 variance", "checkpoint distribution",
+                                         "Phase-1 checkpoints",
                                          "route diagnostics", "segments",
                                          "task-matched baselines"]
     assert all(s.grid == "" or s.grid in SPACES for s in STUDIES)

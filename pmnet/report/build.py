@@ -35,6 +35,7 @@ from pmnet.report.studies import STUDIES, Findings
 from pmnet.report.table import Table
 from pmnet.report.trials import Trials
 from pmnet.stats import CONDITIONS
+from pmnet.store_layout import StoreLayout, read_store_record
 
 #: list-valued columns of the comparison and Phase-1 frames, written to CSV as "s1 s2 ..."
 LIST_COLUMNS = ("seeds", "missing_seeds", "phase1_seeds", "pairs_per_checkpoint")
@@ -104,6 +105,7 @@ def build_report(
     paper: stats.PaperReference | str | None = "auto",
     expected_conditions: Sequence[str] | None = None,
     expected_seeds: Sequence[int] | None = None,
+    diagnostics: pd.DataFrame | None = None,
 ) -> dict[str, Path]:
     """Build the report under ``out_dir``; returns the written paths by name.
 
@@ -115,7 +117,8 @@ def build_report(
     missing-results section unless ``expected_conditions``/``expected_seeds`` are given; the
     default is the paper's six conditions over every seed seen (or 42-46). ``paper="auto"``
     loads the paper's numbers from the spec directory and leaves them out (with a note) when
-    it is absent; ``None`` leaves them out.
+    it is absent; ``None`` leaves them out. ``diagnostics``: the trials' ``pmnet diagnose``
+    records (:func:`stats.load_diagnostics`), read by the studies that use them.
 
     Written (atomically): ``report.html`` (self-contained), ``report.md`` (figures linked),
     ``tables/<id>.md|.tex`` and ``tables/all_tables.tex``, ``figures/<id>.png|.pdf``,
@@ -141,7 +144,8 @@ def build_report(
     paper, paper_note = _resolve_paper(paper)
     grid_conditions, grid_seeds = _grid_from_meta(meta)
     seeds = list(expected_seeds or grid_seeds or stats.expected_seed_set(df))
-    trials = Trials.build(df, seeds=seeds, paper=paper, meta=meta, paper_note=paper_note)
+    trials = Trials.build(df, seeds=seeds, paper=paper, meta=meta, paper_note=paper_note,
+                          diagnostics=diagnostics)
 
     tables = paper_tables(trials.ctx, trials.comparisons) if trials.paper_part else []
     figures = paper_figures(trials.base) if trials.paper_part else []
@@ -267,10 +271,15 @@ def _collect_curves(run_dir: Path, results: Path, report_dir: Path) -> pd.DataFr
 def main_report(
     run_dir: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None
 ) -> dict[str, Path]:
-    """Report for a pipeline run: ``RUN_DIR/results/*.json`` -> ``RUN_DIR/report/``.
+    """Report for a pipeline run or a durable store (`pmnet.store_layout`, laid out like a
+    run): ``RUN_DIR/results/*.json`` -> ``RUN_DIR/report/``.
 
     "What ran" merges ``run_dir`` with the keys of ``RUN_DIR/pipeline.json``, ``timing.json`` under
-    ``timing`` and ``phase1/stage1.json`` under ``phase1``; ``meta`` overrides them. Training
+    ``timing``, ``phase1/stage1.json`` under ``phase1``, each ``phase1-p1s<k>/stage1.json``
+    under ``phase1_checkpoints`` (with the unit's ``diagnose.json`` as its ``routes`` where the
+    record has none) and a store's ``store.json`` under ``store`` (its named subsets, e.g. the
+    confirmatory Phase-1 seeds, are read by the checkpoint section); ``meta`` overrides them.
+    The trials' ``diagnostics/<trial>.json`` are read by the studies that use them. Training
     curves come from the result histories and any ``metrics*.csv`` under the run directory
     (phase from a ``phaseN`` path component).
     """
@@ -285,14 +294,22 @@ def main_report(
         loaded = _read_json_dict(run / name)
         if loaded is not None and key not in merged:
             merged[key] = loaded
+    layout = StoreLayout(run)
     checkpoints = {}  # K Phase-1 checkpoints: phase1-p1s<k>/stage1.json
     for path in sorted(run.glob("phase1-p1s*/stage1.json")):
         loaded = _read_json_dict(path)
         if loaded is not None:
-            checkpoints[path.parent.name.removeprefix("phase1-p1s")] = loaded
+            k = path.parent.name.removeprefix("phase1-p1s")
+            if not loaded.get("routes") and k.isdigit():
+                loaded["routes"] = _read_json_dict(layout.phase1_diagnose(int(k)))
+            checkpoints[k] = loaded
     if checkpoints and "phase1_checkpoints" not in merged:
         merged["phase1_checkpoints"] = checkpoints
+    record = read_store_record(run)
+    if record is not None and "store" not in merged:
+        merged["store"] = record.to_dict()
     merged.update(meta or {})
     report_dir = run / "report"
     curves = _collect_curves(run, results, report_dir)
-    return build_report(results, report_dir, meta=merged, curves=curves)
+    return build_report(results, report_dir, meta=merged, curves=curves,
+                        diagnostics=stats.load_diagnostics(layout.diagnostics_dir))

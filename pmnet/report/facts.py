@@ -184,6 +184,15 @@ def _pipeline_facts(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
         facts.append(("versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))))
     if meta.get("tracking"):
         facts.append(("MLflow", str(meta["tracking"])))
+    store = meta.get("store") if isinstance(meta.get("store"), Mapping) else {}
+    if store:
+        named = store.get("subsets") or {}
+        text = f"{store.get('format', '?')} version {store.get('version', '?')}"
+        if named:
+            text += "; subsets " + "; ".join(
+                f"{name}: phase1_seed {', '.join(str(k) for k in seeds)}"
+                for name, seeds in named.items())
+        facts.append(("store", text))
     return facts
 
 

@@ -41,6 +41,9 @@ class Trials:
     comparisons: pd.DataFrame | None
     notes: list[str] = field(default_factory=list)
     checkpoints: CheckpointView | None = None  # K >= 2 Phase-1 checkpoints: every one
+    #: `pmnet diagnose` of the trials that have it (`pmnet.stats.load_diagnostics`: a run's
+    #: or store's `diagnostics/`), one row per trial; empty without any
+    diagnostics: pd.DataFrame = field(default_factory=lambda: stats.diagnostics_frame({}))
 
     @property
     def paper_part(self) -> bool:
@@ -62,10 +65,12 @@ class Trials:
         meta: Mapping[str, Any] | None = None,
         comparisons: pd.DataFrame | None = None,
         paper_note: str | None = None,
+        diagnostics: pd.DataFrame | None = None,
     ) -> Trials:
         """Scope ``df`` (a tidy frame of :func:`stats.load_results`). ``comparisons``: the
         paper's family if already computed over the scoped ``base``; ``paper_note``: a line
-        about the paper's numbers, placed among the scoping notes."""
+        about the paper's numbers, placed among the scoping notes; ``diagnostics``: the
+        trials' diagnostics (:func:`stats.load_diagnostics`)."""
         notes: list[str] = []
         derived = stats.add_derived_metrics(df) if not df.empty else df.copy()
         derived.attrs = dict(df.attrs)
@@ -102,4 +107,5 @@ class Trials:
         if paper_part and comparisons is None:
             comparisons = stats.compare_all(base, expected_seeds=seeds)
         return cls(df, derived, base, list(seeds), paper, dict(meta or {}),
-                   comparisons if paper_part else None, notes, view)
+                   comparisons if paper_part else None, notes, view,
+                   diagnostics if diagnostics is not None else stats.diagnostics_frame({}))

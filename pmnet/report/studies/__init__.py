@@ -12,7 +12,6 @@ from pmnet.report.studies import (
     baselines,
     checkpoints,
     operators,
-    phase1_variance,
     routes,
     segments,
     selected_vs_last,
@@ -23,7 +22,6 @@ from pmnet.report.studies.study import Findings, Study
 STUDIES: tuple[Study, ...] = (
     selected_vs_last.STUDY,
     operators.STUDY,
-    phase1_variance.STUDY,
     checkpoints.STUDY,
     routes.STUDY,
     segments.STUDY,
