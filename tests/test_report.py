@@ -7,7 +7,6 @@ import json
 import math
 import re
 import shutil
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -1404,12 +1403,12 @@ def test_the_committed_baselines_run_is_rebuilt_unchanged(tmp_path):
 
 def test_the_report_grid_map_is_the_grids_own():
     """pmnet.report.grid_map (pmnet may not import tune_spaces) is what the grids say:
-    `experiments/rebuild_reports.py --grid-map` rewrites it when a grid changes."""
+    `python -m tune_spaces.grid_map` rewrites it when a grid changes."""
     from pmnet.report.context import grids_phrase
     from pmnet.report.grid_map import GRIDS_RUNNING
     from tune_spaces.grids import grids_running, report_grid_map
 
-    assert GRIDS_RUNNING == report_grid_map(), "stale: run rebuild_reports.py --grid-map"
+    assert GRIDS_RUNNING == report_grid_map(), "stale: run python -m tune_spaces.grid_map"
     assert grids_running(["learned_full_dual"]) == ("paper", "phase1_variance")
     assert "segments" not in grids_running(["consolidator_only"])  # named variants only
     assert grids_phrase(["identity_full", "memory_consolidator"]) == (
@@ -1461,14 +1460,9 @@ def test_the_page_shortens_hashes_and_paths_and_keeps_them_whole_in_data(tmp_pat
 
 def test_the_committed_issue20_report_is_rebuilt_unchanged(tmp_path):
     """The issue-20 cpu pipeline kept phase1_metrics.json, not phase1/: its report.md is
-    rebuilt from its results and that record (experiments/rebuild_reports.py)."""
-    import importlib.util
+    rebuilt from its results and that record (`python -m pmnet.report.rebuild`)."""
+    from pmnet.report import rebuild
 
-    spec = importlib.util.spec_from_file_location(
-        "rebuild_reports", ISSUE11.parent.parent / "rebuild_reports.py")
-    rebuild = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = rebuild  # its dataclasses look their module up
-    spec.loader.exec_module(rebuild)
     run = next(r for r in rebuild.RUNS if r.path.startswith("issue20/"))
     paths = report.main_report(rebuild.stage(run, tmp_path))
     committed = rebuild.RESULTS / run.path

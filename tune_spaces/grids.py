@@ -598,8 +598,7 @@ def grids_running(conditions: Iterable[str]) -> tuple[str, ...]:
 def report_grid_map() -> dict[str, tuple[str, ...]]:
     """Every condition (`pmnet.conditions.ALL_CONDITIONS`) -> `grids_running([it])`: the
     table `pmnet.report.grid_map.GRIDS_RUNNING` holds (the report may not import this
-    package; a test holds the two equal, `experiments/rebuild_reports.py --grid-map` writes
-    it)."""
+    package; a test holds the two equal, `python -m tune_spaces.grid_map` writes it)."""
     return {c: grids_running([c]) for c in ALL_CONDITIONS}
 
 

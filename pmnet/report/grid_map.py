@@ -3,7 +3,7 @@ read), for the report's notes on what did not run (issue 35).
 
 Generated from the grids (`tune_spaces.grids.report_grid_map`: each grid of `SPACES`
 read at the paper preset; `default`, the preset's own grid, left out) by
-`experiments/rebuild_reports.py --grid-map`; `pmnet` may not import `tune_spaces`, and
+`python -m tune_spaces.grid_map`; `pmnet` may not import `tune_spaces`, and
 `test_the_report_grid_map_is_the_grids_own` fails when this copy is stale.
 """
 

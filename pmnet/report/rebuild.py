@@ -7,9 +7,8 @@ and writes the page files back where the run keeps them: ``report.md``, ``report
 prints is removed). Data files (``data/``) and figures are never rewritten: the data are
 whole, only the page changes with the report's layout; the tests compare the data.
 
-    .venv/bin/python experiments/rebuild_reports.py           # rewrite the pages
-    .venv/bin/python experiments/rebuild_reports.py --check   # list what would change
-    .venv/bin/python experiments/rebuild_reports.py --grid-map  # write pmnet/report/grid_map.py
+    .venv/bin/python -m pmnet.report.rebuild           # rewrite the pages
+    .venv/bin/python -m pmnet.report.rebuild --check   # list what would change
 
 The runs and the records each needs are the ones the tests rebuild (tests/test_report.py).
 """
@@ -24,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
 
 
@@ -55,6 +54,9 @@ RUNS: tuple[Run, ...] = (
       for name in ("pipeline-cpu-20261123", "pipeline-cpu-20261124",
                    "pipeline-cpu-20261124-writedims")),
     Run("issue23/pipeline-cpu-20261124", "report", ("pipeline.json", "timing.json", "phase1")),
+    # a durable store (issue 45): its record, each Phase-1 unit, the trials' diagnostics
+    Run("issue39/store", "report", ("store.json", "diagnostics",
+                                    *(f"phase1-p1s{k}" for k in range(10)))),
 )
 
 
@@ -137,44 +139,12 @@ def _without_date(html: str) -> str:
         '<p class="note">Generated '))
 
 
-GRID_MAP = ROOT / "pmnet" / "report" / "grid_map.py"
-
-
-def grid_map_source() -> str:
-    """pmnet/report/grid_map.py: which grids run each condition, from the grids themselves
-    (:func:`tune_spaces.grids.report_grid_map`)."""
-    from tune_spaces.grids import report_grid_map
-
-    lines = []
-    for c, grids in report_grid_map().items():
-        names = [f'"{g}"' for g in grids]
-        line = f'    "{c}": ({", ".join(names)}{"," if len(names) == 1 else ""}),'
-        if len(line) > 100:
-            line = f'    "{c}": (\n' + "".join(f"        {n},\n" for n in names) + "    ),"
-        lines.append(line)
-    return (
-        '"""Which grids run each condition in the default variant (what the paper\'s tables\n'
-        "read), for the report's notes on what did not run (issue 35).\n\n"
-        "Generated from the grids (`tune_spaces.grids.report_grid_map`: each grid of `SPACES`\n"
-        "read at the paper preset; `default`, the preset's own grid, left out) by\n"
-        "`experiments/rebuild_reports.py --grid-map`; `pmnet` may not import `tune_spaces`, and\n"
-        "`test_the_report_grid_map_is_the_grids_own` fails when this copy is stale.\n"
-        '"""\n\n'
-        "GRIDS_RUNNING: dict[str, tuple[str, ...]] = {\n" + "\n".join(lines) + "\n}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only list what would change")
-    parser.add_argument("--grid-map", action="store_true",
-                        help="write pmnet/report/grid_map.py from the grids, and nothing else")
     parser.add_argument("runs", nargs="*", help="run paths under experiments/results "
                         "(default: every committed run)")
     args = parser.parse_args(argv)
-    if args.grid_map:
-        GRID_MAP.write_text(grid_map_source(), encoding="utf-8")
-        print(f"wrote {GRID_MAP.relative_to(ROOT)}")
-        return 0
     runs = [r for r in RUNS if not args.runs or r.path in args.runs]
     for run in runs:
         changed = rebuild(run, args.check)
