@@ -24,6 +24,8 @@ store exactly as it reads a run (`pmnet.report.main_report`):
                                   declares it (`tune_spaces.Space.diagnose`)
       locks/<unit>.lock           the writer that holds a unit (a lock per unit, never one
                                   for the store)
+      report/                     the store's report (`main_report(store)`, `make report
+                                  STORE=DIR`): derived, rebuilt from the units, never read
 
 A migrated unit (one that ran before stores existed, e.g. issue 39's study) has a
 provenance file with a `migrated` key saying where it came from; its fields are those its
