@@ -175,9 +175,11 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
         prov = Provenance.read(store.provenance(trial))
         if prov.config_hash == config_hash(mine):
             continue
-        stored = prov.config if prov.config else (res.get("config") or {})
-        diff = first_difference(stored, mine)
-        if diff or prov.config_hash:
+        # the stored config decides (the hash only summarises it); a unit without one (a
+        # migrated result) is compared through its result's own `config`
+        stored = prov.config if prov.config else res.get("config")
+        diff = first_difference(stored, mine) if isinstance(stored, dict) else None
+        if diff or not isinstance(stored, dict):
             raise _refuse(store, trial.name, diff)
 
 
