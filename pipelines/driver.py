@@ -220,6 +220,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
     totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
               "compile_warm_s": 0.0}
     p1_train = stage1_wall = 0.0
+    digests: dict = {}
     for wave in waves:
         if _past_deadline(plan, t_start):
             return _stop_at_deadline(plan)
@@ -257,6 +258,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
         p1 = stage1_finish(wplan, ray, jobs, runs, on_recorded=publish)
         stage1_wall += time.time() - t1
         p1_train += p1.train_time_s
+        digests.update(p1.digests)
         for slot in wave:  # trained before a kill, or adopted: the store has it either way
             if not plan.store.stage1_json(slot.seed).is_file():
                 st.publish_phase1(plan.store, slot, provs[slot.seed])
@@ -274,7 +276,9 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
     totals["n_trials"] = len(plan.piece_trials)
     timing_record(plan, t_start, totals, p1_train, stage1_wall)
     status = "finished" if p1_left == tr_left == 0 else "failed"
-    write_meta(plan, status=status)
+    write_meta(plan, status=status, **({"phase1_sha256s": {str(k): v for k, v in
+                                                           digests.items()}}
+                                       if digests and None not in digests else {}))
     if runs.parent:
         runs.safe("finish", runs.tracker.finish, runs.parent,
                   "FINISHED" if status == "finished" else "FAILED")
