@@ -20,6 +20,7 @@ from pipelines.layout import PipelineError
 from pipelines.lock import RunLock
 from pipelines.plan import Plan, resource_problem, uses_gpu
 from pipelines.stages import (
+    adopt_phase1,
     stage1_finish,
     stage1_start,
     stage2,
@@ -231,7 +232,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
             say(f"[store] {', '.join(s.label for s in wave)}: every unit is in the store")
             continue
         for slot in wave:
-            st.adopt_phase1(wplan, slot)
+            adopt_phase1(wplan, slot)
         n = st.adopt_results(wplan, trials)
         if n:
             say(f"[store] adopted {n} stored result(s) of this wave")

@@ -323,7 +323,7 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
 
 def import_phase1(plan: Plan, slot: Phase1Slot, src: Phase1Source | None = None) -> str:
     """Copy the checked `--phase1-from` checkpoint (or `src`: a store's unit,
-    `pipelines.store.adopt_phase1`), and its metrics, into the slot's directory, each file
+    `adopt_phase1`), and its metrics, into the slot's directory, each file
     atomically, then record its Stage 1 as done; return its sha256."""
     from pmnet.io import atomic_write_bytes
 
@@ -350,6 +350,28 @@ def import_phase1(plan: Plan, slot: Phase1Slot, src: Phase1Source | None = None)
         write_meta(plan, phase1_from=src.to_dict(),
                    **({"phase1_sha256": src.sha256} if slot.seed is None else {}))
     return src.sha256
+
+
+def adopt_phase1(plan: Plan, slot: Phase1Slot) -> str | None:
+    """The store's checkpoint of `slot` into the run, through Stage 1's import-and-verify
+    path (sha256 sidecar, Phase-1 configuration, loadable; `stages.import_phase1`), when the
+    run has no valid one; its sha256, or None when the store has none."""
+    from pipelines.phase1 import check_phase1_source
+    from pipelines.store import StoreError, unit_name
+
+    store = plan.store
+    rec = Stage1Record.read(store.stage1_json(slot.seed))
+    if not rec.sha256:
+        return None
+    have = existing_phase1(slot, repair=True)
+    if have is not None:
+        return have  # the same (planning checked it is the store's)
+    src = check_phase1_source(store.phase1_dir(slot.seed), [slot])
+    if src.sha256 != rec.sha256:
+        raise StoreError(f"store unit {unit_name(slot.seed)}: phase1.pt has sha256 "
+                         f"{src.sha256[:12]}... but its stage1.json records "
+                         f"{rec.sha256[:12]}...; the unit is damaged")
+    return import_phase1(plan, slot, src)
 
 
 def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,

@@ -9,8 +9,8 @@ scratch. A run started with `--store DIR`
   this format, and every stored unit this run would reuse was made with this run's
   configuration: its `Provenance.config_hash` equals this run's, else the refusal names the
   first key that differs;
-- **adopts** the store's units before it trains (`adopt_phase1`, `adopt_results`): a
-  stored checkpoint goes through Stage 1's import-and-verify path (`check_phase1_source`,
+- **adopts** the store's units before it trains (`stages.adopt_phase1`, `adopt_results`):
+  a stored checkpoint goes through Stage 1's import-and-verify path (`check_phase1_source`,
   `stages.import_phase1`), a stored result into the run's `results/`, where a trial reuses
   it when its Phase-1 sha256, preset and variant match (`trial._result_matches`);
 - **publishes** each unit as it lands (`publish_phase1` by the driver, `publish_trial` by
@@ -325,28 +325,6 @@ def landed(scratch: Path, prov_now: Provenance) -> Provenance:
 
 
 # -- adopt ----------------------------------------------------------------------------------
-
-
-def adopt_phase1(plan, slot: Phase1Slot) -> str | None:
-    """The store's checkpoint of `slot` into the run, through Stage 1's import-and-verify
-    path (sha256 sidecar, Phase-1 configuration, loadable; `stages.import_phase1`), when the
-    run has no valid one; its sha256, or None when the store has none."""
-    from pipelines.phase1 import check_phase1_source, existing_phase1
-    from pipelines.stages import import_phase1
-
-    store = plan.store
-    rec = Stage1Record.read(store.stage1_json(slot.seed))
-    if not rec.sha256:
-        return None
-    have = existing_phase1(slot, repair=True)
-    if have is not None:
-        return have  # the same (planning checked it is the store's)
-    src = check_phase1_source(store.phase1_dir(slot.seed), [slot])
-    if src.sha256 != rec.sha256:
-        raise StoreError(f"store unit {unit_name(slot.seed)}: phase1.pt has sha256 "
-                         f"{src.sha256[:12]}... but its stage1.json records "
-                         f"{rec.sha256[:12]}...; the unit is damaged")
-    return import_phase1(plan, slot, src)
 
 
 def adopt_results(plan, trials: list[TrialId]) -> int:
