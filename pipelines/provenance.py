@@ -36,20 +36,11 @@ def package_versions() -> dict[str, str]:
 
 
 def cpu_kind() -> str:
-    """This machine's CPU model with its widest matrix/vector extension: `Intel(R) Xeon(R)
-    Platinum 8480+ AMX`, `... AVX-512`, or the model alone (`/proc/cpuinfo`; elsewhere
-    `platform.processor()`). The one place the pipeline reads the CPU's name (unit
-    provenance, `pipelines.store`)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
-                 if ln.lower().startswith("model name")), "")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines()
-                      if ln.lower().startswith("flags")), []))
-    extra = " AMX" if "amx_tile" in flags else (" AVX-512" if "avx512f" in flags else "")
-    return (name or platform.processor() or "unknown CPU") + extra
+    """This machine's CPU model with AMX or AVX-512 (`pmnet.train.cpu_kind`: the one place
+    the project reads the CPU's name)."""
+    from pmnet.train import cpu_kind as kind
+
+    return kind()
 
 
 def device_kind(accelerator: str = "cpu") -> str:

@@ -380,7 +380,10 @@ def publish_trial(store: StoreLayout, trial: TrialId, trial_dir: Path, result: P
     if not isinstance(res, dict):
         raise StoreError(f"trial {trial.name}: no result at {result} to publish")
     with UnitLock(store, trial.name):
-        if store.result(trial).is_file():
+        if store.result(trial).is_file():  # never replaced; said when it is not the same
+            theirs = Provenance.read(store.provenance(trial)).config_hash
+            if theirs and prov.config_hash and theirs != prov.config_hash:
+                return "in the store already, from another configuration (kept, not replaced)"
             return "in the store already"
         p1 = Stage1Record.read(store.stage1_json(trial.phase1_seed)).sha256
         if p1 != res.get("phase1_sha256"):

@@ -331,9 +331,9 @@ def test_cpu_kind_is_read_in_one_place():
 
     assert cpu_kind()
     repo = Path(__file__).resolve().parent.parent
-    readers = [p for p in (repo / "pipelines").glob("*.py")
-               if "model name" in p.read_text(encoding="utf-8")]
-    assert [p.name for p in readers] == ["provenance.py"]
+    readers = [str(p.relative_to(repo)) for d in ("pipelines", "pmnet")
+               for p in (repo / d).rglob("*.py") if "/proc/cpuinfo" in p.read_text("utf-8")]
+    assert readers == ["pmnet/train/phases.py"]
 
 
 # -- the real thing: two pieces, one killed, equal one run -----------------------------------
