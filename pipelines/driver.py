@@ -263,6 +263,8 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
         for slot in wave:  # trained before a kill, or adopted: the store has it either way
             if not plan.store.stage1_json(slot.seed).is_file():
                 st.publish_phase1(plan.store, slot, provs[slot.seed])
+            # another writer's, where it landed first
+            p1.digests[slot.seed] = adopt_phase1(wplan, slot) or p1.digests[slot.seed]
         s2 = stage2(wplan, runs, p1)
         for k in totals:
             totals[k] += s2.get(k, 0.0)

@@ -278,11 +278,7 @@ def _check_store(plan: Plan) -> None:
         return
     from pipelines.store import check_store_units
 
-    def run_digest(slot):
-        return existing_phase1(slot) if slot.ckpt.is_file() else None
-
-    check_store_units(plan.store, plan.cfg, plan.space, plan.piece_slots, plan.piece_trials,
-                      run_digest)
+    check_store_units(plan.store, plan.cfg, plan.space, plan.piece_slots, plan.piece_trials)
 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None) -> None:

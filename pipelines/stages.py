@@ -354,8 +354,10 @@ def import_phase1(plan: Plan, slot: Phase1Slot, src: Phase1Source | None = None)
 
 def adopt_phase1(plan: Plan, slot: Phase1Slot) -> str | None:
     """The store's checkpoint of `slot` into the run, through Stage 1's import-and-verify
-    path (sha256 sidecar, Phase-1 configuration, loadable; `stages.import_phase1`), when the
-    run has no valid one; its sha256, or None when the store has none."""
+    path (sha256 sidecar, Phase-1 configuration, loadable; `import_phase1`), unless the run
+    has that one; its sha256, or None when the store has none. A checkpoint of the same
+    unit that this run trained too (another writer landed first) is moved aside to
+    `<slot>-not-stored-<sha>/`: the store's is the unit, and the trials start from it."""
     from pipelines.phase1 import check_phase1_source
     from pipelines.store import StoreError, unit_name
 
@@ -364,8 +366,14 @@ def adopt_phase1(plan: Plan, slot: Phase1Slot) -> str | None:
     if not rec.sha256:
         return None
     have = existing_phase1(slot, repair=True)
+    if have == rec.sha256:
+        return have
     if have is not None:
-        return have  # the same (planning checked it is the store's)
+        aside = slot.dir.with_name(f"{slot.dir.name}-not-stored-{have[:12]}")
+        slot.dir.rename(aside)
+        say(f"[store] {slot.label}: the store holds checkpoint {rec.sha256[:12]}..., this run "
+            f"trained {have[:12]}... (moved to {aside.name}); the trials start from the "
+            "store's")
     src = check_phase1_source(store.phase1_dir(slot.seed), [slot])
     if src.sha256 != rec.sha256:
         raise StoreError(f"store unit {unit_name(slot.seed)}: phase1.pt has sha256 "

@@ -17,7 +17,9 @@ scratch. A run started with `--store DIR`
   the trial itself, again by the driver for any the trial could not): every file of the
   unit atomically, its commit record (`stage1.json`, `results/<trial>.json`) last, under
   the unit's lock (`UnitLock`, `locks/<unit>.lock`). A unit already in the store is never
-  overwritten: a second writer leaves it as it is (and says so when its own differs).
+  overwritten: a second writer leaves it as it is (and says so when its own differs); a
+  run that trained a checkpoint another writer landed first sets its own aside and trains
+  the checkpoint's trials from the store's (`stages.adopt_phase1`).
 
 Provenance is written when a unit starts (`start_provenance`) and checked when it lands
 (its config hash again; the commit it lands with is recorded beside the one it started
@@ -146,11 +148,10 @@ def _refuse(store: StoreLayout, unit: str, diff: str | None) -> PipelineError:
 
 
 def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
-                      trials: list[TrialId], run_digest) -> None:
+                      trials: list[TrialId]) -> None:
     """Every stored unit among `slots` and `trials` (this run's piece) was made with this
-    run's configuration; `run_digest(slot)` is the sha256 of a checkpoint the run already
-    has (None: none), which must be the store's. PipelineError naming the first differing
-    key otherwise. Reads only."""
+    run's configuration; PipelineError naming the first differing key otherwise. Reads
+    only."""
     for slot in slots:
         rec = Stage1Record.read(store.stage1_json(slot.seed))
         if not rec.sha256:
@@ -160,13 +161,6 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
             prov = Provenance.read(store.phase1_provenance(slot.seed))
             raise _refuse(store, unit_name(slot.seed),
                           first_difference(prov.config, config) if prov.config else None)
-        mine = run_digest(slot)
-        if mine is not None and mine != rec.sha256:
-            raise PipelineError(
-                f"--store {store.root}: unit {unit_name(slot.seed)} holds Phase-1 checkpoint "
-                f"{rec.sha256[:12]}..., but this run already trained {mine[:12]}... in "
-                f"{slot.dir}; one unit cannot have two checkpoints. Start a new --name (it "
-                "adopts the store's), or use another --store")
     for trial in trials:
         res = read_json(store.result(trial))
         if not isinstance(res, dict):

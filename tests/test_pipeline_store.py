@@ -138,17 +138,17 @@ def test_a_stored_trial_of_another_config_is_refused_naming_the_key(tmp_path, wi
     theirs, _ = _plan_parts(lr=0.0123)
     _store_trial(store, theirs, space, trial, with_provenance=with_provenance)
     with pytest.raises(PipelineError) as e:
-        check_store_units(store, cfg, space, [], space.trials, lambda slot: None)
+        check_store_units(store, cfg, space, [], space.trials)
     msg = str(e.value)
     assert f"unit {trial.name} was made with another configuration" in msg, msg
     assert f"lr: 0.0123 in the store vs {cfg.lr!r} here" in msg, msg
     # the same configuration is reused; threads (how a unit runs) are not compared
     _store_trial(store, cfg, space, trial, with_provenance=with_provenance)
-    check_store_units(store, cfg, space, [], space.trials, lambda slot: None)
+    check_store_units(store, cfg, space, [], space.trials)
     import dataclasses
 
     threaded = dataclasses.replace(cfg, threads=7)
-    check_store_units(store, threaded, space, [], space.trials, lambda slot: None)
+    check_store_units(store, threaded, space, [], space.trials)
 
 
 def test_a_stored_phase1_unit_of_another_config_is_refused_naming_the_key(tmp_path):
@@ -167,13 +167,10 @@ def test_a_stored_phase1_unit_of_another_config_is_refused_naming_the_key(tmp_pa
                config_hash=digest).write(store.phase1_provenance(0))
     with pytest.raises(PipelineError, match=r"unit phase1-p1s0 was made with another "
                        r"configuration \(phase1_lr: 0.0077 in the store vs"):
-        check_store_units(store, cfg, space, [slot], [], lambda s: None)
-    # a run that already trained another checkpoint of this unit is refused too
-    config, digest = phase1_unit_config(slot)
+        check_store_units(store, cfg, space, [slot], [])
+    config, digest = phase1_unit_config(slot)  # the same configuration: reused
     Stage1Record(config_hash=digest, sha256="b" * 64).write(store.stage1_json(0))
-    check_store_units(store, cfg, space, [slot], [], lambda s: None)
-    with pytest.raises(PipelineError, match="one unit cannot have two checkpoints"):
-        check_store_units(store, cfg, space, [slot], [], lambda s: "c" * 64)
+    check_store_units(store, cfg, space, [slot], [])
 
 
 def test_first_difference_is_the_first_sorted_flat_key():
@@ -409,3 +406,39 @@ def test_a_grid_filled_in_two_pieces_equals_one_run(tmp_path):
             prov = Provenance.read(pieces / "provenance" / f"{name}.json")
             assert prov.landed and prov.config_hash and prov.device and prov.git_commit
     print(f"two pieces + reference: {time.time() - t0:.0f} s")
+
+
+@pytest.mark.slow
+def test_two_runs_filling_one_store_at_once_lose_no_unit(tmp_path):
+    """Two pipelines started together into one store, with overlapping pieces (Phase-1
+    seeds 0 and 0,1): both train checkpoint 0, the first to land it keeps the unit, the
+    other sets its own aside and trains its trials from the store's; every unit lands once,
+    each trial from its stored checkpoint, and no lock is left."""
+    import subprocess
+    import sys
+
+    from tests.test_pipeline import REPO, _env, _kill_group
+
+    store = tmp_path / "S"
+    base = [sys.executable, "-m", "pipelines.run", *DEBUG, "--conditions", "consolidator_only",
+            "--seeds", "42", "--store", str(store)]
+    t0 = time.time()
+    procs = [subprocess.Popen([*base, "--phase1-seeds", seeds, "--root", str(tmp_path / name),
+                               "--name", name], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for name, seeds in (("a", "0"), ("b", "0,1"))]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=900)[0])
+    finally:
+        for p in procs:
+            _kill_group(p.pid)
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    units = _store_units(store)  # each result from its stored checkpoint
+    assert set(units) == {"phase1-p1s0", "phase1-p1s1", "consolidator_only-p0-s42",
+                          "consolidator_only-p1-s42"}
+    assert not list((store / "locks").iterdir())
+    print(f"two runs at once: {time.time() - t0:.0f} s; "
+          + " | ".join(ln for out in outs for ln in out.splitlines() if "[store]" in ln))
