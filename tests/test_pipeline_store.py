@@ -250,6 +250,36 @@ def test_two_writers_filling_one_store_lose_no_unit_and_overwrite_none(tmp_path)
     assert not list((store.root / "locks").iterdir())  # every lock released
 
 
+def test_a_trial_unit_lands_with_its_diagnostics_and_provenance_last_but_one(tmp_path):
+    store = StoreLayout(tmp_path / "store")
+    Stage1Record(config_hash="f" * 64, sha256="d" * 64).write(store.stage1_json(0))
+    trial = TrialId("c", 42, phase1_seed=0)
+    tdir, result = _fake_trial(tmp_path, trial, "A")
+    (tdir / "diagnose.json").write_text(json.dumps({"checkpoint": "best_model.pt"}))
+    start = Provenance(unit=trial.name, kind="trial", config_hash="e" * 64, config={"lr": 1},
+                       git_commit="old", started=1.0)
+    start.write(tdir / "provenance.json")  # written when the trial started
+    now = Provenance(unit=trial.name, kind="trial", config_hash="e" * 64, config={"lr": 1},
+                     git_commit="new", device="some CPU")
+    assert publish_trial(store, trial, tdir, result, now) == "published"
+    assert read_json(store.diagnostics(trial)) == {"checkpoint": "best_model.pt"}
+    prov = Provenance.read(store.provenance(trial))
+    assert (prov.started, prov.git_commit, prov.landed_git_commit) == (1.0, "old", "new")
+    assert prov.device == "some CPU" and prov.phase1_sha256 == "d" * 64 and prov.landed
+    times = [store.diagnostics(trial).stat().st_mtime_ns, store.provenance(trial).stat(
+    ).st_mtime_ns, store.result(trial).stat().st_mtime_ns]
+    assert times == sorted(times)  # the result, the unit's commit record, last
+    # a unit that started under another configuration is not published
+    other = TrialId("c", 43, phase1_seed=0)
+    tdir, result = _fake_trial(tmp_path, other, "B")
+    Provenance(unit=other.name, config_hash="1" * 64, config={"lr": 2}).write(
+        tdir / "provenance.json")
+    with pytest.raises(StoreError, match=r"started with config hash 111111111111\.\.\. and "
+                       r"lands with eeeeeeeeeeee\.\.\.; not published \(lr: 2"):
+        publish_trial(store, other, tdir, result, now)
+    assert not store.result(other).exists()
+
+
 def test_a_result_from_another_checkpoint_is_not_published(tmp_path):
     store = StoreLayout(tmp_path / "store")
     Stage1Record(config_hash="f" * 64, sha256="9" * 64).write(store.stage1_json(0))
@@ -442,3 +472,23 @@ def test_two_runs_filling_one_store_at_once_lose_no_unit(tmp_path):
     assert not list((store / "locks").iterdir())
     print(f"two runs at once: {time.time() - t0:.0f} s; "
           + " | ".join(ln for out in outs for ln in out.splitlines() if "[store]" in ln))
+
+
+@pytest.mark.slow
+def test_a_grid_that_declares_diagnostics_publishes_them(tmp_path):
+    """The `checkpoints` grid declares its conditions' diagnostics: a store run of one
+    checkpoint and one trial publishes `diagnostics/<trial>.json` (`pmnet diagnose` of the
+    trial's best model) beside its result; the store's report builds."""
+    from tests.test_pipeline import cli
+
+    store = tmp_path / "S"
+    t0 = time.time()
+    rc, out = cli("start", "--preset", "debug", "--grid", "checkpoints", "--stage1-cpus", "1",
+                  "--gpus-per-trial", "0", "--conditions", "consolidator_only", "--seeds", "42",
+                  "--phase1-seeds", "3", "--store", str(store), "--root", str(tmp_path / "r"))
+    assert rc == 0, out[-4000:]
+    diag = read_json(store / "diagnostics" / "consolidator_only-p3-s42.json")
+    assert diag["condition"] == "consolidator_only" and "stm" in diag, sorted(diag)
+    rc, out = cli("report", "--store", str(store))
+    assert rc == 0 and (store / "report" / "report.md").is_file(), out[-4000:]
+    print(f"diagnosed store run + report: {time.time() - t0:.0f} s")
