@@ -26,6 +26,9 @@ NAME ?=
 PHASE1 ?=
 GPU_MEM ?=
 ALLOW_CPU_PAPER ?=
+STORE ?=
+PHASE1_SEEDS ?=
+MAX_WALL ?=
 RUNS ?= $(CURDIR)/runs
 
 help: ## list the targets
@@ -63,17 +66,17 @@ gpu-check: install ## run first on a new GPU: the GPU path's predictions against
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py
 
-pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints|checkpoint_channel, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run PRESET=paper without a GPU)
-	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(CONDITIONS),--conditions $(CONDITIONS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(NAME),--name $(NAME)) $(if $(PHASE1),--phase1-from $(PHASE1)) $(if $(GPU_MEM),--gpu-mem $(GPU_MEM)) $(if $(ALLOW_CPU_PAPER),--allow-cpu-paper) --root $(RUNS)
+pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints|checkpoint_channel, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run PRESET=paper without a GPU; STORE=dir fills a durable store, PHASE1_SEEDS=3,4 picks the grid's checkpoints this run does, MAX_WALL=seconds stops between checkpoints)
+	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(CONDITIONS),--conditions $(CONDITIONS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(NAME),--name $(NAME)) $(if $(PHASE1),--phase1-from $(PHASE1)) $(if $(GPU_MEM),--gpu-mem $(GPU_MEM)) $(if $(ALLOW_CPU_PAPER),--allow-cpu-paper) $(if $(STORE),--store $(STORE)) $(if $(PHASE1_SEEDS),--phase1-seeds $(PHASE1_SEEDS)) $(if $(MAX_WALL),--max-wall $(MAX_WALL)) --root $(RUNS)
 
-resume: install ## resume the last (or NAME=...) pipeline
-	$(PY) -m pipelines.run resume $(if $(NAME),--name $(NAME)) --root $(RUNS)
+resume: install ## resume the last (or NAME=...) pipeline (MAX_WALL=seconds: stop between checkpoints of a store run)
+	$(PY) -m pipelines.run resume $(if $(NAME),--name $(NAME)) $(if $(MAX_WALL),--max-wall $(MAX_WALL)) --root $(RUNS)
 
 status: install ## table of trials of the last (or NAME=...) pipeline, read from disk
 	$(PY) -m pipelines.run status $(if $(NAME),--name $(NAME)) --root $(RUNS)
 
-report: install ## rebuild the report of the last (or NAME=...) pipeline from finished results
-	$(PY) -m pipelines.run report $(if $(NAME),--name $(NAME)) --root $(RUNS)
+report: install ## rebuild the report of the last (or NAME=...) pipeline from finished results; STORE=dir: the report of a durable store, into dir/report/
+	$(PY) -m pipelines.run report $(if $(STORE),--store $(STORE),$(if $(NAME),--name $(NAME)) --root $(RUNS))
 
 ui: install ## start the MLflow UI on 127.0.0.1 for the local store (prints the last pipeline's runs address)
 	$(PY) -m pipelines.run ui --root $(RUNS)

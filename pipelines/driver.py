@@ -8,6 +8,7 @@ in pipelines.cluster, MLflow (the driver is its only writer) in pipelines.tracki
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -17,8 +18,16 @@ from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import PipelineError
 from pipelines.lock import RunLock
-from pipelines.plan import Plan, resource_problem
-from pipelines.stages import stage1_finish, stage1_start, stage2, stage3, timing_record, write_meta
+from pipelines.plan import Plan, resource_problem, uses_gpu
+from pipelines.stages import (
+    adopt_phase1,
+    stage1_finish,
+    stage1_start,
+    stage2,
+    stage3,
+    timing_record,
+    write_meta,
+)
 from pipelines.tracking import Runs, backfill_results, open_tracking
 
 
@@ -40,8 +49,11 @@ def _execute(plan: Plan) -> int:
     lay.logs_dir.mkdir(parents=True, exist_ok=True)
     say.log_path = lay.logs_dir / "driver.log"
     write_meta(plan, status="running",
-                driver={"pid": os.getpid(), "host": socket.gethostname(),
-                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+               driver={"pid": os.getpid(), "host": socket.gethostname(),
+                       "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+               **({"store": str(plan.store.root),
+                   "pieces": list(plan.pieces) if plan.pieces is not None else None,
+                   "max_wall_s": plan.max_wall_s} if plan.store is not None else {}))
     lay.last_file.write_text(plan.name + "\n")
     sp = plan.space
     kill_point("start")
@@ -56,12 +68,20 @@ def _execute(plan: Plan) -> int:
 
     runs = Runs()
     ray = None
+    if plan.store is not None:
+        from pipelines.store import init_store
+
+        init_store(plan.store)
+        if _past_deadline(plan, t_start):
+            return _stop_at_deadline(plan)
     try:
         t_ray = time.time()
         ray = init_ray(plan.ray_address, plan.num_cpus, plan.cluster)
         cluster = check_cluster(plan, ray)
         where = f"Ray cluster {plan.ray_address}" if plan.ray_address else "local Ray"
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
+        if plan.store is not None:
+            return execute_waves(plan, ray, cluster, t_start)
         t_stage1 = time.time()
         jobs = stage1_start(plan, ray, cluster)
         kill_point("stage1-submitted")
@@ -134,3 +154,138 @@ def ui_hint(plan: Plan, runs: Runs) -> str:
         return f"`{cmd}`, then open {ui_address(UI_DEFAULT, runs.experiment_id)}"
     return f"open {ui_address(plan.tracking_uri, runs.experiment_id)}"
 
+
+
+# -- a run into a store: waves of Phase-1 checkpoints ----------------------------------------
+
+
+def wave_size(plan: Plan, cluster: ClusterInfo) -> int:
+    """How many Phase-1 checkpoints train at once in a wave: one per GPU with GPU trials,
+    else one per `--stage1-cpus` CPUs (default 1) of the cluster."""
+    if uses_gpu(plan):
+        return max(1, int(sum(n.gpus for n in cluster.nodes)))
+    per = float(plan.stage1_cpus or 1.0)
+    return max(1, int(sum(n.cpus for n in cluster.nodes) // per))
+
+
+def wave_plan(plan: Plan, seeds: list) -> Plan:
+    """The plan narrowed to one wave's Phase-1 checkpoints, with its own Tune experiment
+    (`stage2-p1s<k>...`; `stage2` for a grid's single checkpoint)."""
+    from pipelines.layout import EXPERIMENT_DIRNAME, Layout
+
+    keys = [k for k in seeds if k is not None]
+    tag = EXPERIMENT_DIRNAME + ("-p1s" + "-".join(map(str, keys)) if keys else "")
+    return dataclasses.replace(
+        plan, space=plan.space.derive(phase1_seeds=tuple(keys)),
+        layout=Layout(plan.layout.root, plan.layout.name, experiment=tag))
+
+
+def _past_deadline(plan: Plan, t_start: float) -> bool:
+    return plan.max_wall_s is not None and time.time() - t_start >= plan.max_wall_s
+
+
+def _stop_at_deadline(plan: Plan) -> int:
+    """One line: what of this run's piece is not in the store, and how to continue."""
+    from pipelines.store import units_left
+
+    p1, tr = units_left(plan.store, plan.piece_slots, plan.piece_trials)
+    left = [s.seed for s in plan.piece_slots if not plan.store.stage1_json(s.seed).is_file()
+            or any(not plan.store.result(t).is_file() for t in plan.piece_trials
+                   if t.phase1_seed == s.seed)]
+    seeds = ",".join(str(k) for k in left if k is not None)
+    write_meta(plan, status="stopped")
+    say(f"[pipeline] stopped at --max-wall {plan.max_wall_s:g} s: {p1} Phase-1 and {tr} trial "
+        f"unit(s) of this run not in the store {plan.store.root}; continue with `make resume "
+        f"NAME={plan.name} RUNS={plan.layout.root}` (python -m pipelines.run resume --name "
+        f"{plan.name} --root {plan.layout.root})"
+        + (f", or on another machine `make pipeline STORE={plan.store.root} "
+           f"PHASE1_SEEDS={seeds} ...`" if seeds else ""))
+    return 0
+
+
+def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
+    """A run into a store: its Phase-1 checkpoints in waves of `wave_size`: each wave
+    adopts what the store has, trains and publishes its missing checkpoints, then runs the
+    trials of those checkpoints (each trial publishes itself) before the next wave starts,
+    so a run stopped between waves (`--max-wall`) leaves whole checkpoints. Returns 0 when
+    every trial of the run's piece is in the store (or the deadline stopped it), else 1."""
+    from pipelines import store as st
+    from pipelines.tracking import open_tracking
+
+    slots = plan.piece_slots
+    size = wave_size(plan, cluster)
+    waves = [slots[i:i + size] for i in range(0, len(slots), size)]
+    say(f"[store] {plan.store.root}: {len(slots)} Phase-1 checkpoint(s) of this run in "
+        f"{len(waves)} wave(s) of up to {size}; {plan.space.name} trials follow each wave")
+    runs = open_tracking(plan)
+    totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
+              "compile_warm_s": 0.0}
+    p1_train = stage1_wall = 0.0
+    digests: dict = {}
+    for wave in waves:
+        if _past_deadline(plan, t_start):
+            return _stop_at_deadline(plan)
+        wplan = wave_plan(plan, [s.seed for s in wave])
+        trials = wplan.space.trials
+        if all(plan.store.stage1_json(s.seed).is_file() for s in wave) and \
+                all(plan.store.result(t).is_file() for t in trials):
+            say(f"[store] {', '.join(s.label for s in wave)}: every unit is in the store")
+            continue
+        for slot in wave:
+            adopt_phase1(wplan, slot)
+        n = st.adopt_results(wplan, trials)
+        if n:
+            say(f"[store] adopted {n} stored result(s) of this wave")
+        provs = {}
+        for slot in wave:
+            config, digest = st.phase1_unit_config(slot)
+            provs[slot.seed] = st.start_provenance(
+                unit=slot.label, kind="phase1", config=config, digest=digest,
+                run=str(plan.layout.run_dir), accelerator="gpu" if uses_gpu(plan) else "cpu")
+            if not plan.store.stage1_json(slot.seed).is_file():
+                st.write_started(plan.store, plan.store.phase1_provenance(slot.seed),
+                                 plan.store.stage1_json(slot.seed), provs[slot.seed],
+                                 slot.dir / "provenance.json")
+
+        def publish(job, res, provs=provs):
+            prov = provs[job.slot.seed]
+            if res.get("device_kind"):
+                prov = dataclasses.replace(prov, device=res["device_kind"])
+            st.publish_phase1(plan.store, job.slot, prov)
+
+        t1 = time.time()
+        jobs = stage1_start(wplan, ray, cluster)
+        kill_point("stage1-submitted")
+        p1 = stage1_finish(wplan, ray, jobs, runs, on_recorded=publish)
+        stage1_wall += time.time() - t1
+        p1_train += p1.train_time_s
+        digests.update(p1.digests)
+        for slot in wave:  # trained before a kill, or adopted: the store has it either way
+            if not plan.store.stage1_json(slot.seed).is_file():
+                st.publish_phase1(plan.store, slot, provs[slot.seed])
+            # another writer's, where it landed first
+            p1.digests[slot.seed] = adopt_phase1(wplan, slot) or p1.digests[slot.seed]
+        s2 = stage2(wplan, runs, p1)
+        for k in totals:
+            totals[k] += s2.get(k, 0.0)
+        for t in trials:  # what a trial could not publish itself
+            tdir, res = wplan.layout.trial_dir(t), wplan.layout.result_path(t)
+            if res.is_file() and not plan.store.result(t).is_file():
+                scratch = st.Provenance.read(tdir / "provenance.json")
+                if scratch.config_hash:
+                    say(f"[store] {t.name}: "
+                        f"{st.publish_trial(plan.store, t, tdir, res, scratch)}")
+    p1_left, tr_left = st.units_left(plan.store, slots, plan.piece_trials)
+    totals["n_trials"] = len(plan.piece_trials)
+    timing_record(plan, t_start, totals, p1_train, stage1_wall)
+    status = "finished" if p1_left == tr_left == 0 else "failed"
+    write_meta(plan, status=status, **({"phase1_sha256s": {str(k): v for k, v in
+                                                           digests.items()}}
+                                       if digests and None not in digests else {}))
+    if runs.parent:
+        runs.safe("finish", runs.tracker.finish, runs.parent,
+                  "FINISHED" if status == "finished" else "FAILED")
+    say(f"[pipeline] {status}: {len(plan.piece_trials) - tr_left}/{len(plan.piece_trials)} "
+        f"trial unit(s) and {len(slots) - p1_left}/{len(slots)} Phase-1 unit(s) of this run "
+        f"are in the store {plan.store.root}; report: `make report STORE={plan.store.root}`")
+    return 0 if status == "finished" else 1

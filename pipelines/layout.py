@@ -16,6 +16,7 @@
         phase1-p1s<k>/                   the same, per Phase-1 seed k (grid phase1_variance)
         stage2/                          Stage 2: the Tune experiment (Tuner.restore-able)
         stage2.json                      the Phase-1 sha256 its trials were trained from
+        stage2-p1s<k>/, stage2-p1s<k>.json   the same per wave of a run into a store
         trials/<trial>/                  each trial's run_phase2 out_dir + trial.json
         results/<trial>.json             each finished trial's result (Stage 3 input)
         report/                          Stage 3: tables and figures (pmnet.report)
@@ -64,6 +65,9 @@ def trial_key(name: str, trial: TrialId) -> str:
 class Layout:
     root: Path
     name: str
+    # the Tune experiment's directory name: `stage2`, or one per wave of Phase-1 checkpoints
+    # of a run into a store (`stage2-p1s<k>[-<k'>...]`, `pipelines.store.wave_layout`)
+    experiment: str = EXPERIMENT_DIRNAME
 
     def __post_init__(self):
         object.__setattr__(self, "root", Path(self.root).expanduser().absolute())
@@ -129,12 +133,12 @@ class Layout:
 
     @property
     def experiment_dir(self) -> Path:
-        return self.run_dir / EXPERIMENT_DIRNAME
+        return self.run_dir / self.experiment
 
     @property
     def stage2_json(self) -> Path:
         """The Phase-1 sha256 the Tune experiment's trials were trained from."""
-        return self.run_dir / "stage2.json"
+        return self.run_dir / f"{self.experiment}.json"
 
     @property
     def trials_dir(self) -> Path:
@@ -197,7 +201,8 @@ def read_json(path: str | os.PathLike, default: Any = None) -> Any:
         return default
 
 
-def check_writable(root: str | os.PathLike) -> Path:
+def check_writable(root: str | os.PathLike, *, what: str = "storage root",
+                   hint: str = "pass a writable --root (RUNS=... for make)") -> Path:
     """Prove `root` can hold a pipeline without creating it; PipelineError if it cannot.
 
     An existing root must be a directory where a file can be written (a temporary file is
@@ -205,25 +210,24 @@ def check_writable(root: str | os.PathLike) -> Path:
     directory (the driver creates the root later, after validation).
     """
     root = Path(root).expanduser().absolute()
-    hint = "pass a writable --root (RUNS=... for make)"
     where = root  # the directory the OS refused
     try:
         if root.exists():
             if not root.is_dir():
-                raise PipelineError(f"storage root {root} is not a directory; {hint}")
+                raise PipelineError(f"{what} {root} is not a directory; {hint}")
             try:
                 fd, tmp = tempfile.mkstemp(dir=root, prefix=".write-test-")
                 os.close(fd)
                 os.unlink(tmp)
             except OSError as e:
-                raise PipelineError(f"storage root {root} is not writable "
+                raise PipelineError(f"{what} {root} is not writable "
                                     f"({e.strerror or e}); {hint}") from e
             return root
         parent = root.parent
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
         if not parent.is_dir():
-            raise PipelineError(f"storage root {root} cannot be created: {parent} is not a "
+            raise PipelineError(f"{what} {root} cannot be created: {parent} is not a "
                                 f"writable directory; {hint}")
         # prove it (issue 37): a directory made and removed where the root's first missing
         # part goes. A virtual or read-only file system, a name too long, or no permission
@@ -239,6 +243,6 @@ def check_writable(root: str | os.PathLike) -> Path:
         tmp = tempfile.mkdtemp(dir=parent, prefix=".root-test-")
         os.rmdir(tmp)
     except OSError as e:
-        raise PipelineError(f"storage root {root} cannot be created or written "
+        raise PipelineError(f"{what} {root} cannot be created or written "
                             f"({e.strerror or e} in {where}); {hint}") from e
     return root

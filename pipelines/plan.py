@@ -53,6 +53,11 @@ class Plan:
     memory: dict = field(default_factory=dict)
     # the Ray nodes (NodeIDs) that saw the storage root when planning checked it (a cluster)
     storage_nodes: frozenset = frozenset()
+    # a durable store the run fills (`--store`, pipelines.store), the grid's Phase-1 seeds
+    # this run does (`--phase1-seeds` with a store; None: all) and its wall-time bound
+    store: Any = None  # pmnet.store_layout.StoreLayout
+    pieces: tuple | None = None
+    max_wall_s: float | None = None
 
     @property
     def name(self) -> str:
@@ -67,6 +72,19 @@ class Plan:
             return [Phase1Slot(None, self.cfg, self.layout.phase1_dir)]
         return [Phase1Slot(k, dataclasses.replace(self.cfg, phase1_seed=k),
                            self.layout.phase1_dir_for(k)) for k in seeds]
+
+    @property
+    def piece_slots(self) -> list[Phase1Slot]:
+        """The Phase-1 checkpoints this run does: its piece of the grid (`pieces`), else all."""
+        if self.pieces is None:
+            return self.phase1_slots
+        return [s for s in self.phase1_slots if s.seed in self.pieces]
+
+    @property
+    def piece_trials(self) -> list:
+        """The trials of this run's piece (those of its Phase-1 checkpoints)."""
+        keys = {s.seed for s in self.piece_slots}
+        return [t for t in self.space.trials if t.phase1_seed in keys]
 
     def phase1_slot(self, phase1_seed: int | None) -> Phase1Slot:
         for slot in self.phase1_slots:
@@ -127,6 +145,8 @@ def build_space(cfg, *, grid: str = "default", gpu: bool = False, conditions=Non
         "gpus_per_trial": gpus_per_trial,
         "max_concurrent": max_concurrent, "max_failures": max_failures,
     }.items() if v is not None}
+    if "conditions" in changes:  # a narrowed grid diagnoses what it still runs
+        changes["diagnose"] = tuple(c for c in space.diagnose if c in changes["conditions"])
     if changes:
         space = space.derive(**changes)
     space = space.validate(ALL_CONDITIONS, cfg)
@@ -157,8 +177,14 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
              stage1_cpus: float | None = None,
              phase1_from: str | os.PathLike | None = None, phase1_seeds=None,
              check_tracking: bool = True, cluster: ClusterInfo | None = None,
-             gpu_mem_gib: float | None = None, allow_cpu_paper: bool = False) -> Plan:
+             gpu_mem_gib: float | None = None, allow_cpu_paper: bool = False,
+             store: str | os.PathLike | None = None, max_wall_s: float | None = None) -> Plan:
     """Validate a new pipeline (no training, nothing written). PipelineError/SpaceError if bad.
+
+    `store`: a durable store the run fills (`pipelines.store`); with it `phase1_seeds`
+    picks which of the grid's Phase-1 seeds this run does (its piece; each must be one of
+    the grid's), without it `phase1_seeds` sets the grid's. `max_wall_s`: stop between
+    waves of checkpoints after this many seconds (needs a store).
 
     `cluster`: the nodes to plan for (default: `describe_cluster`: this machine without
     starting Ray, or the running cluster at the Ray address). `gpu_mem_gib`: the memory of
@@ -167,7 +193,13 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     from pmnet.train import TrainConfig
 
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib)
+    check_max_wall(max_wall_s, store)
     root = check_writable(root)  # before Ray is asked anything: a bad root costs nothing
+    store_layout = None
+    if store is not None:
+        from pipelines.store import open_store
+
+        store_layout = open_store(store)
     ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
     on_cluster = bool(ray_address) and cluster is None  # a running cluster, asked here
     if cluster is None:
@@ -183,7 +215,9 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
                         variants=variants, cpus_per_trial=cpus_per_trial,
                         gpus_per_trial=gpus_per_trial, max_concurrent=max_concurrent,
                         max_failures=max_failures, overrides=overrides,
-                        phase1_seeds=phase1_seeds)
+                        phase1_seeds=None if store_layout is not None else phase1_seeds)
+    pieces = (check_pieces(space, phase1_seeds) if store_layout is not None
+              and phase1_seeds is not None else None)
     name = check_name(name or default_name(cfg.preset))
     uri = requested_tracking_uri(tracking_uri)
     if uri and check_tracking:
@@ -191,16 +225,60 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     plan = Plan(layout=Layout(root, name), cfg=cfg, space=space, preset_reason=reason,
                 overrides=overrides, tracking_uri=uri, ray_address=ray_address,
                 num_cpus=num_cpus, stage1_cpus=stage1_cpus,
-                cluster=cluster)
+                cluster=cluster, store=store_layout, pieces=pieces, max_wall_s=max_wall_s)
     fit_to_cluster(plan, explicit_gpus=gpus_per_trial is not None, gpu_mem_gib=gpu_mem_gib,
                    allow_cpu_paper=allow_cpu_paper)
     if phase1_from is not None:
         plan.phase1_from = check_phase1_source(phase1_from, plan.phase1_slots)
     _check_existing(plan)
     plan = _check_resources(plan)
+    _check_store(plan)
     if on_cluster:  # last: every input is valid, and nothing was written yet
         plan.storage_nodes = planned_storage_check(plan.layout.root)
     return plan
+
+
+def check_max_wall(max_wall_s, store) -> None:
+    if max_wall_s is None:
+        return
+    if isinstance(max_wall_s, bool) or not isinstance(max_wall_s, (int, float)) \
+            or not max_wall_s > 0 or max_wall_s != max_wall_s:
+        raise PipelineError(f"--max-wall must be a positive number of seconds, got "
+                            f"{max_wall_s!r}")
+    if store is None:
+        raise PipelineError("--max-wall needs --store: a run stopped at its deadline keeps "
+                            "its finished units in a store (STORE=... for make)")
+
+
+def check_pieces(space: Space, phase1_seeds) -> tuple[int, ...]:
+    """`--phase1-seeds` with a store: which of the grid's Phase-1 seeds this run does."""
+    seeds = _parse_list(phase1_seeds, int)
+    grid = tuple(space.phase1_seeds)
+    if not grid:
+        raise PipelineError(f"--phase1-seeds with --store picks Phase-1 checkpoints of the "
+                            f"grid, and grid {space.name!r} has one (no Phase-1 seeds); "
+                            "leave it out")
+    if not seeds:
+        raise PipelineError("--phase1-seeds is empty; give one or more of the grid's "
+                            f"Phase-1 seeds ({', '.join(map(str, grid))})")
+    stray = [k for k in seeds if k not in grid]
+    if stray:
+        raise PipelineError(f"--phase1-seeds {', '.join(map(str, stray))}: not a Phase-1 seed "
+                            f"of grid {space.name!r} ({', '.join(map(str, grid))}); with "
+                            "--store it picks which of the grid's checkpoints this run does")
+    dup = sorted({k for k in seeds if seeds.count(k) > 1})
+    if dup:
+        raise PipelineError(f"--phase1-seeds: Phase-1 seed(s) listed twice: {dup}")
+    return tuple(k for k in grid if k in seeds)
+
+
+def _check_store(plan: Plan) -> None:
+    """The stored units this run would reuse were made with its configuration (reads)."""
+    if plan.store is None:
+        return
+    from pipelines.store import check_store_units
+
+    check_store_units(plan.store, plan.cfg, plan.space, plan.piece_slots, plan.piece_trials)
 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None) -> None:
@@ -380,7 +458,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 tracking_uri: str | None = None, ray_address: str | None = None,
                 num_cpus: int | None = None,
                 stage1_cpus: float | None = None, cluster: ClusterInfo | None = None,
-                check_resources: bool = True) -> Plan:
+                check_resources: bool = True, max_wall_s: float | None = None) -> Plan:
     """The plan of an existing pipeline, read back from its pipeline.json/config.json.
 
     The grid, its resources and `max_failures` are the stored ones: Tune restores its own
@@ -426,10 +504,18 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     on_cluster = bool(ray_address) and cluster is None and check_resources
     if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
+    check_max_wall(max_wall_s, meta.store)
+    store = None
+    if meta.store and check_resources:  # `report` reads the run, not the store
+        from pipelines.store import open_store
+
+        store = open_store(meta.store)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.preset_reason or "",
                 overrides=meta.overrides, tracking_uri=uri,
                 ray_address=ray_address, num_cpus=num_cpus,
-                stage1_cpus=stage1_cpus, resumed=True, cluster=cluster)
+                stage1_cpus=stage1_cpus, resumed=True, cluster=cluster, store=store,
+                pieces=tuple(meta.pieces) if meta.pieces is not None else None,
+                max_wall_s=max_wall_s)
     problem = resource_problem(plan, cluster) if check_resources else None
     if problem:
         raise PipelineError(f"pipeline {name!r} cannot continue here: {problem}")
@@ -438,6 +524,8 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         # imported, then removed: import it again (checked again)
         plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), plan.phase1_slots)
     plan = _check_resources(plan)
+    if check_resources:
+        _check_store(plan)
     if on_cluster:  # last: every input is valid, and nothing was written yet
         plan.storage_nodes = planned_storage_check(plan.layout.root)
     return plan

@@ -33,3 +33,33 @@ def package_versions() -> dict[str, str]:
             out[pkg] = "missing"
     return out
 
+
+
+def cpu_kind() -> str:
+    """This machine's CPU model with AMX or AVX-512 (`pmnet.train.cpu_kind`: the one place
+    the project reads the CPU's name)."""
+    from pmnet.train import cpu_kind as kind
+
+    return kind()
+
+
+def device_kind(accelerator: str = "cpu") -> str:
+    """What a unit trains on: the GPU's name (`accelerator` "gpu"), else `cpu_kind()`."""
+    if accelerator == "gpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001 - provenance only: never fail a unit for it
+            pass
+    return cpu_kind()
+
+
+def torch_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "missing"

@@ -160,8 +160,9 @@ class PipelineRecord(Record):
     """`pipeline.json`: what the pipeline is and how it stands. Written at the start
     (`stages.write_meta`): its name, preset (and why), the grid (`grid`: what identifies its
     trials; `space`: the whole `tune_spaces.Space` with its resources), the `--set`
-    `overrides`, where it lives, the tracking store, the code's commit and package versions;
-    then `status` (running, finished, failed, interrupted), the `driver`, the Phase-1
+    `overrides`, where it lives, the tracking store, the code's commit and package versions,
+    a durable `store` it fills (with its `pieces`: Phase-1 seeds, and `max_wall_s`); then
+    `status` (running, finished, failed, interrupted), the `driver`, the Phase-1
     sha256 (`phase1_sha256s` by Phase-1 seed with several) and `phase1_from` (an import)."""
 
     name: str | None = None
@@ -183,6 +184,11 @@ class PipelineRecord(Record):
     phase1_sha256: str | None = None
     phase1_sha256s: dict | None = None
     phase1_from: dict | None = None
+    # a run into a durable store (`pipelines.store`): the store, the Phase-1 seeds this run
+    # does (its piece of the grid; None: all of them) and its wall-time bound
+    store: str | None = None
+    pieces: list | None = None
+    max_wall_s: float | None = None
 
 
 @dataclass
@@ -299,4 +305,32 @@ class Stage2Record(Record):
     """`stage2.json`: the Phase-1 sha256 the Tune experiment `stage2/` was trained from
     (a retrained Phase 1 moves the experiment aside)."""
 
+    phase1_sha256: str | None = None
+
+
+@dataclass
+class Provenance(Record):
+    """A store unit's `provenance.json` (`pipelines.store`): written when the unit starts
+    (`started`), completed when it lands (`landed`, `device`). `unit` is its name
+    (`phase1[-p1s<k>]` or the trial's); `git_commit`/`git_dirty` the code, `device` the CPU
+    kind (`provenance.cpu_kind`) or GPU name it trained on, `torch` its version; `config` the
+    configuration the unit depends on (flat `TrainConfig.flat()` keys: a trial's whole
+    config after its variant's overrides, a Phase-1 unit's Phase-1 part; execution-only
+    fields left out, `pipelines.store.EXECUTION_FIELDS`) and `config_hash` its sha256, which
+    reuse compares; `host`, `pid`, `run` (root/name) say which run wrote it."""
+
+    unit: str | None = None
+    kind: str | None = None  # "phase1" | "trial"
+    config_hash: str | None = None
+    config: dict | None = None
+    git_commit: str | None = None
+    git_dirty: str | None = None
+    torch: str | None = None
+    device: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    run: str | None = None
+    started: float | None = None
+    landed: float | None = None
+    landed_git_commit: str | None = None
     phase1_sha256: str | None = None

@@ -3,7 +3,7 @@
     python -m pipelines.run start  [--preset P] [--name N] [--root DIR] [--grid G] ...
     python -m pipelines.run resume [--name N] [--root DIR]
     python -m pipelines.run status [--name N] [--root DIR]
-    python -m pipelines.run report [--name N] [--root DIR]
+    python -m pipelines.run report [--name N] [--root DIR]  |  report --store DIR
     python -m pipelines.run ui     [--root DIR] [--port 5000]
 
 Exit codes (`Exit`): 0 every trial finished; 1 the pipeline ran but some trials did not
@@ -49,6 +49,13 @@ def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
                        help="pipeline name (default: the last one started under --root)")
 
 
+def _max_wall(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-wall", type=float, default=None, metavar="SECONDS",
+                   help="with --store: stop cleanly between waves of Phase-1 checkpoints "
+                        "once this many seconds have passed (exit 0; one line says what is "
+                        "left and how to continue)")
+
+
 def _compute(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking server or sqlite: URI (default: MLFLOW_TRACKING_URI, "
@@ -91,8 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="TrainConfig override, e.g. --set max_epochs=3 --set model.hidden=32")
     p.add_argument("--phase1-seeds", default=None, metavar="K1,K2,...",
-                   help="nest the grid under one Phase-1 checkpoint per Phase-1 seed (two or "
-                        "more; the Phase-1 variance analysis); grid phase1_variance uses 0,1,2")
+                   help="without --store: nest the grid under one Phase-1 checkpoint per "
+                        "Phase-1 seed (two or more; the Phase-1 variance analysis); grid "
+                        "phase1_variance uses 0,1,2. With --store: which of the grid's "
+                        "Phase-1 seeds this run does (its piece; one or more; a seed not in "
+                        "the grid is refused)")
+    p.add_argument("--store", default=None, metavar="DIR",
+                   help="a durable store (pmnet.store_layout) this run fills: it adopts the "
+                        "store's finished units and publishes each of its own as it lands; "
+                        "the run directory is scratch. Several runs may fill one store")
+    _max_wall(p)
     p.add_argument("--gpu-mem", type=float, default=None, metavar="GIB",
                    help="memory of each GPU in GiB (default: what nvidia-smi reports on the "
                         "GPU nodes); each condition's GPU share is chosen to fit it")
@@ -109,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "resources and max_failures are the stored ones)")
     _common(p)
     _compute(p)
+    _max_wall(p)
 
     p = sub.add_parser("status", help="table of a pipeline's trials, read from disk")
     _common(p)
@@ -118,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--no-mlflow", action="store_true",
                    help="do not log the report to the pipeline's MLflow run")
+    p.add_argument("--store", default=None, metavar="DIR",
+                   help="build the report of a durable store instead (into DIR/report/)")
 
     p = sub.add_parser("ui", help="MLflow UI for the embedded store on 127.0.0.1")
     _common(p, name=False)
@@ -136,7 +154,8 @@ def cmd_start(a) -> int:
         max_concurrent=a.max_concurrent, max_failures=a.max_failures,
         tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
         stage1_cpus=a.stage1_cpus, phase1_from=a.phase1_from,
-        phase1_seeds=a.phase1_seeds, gpu_mem_gib=a.gpu_mem, allow_cpu_paper=a.allow_cpu_paper)
+        phase1_seeds=a.phase1_seeds, gpu_mem_gib=a.gpu_mem, allow_cpu_paper=a.allow_cpu_paper,
+        store=a.store, max_wall_s=a.max_wall)
     print(f"preset: {plan.cfg.preset} ({plan.preset_reason})", flush=True)
     return run_plan(plan)
 
@@ -146,7 +165,7 @@ def cmd_resume(a) -> int:
 
     plan = plan_resume(root=a.root, name=a.name, tracking_uri=a.tracking_uri,
                        ray_address=a.ray_address, num_cpus=a.num_cpus,
-                       stage1_cpus=a.stage1_cpus)
+                       stage1_cpus=a.stage1_cpus, max_wall_s=a.max_wall)
     return run_plan(plan)
 
 
@@ -207,12 +226,40 @@ def cmd_report(a) -> int:
     from pipelines.stages import stage3
     from pipelines.tracking import Runs
 
+    if a.store is not None:
+        return report_store(a.store)
     root = Path(a.root).expanduser().absolute()
     # the store the pipeline recorded (or --tracking-uri); the report computes nothing
     plan = plan_resume(root=root, name=a.name or last_pipeline(root),
                        tracking_uri=a.tracking_uri, check_resources=False)
     runs = Runs() if a.no_mlflow else Runs.reopen(plan.layout, plan.tracking_uri)
     return Exit.DONE if stage3(plan, runs) else Exit.FAILED
+
+
+def report_store(path: str) -> int:
+    """`pmnet.report.main_report` of a durable store (laid out like a run directory):
+    `<store>/report/`. Exit 2 when it is not a store with results."""
+    from pmnet.store_layout import read_store_record
+
+    root = Path(path).expanduser().absolute()
+    try:
+        record = read_store_record(root)
+    except ValueError as e:
+        raise PipelineError(f"--store {root}: {e}") from e
+    if record is None or not (root / "results").is_dir():
+        raise PipelineError(f"--store {root}: not a store with results (no store.json or no "
+                            "results/); fill one with `make pipeline STORE=...`")
+    from pmnet.report import main_report
+
+    try:
+        written = main_report(root)
+    except Exception as e:  # noqa: BLE001 - the results are kept; say why
+        print(f"error: the report of {root} failed: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return Exit.FAILED
+    print(f"report of the store {root}: {root / 'report'} "
+          f"({', '.join(sorted(str(k) for k in (written or {}))[:6])})")
+    return Exit.DONE
 
 
 def cmd_ui(a) -> int:

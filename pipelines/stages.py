@@ -27,7 +27,13 @@ from ray import tune
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write_json
-from pipelines.phase1 import Phase1Slot, check_phase1, existing_phase1, phase1_config_hash
+from pipelines.phase1 import (
+    Phase1Slot,
+    Phase1Source,
+    check_phase1,
+    existing_phase1,
+    phase1_config_hash,
+)
 from pipelines.plan import Plan, grid_record
 from pipelines.provenance import git_commit, package_versions
 from pipelines.records import (
@@ -97,8 +103,11 @@ def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str)
     cfg = TrainConfig.from_dict(cfg_dict)
     if not cfg.threads:
         cfg = dataclasses.replace(cfg, threads=max(1, int(threads)))
-    return run_phase1(cfg, out_dir, progress=False, accelerator=assigned_device(),
-                      callbacks=[Phase1Progress(Path(out_dir) / PROGRESS_FILE)])
+    from pipelines.provenance import device_kind
+
+    res = run_phase1(cfg, out_dir, progress=False, accelerator=assigned_device(),
+                     callbacks=[Phase1Progress(Path(out_dir) / PROGRESS_FILE)])
+    return {**res, "device_kind": device_kind(assigned_device())}  # the unit's provenance
 
 
 def progress_every_s() -> float:
@@ -312,16 +321,18 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
     return jobs
 
 
-def import_phase1(plan: Plan, slot: Phase1Slot) -> str:
-    """Copy the checked `--phase1-from` checkpoint (and its metrics) into the slot's
-    directory, each file atomically, then record its Stage 1 as done; return its sha256."""
+def import_phase1(plan: Plan, slot: Phase1Slot, src: Phase1Source | None = None) -> str:
+    """Copy the checked `--phase1-from` checkpoint (or `src`: a store's unit,
+    `adopt_phase1`), and its metrics, into the slot's directory, each file
+    atomically, then record its Stage 1 as done; return its sha256."""
     from pmnet.io import atomic_write_bytes
 
-    src = plan.phase1_from
+    given = src is None
+    src = plan.phase1_from if given else src
     data = src.checkpoint.read_bytes()
     if hashlib.sha256(data).hexdigest() != src.sha256:  # changed since planning
-        raise PipelineError(f"--phase1-from {src.checkpoint} changed since it was checked "
-                            "(its sha256 differs now); start again")
+        raise PipelineError(f"Phase-1 checkpoint {src.checkpoint} changed since it was "
+                            "checked (its sha256 differs now); start again")
     say(f"[stage 1/3] {slot.label}: importing the Phase-1 checkpoint {src.checkpoint} "
         f"(sha256 {src.sha256[:12]}...)")
     slot.dir.mkdir(parents=True, exist_ok=True)
@@ -335,13 +346,53 @@ def import_phase1(plan: Plan, slot: Phase1Slot) -> str:
                  phase1_seed=slot.cfg.phase1_seed,
                  train_time_s=src.metrics.get("train_time_s"), wall_s=0.0,
                  metrics=canon(src.metrics.get("test", {}))).write(slot.stage1_json)
-    write_meta(plan, phase1_from=src.to_dict(),
-               **({"phase1_sha256": src.sha256} if slot.seed is None else {}))
+    if given:  # a resume imports it again if it is removed
+        write_meta(plan, phase1_from=src.to_dict(),
+                   **({"phase1_sha256": src.sha256} if slot.seed is None else {}))
     return src.sha256
 
 
-def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs) -> Stage1Result:
-    """Wait for the Phase-1 tasks, record each checkpoint's hash, log Stage 1 to MLflow."""
+def adopt_phase1(plan: Plan, slot: Phase1Slot) -> str | None:
+    """The store's checkpoint of `slot` into the run, through Stage 1's import-and-verify
+    path (sha256 sidecar, Phase-1 configuration, loadable; `import_phase1`), unless the run
+    has that one; its sha256, or None when the store has none. A checkpoint of the same
+    unit that this run trained too (another writer landed first) is moved aside to
+    `<slot>-not-stored-<sha>/`: the store's is the unit, and the trials start from it."""
+    from pipelines.phase1 import check_phase1_source
+    from pipelines.store import StoreError, unit_name
+
+    store = plan.store
+    rec = Stage1Record.read(store.stage1_json(slot.seed))
+    if not rec.sha256:
+        return None
+    have = existing_phase1(slot, repair=True)
+    if have == rec.sha256:
+        return have
+    if have is not None:
+        aside = slot.dir.with_name(f"{slot.dir.name}-not-stored-{have[:12]}")
+        slot.dir.rename(aside)
+        say(f"[store] {slot.label}: the store holds checkpoint {rec.sha256[:12]}..., this run "
+            f"trained {have[:12]}... (moved to {aside.name}); the trials start from the "
+            "store's")
+    src = check_phase1_source(store.phase1_dir(slot.seed), [slot])
+    if src.sha256 != rec.sha256:
+        raise StoreError(f"store unit {unit_name(slot.seed)}: phase1.pt has sha256 "
+                         f"{src.sha256[:12]}... but its stage1.json records "
+                         f"{rec.sha256[:12]}...; the unit is damaged")
+    return import_phase1(plan, slot, src)
+
+
+def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
+                  on_recorded: Callable[[Stage1Job, dict], None] | None = None
+                  ) -> Stage1Result:
+    """Wait for the Phase-1 tasks, record each checkpoint's hash, log Stage 1 to MLflow;
+    `on_recorded(job, task result)` as soon as each is recorded (a store publishes it)."""
+
+    def record(job: Stage1Job, res: dict) -> None:
+        _record(plan, job, res, runs)
+        if on_recorded is not None:
+            on_recorded(job, res)
+
     for job in jobs:
         job.rid = stage_run(plan, runs, f"stage1-{job.slot.label}")
         if job.digest is not None and job.rid:
@@ -353,7 +404,7 @@ def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs) -> Stage1R
     running = [job for job in jobs if job.digest is None]
     if running:
         try:
-            _wait_phase1(plan, ray, running, runs, lambda job, res: _record(plan, job, res, runs))
+            _wait_phase1(plan, ray, running, runs, record)
         except Exception as e:
             raise PipelineError(f"Stage 1 (Phase 1) failed: {e}") from e
     digests = {job.slot.seed: job.digest for job in jobs}
@@ -506,7 +557,10 @@ def trial_context(plan: Plan, p1: Stage1Result | str):
                         phase1_sha256s={str(k): v for k, v in p1.digests.items()
                                         if k is not None},
                         variants={v.name: v.as_dict() for v in plan.space.variants},
-                        cpus_per_trial=plan.space.cpus_per_trial)
+                        cpus_per_trial=plan.space.cpus_per_trial,
+                        store=str(plan.store.root) if plan.store is not None else None,
+                        diagnosed=tuple(t.name for t in plan.space.trials
+                                        if plan.space.diagnosed(t) and plan.store is not None))
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,9 @@ class TrialContext:
         this one (`phase1_sha256` then names the set).
     variants: {variant name: its TrainConfig overrides} of the grid ("" -> {}: the default).
     cpus_per_trial: the trial's CPU reservation, also its torch thread count.
+    store: a durable store the trial publishes its unit to (`pipelines.store`), or None.
+    diagnosed: names of the trials that get `pmnet diagnose` of their best model
+        (`Space.diagnosed`: the grid declares them).
     """
 
     root: str
@@ -71,6 +74,8 @@ class TrialContext:
     variants: dict = field(default_factory=lambda: {"": {}})
     phase1_sha256s: dict = field(default_factory=dict)
     cpus_per_trial: float = 1.0
+    store: str | None = None
+    diagnosed: tuple = ()
 
     def __post_init__(self):
         check_name(self.name)
@@ -364,9 +369,14 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         setup = {"imports_s": t_imported - t_enter, "setup_s": time.time() - t_enter}
         TrialState.update(info_path, **trial_info, state="RUNNING")
 
+        prov = _store_start(ctx, trial, cfg, digest)
         # 2. + 3. train (or reuse a finished result) and record
         final = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
                                   result_path, setup)
+        if trial.name in ctx.diagnosed and (tdir / "best_model.pt").is_file():
+            _diagnose(tdir)  # (a result adopted from the store has its diagnostics there)
+        if prov is not None:
+            _store_publish(ctx, trial, tdir, result_path, prov)
     except (TrialConfigError, Phase1Refused) as e:  # deterministic: once, not retried
         _refuse(trial, info_path, e, trial_info)
         return
@@ -381,6 +391,43 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     shutil.rmtree(tdir / ".tune_ckpt", ignore_errors=True)
     tune.report({k: (float("nan") if v is None else v) for k, v in final.items()}
                 | trial.to_config())
+
+
+def _store_start(ctx: TrialContext, trial: TrialId, cfg, digest: str):
+    """With a store: the unit's provenance as it starts (written to the store unless the
+    unit is there); None without a store."""
+    if ctx.store is None:
+        return None
+    from pipelines.store import config_hash, start_provenance, unit_config, write_started
+    from pmnet.store_layout import StoreLayout
+
+    store = StoreLayout(Path(ctx.store))
+    config = unit_config(cfg.flat())
+    prov = start_provenance(unit=trial.name, kind="trial", config=config,
+                            digest=config_hash(config), run=f"{ctx.root}/{ctx.name}",
+                            accelerator=assigned_device(), phase1_sha256=digest)
+    write_started(store, store.provenance(trial), store.result(trial), prov,
+                  ctx.layout.trial_dir(trial) / "provenance.json")
+    return prov
+
+
+def _store_publish(ctx: TrialContext, trial: TrialId, tdir: Path, result: Path, prov) -> None:
+    from pipelines.store import publish_trial
+    from pmnet.store_layout import StoreLayout
+
+    what = publish_trial(StoreLayout(Path(ctx.store)), trial, tdir, result, prov)
+    log.warning("trial %s: store unit %s", trial.name, what)
+
+
+def _diagnose(tdir: Path) -> None:
+    """`pmnet diagnose` of the trial's best model into `<trial dir>/diagnose.json` (once)."""
+    out = tdir / "diagnose.json"
+    if out.is_file():
+        return
+    from pmnet.diagnose import diagnose_file
+    from pmnet.io import atomic_write_json
+
+    atomic_write_json(out, diagnose_file(tdir / "best_model.pt").to_dict())
 
 
 #: The key of a trial's last Tune report when it was refused for its configuration.

@@ -181,6 +181,11 @@ class Space:
         planning from the memory model so that trials sharing a card fit it
         (`pipelines.plan`); empty: every trial asks `gpus_per_trial`. With shares,
         `gpus_per_trial` is the largest of them.
+    diagnose: conditions whose trials get `pmnet diagnose` of their best model after they
+        train (`pmnet.diagnose.diagnose_file`), at the grid's first Phase-2 seed only (what
+        the checkpoint study diagnosed), published beside the result as
+        `diagnostics/<trial>.json` of a store (`pipelines.store`); each must be a condition
+        of the grid.
     """
 
     name: str
@@ -193,10 +198,11 @@ class Space:
     variants: tuple[Variant, ...] = field(default=DEFAULT_VARIANTS)
     phase1_seeds: tuple[int, ...] = ()
     gpu_shares: tuple[tuple[str, str, float], ...] = ()
+    diagnose: tuple[str, ...] = ()
 
     def derive(self, **changes: Any) -> Space:
         """A copy with some fields changed (sequences become tuples)."""
-        for key in ("conditions", "seeds", "variants", "phase1_seeds"):
+        for key in ("conditions", "seeds", "variants", "phase1_seeds", "diagnose"):
             if key in changes and changes[key] is not None:
                 value = changes[key]
                 single = (str, int, Variant)
@@ -229,6 +235,12 @@ class Space:
             raise SpaceError(f"grid {self.name!r}: unknown variant(s) {unknown}; known "
                              f"variants: {known}")
         return self.derive(variants=[v for v in self.variants if v.name in names])
+
+    def diagnosed(self, trial: TrialId) -> bool:
+        """Whether `trial` gets `pmnet diagnose` of its best model (`diagnose`: its condition
+        is declared, and its seed is the grid's first Phase-2 seed)."""
+        return trial.condition in self.diagnose and bool(self.seeds) \
+            and trial.seed == self.seeds[0]
 
     @property
     def phase1_keys(self) -> list[int | None]:
@@ -305,6 +317,7 @@ class Space:
         d["variants"] = [v.to_dict() for v in self.variants]
         d["phase1_seeds"] = [int(k) for k in self.phase1_seeds]
         d["gpu_shares"] = [[c, v, float(g)] for c, v, g in self.gpu_shares]
+        d["diagnose"] = list(self.diagnose)
         return d
 
     @classmethod
@@ -331,7 +344,7 @@ class Space:
                              f"records, got {d.get('gpu_shares')!r}") from e
         return cls(**{**d, "conditions": tuple(d["conditions"]), "seeds": tuple(d["seeds"]),
                       "variants": variants, "phase1_seeds": tuple(d.get("phase1_seeds") or ()),
-                      "gpu_shares": shares})
+                      "gpu_shares": shares, "diagnose": tuple(d.get("diagnose") or ())})
 
     def validate(self, known_conditions: Iterable[str], cfg=None) -> Space:
         """Raise SpaceError naming the first problem; return self when the space is sound.
@@ -395,6 +408,14 @@ class Space:
             if not 0 < _number(share, "a GPU share", self.name) <= 1:
                 raise SpaceError(f"grid {self.name!r}: the GPU share of {condition!r} must be "
                                  f"in (0, 1], got {share}")
+        if isinstance(self.diagnose, str) or not all(isinstance(c, str) for c in self.diagnose):
+            raise SpaceError(f"grid {self.name!r}: diagnose must be a list of conditions, got "
+                             f"{self.diagnose!r}")
+        stray = [c for c in self.diagnose if c not in self.conditions]
+        if stray:
+            raise SpaceError(f"grid {self.name!r}: diagnose names condition(s) {stray} that "
+                             f"the grid does not run (its conditions: "
+                             f"{', '.join(self.conditions)})")
         for field_name in ("max_concurrent", "max_failures"):
             v = getattr(self, field_name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -545,7 +566,7 @@ def checkpoints(cfg, *, gpu: bool = False) -> Space:
     return default(cfg, gpu=gpu).derive(
         name="checkpoints", conditions=CHECKPOINT_STUDY_CONDITIONS,
         seeds=tuple(cfg.seeds)[:CHECKPOINT_STUDY_PHASE2_SEEDS],
-        phase1_seeds=CHECKPOINT_STUDY_SEEDS)
+        phase1_seeds=CHECKPOINT_STUDY_SEEDS, diagnose=CHECKPOINT_STUDY_CONDITIONS)
 
 
 def checkpoint_channel(cfg, *, gpu: bool = False) -> Space:
@@ -560,7 +581,7 @@ def checkpoint_channel(cfg, *, gpu: bool = False) -> Space:
     return default(cfg, gpu=gpu).derive(
         name="checkpoint_channel", conditions=CHECKPOINT_CHANNEL_CONDITIONS,
         seeds=tuple(cfg.seeds)[:CHECKPOINT_STUDY_PHASE2_SEEDS],
-        phase1_seeds=CHECKPOINT_CHANNEL_SEEDS)
+        phase1_seeds=CHECKPOINT_CHANNEL_SEEDS, diagnose=CHECKPOINT_CHANNEL_CONDITIONS)
 
 
 SPACES: dict[str, Callable[..., Space]] = {

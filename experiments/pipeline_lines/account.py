@@ -25,6 +25,7 @@ CLUSTER = "Ray clusters and GPUs: storage probe, cards, memory shares, devices"
 STUDY = "beyond one checkpoint: Phase-1 seeds, variants, --phase1-from, compile warm-up"
 VIEW = "what a user watches: status, Stage-1 progress, console lines"
 RECORD = "typed run records and provenance"
+STORE = "the durable store: pieces, waves, adopt/publish per unit, locks, unit provenance"
 
 CONCERN = {
     # cluster.py
@@ -92,6 +93,18 @@ CONCERN = {
     "trial_phase1": STUDY, "trial_config": ORCH, "train_trial": ORCH, "_refuse": FAULT,
     "discard_foreign_checkpoints": FAULT, "_resume_point": FAULT, "_train_and_record": ORCH,
     "_node_id": CLUSTER, "trial_name": ORCH,
+    # the durable store (issue 45)
+    "wave_size": STORE, "wave_plan": STORE, "_past_deadline": STORE,
+    "_stop_at_deadline": STORE, "execute_waves": STORE, "check_max_wall": VALID,
+    "check_pieces": VALID, "_check_store": VALID, "cpu_kind": RECORD, "device_kind": RECORD,
+    "torch_version": RECORD, "Provenance": RECORD, "_max_wall": STORE, "report_store": STORE,
+    "StoreError": STORE, "open_store": VALID, "unit_name": STORE, "flatten": STORE,
+    "unit_config": STORE, "config_hash": STORE, "first_difference": VALID,
+    "phase1_unit_config": STORE, "check_store_units": VALID, "UnitLock": STORE,
+    "init_store": STORE, "start_provenance": RECORD, "write_started": RECORD,
+    "landed": RECORD, "adopt_phase1": STORE, "adopt_results": STORE, "publish_phase1": STORE,
+    "publish_trial": STORE, "units_left": STORE, "_store_start": STORE,
+    "_store_publish": STORE, "_diagnose": STORE,
 }
 
 

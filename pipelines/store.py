@@ -1,0 +1,403 @@
+"""The durable store a pipeline run fills (issue 45): adopt its units, publish new ones.
+
+A store (`pmnet.store_layout`: layout and `store.json`) holds finished units only, a
+Phase-1 checkpoint or a Phase-2 trial each; a run's own directory (`runs/<name>/`) is
+scratch. A run started with `--store DIR`
+
+- **plans** against it (`open_store`, `check_store_units`: reads only; PipelineError, exit
+  2, before anything is written): the directory can hold a store and its `store.json` is of
+  this format, and every stored unit this run would reuse was made with this run's
+  configuration: its `Provenance.config_hash` equals this run's, else the refusal names the
+  first key that differs;
+- **adopts** the store's units before it trains (`stages.adopt_phase1`, `adopt_results`):
+  a stored checkpoint goes through Stage 1's import-and-verify path (`check_phase1_source`,
+  `stages.import_phase1`), a stored result into the run's `results/`, where a trial reuses
+  it when its Phase-1 sha256, preset and variant match (`trial._result_matches`);
+- **publishes** each unit as it lands (`publish_phase1` by the driver, `publish_trial` by
+  the trial itself, again by the driver for any the trial could not): every file of the
+  unit atomically, its commit record (`stage1.json`, `results/<trial>.json`) last, under
+  the unit's lock (`UnitLock`, `locks/<unit>.lock`). A unit already in the store is never
+  overwritten: a second writer leaves it as it is (and says so when its own differs); a
+  run that trained a checkpoint another writer landed first sets its own aside and trains
+  the checkpoint's trials from the store's (`stages.adopt_phase1`).
+
+Provenance is written when a unit starts (`start_provenance`) and checked when it lands
+(its config hash again; the commit it lands with is recorded beside the one it started
+with). The wave scheduling of such a run is `pipelines.driver`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pipelines.console import say
+from pipelines.layout import PipelineError, check_writable, read_json
+from pipelines.lock import _alive
+from pipelines.phase1 import Phase1Slot, phase1_config_hash, phase1_part
+from pipelines.provenance import device_kind, git_commit, torch_version
+from pipelines.records import Provenance, Stage1Record, canon
+from pmnet.io import atomic_copy, atomic_write_json
+from pmnet.store_layout import StoreLayout, StoreRecord, read_store_record
+from pmnet.trial_id import TrialId
+from tune_spaces.grids import GRID_DECIDED_FIELDS
+
+#: TrainConfig fields left out of a unit's configuration and its hash: those the grid
+#: decides (its conditions, seeds and Phase-1 seeds: the unit's identity, its name), how a
+#: unit runs (its torch threads: the CPUs a machine gives a trial) and the preset's prose;
+#: not what it computes (docs/choices.md, "What a unit's config hash covers")
+UNHASHED_FIELDS: tuple[str, ...] = GRID_DECIDED_FIELDS
+#: a unit lock older than this is stale whoever holds it (a lock is held only while a unit
+#: is checked and its files are copied in: seconds)
+STALE_LOCK_S = 600.0
+#: how long a writer waits for a unit another writer holds before it gives up on it
+LOCK_WAIT_S = 120.0
+
+
+class StoreError(PipelineError):
+    """A store cannot be used or a unit cannot be published; the message says why."""
+
+
+# -- planning (reads only) ------------------------------------------------------------------
+
+
+def open_store(path: str | os.PathLike) -> StoreLayout:
+    """The store at `path`, checked without writing: a writable directory (or one that can
+    be created), empty or holding a `store.json` of this format. PipelineError otherwise."""
+    root = check_writable(path, what="store", hint="pass a writable --store (STORE=... for "
+                          "make)")
+    try:
+        record = read_store_record(root)
+    except ValueError as e:
+        raise PipelineError(f"--store {root}: {e}; use a store of this format or a new "
+                            "directory") from e
+    if record is None and root.is_dir() and any(root.iterdir()):
+        raise PipelineError(f"--store {root} is not empty and has no store.json: it is not a "
+                            "store; give an empty or new directory, or an existing store")
+    return StoreLayout(root)
+
+
+def unit_name(unit: TrialId | int | None) -> str:
+    """`phase1`, `phase1-p1s<k>` or the trial's name (its lock and provenance)."""
+    if isinstance(unit, TrialId):
+        return unit.name
+    return "phase1" if unit is None else f"phase1-p1s{unit}"
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted key: leaf value} (`model.hidden`)."""
+    if not isinstance(d, dict):
+        return {prefix: d} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def unit_config(config: dict) -> dict[str, Any]:
+    """A configuration as a unit records it: flat keys, JSON values, UNHASHED_FIELDS out."""
+    return {k: v for k, v in canon(flatten(config)).items()
+            if k.split(".")[0] not in UNHASHED_FIELDS}
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(unit_config(config), sort_keys=True).encode()
+                          ).hexdigest()
+
+
+def first_difference(stored: dict, mine: dict) -> str | None:
+    """The first key (sorted) whose value differs, with both values; None when equal."""
+    a, b = unit_config(stored), unit_config(mine)
+    missing = object()
+    for k in sorted(set(a) | set(b)):
+        if a.get(k, missing) != b.get(k, missing):
+            return (f"{k}: {a.get(k, '(absent)')!r} in the store vs "
+                    f"{b.get(k, '(absent)')!r} here")
+    return None
+
+
+def trial_config(cfg, space, trial: TrialId):
+    """The TrainConfig a trial trains with (threads aside): the pipeline's `cfg` with its
+    variant's overrides and its Phase-1 seed (as `pipelines.trial.trial_config`)."""
+    out = space.variant(trial.variant).apply(cfg)
+    return out if trial.phase1_seed is None else replace(out, phase1_seed=trial.phase1_seed)
+
+
+def phase1_unit_config(slot: Phase1Slot) -> tuple[dict, str]:
+    """(the Phase-1 part of the slot's config, flat; the hash stage1.json records)."""
+    return unit_config(phase1_part(slot.cfg.to_dict())), phase1_config_hash(slot.cfg)
+
+
+def _refuse(store: StoreLayout, unit: str, diff: str | None) -> PipelineError:
+    return PipelineError(
+        f"--store {store.root}: unit {unit} was made with another configuration "
+        f"({diff or 'its config hash differs'}); refusing to mix it in. Use the same preset, "
+        "grid and --set values as the store, or another --store")
+
+
+def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
+                      trials: list[TrialId]) -> None:
+    """Every stored unit among `slots` and `trials` (this run's piece) was made with this
+    run's configuration; PipelineError naming the first differing key otherwise. Reads
+    only."""
+    for slot in slots:
+        rec = Stage1Record.read(store.stage1_json(slot.seed))
+        if not rec.sha256:
+            continue
+        config, digest = phase1_unit_config(slot)
+        if rec.config_hash != digest:
+            prov = Provenance.read(store.phase1_provenance(slot.seed))
+            raise _refuse(store, unit_name(slot.seed),
+                          first_difference(prov.config, config) if prov.config else None)
+    for trial in trials:
+        res = read_json(store.result(trial))
+        if not isinstance(res, dict):
+            continue
+        mine = unit_config(trial_config(cfg, space, trial).flat())
+        prov = Provenance.read(store.provenance(trial))
+        if prov.config_hash == config_hash(mine):
+            continue
+        # the stored config decides (the hash only summarises it); a unit without one (a
+        # migrated result) is compared through its result's own `config`
+        stored = prov.config if prov.config else res.get("config")
+        diff = first_difference(stored, mine) if isinstance(stored, dict) else None
+        if diff or not isinstance(stored, dict):
+            raise _refuse(store, trial.name, diff)
+
+
+# -- locks ----------------------------------------------------------------------------------
+
+
+class UnitLock:
+    """`locks/<unit>.lock`, made with O_EXCL and holding its owner (host, pid, time, a
+    token); removed on release only when it is still this owner's. A lock whose owner is a
+    dead process of this host, or that is older than STALE_LOCK_S, is stale: it is moved
+    aside (rename, atomic) and taken; a writer that moved a fresh lock by mistake (another
+    took the stale one first) puts it back with a hard link, which never overwrites.
+    Waits up to `wait_s` for a live owner; StoreError naming it after that."""
+
+    def __init__(self, store: StoreLayout, unit: str, wait_s: float = LOCK_WAIT_S):
+        self.path = store.lock(unit)
+        self.unit, self.wait_s = unit, wait_s
+        self.token = uuid.uuid4().hex
+
+    def owner(self) -> dict:
+        info = read_json(self.path)
+        return info if isinstance(info, dict) else {}
+
+    def _stale(self, info: dict) -> bool:
+        t = info.get("time")
+        if isinstance(t, (int, float)) and time.time() - t > STALE_LOCK_S:
+            return True
+        pid = info.get("pid")
+        return info.get("host") == socket.gethostname() and isinstance(pid, int) \
+            and not _alive(pid)
+
+    def _break(self, info: dict) -> None:
+        aside = self.path.with_name(f"{self.path.name}.stale-{self.token}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        moved = read_json(aside)
+        if isinstance(moved, dict) and moved.get("token") != info.get("token"):
+            with contextlib.suppress(FileExistsError, FileNotFoundError):
+                os.link(aside, self.path)  # a fresh lock: back where it was
+        with contextlib.suppress(FileNotFoundError):
+            aside.unlink()
+
+    def acquire(self) -> UnitLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                         "time": time.time(), "token": self.token}).encode()
+        t0 = time.time()
+        while True:
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                info = self.owner()
+                if info and self._stale(info):
+                    self._break(info)
+                    continue
+                if time.time() - t0 > self.wait_s:
+                    raise StoreError(
+                        f"store unit {self.unit} is locked by pid {info.get('pid', '?')} on "
+                        f"{info.get('host', '?')} ({self.path}); if that writer is gone, "
+                        "remove the lock file") from None
+                time.sleep(0.05)
+                continue
+            try:
+                os.write(fd, me)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return self
+
+    def release(self) -> None:
+        if self.owner().get("token") == self.token:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    def __enter__(self) -> UnitLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+# -- the store's record ---------------------------------------------------------------------
+
+
+def init_store(store: StoreLayout) -> None:
+    """Make the store's directory and its `store.json` (a new store's default record) when
+    it has none; an existing record is never rewritten (a hard link publishes it: the first
+    of two writers wins)."""
+    store.root.mkdir(parents=True, exist_ok=True)
+    if store.record.is_file():
+        return
+    tmp = store.root / f".store.json.{uuid.uuid4().hex}"
+    atomic_write_json(tmp, StoreRecord().to_dict())
+    try:
+        os.link(tmp, store.record)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+
+
+# -- provenance -----------------------------------------------------------------------------
+
+
+def start_provenance(*, unit: str, kind: str, config: dict, digest: str, run: str,
+                     accelerator: str = "cpu", phase1_sha256: str | None = None) -> Provenance:
+    commit = git_commit()
+    return Provenance(unit=unit, kind=kind, config_hash=digest, config=config,
+                      git_commit=commit["git_commit"], git_dirty=commit["git_dirty"],
+                      torch=torch_version(), device=device_kind(accelerator),
+                      host=socket.gethostname(), pid=os.getpid(), run=run,
+                      started=time.time(), phase1_sha256=phase1_sha256)
+
+
+def write_started(store: StoreLayout, path: Path, commit_record: Path, prov: Provenance,
+                  scratch: Path) -> None:
+    """A unit starts: its provenance into the run's `scratch` copy (kept from the first
+    attempt) and, unless the unit is already in the store, into the store."""
+    if not scratch.is_file() or Provenance.read(scratch).config_hash != prov.config_hash:
+        prov.write(scratch)
+    if not commit_record.is_file():
+        with UnitLock(store, prov.unit):
+            if not commit_record.is_file():
+                Provenance.read(scratch).write(path)
+
+
+def landed(scratch: Path, prov_now: Provenance) -> Provenance:
+    """The unit's provenance as it lands: the start record (`scratch`) completed; StoreError
+    when the unit started under another configuration than it lands with."""
+    start = Provenance.read(scratch)
+    if start.config_hash is None:
+        start = prov_now
+    elif start.config_hash != prov_now.config_hash:
+        raise StoreError(f"unit {prov_now.unit} started with config hash "
+                         f"{start.config_hash[:12]}... and lands with "
+                         f"{prov_now.config_hash[:12]}...; not published "
+                         f"({first_difference(start.config or {}, prov_now.config or {})})")
+    return replace(start, landed=time.time(), device=prov_now.device or start.device,
+                   landed_git_commit=prov_now.git_commit,
+                   phase1_sha256=prov_now.phase1_sha256 or start.phase1_sha256)
+
+
+# -- adopt ----------------------------------------------------------------------------------
+
+
+def adopt_results(plan, trials: list[TrialId]) -> int:
+    """Copy the store's results of `trials` into the run's `results/` (where the run has
+    none); each trial then reuses its own when it matches. Returns how many were copied."""
+    n = 0
+    for trial in trials:
+        src, dst = plan.store.result(trial), plan.layout.result_path(trial)
+        if src.is_file() and not dst.is_file():
+            atomic_copy(src, dst)
+            n += 1
+    return n
+
+
+# -- publish --------------------------------------------------------------------------------
+
+
+def publish_phase1(store: StoreLayout, slot: Phase1Slot, prov: Provenance) -> bool:
+    """A Phase-1 checkpoint landed in the run: copy its unit into the store (phase1.pt,
+    its sha256 sidecar, phase1_metrics.json, provenance.json, then stage1.json), unless the
+    store has it. True when published."""
+    rec = Stage1Record.read(slot.stage1_json)
+    unit = unit_name(slot.seed)
+    if not rec.sha256:
+        raise StoreError(f"unit {unit}: no stage1.json in {slot.dir} to publish")
+    with UnitLock(store, unit):
+        there = Stage1Record.read(store.stage1_json(slot.seed))
+        if there.sha256:
+            if there.sha256 != rec.sha256:
+                say(f"[store] {unit}: the store holds checkpoint {there.sha256[:12]}..., this "
+                    f"run trained {rec.sha256[:12]}...; the store's is kept")
+            return False
+        final = landed(slot.dir / "provenance.json", replace(prov, phase1_sha256=rec.sha256))
+        if final.config_hash != rec.config_hash:
+            raise StoreError(f"unit {unit}: stage1.json's config hash is not the one its "
+                             "provenance started with; not published")
+        for src in (slot.ckpt, slot.sidecar, slot.metrics_json):
+            atomic_copy(src, store.phase1_dir(slot.seed) / src.name)
+        final.write(store.phase1_provenance(slot.seed))
+        replace(rec, checkpoint=str(store.phase1_ckpt(slot.seed))).write(
+            store.stage1_json(slot.seed))
+    say(f"[store] published {unit} (sha256 {rec.sha256[:12]}...) -> {store.root}")
+    return True
+
+
+def publish_trial(store: StoreLayout, trial: TrialId, trial_dir: Path, result: Path,
+                  prov: Provenance) -> str:
+    """A trial's result landed in the run: copy its unit into the store (its diagnostics
+    `trial_dir/diagnose.json` where there is one, provenance, then `results/<trial>.json`),
+    unless the store has it, or its Phase-1 checkpoint is not the store's. Returns what was
+    done, in words ("published", "in the store already", or why not)."""
+    res = read_json(result)
+    if not isinstance(res, dict):
+        raise StoreError(f"trial {trial.name}: no result at {result} to publish")
+    with UnitLock(store, trial.name):
+        if store.result(trial).is_file():  # never replaced; said when it is not the same
+            theirs = Provenance.read(store.provenance(trial)).config_hash
+            if theirs and prov.config_hash and theirs != prov.config_hash:
+                return "in the store already, from another configuration (kept, not replaced)"
+            return "in the store already"
+        p1 = Stage1Record.read(store.stage1_json(trial.phase1_seed)).sha256
+        if p1 != res.get("phase1_sha256"):
+            return (f"not published: trained from Phase-1 {str(res.get('phase1_sha256'))[:12]}"
+                    f"..., the store's checkpoint is {str(p1)[:12]}...")
+        final = landed(trial_dir / "provenance.json",
+                       replace(prov, phase1_sha256=res.get("phase1_sha256")))
+        diag = trial_dir / "diagnose.json"
+        if diag.is_file():
+            atomic_copy(diag, store.diagnostics(trial))
+        final.write(store.provenance(trial))
+        atomic_copy(result, store.result(trial))
+    return "published"
+
+
+# -- what is left ---------------------------------------------------------------------------
+
+
+def units_left(store: StoreLayout, slots: list[Phase1Slot],
+               trials: list[TrialId]) -> tuple[int, int]:
+    """(Phase-1 units, trial units) of `slots`/`trials` not in the store."""
+    p1 = sum(not store.stage1_json(s.seed).is_file() for s in slots)
+    return p1, sum(not store.result(t).is_file() for t in trials)

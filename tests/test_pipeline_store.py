@@ -1,0 +1,494 @@
+"""The durable store a pipeline run fills (`pipelines.store`, issue 45).
+
+Fast: bad input refused with exit 2 before anything is written; a stored unit of another
+configuration refused naming the first key that differs; per-unit locks (two processes
+publishing one store lose no unit, never overwrite one, break a dead writer's lock);
+`--max-wall` stopping a run before its first wave; the grid's diagnostics declaration.
+Slow: a `debug` grid filled in two pieces (the second SIGKILLed, then resumed) equals one
+uninterrupted run (same units, sha256s and test metrics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import multiprocessing
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines import run
+from pipelines.layout import PipelineError, read_json
+from pipelines.records import Provenance, Stage1Record
+from pipelines.store import (
+    StoreError,
+    UnitLock,
+    check_store_units,
+    config_hash,
+    first_difference,
+    phase1_unit_config,
+    publish_trial,
+    trial_config,
+    unit_config,
+)
+from pmnet.store_layout import StoreLayout
+from pmnet.trial_id import TrialId
+
+DEBUG = ["start", "--preset", "debug", "--grid", "phase1_variance", "--stage1-cpus", "1",
+         "--gpus-per-trial", "0"]
+
+
+def _main(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = run.main(argv)
+    return rc, err.getvalue()
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+def _other_format(store: Path) -> None:
+    store.mkdir()
+    (store / "store.json").write_text(json.dumps({"format": "someone-elses", "version": 1}))
+
+
+def _not_a_store(store: Path) -> None:
+    store.mkdir()
+    (store / "notes.txt").write_text("not a store")
+
+
+@pytest.mark.parametrize("args, prepare, message", [
+    (["--store", "/proc/store"], None, "store /proc/store cannot be created or written"),
+    ([], _other_format, "not a pmnet-store store: store.json says format 'someone-elses'"),
+    ([], _not_a_store, "is not empty and has no store.json"),
+    (["--phase1-seeds", "0,7"], None, "--phase1-seeds 7: not a Phase-1 seed of grid "
+                                      "'phase1_variance' (0, 1, 2)"),
+    (["--max-wall", "0"], None, "--max-wall must be a positive number of seconds"),
+    (["--max-wall", "-5"], None, "--max-wall must be a positive number of seconds"),
+], ids=["store-not-writable", "store-of-another-format", "not-a-store", "seed-outside-grid",
+        "max-wall-zero", "max-wall-negative"])
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, args, prepare, message):
+    store, root = tmp_path / "store", tmp_path / "runs"
+    if prepare is not None:
+        prepare(store)
+    before = _files(tmp_path)
+    argv = [*DEBUG, "--root", str(root), *args]
+    if "--store" not in args:
+        argv += ["--store", str(store)]
+    t0 = time.time()
+    rc, err = _main(argv)
+    assert rc == 2, err
+    assert message in err, err
+    assert err.startswith("error: ") and err.count("\n") == 1  # one clear line
+    assert _files(tmp_path) == before  # nothing written, the store included
+    assert time.time() - t0 < 30  # refused before Ray, MLflow or training
+
+
+def test_max_wall_needs_a_store(tmp_path):
+    rc, err = _main([*DEBUG, "--root", str(tmp_path / "runs"), "--max-wall", "60"])
+    assert rc == 2 and "--max-wall needs --store" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_phase1_seeds_without_a_store_keep_their_meaning():
+    """Without --store, --phase1-seeds still sets the grid's checkpoints (issue 11)."""
+    from pipelines.plan import build_space
+    from pmnet.train import TrainConfig
+
+    cfg = TrainConfig.from_name("debug")
+    assert build_space(cfg, grid="tiny", phase1_seeds="5,6").phase1_seeds == (5, 6)
+
+
+# -- a stored unit of another configuration ---------------------------------------------------
+
+
+def _plan_parts(**overrides):
+    from pipelines.plan import build_space
+    from pmnet.train import TrainConfig
+
+    cfg = TrainConfig.from_name("debug", **overrides)
+    return cfg, build_space(cfg, grid="phase1_variance", overrides=overrides)
+
+
+def _store_trial(store: StoreLayout, cfg, space, trial: TrialId, *, with_provenance=True):
+    tcfg = trial_config(cfg, space, trial)
+    store.result(trial).parent.mkdir(parents=True, exist_ok=True)
+    store.result(trial).write_text(json.dumps({"config": tcfg.flat(), "phase1_sha256": "a" * 64,
+                                               "preset": "debug"}))
+    if with_provenance:
+        config = unit_config(tcfg.flat())
+        Provenance(unit=trial.name, kind="trial", config=config,
+                   config_hash=config_hash(config)).write(store.provenance(trial))
+
+
+@pytest.mark.parametrize("with_provenance", [True, False], ids=["provenance", "result-only"])
+def test_a_stored_trial_of_another_config_is_refused_naming_the_key(tmp_path, with_provenance):
+    store = StoreLayout(tmp_path / "store")
+    cfg, space = _plan_parts()
+    trial = space.trials[0]
+    theirs, _ = _plan_parts(lr=0.0123)
+    _store_trial(store, theirs, space, trial, with_provenance=with_provenance)
+    with pytest.raises(PipelineError) as e:
+        check_store_units(store, cfg, space, [], space.trials)
+    msg = str(e.value)
+    assert f"unit {trial.name} was made with another configuration" in msg, msg
+    assert f"lr: 0.0123 in the store vs {cfg.lr!r} here" in msg, msg
+    # the same configuration is reused; threads (how a unit runs) are not compared
+    _store_trial(store, cfg, space, trial, with_provenance=with_provenance)
+    check_store_units(store, cfg, space, [], space.trials)
+    import dataclasses
+
+    threaded = dataclasses.replace(cfg, threads=7)
+    check_store_units(store, threaded, space, [], space.trials)
+
+
+def test_a_stored_phase1_unit_of_another_config_is_refused_naming_the_key(tmp_path):
+    from pipelines.plan import Phase1Slot
+
+    store = StoreLayout(tmp_path / "store")
+    theirs, _ = _plan_parts(phase1_lr=0.0077)
+    cfg, space = _plan_parts()
+    import dataclasses
+
+    slot = Phase1Slot(0, dataclasses.replace(cfg, phase1_seed=0), tmp_path / "run" / "p0")
+    their_slot = Phase1Slot(0, dataclasses.replace(theirs, phase1_seed=0), slot.dir)
+    config, digest = phase1_unit_config(their_slot)
+    Stage1Record(config_hash=digest, sha256="b" * 64).write(store.stage1_json(0))
+    Provenance(unit="phase1-p1s0", kind="phase1", config=config,
+               config_hash=digest).write(store.phase1_provenance(0))
+    with pytest.raises(PipelineError, match=r"unit phase1-p1s0 was made with another "
+                       r"configuration \(phase1_lr: 0.0077 in the store vs"):
+        check_store_units(store, cfg, space, [slot], [])
+    config, digest = phase1_unit_config(slot)  # the same configuration: reused
+    Stage1Record(config_hash=digest, sha256="b" * 64).write(store.stage1_json(0))
+    check_store_units(store, cfg, space, [slot], [])
+
+
+def test_first_difference_is_the_first_sorted_flat_key():
+    a = {"lr": 1, "model": {"hidden": 32, "n_layer": 2}, "threads": 1}
+    b = {"lr": 1, "model": {"hidden": 64, "n_layer": 3}, "threads": 8}
+    assert first_difference(a, b) == "model.hidden: 32 in the store vs 64 here"
+    assert first_difference(a, {**a, "threads": 3}) is None  # not part of a unit's config
+    assert first_difference({"x": 1}, {}) == "x: 1 in the store vs '(absent)' here"
+
+
+def test_cli_refuses_a_stored_unit_of_another_config_with_exit_2(tmp_path):
+    store = StoreLayout(tmp_path / "store")
+    store.root.mkdir()
+    (store.root / "store.json").write_text(json.dumps({"format": "pmnet-store",
+                                                       "version": 1}))
+    cfg, space = _plan_parts()
+    trial = next(t for t in space.trials if t.phase1_seed == 1)
+    theirs, _ = _plan_parts(max_epochs=7)
+    _store_trial(store, theirs, space, trial)
+    before = _files(tmp_path)
+    rc, err = _main([*DEBUG, "--root", str(tmp_path / "runs"), "--store", str(store.root),
+                     "--phase1-seeds", "1"])
+    assert rc == 2 and "max_epochs: 7 in the store vs 2 here" in err, err
+    assert _files(tmp_path) == before
+    # a piece that does not reach that unit is not refused for it (planning only: no Ray)
+    from pipelines.plan import plan_new
+
+    plan = plan_new(root=tmp_path / "runs", preset="debug", grid="phase1_variance",
+                    store=store.root, phase1_seeds="0,2", gpus_per_trial=0)
+    assert [s.seed for s in plan.piece_slots] == [0, 2]
+    assert {t.phase1_seed for t in plan.piece_trials} == {0, 2}
+
+
+# -- locks and publishing -------------------------------------------------------------------
+
+
+def _fake_trial(base: Path, trial: TrialId, tag: str) -> tuple[Path, Path]:
+    tdir = base / tag / trial.name
+    tdir.mkdir(parents=True)
+    result = tdir / "result.json"
+    result.write_text(json.dumps({"phase1_sha256": "d" * 64, "writer": tag}))
+    return tdir, result
+
+
+def _publisher(store_root: str, base: str, tag: str, trials: list, out) -> None:
+    store = StoreLayout(Path(store_root))
+    got = {}
+    for name in trials:
+        trial = TrialId(name, 42, phase1_seed=0)
+        tdir, result = _fake_trial(Path(base), trial, tag)
+        prov = Provenance(unit=trial.name, kind="trial", config_hash="e" * 64, config={})
+        got[trial.name] = publish_trial(store, trial, tdir, result, prov)
+    out.put((tag, got))
+
+
+def test_two_writers_filling_one_store_lose_no_unit_and_overwrite_none(tmp_path):
+    store = StoreLayout(tmp_path / "store")
+    Stage1Record(config_hash="f" * 64, sha256="d" * 64).write(store.stage1_json(0))
+    names = [f"c{i}" for i in range(40)]
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_publisher, args=(str(store.root), str(tmp_path / "w"), tag,
+                                                  names, out)) for tag in ("A", "B")]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for name in names:
+        trial = TrialId(name, 42, phase1_seed=0)
+        res = read_json(store.result(trial))
+        assert res["writer"] in ("A", "B")  # a whole unit, from one of them
+        winners = sorted(t for t in ("A", "B") if got[t][trial.name] == "published")
+        assert winners == [res["writer"]], (name, got["A"][trial.name], got["B"][trial.name])
+        assert Provenance.read(store.provenance(trial)).landed is not None
+    assert not list((store.root / "locks").iterdir())  # every lock released
+
+
+def test_a_trial_unit_lands_with_its_diagnostics_and_provenance_last_but_one(tmp_path):
+    store = StoreLayout(tmp_path / "store")
+    Stage1Record(config_hash="f" * 64, sha256="d" * 64).write(store.stage1_json(0))
+    trial = TrialId("c", 42, phase1_seed=0)
+    tdir, result = _fake_trial(tmp_path, trial, "A")
+    (tdir / "diagnose.json").write_text(json.dumps({"checkpoint": "best_model.pt"}))
+    start = Provenance(unit=trial.name, kind="trial", config_hash="e" * 64, config={"lr": 1},
+                       git_commit="old", started=1.0)
+    start.write(tdir / "provenance.json")  # written when the trial started
+    now = Provenance(unit=trial.name, kind="trial", config_hash="e" * 64, config={"lr": 1},
+                     git_commit="new", device="some CPU")
+    assert publish_trial(store, trial, tdir, result, now) == "published"
+    assert read_json(store.diagnostics(trial)) == {"checkpoint": "best_model.pt"}
+    prov = Provenance.read(store.provenance(trial))
+    assert (prov.started, prov.git_commit, prov.landed_git_commit) == (1.0, "old", "new")
+    assert prov.device == "some CPU" and prov.phase1_sha256 == "d" * 64 and prov.landed
+    times = [store.diagnostics(trial).stat().st_mtime_ns, store.provenance(trial).stat(
+    ).st_mtime_ns, store.result(trial).stat().st_mtime_ns]
+    assert times == sorted(times)  # the result, the unit's commit record, last
+    # a unit that started under another configuration is not published
+    other = TrialId("c", 43, phase1_seed=0)
+    tdir, result = _fake_trial(tmp_path, other, "B")
+    Provenance(unit=other.name, config_hash="1" * 64, config={"lr": 2}).write(
+        tdir / "provenance.json")
+    with pytest.raises(StoreError, match=r"started with config hash 111111111111\.\.\. and "
+                       r"lands with eeeeeeeeeeee\.\.\.; not published \(lr: 2"):
+        publish_trial(store, other, tdir, result, now)
+    assert not store.result(other).exists()
+
+
+def test_a_result_from_another_checkpoint_is_not_published(tmp_path):
+    store = StoreLayout(tmp_path / "store")
+    Stage1Record(config_hash="f" * 64, sha256="9" * 64).write(store.stage1_json(0))
+    trial = TrialId("c", 42, phase1_seed=0)
+    tdir, result = _fake_trial(tmp_path, trial, "A")
+    what = publish_trial(store, trial, tdir, result, Provenance(unit=trial.name,
+                                                                 config_hash="e" * 64))
+    assert what.startswith("not published") and not store.result(trial).exists()
+
+
+def _dead_pid() -> int:
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=time.sleep, args=(0,))
+    p.start()
+    p.join()
+    return p.pid
+
+
+def test_unit_lock_breaks_a_dead_writers_lock_and_waits_for_a_live_one(tmp_path):
+    store = StoreLayout(tmp_path / "store")
+    path = store.lock("u")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": _dead_pid(),
+                                "time": time.time(), "token": "old"}))
+    with UnitLock(store, "u", wait_s=5) as lock:  # the dead writer's lock is stale
+        assert read_json(path)["token"] == lock.token
+        with pytest.raises(StoreError, match=f"store unit u is locked by pid {os.getpid()}"):
+            UnitLock(store, "u", wait_s=0.3).acquire()  # a live owner: waited for, then refused
+    assert not path.exists()
+    path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "time": time.time() - 7200,
+                                "token": "old"}))
+    with UnitLock(store, "u", wait_s=5):  # another host's, older than STALE_LOCK_S
+        pass
+
+
+# -- the deadline, before any wave ----------------------------------------------------------
+
+
+def test_max_wall_stops_cleanly_and_says_what_is_left(tmp_path, capsys):
+    store = tmp_path / "store"
+    rc = run.main([*DEBUG, "--root", str(tmp_path / "runs"), "--store", str(store),
+                   "--phase1-seeds", "1,2", "--conditions", "consolidator_only", "--seeds",
+                   "42", "--name", "w", "--max-wall", "1e-9"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    line = next(ln for ln in out.splitlines() if "stopped at --max-wall" in ln)
+    assert "2 Phase-1 and 2 trial unit(s) of this run not in the store" in line, line
+    assert "make resume NAME=w" in line and "PHASE1_SEEDS=1,2" in line, line
+    assert read_json(store / "store.json")["format"] == "pmnet-store"
+    assert not (store / "results").exists()
+
+
+# -- the grid declares its diagnostics -------------------------------------------------------
+
+
+def test_grids_declare_diagnostics_and_a_stray_condition_is_refused():
+    from pipelines.plan import build_space
+    from pmnet.train import ALL_CONDITIONS, TrainConfig
+    from tune_spaces import SpaceError, checkpoints
+
+    cfg = TrainConfig.from_name("cpu")
+    space = checkpoints(cfg)
+    assert set(space.diagnose) == set(space.conditions)  # what the study diagnosed
+    assert [t.name for t in space.trials if space.diagnosed(t) and t.phase1_seed == 0] == [
+        "consolidator_only-p0-s42", "consolidator_only_routing_off-p0-s42"]  # seed 42 only
+    narrowed = build_space(cfg, grid="checkpoints", conditions="consolidator_only")
+    assert narrowed.diagnose == ("consolidator_only",)
+    with pytest.raises(SpaceError, match=r"diagnose names condition\(s\) \['learned_full'\]"):
+        space.derive(diagnose=("learned_full",)).validate(ALL_CONDITIONS, cfg)
+    back = type(space).from_dict(json.loads(json.dumps(space.to_dict())))
+    assert back.diagnose == space.diagnose
+
+
+def test_cpu_kind_is_read_in_one_place():
+    from pipelines.provenance import cpu_kind
+
+    assert cpu_kind()
+    repo = Path(__file__).resolve().parent.parent
+    readers = [str(p.relative_to(repo)) for d in ("pipelines", "pmnet")
+               for p in (repo / d).rglob("*.py") if "/proc/cpuinfo" in p.read_text("utf-8")]
+    assert readers == ["pmnet/train/phases.py"]
+
+
+# -- the real thing: two pieces, one killed, equal one run -----------------------------------
+
+
+def _weights_sha256(path: Path) -> str:
+    """sha256 of a model file's weights (the file's own sha256 also covers its metadata,
+    which holds the training's wall time: two trainings of one checkpoint never share it)."""
+    import hashlib
+
+    from pmnet.train import load_model_file
+
+    model, _ = load_model_file(path)
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _store_units(store: Path) -> dict:
+    """Every unit of a store: a Phase-1 checkpoint's weights and test metrics, a trial's test
+    metrics and best epoch; each checked against its own sha256 records on the way."""
+    from pmnet.train import sha256_file
+
+    out, shas = {}, {}
+    for rec in sorted(store.glob("phase1*/stage1.json")):
+        info = read_json(rec)
+        assert sha256_file(rec.parent / "phase1.pt") == info["sha256"]
+        shas[info["phase1_seed"]] = info["sha256"]
+        out[rec.parent.name] = (_weights_sha256(rec.parent / "phase1.pt"), info["metrics"])
+    for res in sorted((store / "results").glob("*.json")):
+        r = read_json(res)
+        assert r["phase1_sha256"] == shas[r["phase1_seed"]]  # trained from the stored unit
+        out[res.stem] = (r["test"], r.get("best_epoch"))
+    return out
+
+
+@pytest.mark.slow
+def test_a_grid_filled_in_two_pieces_equals_one_run(tmp_path):
+    """`phase1_variance` at `debug` (consolidator_only x seeds 42, 43) under Phase-1 seeds
+    0 and 1: one run into store R; into store P a piece with seed 0, then a piece with
+    seed 1 SIGKILLed after its first trial finished, then resumed. P and R hold the same
+    units: the same checkpoint weights, and the same test metrics of every unit (a
+    checkpoint file's sha256 covers its metadata, which holds the training's wall time, so
+    only each store's own records are compared with it)."""
+    from tests.test_pipeline import cli
+
+    base = [*DEBUG, "--conditions", "consolidator_only", "--seeds", "42,43"]
+    ref, pieces = tmp_path / "R", tmp_path / "P"
+    t0 = time.time()
+    rc, out = cli(*base, "--phase1-seeds", "0,1", "--store", str(ref), "--root",
+                  str(tmp_path / "runs"), "--name", "ref")
+    assert rc == 0, out[-4000:]
+    rc, out = cli(*base, "--phase1-seeds", "0", "--store", str(pieces), "--root",
+                  str(tmp_path / "runs"), "--name", "a")
+    assert rc == 0, out[-4000:]
+    rc, out = cli(*base, "--phase1-seeds", "1", "--store", str(pieces), "--root",
+                  str(tmp_path / "runs"), "--name", "b",
+                  env={"PMNET_TEST_KILL_DRIVER_AT": "stage2-first-result"})
+    assert rc != 0, out[-4000:]
+    assert (pieces / "phase1-p1s1" / "stage1.json").is_file()  # published before the kill
+    rc, out = cli("resume", "--name", "b", "--root", str(tmp_path / "runs"))
+    assert rc == 0, out[-4000:]
+    assert "Phase 1 as a Ray task" not in out  # the checkpoint came from the store
+    got, want = _store_units(pieces), _store_units(ref)
+    assert set(got) == {"phase1-p1s0", "phase1-p1s1", "consolidator_only-p0-s42",
+                        "consolidator_only-p0-s43", "consolidator_only-p1-s42",
+                        "consolidator_only-p1-s43"}
+    assert got == want
+    for name in got:
+        if not name.startswith("phase1"):
+            prov = Provenance.read(pieces / "provenance" / f"{name}.json")
+            assert prov.landed and prov.config_hash and prov.device and prov.git_commit
+    print(f"two pieces + reference: {time.time() - t0:.0f} s")
+
+
+@pytest.mark.slow
+def test_two_runs_filling_one_store_at_once_lose_no_unit(tmp_path):
+    """Two pipelines started together into one store, with overlapping pieces (Phase-1
+    seeds 0 and 0,1): both train checkpoint 0, the first to land it keeps the unit, the
+    other sets its own aside and trains its trials from the store's; every unit lands once,
+    each trial from its stored checkpoint, and no lock is left."""
+    import subprocess
+    import sys
+
+    from tests.test_pipeline import REPO, _env, _kill_group
+
+    store = tmp_path / "S"
+    base = [sys.executable, "-m", "pipelines.run", *DEBUG, "--conditions", "consolidator_only",
+            "--seeds", "42", "--store", str(store)]
+    t0 = time.time()
+    procs = [subprocess.Popen([*base, "--phase1-seeds", seeds, "--root", str(tmp_path / name),
+                               "--name", name], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for name, seeds in (("a", "0"), ("b", "0,1"))]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=900)[0])
+    finally:
+        for p in procs:
+            _kill_group(p.pid)
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    units = _store_units(store)  # each result from its stored checkpoint
+    assert set(units) == {"phase1-p1s0", "phase1-p1s1", "consolidator_only-p0-s42",
+                          "consolidator_only-p1-s42"}
+    assert not list((store / "locks").iterdir())
+    print(f"two runs at once: {time.time() - t0:.0f} s; "
+          + " | ".join(ln for out in outs for ln in out.splitlines() if "[store]" in ln))
+
+
+@pytest.mark.slow
+def test_a_grid_that_declares_diagnostics_publishes_them(tmp_path):
+    """The `checkpoints` grid declares its conditions' diagnostics: a store run of one
+    checkpoint and one trial publishes `diagnostics/<trial>.json` (`pmnet diagnose` of the
+    trial's best model) beside its result; the store's report builds."""
+    from tests.test_pipeline import cli
+
+    store = tmp_path / "S"
+    t0 = time.time()
+    rc, out = cli("start", "--preset", "debug", "--grid", "checkpoints", "--stage1-cpus", "1",
+                  "--gpus-per-trial", "0", "--conditions", "consolidator_only", "--seeds", "42",
+                  "--phase1-seeds", "3", "--store", str(store), "--root", str(tmp_path / "r"))
+    assert rc == 0, out[-4000:]
+    diag = read_json(store / "diagnostics" / "consolidator_only-p3-s42.json")
+    assert diag["condition"] == "consolidator_only" and "stm" in diag, sorted(diag)
+    rc, out = cli("report", "--store", str(store))
+    assert rc == 0 and (store / "report" / "report.md").is_file(), out[-4000:]
+    print(f"diagnosed store run + report: {time.time() - t0:.0f} s")
