@@ -11,15 +11,15 @@ store exactly as it reads a run (`pmnet.report.main_report`):
       phase1/                     the Phase-1 checkpoint unit of a one-checkpoint grid
       phase1-p1s<k>/              the unit of Phase-1 seed k (grids over checkpoints):
           phase1.pt  phase1.pt.sha256
-          phase1_metrics.json     Phase 1's metrics and train_config (what a run adopting
-                                  the unit checks it against, `pipelines.stages.adopt_phase1`)
+          phase1_metrics.json     Phase 1's metrics, history and train_config (what a run
+                                  adopting the unit checks it against,
+                                  `pipelines.stages.adopt_phase1`; a migrated unit keeps its
+                                  study's file)
           stage1.json             the Stage-1 record (config hash, sha256, metrics): the
                                   unit's commit record, written last
           provenance.json         Provenance, written when the unit starts, completed when
                                   it lands
           diagnose.json           `pmnet diagnose phase1.pt` (optional)
-          phase1_metrics.json     Phase 1's own metrics and history (optional; a migrated
-                                  unit keeps its study's file here)
       results/<trial>.json        a finished trial's result: the unit's commit record
       provenance/<trial>.json     the trial's Provenance
       diagnostics/<trial>.json    `pmnet diagnose` of the trial's model, where its grid
