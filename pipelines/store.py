@@ -44,7 +44,7 @@ from pipelines.layout import PipelineError, check_writable, read_json
 from pipelines.lock import _alive
 from pipelines.phase1 import Phase1Slot, phase1_config_hash, phase1_part
 from pipelines.provenance import device_kind, git_commit, torch_version
-from pipelines.records import Provenance, Stage1Record, canon
+from pipelines.records import Provenance, Stage1Record, canon, normalized_config
 from pmnet.io import atomic_copy, atomic_write_json
 from pmnet.store_layout import StoreLayout, StoreRecord, read_store_record
 from pmnet.trial_id import TrialId
@@ -140,6 +140,15 @@ def phase1_unit_config(slot: Phase1Slot) -> tuple[dict, str]:
     return unit_config(phase1_part(slot.cfg.to_dict())), phase1_config_hash(slot.cfg)
 
 
+def _trained_phase1_config(store: StoreLayout, seed: int | None) -> dict | None:
+    """The Phase-1 part of the config a stored checkpoint was trained with, from its
+    `phase1_metrics.json` (older fields' defaults added); None when it has none."""
+    metrics = read_json(store.phase1_dir(seed) / "phase1_metrics.json")
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("train_config"), dict):
+        return None
+    return unit_config(phase1_part(normalized_config(metrics["train_config"])))
+
+
 def _refuse(store: StoreLayout, unit: str, diff: str | None) -> PipelineError:
     return PipelineError(
         f"--store {store.root}: unit {unit} was made with another configuration "
@@ -157,10 +166,15 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
         if not rec.sha256:
             continue
         config, digest = phase1_unit_config(slot)
-        if rec.config_hash != digest:
-            prov = Provenance.read(store.phase1_provenance(slot.seed))
-            raise _refuse(store, unit_name(slot.seed),
-                          first_difference(prov.config, config) if prov.config else None)
+        if rec.config_hash == digest:
+            continue
+        # the stored config decides; a unit without one (a migrated checkpoint: no hash, no
+        # provenance config) is compared through its phase1_metrics.json's train_config
+        prov = Provenance.read(store.phase1_provenance(slot.seed))
+        stored = prov.config or _trained_phase1_config(store, slot.seed)
+        diff = first_difference(stored, config) if stored else None
+        if diff or rec.config_hash is not None or not stored:
+            raise _refuse(store, unit_name(slot.seed), diff)
     for trial in trials:
         res = read_json(store.result(trial))
         if not isinstance(res, dict):

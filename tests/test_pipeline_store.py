@@ -492,3 +492,33 @@ def test_a_grid_that_declares_diagnostics_publishes_them(tmp_path):
     rc, out = cli("report", "--store", str(store))
     assert rc == 0 and (store / "report" / "report.md").is_file(), out[-4000:]
     print(f"diagnosed store run + report: {time.time() - t0:.0f} s")
+
+
+# -- the migrated issue-39 store --------------------------------------------------------------
+
+ISSUE39_STORE = Path(__file__).resolve().parents[1] / "experiments/results/issue39/store"
+
+
+@pytest.mark.parametrize("grid", ["checkpoints", "checkpoint_channel"])
+def test_the_migrated_issue39_store_is_every_unit_of_its_grids(grid):
+    """`make pipeline GRID=<grid> STORE=experiments/results/issue39/store` trains nothing:
+    every Phase-1 unit (no config hash: compared through its phase1_metrics.json) and every
+    trial (compared through its result's config) is this code's `cpu` configuration."""
+    import dataclasses
+
+    from pipelines.plan import Phase1Slot, build_space
+    from pmnet.train import TrainConfig
+
+    cfg = TrainConfig.from_name("cpu")
+    space = build_space(cfg, grid=grid, overrides={})
+    store = StoreLayout(ISSUE39_STORE)
+    slots = [Phase1Slot(k, dataclasses.replace(cfg, phase1_seed=k), Path("/nonexistent"))
+             for k in space.phase1_seeds]
+    check_store_units(store, cfg, space, slots, space.trials)
+    assert all(store.result(t).is_file() for t in space.trials)
+    assert all(store.stage1_json(k).is_file() for k in space.phase1_seeds)
+    # a Phase-1 key changed here is named, although the stored unit has no hash
+    other = dataclasses.replace(cfg, phase1_lr=cfg.phase1_lr * 2)
+    slot = Phase1Slot(0, dataclasses.replace(other, phase1_seed=0), Path("/nonexistent"))
+    with pytest.raises(PipelineError, match=r"unit phase1-p1s0 .*\(phase1_lr: "):
+        check_store_units(store, other, space, [slot], [])
