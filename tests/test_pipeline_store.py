@@ -367,8 +367,8 @@ def test_cpu_kind_is_read_in_one_place():
 
 
 def _weights_sha256(path: Path) -> str:
-    """sha256 of a model file's weights (the file's own sha256 also covers its metadata,
-    which holds the training's wall time: two trainings of one checkpoint never share it)."""
+    """sha256 of a model file's weights (beside the file's own sha256, so that a difference
+    says whether it is in the weights or in the metadata)."""
     import hashlib
 
     from pmnet.train import load_model_file
@@ -382,8 +382,9 @@ def _weights_sha256(path: Path) -> str:
 
 
 def _store_units(store: Path) -> dict:
-    """Every unit of a store: a Phase-1 checkpoint's weights and test metrics, a trial's test
-    metrics and best epoch; each checked against its own sha256 records on the way."""
+    """Every unit of a store: a Phase-1 checkpoint's file sha256, weights and test metrics,
+    a trial's test metrics and best epoch; each checked against its own sha256 records on
+    the way."""
     from pmnet.train import sha256_file
 
     out, shas = {}, {}
@@ -391,7 +392,8 @@ def _store_units(store: Path) -> dict:
         info = read_json(rec)
         assert sha256_file(rec.parent / "phase1.pt") == info["sha256"]
         shas[info["phase1_seed"]] = info["sha256"]
-        out[rec.parent.name] = (_weights_sha256(rec.parent / "phase1.pt"), info["metrics"])
+        out[rec.parent.name] = (info["sha256"], _weights_sha256(rec.parent / "phase1.pt"),
+                                info["metrics"])
     for res in sorted((store / "results").glob("*.json")):
         r = read_json(res)
         assert r["phase1_sha256"] == shas[r["phase1_seed"]]  # trained from the stored unit
@@ -404,9 +406,8 @@ def test_a_grid_filled_in_two_pieces_equals_one_run(tmp_path):
     """`phase1_variance` at `debug` (consolidator_only x seeds 42, 43) under Phase-1 seeds
     0 and 1: one run into store R; into store P a piece with seed 0, then a piece with
     seed 1 SIGKILLed after its first trial finished, then resumed. P and R hold the same
-    units: the same checkpoint weights, and the same test metrics of every unit (a
-    checkpoint file's sha256 covers its metadata, which holds the training's wall time, so
-    only each store's own records are compared with it)."""
+    units: the same checkpoint files (sha256) and weights, and the same test metrics of
+    every unit."""
     from tests.test_pipeline import cli
 
     base = [*DEBUG, "--conditions", "consolidator_only", "--seeds", "42,43"]

@@ -61,6 +61,18 @@ def test_phase1_writes_checkpoint_with_hash(phase1):
     assert torch.count_nonzero(model.consolidator.w_d.weight) == 0
 
 
+def test_phase1_trained_twice_alike_is_byte_identical(phase1, tmp_path):
+    """A store's two pieces and one uninterrupted run give the same Phase-1 sha256: the
+    file holds no wall time (it is in phase1_metrics.json)."""
+    cfg, res = phase1
+    again = run_phase1(cfg, tmp_path, progress=False)
+    assert again["sha256"] == res["sha256"]
+    payload = torch.load(again["checkpoint"], weights_only=True)
+    assert "train_time_s" not in payload["meta"]
+    metrics = json.loads((tmp_path / "phase1_metrics.json").read_text())
+    assert metrics["train_time_s"] > 0
+
+
 def test_phase1_records_its_route_diagnostics_on_the_validation_stream(phase1):
     cfg, res = phase1
     routes = res["routes"]

@@ -135,7 +135,11 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
             "history": module.history, "phase0": phase0, "train_time_s": train_time,
             "best_epoch": _best_epoch(ckpt), **trained_on(trainer)}
     ckpt_path = out_dir / "phase1.pt"
-    digest = save_model_file(ckpt_path, module.model, fmt=PHASE1_FORMAT, meta=_jsonable(meta))
+    # the file holds what training determines, not how long it took (train_time_s is in
+    # phase1_metrics.json): a checkpoint trained twice alike is byte-identical, one sha256
+    file_meta = {k: v for k, v in meta.items() if k not in WALL_CLOCK_FIELDS}
+    digest = save_model_file(ckpt_path, module.model, fmt=PHASE1_FORMAT,
+                             meta=_jsonable(file_meta))
     atomic_write_json(out_dir / "phase1_metrics.json", _jsonable(meta))
     routes = phase1_route_diagnostics(cfg, module.model, out_dir)
     release_compiled_steps()
@@ -145,6 +149,9 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
 
 
 ROUTES_FILE = "route_diagnostics.json"
+#: Phase-1 metadata kept out of the checkpoint file (it is in phase1_metrics.json): wall time
+#: differs between two trainings of the same checkpoint, which must share one sha256
+WALL_CLOCK_FIELDS = frozenset({"train_time_s"})
 
 
 def phase1_route_diagnostics(cfg: TrainConfig, model: PMNet, out_dir: Path) -> dict | None:
