@@ -58,7 +58,7 @@ lint: install ## ruff check
 	$(VENV)/bin/ruff check .
 
 gpu-check: install ## run first on a new GPU: the GPU path's predictions against the card, one table (exit 1: off by more than docs/gpu-check.md's tolerances; 2: no GPU)
-	$(PY) -m pmnet.gpu_check
+	$(PY) -m pmnet.gpu.check
 
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pmnet import gpu_check as G
+from pmnet.gpu import check as G
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -18,7 +18,7 @@ GiB = 2**30
 
 def _run(*args: str, env: dict | None = None, timeout: float = 600):
     e = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pmnet.gpu_check", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "pmnet.gpu.check", *args], cwd=ROOT,
                           env=e, capture_output=True, text=True, timeout=timeout)
 
 
@@ -30,7 +30,7 @@ def test_gpu_check_exits_2_with_a_clear_message_without_a_gpu():
 
 
 def test_gpu_check_needs_neither_ray_nor_mlflow():
-    code = ("import sys, pmnet.gpu_check, pmnet.train, pmnet.memory_model, pmnet.train.data; "
+    code = ("import sys, pmnet.gpu.check, pmnet.train, pmnet.gpu.footprint, pmnet.train.data; "
             "print(sorted(m for m in ('ray', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
