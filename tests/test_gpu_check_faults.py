@@ -11,6 +11,7 @@ import lightning as L
 import pytest
 import torch
 
+from pmnet import task
 from pmnet import train as T
 from pmnet.model import PMNet
 from pmnet.train.data import EpisodeData
@@ -77,3 +78,47 @@ def test_a_training_step_logs_no_python_number(kind, monkeypatch, one_thread):
     assert box["calls"] == [], box["calls"]
     if kind == "phase1":  # the number of demonstrations is still logged, as a tensor
         assert "train/demos" in trainer.callback_metrics
+
+
+# -- a global CPU tensor in the compiled evaluation step: CUDA graphs skipped ---------------
+
+
+def test_the_compiled_evaluation_step_lifts_no_tensor_but_the_models_and_the_batchs(
+        monkeypatch, one_thread):
+    """The evaluation step as a trial compiles it (`step_fn(_outcomes, train=False)`), its
+    graphs recorded: every tensor input is a parameter or buffer of the model or a field of
+    the batch. On main `digit_prediction` moved the global `DIGIT_IDS` (a CPU tensor)
+    `.to(device)` inside the step: dynamo lifted it as an input, a CPU input of a CUDA
+    graph, for which inductor skips CUDA graphs ("cpu device") unless graph partitioning
+    is on."""
+    from pmnet.train import compiled_steps
+
+    graphs: list[list] = []
+
+    def record(gm, example_inputs):
+        graphs.append(list(example_inputs))
+        return gm.forward
+
+    monkeypatch.setattr(compiled_steps, "COMPILE_BACKEND", record)
+    torch._dynamo.reset()
+    cfg = T.TrainConfig.from_name("debug", compile=("eval",), batch_size=4)
+    module, _ = _phase_module("consolidator_only", cfg)
+    module.eval()
+    batch = task.train_episodes(0, 0, 4, segments=cfg.segments)
+    try:
+        out = module.step_fn(module._outcomes, train=False)(batch, False)
+    finally:
+        torch._dynamo.reset()
+    assert graphs and "pred/updated_ltm" in out
+    known = {id(t) for t in [*module.model.parameters(), *module.model.buffers()]}
+    known |= {id(getattr(batch, f)) for f in batch.__dataclass_fields__}
+    lifted = [tuple(t.shape) for g in graphs for t in g
+              if isinstance(t, torch.Tensor) and id(t) not in known]
+    assert lifted == [], lifted
+
+
+def test_digit_prediction_is_the_argmax_over_the_digit_tokens():
+    from pmnet.evaluate import DIGIT_IDS, digit_prediction
+
+    logits = torch.randn(64, 256)
+    assert torch.equal(digit_prediction(logits), logits[:, DIGIT_IDS].argmax(-1))
