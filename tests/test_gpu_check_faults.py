@@ -122,3 +122,26 @@ def test_digit_prediction_is_the_argmax_over_the_digit_tokens():
 
     logits = torch.randn(64, 256)
     assert torch.equal(digit_prediction(logits), logits[:, DIGIT_IDS].argmax(-1))
+
+
+# -- cuBLAS workspaces: reserved between two trials on a reused actor ------------------------
+
+
+def test_the_release_between_trials_clears_the_cublas_workspaces(monkeypatch):
+    """A fake CUDA: the release at a trial's end clears cuBLAS's workspaces (one per handle
+    and stream, held in the caching allocator) before it empties the cache; on main they
+    stayed reserved into the next trial. Guarded: a torch without the private call skips
+    it."""
+    from pmnet.train import compiled_steps
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces",
+                        lambda: calls.append("clear_cublas"), raising=False)
+    compiled_steps.release_compiled_steps()
+    assert calls == ["clear_cublas", "empty_cache"]
+    monkeypatch.delattr(torch._C, "_cuda_clearCublasWorkspaces")
+    calls.clear()
+    compiled_steps.release_compiled_steps()
+    assert calls == ["empty_cache"]
