@@ -145,3 +145,221 @@ def test_the_release_between_trials_clears_the_cublas_workspaces(monkeypatch):
     calls.clear()
     compiled_steps.release_compiled_steps()
     assert calls == ["empty_cache"]
+
+
+# -- the check's table: gates, information, pieces, exit codes -------------------------------
+
+GiB = 2**30
+
+
+def _G():
+    from pmnet.gpu import check
+
+    return check
+
+
+def _card_env():
+    return {"device": "cuda", "torch": "2.13.0+cu128", "lightning": "2.6.6", "cuda": "12.8",
+            "driver": "580.1", "card": "NVIDIA H100 80GB HBM3", "card_bytes": 80 * GiB,
+            "capability": "9.0", "bf16": True, "flash_attn": "not installed (SDPA)",
+            "flash_attn_custom_op": False, "flash_capable": True}
+
+
+def _card_trial(**over) -> dict:
+    r = {"kind": "full", "batch": 256, "flops_per_episode": 7.42e9, "median_step_ms": 40.0,
+         "step_ms": [40.0] * 20, "graph_breaks": 0, "recompiles_epoch2": 0,
+         "recompile_limit_hits": 0, "host_syncs": 0, "graphs_captured": 4,
+         "cudagraph_skips": 0, "attention_kernels": ["aten::scaled_dot_product_attention"],
+         "dropout": 0.1, "dropout_masks_differ": True, "dropout_graphs_added": 0,
+         "peak_allocated": 4 * GiB, "peak_reserved": 5 * GiB, "context": GiB // 2,
+         "process_share": 0.07,
+         "gpu_memory": {"share": 0.5, "card_bytes": 80 * GiB, "cap_bytes": 37 * GiB,
+                        "peak_reserved": 5 * GiB, "within_cap": True}}
+    r.update(over)
+    return r
+
+
+def _card_pred() -> dict:
+    return {"context": GiB, "precision": "bf16-mixed", "card_tflops": 989.0,
+            "consolidator_only_per_card": 3, "peak": {"full": 20 * GiB}, "share": {"full": 0.5}}
+
+
+def _rows(**over):
+    G = _G()
+    return {r.item: r for r in G.table_rows(_card_env(), _card_pred(),
+                                            {"full": _card_trial(**over)}, {})
+            if r.trial == "full"}
+
+
+def test_a_peak_well_below_the_prediction_passes_and_above_it_fails():
+    """The peak's 0.5x lower bound is gone: it compared a compiled GPU step with an eager CPU
+    count plus an assumed 1 GiB context. 5.5 of 20 GiB (0.28x) passes; above 1x fails."""
+    assert _rows()["peak on card (reserved + context)"].ok is True
+    assert _rows(peak_reserved=20 * GiB)["peak on card (reserved + context)"].ok is False
+
+
+def test_step_time_is_information_with_the_utilisation_it_implies():
+    """A step 20x the docs' estimate is no failure: the row gives the milliseconds and the
+    implied utilisation of the card's bf16 peak, no verdict."""
+    G = _G()
+    rows = _rows(median_step_ms=800.0)
+    row = rows["median step (ms); implied utilisation"]
+    assert row.ok is None and row.tolerance == "information"
+    achieved = 7.42e9 * 256 / 0.8 / 989e12
+    assert f"{achieved:.1%}" in row.measured and "800.00" in row.measured
+    assert G.exit_code(list(rows.values())) == G.EXIT_OK
+
+
+def test_each_trial_runs_under_its_memory_cap_and_the_table_gates_it():
+    """The trial's Trainer carries `GpuMemoryCap` at the kind's planned share (main never
+    exercised the cap): over the cap, or no cap on a card, fails."""
+    rows = _rows()
+    assert rows["memory within its cap (GpuMemoryCap)"].ok is True
+    over = {"share": 0.5, "card_bytes": 80 * GiB, "cap_bytes": 4 * GiB,
+            "peak_reserved": 5 * GiB, "within_cap": False}
+    assert _rows(gpu_memory=over)["memory within its cap (GpuMemoryCap)"].ok is False
+    assert _rows(gpu_memory=None)["memory within its cap (GpuMemoryCap)"].ok is False
+
+
+def test_the_planned_share_reaches_the_trial_process(monkeypatch, tmp_path):
+    """The parent passes each kind's planned share to its trial process (`--share`), Phase 1
+    at learned_full's."""
+    G = _G()
+    seen = {}
+
+    def fake_subprocess(args, env, timeout):
+        piece = args[1] if args[0] == "--trial" else "two_trials"
+        seen[piece] = float(args[args.index("--share") + 1]) if "--share" in args else None
+        return {"error": "not run", "timed_out": False}
+
+    monkeypatch.setattr(G, "_subprocess", fake_subprocess)
+    monkeypatch.setattr(G, "environment", lambda device: {**_card_env(), "device": device})
+    monkeypatch.setattr(G, "predictions", lambda *a: {
+        **_card_pred(), "share": {"phase1": 0.5, "full": 0.5, "consolidator_only": 0.25}})
+    G.run_check("debug", {}, None, 2, ["phase1", "consolidator_only", "two_trials"], 60,
+                True, tmp_path)
+    assert seen == {"phase1": 0.5, "consolidator_only": 0.25, "two_trials": None}
+
+
+def test_exit_codes_tell_a_failed_gate_a_timeout_and_a_broken_check_apart(monkeypatch,
+                                                                           tmp_path):
+    """0 ok, 1 a gate failed, 3 a piece timed out, 4 the check itself failed (an exception
+    in the parent, a crashed trial), 5 a usage error; on main an exception in the parent
+    exited 1, as a failed gate does, and an unknown piece 2, as no GPU does."""
+    G = _G()
+    assert len({G.EXIT_OK, G.EXIT_FAILED, G.EXIT_NO_GPU, G.EXIT_TIMED_OUT, G.EXIT_ERROR,
+                G.EXIT_USAGE}) == 6
+    gate = G.Row("x", ok=False)
+    timeout = G.Row("trial", "full", ok=False, error="timed out")
+    crash = G.Row("trial", "full", ok=False, error="error")
+    assert G.exit_code([G.Row("x", ok=True)]) == G.EXIT_OK
+    assert G.exit_code([gate]) == G.EXIT_FAILED
+    assert G.exit_code([gate, timeout]) == G.EXIT_TIMED_OUT
+    assert G.exit_code([gate, timeout, crash]) == G.EXIT_ERROR
+    rows = G.table_rows(_card_env(), _card_pred(), {
+        "full": {"error": "timed out after 480 s", "timed_out": True},
+        "phase1": {"error": "exit 1: RuntimeError: CUDA out of memory"}}, {})
+    assert [(r.trial, r.verdict) for r in rows if r.error] == [("full", "TIMED OUT"),
+                                                              ("phase1", "FAIL")]
+
+    def boom(*a, **k):
+        raise RuntimeError("a bug in the check")
+
+    monkeypatch.setattr(G, "run_check", boom)
+    assert G.main(["--self-test", "--cache-dir", str(tmp_path)]) == G.EXIT_ERROR
+    with pytest.raises(SystemExit) as e:
+        G.main(["--self-test", "--no-such-option"])
+    assert e.value.code == G.EXIT_USAGE
+    assert G.main(["--self-test", "--kinds", "nope", "--cache-dir", str(tmp_path)]) \
+        == G.EXIT_USAGE
+
+
+def test_a_timed_out_piece_is_killed_with_its_workers_and_reported(monkeypatch, tmp_path):
+    """A piece past its time: its whole process session (inductor's compile workers too)
+    is killed, and the result says it timed out (exit 3, its own code)."""
+    import os
+    import sys
+    import time
+
+    G = _G()
+    fake = tmp_path / "python"
+    pidfile = tmp_path / "worker.pid"
+    fake.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nsleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    t = time.time()
+    r = G._subprocess(["--trial", "full"], dict(os.environ), 1.0)
+    assert r["timed_out"] is True and "timed out" in r["error"]
+    assert time.time() - t < 30
+    worker = int(pidfile.read_text())
+    time.sleep(0.2)
+    try:
+        state = next(ln for ln in open(f"/proc/{worker}/status") if ln.startswith("State"))
+        assert "Z" in state, state  # killed, not yet reaped
+    except FileNotFoundError:
+        pass  # killed and reaped
+
+
+def test_pieces_are_stored_and_the_table_names_the_next_one(tmp_path):
+    G = _G()
+    results = tmp_path / "r"
+    results.mkdir()
+    assert G.next_piece({}) == "phase1"
+    (results / "phase1.json").write_text('{"kind": "phase1"}')
+    (results / "full.json").write_text('{"error": "timed out after 480 s", "timed_out": true}')
+    stored = G.stored_results(results)
+    assert G.next_piece(stored) == "full"  # timed out: run it again (its cache is warm)
+    row = G.next_row(stored, "python -m pmnet.gpu.check")
+    assert "python -m pmnet.gpu.check --kinds full" in row.measured
+    assert "again" in row.measured and row.trial == f"1 of {len(G.PIECES)} measured"
+    done = {p: {} for p in G.PIECES}
+    assert G.next_piece(done) is None
+    assert "none" in G.next_row(done, "x").measured
+    assert G.PIECES[-1] == "two_trials" and set(G.KINDS) < set(G.PIECES)
+
+
+# -- the Makefile: an interpreter as it is, the tested torch ---------------------------------
+
+
+def _make_n(*args: str) -> str:
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["make", "-n", *args], cwd=root, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_make_gpu_check_with_an_interpreter_creates_no_venv_and_installs_nothing():
+    """`make gpu-check PY=...` on a bare GPU box (torch and Lightning, no network): that
+    interpreter runs the check, nothing else; on main it made a venv and pip-installed
+    torch and the dev extra (Ray, MLflow) first."""
+    out = _make_n("gpu-check", "PY=/opt/bare/bin/python3", "GPU_CHECK_ARGS=--kinds phase1")
+    assert out.strip().splitlines() == ["/opt/bare/bin/python3 -m pmnet.gpu.check --kinds phase1"]
+    assert "venv" not in out and "pip" not in out
+    default = _make_n("-B", "gpu-check")  # without PY: the project's venv, as before
+    assert "pip install" in default and ".venv/bin/python -m pmnet.gpu.check" in default
+
+
+def test_the_gpu_install_path_pins_the_tested_torch_and_says_when_another_is_there():
+    """On a GPU machine `make install` asks for the tested torch (main: the newest, untested)
+    and says when the torch it finds is another; one pin for the Makefile, the image and
+    the check (docker/constraints.txt = gpu.check.TESTED_TORCH)."""
+    import re
+    from pathlib import Path
+
+    G = _G()
+    root = Path(__file__).resolve().parents[1]
+    pin = re.search(r"^torch==(\S+)", (root / "docker" / "constraints.txt").read_text(), re.M)
+    assert pin[1] == G.TESTED_TORCH
+    out = _make_n("-B", "install", "HAS_GPU=1")
+    assert f'pip install -q "torch=={G.TESTED_TORCH}"' in out and "--system-site-packages" in out
+    assert "UNTESTED" in out
+    assert G.torch_tested(G.TESTED_TORCH + "+cu128")[0] is True
+    ok, text = G.torch_tested("2.14.0+cu128")
+    assert ok is False and "UNTESTED" in text
