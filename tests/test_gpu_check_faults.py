@@ -363,3 +363,34 @@ def test_the_gpu_install_path_pins_the_tested_torch_and_says_when_another_is_the
     assert G.torch_tested(G.TESTED_TORCH + "+cu128")[0] is True
     ok, text = G.torch_tested("2.14.0+cu128")
     assert ok is False and "UNTESTED" in text
+
+
+# -- the dropout check: two replays of the training graph, no graph of its own ----------------
+
+
+def test_the_dropout_check_compares_two_replays_and_compiles_no_graph(monkeypatch, tmp_path,
+                                                                      one_thread):
+    """A real trial in this process, its training step compiled (dynamo's eager backend):
+    the dropout check calls the training graph three times at the trial's batch and mode
+    and compares the second and third calls, replays both; the step's code object holds
+    the same compiled entries after the check as before it. On main the check called the
+    step under `no_grad` at batch 4 (a fourth graph per kind, 107-308 s cold on a CPU with
+    inductor) and compared the first call with the second."""
+    from pmnet.train import compiled_steps
+    from pmnet.train.modules import Phase2Module
+
+    G = _G()
+    monkeypatch.setattr(compiled_steps, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)
+    monkeypatch.chdir(tmp_path)
+    try:
+        out = G.run_trial("consolidator_only", "debug",
+                          {"compile": ["phase2"], "model.attn_dropout": 0.1,
+                           "threads": 1}, batch=4, steps=1)
+        after = G._cache_entries([Phase2Module.objective])
+    finally:
+        torch._dynamo.reset()
+    assert after == {k: v for k, v in out["cache_entries"].items() if k in after}
+    assert out["dropout_graphs_added"] == 0
+    assert len(out["dropout_losses"]) == 3 and out["dropout_masks_differ"] is True
+    assert out["dropout_masks_differ"] == (out["dropout_losses"][1] != out["dropout_losses"][2])
