@@ -394,3 +394,45 @@ def test_the_dropout_check_compares_two_replays_and_compiles_no_graph(monkeypatc
     assert out["dropout_graphs_added"] == 0
     assert len(out["dropout_losses"]) == 3 and out["dropout_masks_differ"] is True
     assert out["dropout_masks_differ"] == (out["dropout_losses"][1] != out["dropout_losses"][2])
+
+
+# -- the image's pip step resolves under its constraints --------------------------------------
+
+_NETWORK_ERRORS = ("NewConnectionError", "Temporary failure in name resolution",
+                   "Name or service not known", "Could not fetch URL", "Network is unreachable",
+                   "ConnectTimeout", "ReadTimeout")
+
+
+def _pip_dry_run(constraints, *, no_index: bool):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation",
+           "--disable-pip-version-check", *(["--no-index"] if no_index else []),
+           "-c", str(constraints), "-e", ".[dev]"]
+    return subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+
+
+def test_the_images_pip_step_resolves_under_its_constraints(tmp_path):
+    """docker/Dockerfile's project step, `pip install -c docker/constraints.txt -e .[dev]`,
+    as a dry run: it resolves (offline from this environment when it holds the tested
+    versions, else from the index; skipped without a network). A pin with an extra, as
+    `ray[tune]==...` was, stops it ("Constraints cannot have extras")."""
+    from pathlib import Path
+
+    pytest.importorskip("setuptools")  # --no-build-isolation builds the metadata here
+    constraints = Path(__file__).resolve().parents[1] / "docker" / "constraints.txt"
+    proc = _pip_dry_run(constraints, no_index=True)
+    if proc.returncode != 0:  # this environment lacks a pinned version: ask the index
+        proc = _pip_dry_run(constraints, no_index=False)
+        if proc.returncode != 0 and any(e in proc.stdout + proc.stderr
+                                        for e in _NETWORK_ERRORS):
+            pytest.skip("no network to resolve the image's pins")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+    assert "Would install pmnet-consolidator" in proc.stdout
+    extra = tmp_path / "constraints.txt"
+    extra.write_text(constraints.read_text().replace("ray==", "ray[tune]=="))
+    bad = _pip_dry_run(extra, no_index=True)
+    assert bad.returncode != 0 and "Constraints cannot have extras" in bad.stderr
