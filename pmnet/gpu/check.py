@@ -1,23 +1,30 @@
-"""`make gpu-check` (issue 36): what the GPU path predicts, measured on the card, in one table.
+"""`make gpu-check` (issues 36, 46): what the GPU path predicts, measured on the card, in one
+table, in pieces that each fit a 10-minute command.
 
-    python -m pmnet.gpu.check               # on a CUDA GPU: the table; exit 1 if a check fails
-    python -m pmnet.gpu.check --self-test   # the same code paths on the CPU (debug preset)
+    python -m pmnet.gpu.check --kinds phase1 --budget 570   # one piece (docs/gpu-check.md)
+    python -m pmnet.gpu.check --budget 570   # every piece not stored yet, while time is left
+    python -m pmnet.gpu.check --report       # the table of the stored pieces
+    python -m pmnet.gpu.check --self-test    # the same code paths on the CPU (debug preset)
 
-Needs torch, Lightning and this project only (no Ray, no MLflow, no network). Without a
-CUDA GPU (and without `--self-test`) it says so and exits 2.
+Needs torch, Lightning and this repository only (no Ray, MLflow, pandas, statsmodels, no
+network, nothing installed). Exit codes (`EXIT_*`): 0 ok, 1 a gate failed, 2 no CUDA GPU,
+3 a piece timed out, 4 the check itself failed, 5 a usage error.
 
 What runs: for Phase 1 and each kind of Phase-2 condition of the preset (`KINDS`: the
 paper's six conditions are four kinds of step and memory), a short real trial in a fresh
-process (`--trial KIND`): train, validate, train, validate, test, with the preset's
-compiled steps (CUDA graphs on a GPU), at the preset's batch. Each trial measures its peak
-memory (allocated, reserved, the process's share of the card), the median step time from
-CUDA events, CUDA graphs captured and skipped, graph breaks, recompiles, host syncs
+process (`--trial KIND`), its allocator capped at the kind's planned share (`GpuMemoryCap`):
+train, validate, train, validate, test, with the preset's compiled steps (CUDA graphs on a
+GPU), at the preset's batch. Each trial measures its peak memory (allocated, reserved,
+against its cap, the process's share of the card), the median step time from CUDA events,
+CUDA graphs captured and skipped, graph breaks, recompiles, host syncs
 (`torch.cuda.set_sync_debug_mode`), the attention kernel, and whether dropout draws new
-masks on each replay of the compiled step. One more process runs two trials in a row in
+masks on two replays of the training graph. One more piece runs two trials in a row in
 fresh threads, as a reused Ray actor does, and measures what stays reserved between them.
-The parent compares each measurement with its prediction (`pmnet.gpu.footprint`, the
-docs' step-time estimate, the planned number of Consolidator-only trials per card) within
-the tolerances of `TOLERANCES` (docs/gpu-check.md) and prints one table.
+Each piece's result is stored (`--cache-dir`, with inductor's compile cache); the parent
+compares every stored measurement with its prediction (`pmnet.gpu.footprint`, the planned
+shares and number of Consolidator-only trials per card) within `TOLERANCES`
+(docs/gpu-check.md), reports step time as information, and prints one table whose last row
+names the next piece to run.
 """
 
 from __future__ import annotations
