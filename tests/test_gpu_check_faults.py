@@ -210,6 +210,14 @@ def test_step_time_is_information_with_the_utilisation_it_implies():
     assert G.exit_code(list(rows.values())) == G.EXIT_OK
 
 
+def test_graphs_captured_is_a_gate_where_the_steps_run_as_cuda_graphs():
+    """No CUDA graph captured by a trial whose steps should replay as CUDA graphs fails
+    (on main the row was information only)."""
+    assert _rows()["CUDA graphs captured"].ok is True
+    assert _rows(graphs_captured=0)["CUDA graphs captured"].ok is False
+    assert _rows(graphs_captured=0, cuda_graphs=False)["CUDA graphs captured"].ok is None
+
+
 def test_each_trial_runs_under_its_memory_cap_and_the_table_gates_it():
     """The trial's Trainer carries `GpuMemoryCap` at the kind's planned share (main never
     exercised the cap): over the cap, or no cap on a card, fails."""
