@@ -320,9 +320,11 @@ def test_pieces_are_stored_and_the_table_names_the_next_one(tmp_path):
     row = G.next_row(stored, "python -m pmnet.gpu.check")
     assert "python -m pmnet.gpu.check --kinds full" in row.measured
     assert "again" in row.measured and row.trial == f"1 of {len(G.PIECES)} measured"
+    assert G.exit_code([row]) == G.EXIT_TIMED_OUT  # not finished: run the next piece
     done = {p: {} for p in G.PIECES}
     assert G.next_piece(done) is None
     assert "none" in G.next_row(done, "x").measured
+    assert G.exit_code([G.next_row(done, "x")]) == G.EXIT_OK
     assert G.PIECES[-1] == "two_trials" and set(G.KINDS) < set(G.PIECES)
 
 

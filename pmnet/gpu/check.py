@@ -44,10 +44,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Exit codes (docs/gpu-check.md): 0 every gate holds; 1 a gate failed (the table's FAIL
-#: rows); 2 no CUDA GPU; 3 a piece ran out of time (its compiled graphs are in the cache:
-#: run the table's "next" command); 4 the check itself failed (an exception, a trial
-#: process that crashed); 5 a usage error (an unknown piece or option)
+#: Exit codes (docs/gpu-check.md): 0 every piece measured and every gate holds; 1 a gate
+#: failed (the table's FAIL rows); 2 no CUDA GPU; 3 not finished: a piece ran out of time
+#: (its compiled graphs are in the cache) or pieces remain: run the table's "next piece"
+#: command; 4 the check itself failed (an exception, a trial process that crashed); 5 a
+#: usage error (an unknown piece or option)
 EXIT_OK, EXIT_FAILED, EXIT_NO_GPU, EXIT_TIMED_OUT, EXIT_ERROR, EXIT_USAGE = 0, 1, 2, 3, 4, 5
 
 #: the torch this project is tested with (docker/constraints.txt pins the same; the code
@@ -117,14 +118,17 @@ class Row:
     measured: str = "-"
     tolerance: str = "-"
     ok: bool | None = None
-    #: a row that reports no measurement: "timed out" (the piece ran out of time) or
-    #: "error" (the check itself failed); None for every measured row
+    #: a row that reports no measurement: "timed out" (the piece ran out of time),
+    #: "unfinished" (pieces remain) or "error" (the check itself failed); None for every
+    #: measured row
     error: str | None = None
 
     @property
     def verdict(self) -> str:
         if self.error == "timed out":
             return "TIMED OUT"
+        if self.error == "unfinished":
+            return "TO RUN"
         return {True: "ok", False: "FAIL", None: ""}[self.ok]
 
 
@@ -163,11 +167,11 @@ def render(rows: list[Row]) -> str:
 
 
 def exit_code(rows: list[Row]) -> int:
-    """4 if the check itself failed somewhere, else 3 if a piece timed out, else 1 if a gate
-    failed, else 0."""
+    """4 if the check itself failed somewhere, else 3 if it is not finished (a piece timed
+    out, or pieces remain), else 1 if a gate failed, else 0."""
     if any(r.error == "error" for r in rows):
         return EXIT_ERROR
-    if any(r.error == "timed out" for r in rows):
+    if any(r.error in ("timed out", "unfinished") for r in rows):
         return EXIT_TIMED_OUT
     return EXIT_FAILED if any(r.ok is False for r in rows) else EXIT_OK
 
@@ -779,7 +783,8 @@ def next_row(stored: dict[str, dict], command: str) -> Row:
                    tolerance="information")
     again = " (again: its compiled graphs are cached)" if piece in stored else ""
     return Row("next piece", f"{done} of {len(PIECES)} measured",
-               measured=f"{command} --kinds {piece}{again}", tolerance="information")
+               measured=f"{command} --kinds {piece}{again}", tolerance="all pieces",
+               error="unfinished")
 
 
 def run_check(preset: str, overrides: dict, batch: int | None, steps: int,
@@ -957,7 +962,9 @@ def _main(a) -> int:
     print(render(rows))
     code = exit_code(rows)
     failed = [f"{r.item} ({r.trial}): {r.verdict}" for r in rows if r.ok is False]
-    print(f"\n{'FAILED: ' + '; '.join(failed) if failed else 'all checks passed'} "
+    todo = next((r.measured for r in rows if r.error == "unfinished"), None)
+    passed = "all checks passed" + (f" so far; next: {todo}" if todo else "")
+    print(f"\n{'FAILED: ' + '; '.join(failed) if failed else passed} "
           f"(exit {code}; {time.time() - t0:.0f} s; tolerances and exit codes: "
           "docs/gpu-check.md)")
     return code
