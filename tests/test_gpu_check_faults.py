@@ -378,6 +378,7 @@ def test_the_gpu_install_path_pins_the_tested_torch_and_says_when_another_is_the
 # -- the dropout check: two replays of the training graph, no graph of its own ----------------
 
 
+@pytest.mark.slow  # a whole trial with dynamo tracing its steps: about 20 s
 def test_the_dropout_check_compares_two_replays_and_compiles_no_graph(monkeypatch, tmp_path,
                                                                       one_thread):
     """A real trial in this process, its training step compiled (dynamo's eager backend):
