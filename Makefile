@@ -5,17 +5,24 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# the torch this project is tested with: docker/constraints.txt's pin (pmnet/gpu/check.py's
+# TESTED_TORCH; tests/test_gpu_check_faults.py checks they agree)
+TESTED_TORCH := $(shell sed -n 's/^torch==\([^ #]*\).*/\1/p' docker/constraints.txt)
 # CPU machines take the local CPU wheel (never the multi-GB CUDA build); on a machine
 # with an NVIDIA GPU the venv sees the torch the user already has (system site packages),
-# and only installs PyPI's default (CUDA) build when there is none.
+# and only installs PyPI's default (CUDA) build of the tested version when there is none.
+# An installed torch of another version is kept, and `make install` says it is untested.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_SPEC ?= torch==$(TESTED_TORCH)
 ifeq ($(HAS_GPU),1)
-TORCH_SPEC ?= torch
 VENV_FLAGS ?= --system-site-packages
 else
-TORCH_SPEC ?= torch==2.13.0
 VENV_FLAGS ?=
 endif
+# `make gpu-check PY=python3` (PY given on the command line): that interpreter as it is, no
+# venv made and nothing installed (a bare GPU box: torch and Lightning, no network)
+GPU_CHECK_DEPS := $(if $(filter command line,$(origin PY)),,install)
+GPU_CHECK_ARGS ?=
 
 PRESET ?=
 GRID ?=
@@ -38,6 +45,7 @@ $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
+	@$(PY) -c "import sys, torch; v = torch.__version__.split('+')[0]; v == '$(TESTED_TORCH)' or print(f'install: torch {torch.__version__} is UNTESTED (tested: $(TESTED_TORCH)); the code uses private torch APIs: run make gpu-check / make test first', file=sys.stderr)"
 	@touch $@
 
 install: $(VENV)/.installed ## create or reuse the virtual environment and install the project
@@ -60,8 +68,8 @@ test-all: install browser ## run every test, slow ones included
 lint: install ## ruff check
 	$(VENV)/bin/ruff check .
 
-gpu-check: install ## run first on a new GPU: the GPU path's predictions against the card, one table (exit 1: off by more than docs/gpu-check.md's tolerances; 2: no GPU)
-	$(PY) -m pmnet.gpu_check
+gpu-check: $(GPU_CHECK_DEPS) ## run first on a new GPU: the GPU path's predictions against the card, one table (PY=python3: that interpreter, nothing installed; GPU_CHECK_ARGS='--kinds phase1': one piece; exit 0 ok, 1 a gate failed, 2 no GPU, 3 timed out, 4 the check failed; docs/gpu-check.md)
+	$(PY) -m pmnet.gpu.check $(GPU_CHECK_ARGS)
 
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py

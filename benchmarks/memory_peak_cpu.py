@@ -1,4 +1,4 @@
-"""The measurement behind `pmnet.memory_model.ACTIVATION_FACTOR`: for one Phase-2 training
+"""The measurement behind `pmnet.gpu.footprint.ACTIVATION_FACTOR`: for one Phase-2 training
 step on CPU, the peak of live tensor memory (torch.profiler's memory timeline: every
 allocation and free during forward and backward) against the bytes the memory model counts as
 saved for backward.
@@ -23,10 +23,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.profiler._memory_profiler import Action
 
-from pmnet import memory_model as mm
 from pmnet import task
 from pmnet.conditions import get_condition
 from pmnet.config import ModelConfig
+from pmnet.gpu import footprint as mm
 
 
 def peak_live(model, cond, spec, batch_size: int, precision: str) -> int:

@@ -62,7 +62,7 @@ def _execute(plan: Plan) -> int:
     say(f"[pipeline] grid {sp.name}: {sp.size}; {sp.describe_resources()}, "
         f"max_failures {sp.max_failures}")
     if plan.memory:
-        say("[pipeline] GPU memory per trial (memory model, pmnet/memory_model.py): "
+        say("[pipeline] GPU memory per trial (memory model, pmnet/gpu/footprint.py): "
             + ", ".join(f"{c}{'-' + v if v else ''} {b / 2**30:.1f} GiB"
                         for (c, v), b in plan.memory.items()))
 

@@ -305,7 +305,7 @@ def uses_gpu(plan: Plan) -> bool:
 def memory_arms(cfg, space: Space) -> dict[tuple[str, str], Any]:
     """The memory model's `TrialMemory` of every arm (condition x variant) of the grid on a
     GPU, in the precision the trials will train in there."""
-    from pmnet.memory_model import StepSpec, trial_memory
+    from pmnet.gpu.footprint import StepSpec, trial_memory
 
     precision = cfg.resolved_precision("gpu")
     out = {}
@@ -328,7 +328,7 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
     arm's GPU share from the memory model (unless --gpus-per-trial gave one, which is then
     checked against it). PipelineError naming the problem; nothing is started or written."""
     from pipelines.cpu_estimate import estimate
-    from pmnet.memory_model import describe_bytes, gpu_share, usable_bytes
+    from pmnet.gpu.footprint import describe_bytes, gpu_share, usable_bytes
 
     cluster, sp, cfg = plan.cluster, plan.space, plan.cfg
     gpu = uses_gpu(plan)

@@ -85,10 +85,10 @@ def cmd_info(args) -> int:
 
 
 def _memory_table(args) -> dict:
-    """Per condition, a Phase-2 trial's GPU memory (pmnet.memory_model) at the preset's
+    """Per condition, a Phase-2 trial's GPU memory (pmnet.gpu.footprint) at the preset's
     batch in the precision it trains in on a GPU; with --gpu-mem, how many share a card."""
     from pmnet.conditions import CONDITIONS, get_condition
-    from pmnet.memory_model import GiB, StepSpec, gpu_share, trial_memory, usable_bytes
+    from pmnet.gpu.footprint import GiB, StepSpec, gpu_share, trial_memory, usable_bytes
     from pmnet.train import TRAIN_PRESETS
 
     tcfg = TRAIN_PRESETS[args.preset]() if args.preset in TRAIN_PRESETS else None
@@ -118,11 +118,11 @@ def _memory_table(args) -> dict:
 
 
 def _print_memory(memory: dict) -> None:
-    from pmnet.memory_model import ACTIVATION_FACTOR, GiB
+    from pmnet.gpu.footprint import ACTIVATION_FACTOR, GiB
 
     gib = lambda b: f"{b / GiB:.2f}"  # noqa: E731
     card = memory["gpu_mem_gib"]
-    print(f"\nGPU memory of one Phase-2 trial (pmnet/memory_model.py), batch "
+    print(f"\nGPU memory of one Phase-2 trial (pmnet/gpu/footprint.py), batch "
           f"{memory['batch_size']}, {memory['precision']}; GiB; activations = "
           f"{ACTIVATION_FACTOR} x saved for backward")
     head = (f"{'condition':<30} {'saved':>7} {'activ.':>7} {'weights':>7} {'grads':>7} "
@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--preset", default="paper")
     s.add_argument("--json", action="store_true")
     s.add_argument("--memory", action="store_true",
-                   help="measure each condition's GPU memory per trial (pmnet/memory_model.py; "
+                   help="measure each condition's GPU memory per trial (pmnet/gpu/footprint.py; "
                         "seconds per condition on a CPU for the paper model)")
     s.add_argument("--gpu-mem", type=float, default=None, metavar="GIB",
                    help="with the memory figures, how many trials share a GPU of GIB GiB")

@@ -54,7 +54,14 @@ from pmnet.model import PMNet
 from pmnet.runner import RunOptions, query_segment, run_episodes
 
 CHANCE = 10.0
+#: the digit tokens, host-side (for code outside the compiled steps; `digit_prediction`
+#: slices the logits instead)
 DIGIT_IDS = torch.tensor(task.DIGIT_TOKENS, dtype=torch.long)
+# the digit tokens are one contiguous range of ids: a slice selects them without any tensor
+# of ids (a global CPU tensor moved `.to(device)` inside a compiled evaluation step is lifted
+# by dynamo as a CPU input of the graph, and inductor then skips CUDA graphs: issue 46)
+_DIGITS = slice(task.DIGIT_TOKENS[0], task.DIGIT_TOKENS[-1] + 1)
+assert tuple(range(_DIGITS.start, _DIGITS.stop)) == task.DIGIT_TOKENS
 # which segment's query each recall metric asks (0: segment 1, 1: segment 2, -1: the last
 # segment, whose query is the final one; the same as 1 for the paper's two segments)
 QUERY_SEGMENT = {
@@ -79,7 +86,7 @@ def segment_index(name: str) -> int | None:
 
 def digit_prediction(logits: Tensor) -> Tensor:
     """(N, V) logits -> (N,) predicted digit 0..9 (argmax over the digit tokens)."""
-    return logits.index_select(-1, DIGIT_IDS.to(logits.device)).argmax(-1)
+    return logits[..., _DIGITS].argmax(-1)
 
 
 def _passes(consolidation: str, ltm_routing: bool, full: bool, stm: bool, ltm: bool = True,

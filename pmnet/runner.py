@@ -267,7 +267,7 @@ def phase2_losses(model: PMNet, batch, condition, *, detach_ltm: bool = False,
     dual objective) adds the mean of every segment's pre-consolidation STM query loss;
     `initial_ltm_loss` (not in the paper) adds that weight times the first mapping's loss
     after the first boundary. The one definition: `Phase2Module` trains on it and
-    `pmnet.memory_model` measures it."""
+    `pmnet.gpu.footprint` measures it."""
     dual = condition.objective == "dual"
     n_seg = batch.seg_tokens.shape[1]
     stm_kinds = STM_KINDS[:n_seg]

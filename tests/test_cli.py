@@ -137,7 +137,7 @@ def test_evaluate_on_t_segment_episodes(tmp_path, capsys, one_thread):
 def test_info_prints_each_conditions_gpu_memory_and_packing(capsys):
     """`pmnet info --gpu-mem G`: per condition the memory model's figures at the preset's
     batch, and how many trials share a G GiB card (never more than fit it)."""
-    from pmnet.memory_model import usable_bytes
+    from pmnet.gpu.footprint import usable_bytes
 
     assert main(["info", "--preset", "debug", "--gpu-mem", "1.5", "--json"]) == 0
     mem = json.loads(capsys.readouterr().out)["memory"]

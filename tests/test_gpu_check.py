@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pmnet import gpu_check as G
+from pmnet.gpu import check as G
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -18,7 +18,7 @@ GiB = 2**30
 
 def _run(*args: str, env: dict | None = None, timeout: float = 600):
     e = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pmnet.gpu_check", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "pmnet.gpu.check", *args], cwd=ROOT,
                           env=e, capture_output=True, text=True, timeout=timeout)
 
 
@@ -29,12 +29,44 @@ def test_gpu_check_exits_2_with_a_clear_message_without_a_gpu():
     assert proc.stdout == ""
 
 
-def test_gpu_check_needs_neither_ray_nor_mlflow():
-    code = ("import sys, pmnet.gpu_check, pmnet.train, pmnet.memory_model, pmnet.train.data; "
-            "print(sorted(m for m in ('ray', 'mlflow') if m in sys.modules))")
+#: what a bare GPU image (torch and Lightning) lacks and gpu-check must not import
+BLOCKED = ("ray", "mlflow", "pandas", "statsmodels")
+
+
+def _blocked_env(tmp_path) -> dict:
+    """An environment whose Python processes (the check's trial processes too) find no
+    BLOCKED package, as in a venv without them: in a sitecustomize, `sys.meta_path`'s path
+    finder replaced by one that finds nothing of them (`importlib.util.find_spec` says None,
+    `import` raises ModuleNotFoundError, as for a package that is not installed)."""
+    site = tmp_path / "blocker"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "from importlib.machinery import PathFinder\n"
+        f"BLOCKED = {BLOCKED!r}\n"
+        "class _Absent(PathFinder):\n"
+        "    @classmethod\n"
+        "    def find_spec(cls, name, path=None, target=None):\n"
+        "        if name.partition('.')[0] in BLOCKED:\n"
+        "            return None\n"
+        "        return PathFinder.find_spec(name, path, target)\n"
+        "sys.meta_path[:] = [_Absent if f is PathFinder else f for f in sys.meta_path]\n")
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+
+
+def test_gpu_check_needs_neither_ray_nor_mlflow(tmp_path):
+    """The check's modules import with Ray, MLflow, pandas and statsmodels blocked (the
+    older `pmnet.gpu_check` name included)."""
+    code = ("import sys, pmnet.gpu.check, pmnet.gpu_check, pmnet.train, pmnet.gpu.footprint, "
+            f"pmnet.gpu.cap, pmnet.train.data; print(sorted(m for m in {BLOCKED!r} "
+            "if m in sys.modules))")
+    env = {**os.environ, **_blocked_env(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=120, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-500:]
+    blocked = subprocess.run([sys.executable, "-c", "import mlflow"], capture_output=True,
+                             text=True, timeout=60, env=env)
+    assert "No module named 'mlflow'" in blocked.stderr  # the blocker blocks
 
 
 def _env():
@@ -49,8 +81,11 @@ def _trial(kind: str, **over) -> dict:
          "step_ms": [1.0] * 10, "graph_breaks": 0, "recompiles_epoch2": 0,
          "recompile_limit_hits": 0, "host_syncs": 0, "graphs_captured": 4,
          "cudagraph_skips": 0, "attention_kernels": ["flash_attn::_flash_attn_forward"],
-         "dropout": 0.1, "dropout_masks_differ": True, "peak_allocated": 4 * GiB,
-         "peak_reserved": 5 * GiB, "context": GiB // 2, "process_share": 0.23}
+         "dropout": 0.1, "dropout_masks_differ": True, "dropout_graphs_added": 0,
+         "peak_allocated": 4 * GiB, "peak_reserved": 5 * GiB, "context": GiB // 2,
+         "process_share": 0.23,
+         "gpu_memory": {"share": 0.2666, "card_bytes": 24 * GiB, "cap_bytes": int(5.1 * GiB),
+                        "peak_reserved": 5 * GiB, "within_cap": True}}
     # the docs' estimate for this card: flops x batch / (82.6 TFLOP/s x DOCS_UTILISATION)
     r["median_step_ms"] = 7.42e9 * 256 / (82.6e12 * G.DOCS_UTILISATION) * 1e3
     r.update(over)
@@ -60,7 +95,8 @@ def _trial(kind: str, **over) -> dict:
 def _pred() -> dict:
     return {"context": GiB, "precision": "bf16-mixed", "card_tflops": 82.6,
             "consolidator_only_per_card": 3,
-            "peak": {"full": 12 * GiB, "consolidator_only": 6 * GiB}}
+            "peak": {"full": 12 * GiB, "consolidator_only": 6 * GiB},
+            "share": {"full": 0.5, "phase1": 0.5, "consolidator_only": 0.2666}}
 
 
 def _two(reserved=0) -> dict:
@@ -78,7 +114,8 @@ def test_a_card_within_every_tolerance_passes():
     assert G.exit_code(rows) == G.EXIT_OK, G.render(rows)
     v = _verdicts(rows, "consolidator_only")
     assert v["peak on card (reserved + context)"] is True  # 5.5 of 6 GiB
-    assert v["median step (ms) vs docs' estimate"] is True
+    assert v["memory within its cap (GpuMemoryCap)"] is True
+    assert v["median step (ms); implied utilisation"] is None  # information (issue 46)
     assert v["Consolidator-only trials at once on the card"] is True  # 3 x 5.5 <= 22.8
     text = G.render(rows)
     for item in ("env: torch", "env: driver", "env: capability", "env: bf16", "env: flash_attn",
@@ -91,15 +128,14 @@ def test_a_card_within_every_tolerance_passes():
 
 @pytest.mark.parametrize("over, item", [
     ({"peak_reserved": int(5.6 * GiB)}, "peak on card (reserved + context)"),  # 6.1 > 6
-    ({"peak_reserved": 2 * GiB}, "peak on card (reserved + context)"),  # 2.5 < 0.5 x 6
     ({"context": int(1.2 * GiB)}, "CUDA context"),
-    ({"median_step_ms": 200.0}, "median step (ms) vs docs' estimate"),  # 3x the estimate
     ({"graph_breaks": 1}, "graph breaks"),
     ({"recompiles_epoch2": 1}, "recompiles in epoch 2"),
     ({"recompile_limit_hits": 1}, "recompile-limit hits"),
     ({"host_syncs": 3}, "host syncs per epoch-2 step"),
     ({"cudagraph_skips": 1}, "CUDA graphs skipped"),
     ({"dropout_masks_differ": False}, "dropout masks new on each replay"),
+    ({"dropout_graphs_added": 1}, "graphs the dropout check compiled"),
 ])
 def test_a_measurement_off_by_more_than_its_tolerance_fails(over, item):
     rows = G.table_rows(_env(), _pred(), {"consolidator_only": _trial("consolidator_only",
@@ -131,13 +167,16 @@ def test_a_card_without_a_known_peak_gets_no_step_time_verdict():
     assert row.ok is None and "n/a" in row.predicted
 
 
-def test_self_test_runs_the_tables_code_paths_on_the_cpu():
+def test_self_test_runs_the_tables_code_paths_on_the_cpu(tmp_path):
     """A real trial in a fresh process and two trials in a row, on the CPU (eager steps,
     to stay fast; `test_self_test_with_compiled_steps` compiles them): the CUDA-only cells
     say so, what the CPU can measure is measured, exit 0."""
-    proc = _run("--self-test", "--kinds", "consolidator_only", "--steps", "2",
-                "--set", "compile=off")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run("--self-test", "--kinds", "consolidator_only,two_trials", "--steps", "2",
+                "--set", "compile=off", "--cache-dir", str(tmp_path),
+                env=_blocked_env(tmp_path))  # as a venv without Ray, MLflow, pandas
+    # every gate held; the other pieces are still to run (exit 3, the next one named)
+    assert proc.returncode == G.EXIT_TIMED_OUT, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--kinds phase1" in proc.stdout
     out = proc.stdout
     assert "| env: torch" in out and G.NA_CPU in out
     lines = {ln.split("|")[1].strip(): ln for ln in out.splitlines() if ln.startswith("| ")}
@@ -149,9 +188,9 @@ def test_self_test_runs_the_tables_code_paths_on_the_cpu():
 
 
 @pytest.mark.slow
-def test_self_test_with_compiled_steps():
+def test_self_test_with_compiled_steps(tmp_path):
     """Every kind and two trials in a row with compiled steps (dynamo's eager backend): no
     graph break, no recompile in the second epoch, no recompile-limit hit."""
-    proc = _run("--self-test", "--steps", "2", timeout=1800)
+    proc = _run("--self-test", "--steps", "2", "--cache-dir", str(tmp_path), timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("| graph breaks ") == len(G.KINDS)

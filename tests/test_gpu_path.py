@@ -161,8 +161,8 @@ def test_a_step_past_the_recompile_limit_fails_instead_of_running_eager(monkeypa
 
 
 def test_memory_cap_is_the_trials_share_of_the_usable_card_less_its_context():
-    from pmnet.memory_model import CUDA_CONTEXT_BYTES, GiB, gpu_share, usable_bytes
-    from pmnet.train.gpu_memory import memory_cap_bytes, memory_cap_fraction
+    from pmnet.gpu.cap import memory_cap_bytes, memory_cap_fraction
+    from pmnet.gpu.footprint import CUDA_CONTEXT_BYTES, GiB, gpu_share, usable_bytes
 
     card = 24 * GiB
     assert memory_cap_bytes(1.0, card) == usable_bytes(card) - CUDA_CONTEXT_BYTES
@@ -183,8 +183,8 @@ def test_memory_cap_is_the_trials_share_of_the_usable_card_less_its_context():
 def test_a_trial_on_a_gpu_sets_its_cap_and_checks_its_peak(monkeypatch):
     """With a fake CUDA: the cap goes to `set_per_process_memory_fraction` for the trial's
     device, and the trial's record holds its peaks against the cap."""
-    from pmnet.memory_model import GiB
-    from pmnet.train import gpu_memory as gm
+    from pmnet.gpu import cap as gm
+    from pmnet.gpu.footprint import GiB
 
     calls = {}
     fake = types.SimpleNamespace(total_memory=24 * GiB)

@@ -25,9 +25,9 @@ from pipelines import plan as planning
 from pipelines import stages
 from pipelines.cluster import ClusterInfo, GpuCard, NodeInfo, describe_local, describe_ray
 from pipelines.layout import PipelineError
-from pmnet import memory_model as mm
 from pmnet.conditions import CONDITIONS
 from pmnet.config import ModelConfig
+from pmnet.gpu import footprint as mm
 from pmnet.trial_id import TrialId
 
 GiB = 1 << 30

@@ -44,6 +44,7 @@ from pmnet.conditions import (
     get_condition,
     seed_problem,
 )
+from pmnet.gpu.cap import GpuMemoryCap, memory_cap_bytes, memory_cap_fraction
 from pmnet.model import PMNet
 from pmnet.operators import OPERATORS
 from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, checkpoint_epoch
@@ -63,7 +64,6 @@ from pmnet.train.config import (
     parse_overrides,
 )
 from pmnet.train.data import CopyBatches, EpisodeData, EpochBatches
-from pmnet.train.gpu_memory import GpuMemoryCap, memory_cap_bytes, memory_cap_fraction
 from pmnet.train.model_files import (
     MODEL_FORMAT,
     PHASE1_FORMAT,
@@ -107,7 +107,7 @@ __all__ = [
     # data.py, compiled_steps.py, modules.py
     "CopyBatches", "EpisodeData", "EpochBatches", "compile_step", "use_compile_cache",
     "fresh_compile_state", "release_compiled_steps",
-    # gpu_memory.py (issue 36)
+    # pmnet/gpu/cap.py (issue 36; re-exported here)
     "GpuMemoryCap", "memory_cap_bytes", "memory_cap_fraction",
     "VAL_LOGGED", "Phase0Module", "Phase1Module", "Phase2Module", "freeze_to_subset",
     # model_files.py, checkpoints.py

@@ -218,7 +218,10 @@ class Phase1Module(_PhaseModule):
         if aux_loss is not None and k > 1:
             self.log("train/aux_loss", aux_loss)
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/demos", float(k))
+        # a tensor made on the device (a fill, no copy): a Python number would make
+        # Lightning's `log` build it with `torch.tensor(k, device=...)`, a host-to-device
+        # copy that waits for the host in every step (issue 46)
+        self.log("train/demos", torch.full((), float(k), device=loss.device))
         return loss
 
     def stm_loss(self, context, query, target):

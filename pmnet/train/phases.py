@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import CSVLogger
 from pmnet import task
 from pmnet.baselines import BASELINE_MODES, add_baseline, reset_baseline
 from pmnet.conditions import Condition, get_condition, seed_problem
+from pmnet.gpu.cap import GpuMemoryCap
 from pmnet.io import atomic_write_json
 from pmnet.model import PMNet
 from pmnet.operators import OPERATORS, add_operator
@@ -27,7 +28,6 @@ from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, _best_ep
 from pmnet.train.compiled_steps import fresh_compile_state, release_compiled_steps
 from pmnet.train.config import ACCELERATORS, TrainConfig
 from pmnet.train.data import CopyBatches, EpisodeData, _loader
-from pmnet.train.gpu_memory import GpuMemoryCap
 from pmnet.train.model_files import (
     MODEL_FORMAT,
     PHASE1_FORMAT,

@@ -1,7 +1,7 @@
 """A trial's GPU memory cap (issue 36, finding 3): the trial's share of the card, enforced by
 the caching allocator and checked by the trial.
 
-Planning packs trials onto a card by their predicted peaks (`pmnet.memory_model.gpu_share`),
+Planning packs trials onto a card by their predicted peaks (`pmnet.gpu.footprint.gpu_share`),
 and Ray places fractional GPU requests so that they sum to at most one card; nothing made a
 trial stay within its share. `GpuMemoryCap` sets the trial's process to
 `torch.cuda.set_per_process_memory_fraction`: the allocator refuses (out of memory, in this
@@ -16,12 +16,12 @@ from __future__ import annotations
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from pmnet.memory_model import CUDA_CONTEXT_BYTES, usable_bytes
+from pmnet.gpu.footprint import CUDA_CONTEXT_BYTES, usable_bytes
 
 
 def memory_cap_bytes(share: float, card_bytes: int, context: int = CUDA_CONTEXT_BYTES) -> int:
     """What the allocator of a trial holding `share` of a card of `card_bytes` may reserve:
-    its share of the usable memory (`memory_model.usable_bytes`, what planning packs) less
+    its share of the usable memory (`footprint.usable_bytes`, what planning packs) less
     its CUDA context."""
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
         raise ValueError(f"a GPU share must be in (0, 1], got {share!r}")

@@ -1,4 +1,4 @@
-"""The memory model of a trial (`pmnet.memory_model`): CUDA's autocast rules emulated on CPU,
+"""The memory model of a trial (`pmnet.gpu.footprint`): CUDA's autocast rules emulated on CPU,
 the bytes saved for backward against a direct count, the linear fit in the batch, the static
 parts against a real AdamW step, and the packing of trials onto a card never over budget.
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pmnet import memory_model as mm
 from pmnet import task
 from pmnet.conditions import ALL_CONDITIONS, CONDITIONS, get_condition
 from pmnet.config import ModelConfig
+from pmnet.gpu import footprint as mm
 
 DEBUG = ModelConfig.from_name("debug")
 PAPER = ModelConfig.from_name("paper")
@@ -171,7 +171,7 @@ def test_more_segments_and_the_dual_objective_save_more(one_thread):
 
 
 def test_phase2_step_is_the_training_steps_objective():
-    """memory_model.phase2_step measures the objective `Phase2Module.training_step` trains on
+    """footprint.phase2_step measures the objective `Phase2Module.training_step` trains on
     (`runner.phase2_losses`, with the TrainConfig fields StepSpec carries): the same loss,
     bit for bit, for the dual objective, the initial-mapping loss, T = 3 with truncation and
     an operator condition."""

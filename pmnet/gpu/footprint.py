@@ -1,4 +1,5 @@
-"""Memory model of a training step: the peak GPU bytes of one Phase-2 trial, measured on CPU.
+"""A trial's GPU footprint (issue 47; was `pmnet.memory_model`): the peak GPU bytes of one Phase-2
+trial, measured on CPU (a memory model of the training step, not PMNet's STM/LTM memory).
 
 A trial's peak on its GPU is
 
@@ -93,7 +94,7 @@ SHARE_QUANTUM = 10_000
 # -----------------------------------------------------------------------------------------
 
 #: CUDA autocast's cast policy per aten op (aten/src/ATen/autocast_mode.{h,cpp}: the
-#: `KERNEL_CUDA` registrations of torch 2.4 - 2.13). `tests/test_memory_model.py` checks
+#: `KERNEL_CUDA` registrations of torch 2.4 - 2.13). `tests/test_gpu_footprint.py` checks
 #: that every op the installed torch registers on the `AutocastCUDA` key has a policy here.
 _LOWER = (
     "_convolution", "_convolution.deprecated", "conv1d", "conv2d", "conv3d", "conv_tbc",
