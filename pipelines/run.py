@@ -122,7 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help="MLflow UI for the embedded store on 127.0.0.1")
     _common(p, name=False)
     p.add_argument("--port", type=int, default=int(os.environ.get("MLFLOW_UI_PORT", 5000)))
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve on (0.0.0.0: every interface, e.g. from a "
+                        "container; the UI has no authentication, a warning says so)")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="Host headers MLflow answers beyond localhost and private IPs "
+                        "(mlflow server --allowed-hosts), e.g. a DNS name of this machine")
     return ap
 
 
@@ -218,11 +223,15 @@ def cmd_report(a) -> int:
 def cmd_ui(a) -> int:
     """`mlflow server` on the embedded store; prints the address of the last pipeline's
     training runs (`tracking_uri.ui_address`)."""
+    from pipelines.addresses import ui_bind
     from pipelines.layout import Layout, last_pipeline
     from pipelines.records import TrackingRecord
     from pipelines.tracking_uri import store_uri, ui_address
 
     root = Path(a.root).expanduser().absolute()
+    warning = ui_bind(a.host, a.port)  # before anything is written: exit 2 if it cannot
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if not (root / "mlflow.db").is_file():
         print(f"note: no MLflow store at {root / 'mlflow.db'} yet; the UI starts empty",
               file=sys.stderr)
@@ -239,6 +248,8 @@ def cmd_ui(a) -> int:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
            store_uri(root, None), "--artifacts-destination", str(root / "mlartifacts"),
            "--host", a.host, "--port", str(a.port), "--workers", "1"]
+    if a.allowed_hosts:
+        cmd += ["--allowed-hosts", a.allowed_hosts]
     os.environ["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner needed
     os.chdir(root)
     os.execv(cmd[0], cmd)
@@ -255,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     from tune_spaces import SpaceError
 
     try:
+        from pipelines.addresses import storage_root
+
+        args.root = str(storage_root(args.root))  # a URL is refused here (exit 2)
         return int(COMMANDS[args.command](args))
     except (PipelineError, SpaceError) as e:  # raised while planning: nothing has started
         print(f"error: {e}", file=sys.stderr)
