@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -361,14 +360,9 @@ def device_name(device: torch.device) -> str:
     """`NVIDIA GeForce RTX 4090 (cuda:0)`, or `cpu (<CPU model>)`."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} ({device})"
-    model = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f
-                          if ln.lower().startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{device.type} ({model or platform.processor() or 'unknown model'})"
+    from pmnet.hardware import cpu_kind
+
+    return f"{device.type} ({cpu_kind()})"
 
 
 def trained_on(trainer: L.Trainer) -> dict[str, str]:
