@@ -515,14 +515,19 @@ class _TuneTrial:
 
 def _drive(callback, trial: TrialId, reports: list[dict], *, end: bool = True,
            failed: bool = False) -> None:
-    """Call the callback's Tune hooks as Tune does for one trial's reports."""
+    """Call the callback's Tune hooks as Tune's controller does for one trial's reports
+    (`on_trial_*`, which `LoggerCallback` hands to the callback's `log_trial_*`)."""
+    from ray.tune.logger import LoggerCallback
+
+    assert isinstance(callback, LoggerCallback)
     t = _TuneTrial(trial)
-    callback.log_trial_start(t)
+    callback.on_trial_start(0, [t], t)
     for i, r in enumerate(reports):
-        callback.log_trial_result(i + 1, t, {**r["metrics"], "training_iteration": i + 1,
-                                             "time_this_iter_s": 0.1})
+        callback.on_trial_result(i + 1, [t], t, {**r["metrics"], "training_iteration": i + 1,
+                                                 "time_this_iter_s": 0.1})
     if end:
-        callback.log_trial_end(t, failed=failed)
+        (callback.on_trial_error if failed else callback.on_trial_complete)(len(reports), [t],
+                                                                             t)
 
 
 def _open_store(lay: Layout, uri: str) -> tuple:
