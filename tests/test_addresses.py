@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,6 +284,31 @@ def test_make_ui_passes_host_port_and_allowed_hosts():
                            env={k: v for k, v in os.environ.items()
                                 if k not in ("HOST", "PORT", "ALLOWED_HOSTS")}).stdout
     assert "--host" not in next(ln for ln in plain.splitlines() if "pipelines.run ui" in ln)
+
+
+def test_the_printed_ui_address_is_a_route_of_the_installed_mlflow_ui():
+    """`make ui` prints `<ui>/#/experiments/<id>/runs?workflowType=machine_learning`
+    (`tracking_uri.ui_address`; opened in headless Chromium on MLflow 3.17, docs/pipeline.md
+    "The UI"). The installed MLflow's UI bundle still has that route and that toggle, and
+    its server the options `make ui` passes."""
+    import mlflow
+
+    from pipelines.tracking_uri import ui_address
+
+    assert ui_address("http://h:1", "7") == (
+        "http://h:1/#/experiments/7/runs?workflowType=machine_learning")
+    assert int(mlflow.__version__.split(".")[0]) == 3, mlflow.__version__
+    main = sorted((Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" /
+                   "js").glob("main.*.js"))
+    assert main, "no MLflow UI bundle installed"
+    js = main[0].read_text(errors="replace")
+    assert '"/experiments/:experimentId/runs"' in js
+    assert 'get("workflowType")' in js and 'MACHINE_LEARNING="machine_learning"' in js
+    out = subprocess.run([sys.executable, "-m", "mlflow", "server", "--help"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    for option in ("--backend-store-uri", "--artifacts-destination", "--host", "--port",
+                   "--workers", "--allowed-hosts"):
+        assert option in out, option
 
 
 # -- the table --------------------------------------------------------------------------------
