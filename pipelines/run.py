@@ -236,7 +236,8 @@ def cmd_ui(a) -> int:
         print(f"note: no MLflow store at {root / 'mlflow.db'} yet; the UI starts empty",
               file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
-    shown = "127.0.0.1" if a.host in ("0.0.0.0", "localhost") else a.host
+    shown = "127.0.0.1" if a.host in ("0.0.0.0", "::", "localhost") else \
+        f"[{a.host}]" if ":" in a.host else a.host  # an address a browser here can open
     base = f"http://{shown}:{a.port}"
     try:
         name = last_pipeline(root)

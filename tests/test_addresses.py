@@ -247,6 +247,15 @@ def _ui(tmp_path, monkeypatch, *args) -> tuple[int | None, str, list[str]]:
     return rc, buf.getvalue(), got[0] if got else []
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
 def test_ui_beyond_loopback_serves_there_with_the_warning(tmp_path, monkeypatch):
     port = str(free_port())
     rc, text, cmd = _ui(tmp_path, monkeypatch, "--host", "0.0.0.0", "--port", port,
@@ -256,6 +265,11 @@ def test_ui_beyond_loopback_serves_there_with_the_warning(tmp_path, monkeypatch)
     assert cmd[cmd.index("--allowed-hosts") + 1] == "box.example"
     assert re.search(r"warning: serving the MLflow UI on 0\.0\.0\.0:\d+, beyond this machine: "
                      r"the MLflow UI has no authentication", text), text
+    assert f"http://127.0.0.1:{port}" in text  # what a browser on this machine opens
+    if _ipv6_loopback():
+        rc, text, cmd = _ui(tmp_path, monkeypatch, "--host", "::1", "--port", port)
+        assert rc is None and f"http://[::1]:{port}" in text, text
+        assert "no authentication" not in text
     rc, text, cmd = _ui(tmp_path, monkeypatch, "--port", port)
     assert rc is None, text
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "--allowed-hosts" not in cmd
