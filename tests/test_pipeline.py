@@ -672,7 +672,8 @@ class TestLocalRay:
     """One local Ray instance (as the pipeline starts it) for the checks below."""
 
     @pytest.fixture(scope="class")
-    def local_ray(self, tmp_path_factory):
+    @classmethod
+    def local_ray(cls, tmp_path_factory):
         from pipelines import cluster
         from pipelines import plan as planning
 

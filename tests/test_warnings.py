@@ -84,7 +84,7 @@ def test_importing_every_module_raises_no_deprecation_of_ours():
 import importlib, pkgutil, warnings
 for f in {FILTERS!r}:
     action, message, category, module = (f.split(":") + ["", "", "", ""])[:4]
-    if action == "error":
+    if action == "error" and module:  # the project's own modules
         warnings.filterwarnings("error", category=getattr(__builtins__, category),
                                 module=module)
 n = 0
