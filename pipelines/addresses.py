@@ -42,7 +42,7 @@ def storage_root(root: str | os.PathLike) -> Path:
         text = os.fsdecode(text)
     m = _URL.match(text)
     scheme = m.group(1).lower() if m else text.split(":", 1)[0].lower() if ":" in text else ""
-    if m and scheme == "file":
+    if scheme == "file" and (m or text[5:6] == "/"):  # file:///p, file://localhost/p, file:/p
         parsed = urlparse(text)
         if parsed.netloc not in ("", "localhost"):
             raise PipelineError(

@@ -207,7 +207,8 @@ def test_ray_address_local_is_the_loopback_only_local_instance(tmp_path, monkeyp
 def test_file_url_root_is_that_path(tmp_path, monkeypatch):
     from pipelines import plan as planning
 
-    for url in (f"file://{tmp_path}/runs", f"file://localhost{tmp_path}/runs"):
+    for url in (f"file://{tmp_path}/runs", f"file://localhost{tmp_path}/runs",
+                f"file:{tmp_path}/runs", f"FILE://{tmp_path}/runs"):
         plan = planning.plan_new(root=url, name="p", preset="debug", grid="tiny", num_cpus=1)
         assert plan.layout.root == tmp_path / "runs"
     (tmp_path / "cwd").mkdir()
