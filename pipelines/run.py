@@ -43,7 +43,8 @@ class Exit(IntEnum):
 
 def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
     p.add_argument("--root", default=str(DEFAULT_ROOT),
-                   help="storage root (absolute path; shared storage on a Ray cluster)")
+                   help="storage root (a path or file:// URL; shared storage on a Ray "
+                        "cluster; s3:// and other URLs are refused: mount them)")
     if name:
         p.add_argument("--name", default=None,
                        help="pipeline name (default: the last one started under --root)")
