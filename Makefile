@@ -37,6 +37,9 @@ STORE ?=
 PHASE1_SEEDS ?=
 MAX_WALL ?=
 RUNS ?= $(CURDIR)/runs
+HOST ?=
+PORT ?=
+ALLOWED_HOSTS ?=
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -86,8 +89,8 @@ status: install ## table of trials of the last (or NAME=...) pipeline, read from
 report: install ## rebuild the report of the last (or NAME=...) pipeline from finished results; STORE=dir: the report of a durable store, into dir/report/
 	$(PY) -m pipelines.run report $(if $(STORE),--store $(STORE),$(if $(NAME),--name $(NAME)) --root $(RUNS))
 
-ui: install ## start the MLflow UI on 127.0.0.1 for the local store (prints the last pipeline's runs address)
-	$(PY) -m pipelines.run ui --root $(RUNS)
+ui: install ## start the MLflow UI for the local store (prints the last pipeline's runs address; HOST=0.0.0.0 serves beyond 127.0.0.1, unauthenticated: a warning says so; PORT=, ALLOWED_HOSTS=)
+	$(PY) -m pipelines.run ui $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS)) --root $(RUNS)
 
 clean: ## remove caches (keeps the venv and runs/)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info

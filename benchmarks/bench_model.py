@@ -60,13 +60,9 @@ MODES = ("train", "eval")
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from pmnet.hardware import cpu_kind
+
+    return cpu_kind()
 
 
 def cpu_flags() -> list[str]:

@@ -15,9 +15,9 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from pipelines.addresses import storage_root
 from pipelines.cluster import ClusterInfo, describe_cluster, planned_storage_check
 from pipelines.layout import (
     Layout,
@@ -194,7 +194,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
 
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib)
     check_max_wall(max_wall_s, store)
-    root = check_writable(root)  # before Ray is asked anything: a bad root costs nothing
+    root = check_writable(storage_root(root))  # before Ray is asked: a bad root costs nothing
     store_layout = None
     if store is not None:
         from pipelines.store import open_store
@@ -468,7 +468,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     from pipelines.layout import last_pipeline
     from pmnet.train import ALL_CONDITIONS, TrainConfig
 
-    root = Path(root).expanduser().absolute()
+    root = storage_root(root)
     name = check_name(name) if name else last_pipeline(root)
     lay = Layout(root, name)
     meta, cfg_d = read_json(lay.pipeline_json), read_json(lay.config_json)
@@ -546,13 +546,21 @@ def _check_resources(plan: Plan) -> Plan:
 
 
 def check_ray_address(address: str | None, timeout: float = 3.0) -> str | None:
-    """None/'' (local Ray), 'auto', or HOST:PORT / ray://HOST:PORT that accepts a TCP
-    connection within `timeout` seconds (Ray itself waits minutes on a dead address)."""
-    if not address:
-        return None
-    address = address.strip()
-    if address in ("auto", "local"):
+    """None/'' and 'local' (local Ray: this pipeline's own loopback-only instance), 'auto',
+    or HOST:PORT / ray://HOST:PORT that accepts a TCP connection within `timeout` seconds
+    (Ray itself waits minutes on a dead address). An http(s):// address (the dashboard's,
+    which `ray job submit` takes) is refused with the GCS address to use instead."""
+    address = (address or "").strip()
+    if not address or address.lower() == "local":
+        return None  # Ray's "local" means a new local instance: ours, loopback only
+    if address == "auto":
         return address
+    if address.lower().startswith(("http://", "https://")):
+        raise PipelineError(
+            f"Ray address {address!r} is a dashboard / job-submission URL (for `ray job "
+            "submit`); the pipeline connects as a driver: use the head's HOST:6379 (the "
+            "address `ray start --head` prints) or ray://HOST:10001, in --ray-address / "
+            "RAY_ADDRESS, or unset RAY_ADDRESS to run on local Ray")
     hostport = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = hostport.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -36,9 +36,9 @@ def package_versions() -> dict[str, str]:
 
 
 def cpu_kind() -> str:
-    """This machine's CPU model with AMX or AVX-512 (`pmnet.train.cpu_kind`: the one place
-    the project reads the CPU's name)."""
-    from pmnet.train import cpu_kind as kind
+    """This machine's CPU model with AMX or AVX-512 (`pmnet.hardware.cpu_kind`: the one
+    place the project reads the CPU's name)."""
+    from pmnet.hardware import cpu_kind as kind
 
     return kind()
 

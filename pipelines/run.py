@@ -43,7 +43,8 @@ class Exit(IntEnum):
 
 def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
     p.add_argument("--root", default=str(DEFAULT_ROOT),
-                   help="storage root (absolute path; shared storage on a Ray cluster)")
+                   help="storage root (a path or file:// URL; shared storage on a Ray "
+                        "cluster; s3:// and other URLs are refused: mount them)")
     if name:
         p.add_argument("--name", default=None,
                        help="pipeline name (default: the last one started under --root)")
@@ -140,7 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help="MLflow UI for the embedded store on 127.0.0.1")
     _common(p, name=False)
     p.add_argument("--port", type=int, default=int(os.environ.get("MLFLOW_UI_PORT", 5000)))
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve on (0.0.0.0: every interface, e.g. from a "
+                        "container; the UI has no authentication, a warning says so)")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="Host headers MLflow answers beyond localhost and private IPs "
+                        "(mlflow server --allowed-hosts), e.g. a DNS name of this machine")
     return ap
 
 
@@ -239,9 +245,10 @@ def cmd_report(a) -> int:
 def report_store(path: str) -> int:
     """`pmnet.report.main_report` of a durable store (laid out like a run directory):
     `<store>/report/`. Exit 2 when it is not a store with results."""
+    from pipelines.addresses import STORE_HELP, storage_root
     from pmnet.store_layout import read_store_record
 
-    root = Path(path).expanduser().absolute()
+    root = storage_root(path, what="--store", help=STORE_HELP)
     try:
         record = read_store_record(root)
     except ValueError as e:
@@ -265,16 +272,21 @@ def report_store(path: str) -> int:
 def cmd_ui(a) -> int:
     """`mlflow server` on the embedded store; prints the address of the last pipeline's
     training runs (`tracking_uri.ui_address`)."""
+    from pipelines.addresses import ui_bind
     from pipelines.layout import Layout, last_pipeline
     from pipelines.records import TrackingRecord
     from pipelines.tracking_uri import store_uri, ui_address
 
     root = Path(a.root).expanduser().absolute()
+    warning = ui_bind(a.host, a.port)  # before anything is written: exit 2 if it cannot
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if not (root / "mlflow.db").is_file():
         print(f"note: no MLflow store at {root / 'mlflow.db'} yet; the UI starts empty",
               file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
-    shown = "127.0.0.1" if a.host in ("0.0.0.0", "localhost") else a.host
+    shown = "127.0.0.1" if a.host in ("0.0.0.0", "::", "localhost") else \
+        f"[{a.host}]" if ":" in a.host else a.host  # an address a browser here can open
     base = f"http://{shown}:{a.port}"
     try:
         name = last_pipeline(root)
@@ -286,6 +298,8 @@ def cmd_ui(a) -> int:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
            store_uri(root, None), "--artifacts-destination", str(root / "mlartifacts"),
            "--host", a.host, "--port", str(a.port), "--workers", "1"]
+    if a.allowed_hosts:
+        cmd += ["--allowed-hosts", a.allowed_hosts]
     os.environ["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner needed
     os.chdir(root)
     os.execv(cmd[0], cmd)
@@ -302,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     from tune_spaces import SpaceError
 
     try:
+        from pipelines.addresses import storage_root
+
+        args.root = str(storage_root(args.root))  # a URL is refused here (exit 2)
         return int(COMMANDS[args.command](args))
     except (PipelineError, SpaceError) as e:  # raised while planning: nothing has started
         print(f"error: {e}", file=sys.stderr)

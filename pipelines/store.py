@@ -39,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pipelines.addresses import STORE_HELP, storage_root
 from pipelines.console import say
 from pipelines.layout import PipelineError, check_writable, read_json
 from pipelines.lock import _alive
@@ -72,6 +73,7 @@ class StoreError(PipelineError):
 def open_store(path: str | os.PathLike) -> StoreLayout:
     """The store at `path`, checked without writing: a writable directory (or one that can
     be created), empty or holding a `store.json` of this format. PipelineError otherwise."""
+    path = storage_root(path, what="--store", help=STORE_HELP)
     root = check_writable(path, what="store", hint="pass a writable --store (STORE=... for "
                           "make)")
     try:

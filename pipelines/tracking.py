@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ray.air.integrations.mlflow import MLflowLoggerCallback
+from ray.tune.logger import LoggerCallback
 
 from pipelines.console import say
 from pipelines.layout import Layout, read_json, trial_key
@@ -487,20 +487,21 @@ def record_result(tracker: Tracker, run_id: str, result: dict,
     tracker.finish(run_id, "FINISHED")
 
 
-class TrialRuns(MLflowLoggerCallback):
+class TrialRuns(LoggerCallback):
     """The driver's MLflow writer for the trials: one run per trial, found again by its key.
 
-    A subclass of Ray's `MLflowLoggerCallback` (the same Tune hooks, on the driver) that
-    adds what the pipeline needs: runs re-attached by `trial_key` after a retry, a
-    `Tuner.restore` or a new driver (Ray's keeps `{Trial: run id}` in memory and opens a
-    second run); epochs logged at step=epoch, once; the run closed from the result file
-    (`record_result`); every call bounded and non-fatal (`TrackingGuard`). Its settings are
-    read from tracking.json at `setup`, so the instance Tune pickles with the experiment
-    logs where the resuming driver logs.
+    A Tune `LoggerCallback` (its hooks `log_trial_start`, `log_trial_result` and
+    `log_trial_end`, on the driver), not Ray's `MLflowLoggerCallback`, whose every hook it
+    would replace: runs re-attached by `trial_key` after a retry, a `Tuner.restore` or a new
+    driver (Ray's keeps `{Trial: run id}` in memory and opens a second run); epochs logged
+    at step=epoch, once; the run closed from the result file (`record_result`); every call
+    bounded and non-fatal (`TrackingGuard`). Its settings are read from tracking.json at
+    `setup`, so the instance Tune pickles with the experiment logs where the resuming driver
+    logs.
     """
 
     def __init__(self, ctx: TrialContext):
-        super().__init__(experiment_name=None)
+        super().__init__()
         self.ctx = ctx
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment (tuner.pkl)

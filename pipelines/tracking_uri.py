@@ -10,9 +10,11 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
+from pipelines.addresses import check_database, database_backend
 from pipelines.layout import PipelineError
 
 EMBEDDED = "embedded"
+DATABRICKS = ("databricks", "databricks-uc", "uc")  # refused (docs/pipeline.md, "Addresses")
 
 
 # -- where the runs go ---------------------------------------------------------------------
@@ -67,10 +69,20 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     """Fail fast (PipelineError) when a tracking URI cannot be used; create nothing.
 
     http(s): the server must answer (`/health`, else its REST API). `file:` stores and bare
-    paths are refused as MLflow 3 refuses them. Other schemes must be one MLflow knows; a
-    `sqlite:` database's directory must exist and be writable.
+    paths are refused as MLflow 3 refuses them, and Databricks workspaces as unsupported.
+    Other schemes must be one MLflow knows; a database (postgresql, mysql, mssql) must accept
+    a connection (`addresses.check_database`); a `sqlite:` database's directory must exist
+    and be writable.
     """
     parsed = urlparse(uri)
+    if uri.strip().lower() == "databricks" or parsed.scheme.lower() in DATABRICKS:
+        raise PipelineError(
+            f"tracking URI {uri!r} names a Databricks workspace, which this pipeline does not "
+            "support (it names experiments by pipeline, where Databricks wants a workspace "
+            "path such as /Users/<you>/<name>, and its Ray workers would each need the "
+            "workspace's credentials). Use an MLflow server (http://HOST:PORT), a database "
+            "(sqlite:////abs/path/mlflow.db, postgresql://USER@HOST/DB), or unset "
+            "MLFLOW_TRACKING_URI / --tracking-uri for the embedded store under the root.")
     if parsed.scheme in ("http", "https"):
         if not parsed.netloc:
             raise PipelineError(f"tracking URI {uri!r} has no host: use http://HOST:PORT")
@@ -89,6 +101,8 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     except Exception as e:
         raise PipelineError(f"tracking URI {uri!r} is not one MLflow can use "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+    if database_backend(uri):  # connected now, so a bad one fails before Stage 1
+        check_database(uri, timeout)
     if parsed.scheme == "sqlite":
         parent = sqlite_path(uri).parent
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):

@@ -14,3 +14,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The fault tests' uninterrupted debug pipeline (`tests.support.faults.reference_run`),
+    once per module that asks for it (tests/test_faults.py, tests/test_cluster_faults.py)."""
+    from tests.support.faults import reference_run
+
+    return reference_run(tmp_path_factory.mktemp("reference") / "runs")

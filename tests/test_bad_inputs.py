@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -27,17 +26,12 @@ from pathlib import Path
 import pytest
 
 from pipelines import run
+from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "pipeline.md"
 BEGIN, END = "<!-- bad-inputs:begin -->", "<!-- bad-inputs:end -->"
 CLEAN_ENV = ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- prepared storage roots -----------------------------------------------------------------
@@ -352,7 +346,7 @@ def run_case(case: Case, root: Path) -> tuple[int, str, float]:
     `case.user` in a forked child when set)."""
     if case.setup is not None:
         case.setup(root)
-    env = {k: v.replace("CLOSED", str(_closed_port())) for k, v in case.env.items()}
+    env = {k: v.replace("CLOSED", str(free_port())) for k, v in case.env.items()}
     saved = {k: os.environ.get(k) for k in (*CLEAN_ENV, *env)}
     for k in CLEAN_ENV:
         os.environ.pop(k, None)

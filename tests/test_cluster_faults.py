@@ -1,7 +1,7 @@
 """The "Clusters: faults" table of docs/pipeline.md, produced by tests (all `slow`).
 
 Each scenario runs the debug preset on the `tiny` grid on a Ray cluster of several nodes on
-this machine (`tests/ray_nodes.py`: `ray start --block` per node, each in its own process
+this machine (`tests/support/ray_nodes.py`: `ray start --block` per node, each in its own process
 group), takes a node away the way a machine dies (SIGKILL of its process group) or starts
 one that cannot see the storage root, and records what the user sees and the exit codes.
 Then it checks, as tests/test_faults.py does, that nothing was lost: the final tables and
@@ -34,14 +34,20 @@ from pipelines.faults import KILL_ENV, PAUSE_ENV
 from pipelines.layout import Layout
 from pipelines.records import Progress, Started
 from pmnet.trial_id import TrialId
-from tests.ray_nodes import LoopbackCluster, Node
-from tests.test_faults import (  # noqa: F401  (`reference` is the uninterrupted run)
-    _attempts,
+from tests.support.faults import (
     assert_nothing_lost,
-    reference,
     write_doc_rows,
 )
-from tests.test_pipeline import BASE, GRID, REPO, _env, _kill_group, cli
+from tests.support.pipeline import (
+    BASE,
+    GRID,
+    REPO,
+    cli,
+    kill_group,
+    pipeline_env,
+    trial_attempts,
+)
+from tests.support.ray_nodes import LoopbackCluster, Node
 
 DOCS = REPO / "docs" / "pipeline.md"
 BEGIN, END = "<!-- cluster-faults:begin -->", "<!-- cluster-faults:end -->"
@@ -96,7 +102,7 @@ def start_on(cluster: LoopbackCluster, root: Path, name: str, env: dict) -> subp
     log = open(f"{root}.{name}.log", "w")  # noqa: SIM115 - closed by the child's exit
     return subprocess.Popen([sys.executable, "-m", "pipelines.run", "start", *BASE, "--root",
                              str(root), "--name", name], cwd=REPO,
-                            env=_env({"RAY_ADDRESS": cluster.address, **env}), stdout=log,
+                            env=pipeline_env({"RAY_ADDRESS": cluster.address, **env}), stdout=log,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -107,7 +113,7 @@ def finish(proc: subprocess.Popen, root: Path, name: str, timeout: float = 900) 
         pytest.fail(f"the pipeline did not end within {timeout} s:\n"
                     + Path(f"{root}.{name}.log").read_text()[-4000:])
     finally:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
     return Path(f"{root}.{name}.log").read_text()
 
 
@@ -138,7 +144,7 @@ def trial_checkpointed_on(lay: Layout, node: Node):
     """(trial, its attempt) of a trial whose running attempt is on `node` and has written
     an epoch checkpoint since it started, or None."""
     for c, s in GRID:
-        tried = _attempts(lay, c, s)
+        tried = trial_attempts(lay, c, s)
         if not tried or tried[-1]["node_id"] != node.node_id or tried[-1]["kind"] != "train":
             continue
         last = lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt"
@@ -174,7 +180,7 @@ def test_worker_node_lost_mid_stage2(tmp_path, reference):  # noqa: F811
             assert pid_gone(attempt["pid"]), "the trial's process outlived its node"
             out = finish(proc, root, "lost2")
         finally:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
         rc = proc.returncode
         codes = str(rc)
         if rc != 0:  # what the message says to do
@@ -182,7 +188,7 @@ def test_worker_node_lost_mid_stage2(tmp_path, reference):  # noqa: F811
                             env={"RAY_ADDRESS": cluster.address}, timeout=900)
             assert rc2 == 0, out2[-4000:]
             codes = f"{rc}, then 0 after `resume`"
-        retry = _attempts(lay, victim.condition, victim.seed)[-1]
+        retry = trial_attempts(lay, victim.condition, victim.seed)[-1]
     assert retry["node_id"] == head.node_id and retry["kind"] == "train"
     assert retry["resume_from"] is not None, retry  # from its checkpoint, not the start
     assert retry["resume_epoch"] >= epoch >= 0
@@ -214,7 +220,7 @@ def test_node_running_phase1_lost(tmp_path, reference):  # noqa: F811
                                .time > t_kill and p, 300, "the retried Phase-1 task", proc)
             out = finish(proc, root, "lost1")
         finally:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
         again = Started.read(started_file)
     assert proc.returncode == 0, out[-4000:]
     assert again.node_id != victim.node_id and again.node_id in {w.node_id for w in workers}

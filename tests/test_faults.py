@@ -30,19 +30,22 @@ import pytest
 from pipelines.faults import KILL_ENV, PAUSE_ENV, POINTS
 from pipelines.layout import Layout, read_json
 from pmnet.trial_id import TrialId
-from tests.test_pipeline import (
+from tests.support.faults import (
+    DOCS,
+    Reference,
+    assert_nothing_lost,
+    write_doc_rows,
+)
+from tests.support.pipeline import (
     BASE,
     GRID,
     REPO,
-    _env,
-    _kill_group,
-    check_trial_runs,
     cli,
-    mlflow_runs,
-    wait_gone,
+    kill_group,
+    pipeline_env,
+    trial_attempts,
 )
 
-DOCS = REPO / "docs" / "pipeline.md"
 BEGIN, END = "<!-- fault-table:begin -->", "<!-- fault-table:end -->"
 ROWS: dict[str, dict] = {}
 
@@ -87,18 +90,6 @@ SCENARIOS: dict[str, tuple[str, str]] = {
 # -- helpers --------------------------------------------------------------------------------
 
 
-def final_tables(run_dir: Path) -> dict[str, str]:
-    """What a researcher reads: the report's tables, its comparisons and the test metrics."""
-    rep = run_dir / "report"
-    out = {p.name: p.read_text() for p in sorted((rep / "tables").glob("*.md"))}
-    out["comparisons.csv"] = (rep / "data" / "comparisons.csv").read_text()
-    for c, s in GRID:
-        res = read_json(Layout(run_dir.parent, run_dir.name).result_path(TrialId(c, s)))
-        out[f"test {c}-s{s}"] = json.dumps(res["test"], sort_keys=True)
-    assert len(out) > 2 + len(GRID), "the report wrote no tables"
-    return out
-
-
 def first_error(out: str) -> str:
     """The message the user reads: the final `error:` line, else the first line that
     mentions an error (ANSI colour codes removed)."""
@@ -136,60 +127,6 @@ def record(sid: str, *, sees: str, code: int | str, lost: str = "nothing") -> No
                  "lost": lost}
 
 
-class Reference(dict):
-    """The final tables of the uninterrupted run (`final_tables`), and where it is."""
-
-    run_dir: Path
-
-
-def assert_nothing_lost(run_dir: Path, reference: dict[str, str]) -> None:
-    tables = final_tables(run_dir)
-    if tables != reference and isinstance(reference, Reference):
-        # the report's code may have changed since the reference was made (another session
-        # edits pmnet/report while a long slow suite runs): its report is made again from its
-        # results by the code of now, and the trials' test metrics compare as they were
-        rc, out = cli("report", "--root", str(reference.run_dir.parent), "--name",
-                      reference.run_dir.name, "--no-mlflow")
-        assert rc == 0, out[-3000:]
-        reference.update(final_tables(reference.run_dir))
-    assert tables == reference
-    lay = Layout(run_dir.parent, run_dir.name)
-    assert wait_gone(str(lay.root)) == []  # no MLflow server left behind
-    client, _, runs = mlflow_runs(f"sqlite:///{lay.mlflow_db}", lay.name)
-    check_trial_runs(client, runs, lay.name, lay)
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("reference") / "runs"
-    rc, out = cli("start", *BASE, "--root", str(root), "--name", "ref")
-    assert rc == 0, out[-3000:]
-    ref = Reference(final_tables(root / "ref"))
-    ref.run_dir = root / "ref"
-    return ref
-
-
-def write_doc_rows(begin: str, end: str, header: list[str], columns: tuple[str, ...],
-                   scenarios: dict[str, tuple[str, str]], observed: dict[str, dict]) -> None:
-    """With PMNET_WRITE_FAULT_TABLE=1: the rows observed (`columns` of each) replace their
-    rows in docs/pipeline.md between the `begin` and `end` markers; rows of scenarios not run
-    this time are kept. Shared by the fault table and the clusters' fault table."""
-    if not (os.environ.get("PMNET_WRITE_FAULT_TABLE") and observed):
-        return
-    text = DOCS.read_text()
-    head, rest = text.split(begin, 1)
-    block, tail = rest.split(end, 1)
-    old = {ln.split(" | ", 1)[0][2:]: ln for ln in block.strip().splitlines()[2:]}
-    rows = list(header)
-    for sid, (fault, _) in scenarios.items():
-        if sid in observed:
-            r = {k: v.replace("|", "\\|") for k, v in observed[sid].items()}
-            rows.append("| " + " | ".join(r[c] for c in columns) + " |")
-        elif fault in old:
-            rows.append(old[fault])
-    DOCS.write_text(f"{head}{begin}\n" + "\n".join(rows) + f"\n{end}{tail}")
-
-
 @pytest.fixture(scope="module", autouse=True)
 def write_table():
     """The rows observed here replace their rows of the fault table (`write_doc_rows`)."""
@@ -215,29 +152,22 @@ def test_driver_killed_then_resumed_loses_nothing(point, tmp_path, reference):
         assert "interrupted" in status, status
     done_before = {(c, s): lay.result_path(TrialId(c, s)).read_bytes() for c, s in GRID
                    if lay.result_path(TrialId(c, s)).is_file()}
-    n_attempts = {t: len(_attempts(lay, *t)) for t in GRID}
+    n_attempts = {t: len(trial_attempts(lay, *t)) for t in GRID}
     rc2, out2 = cli("resume", "--root", str(root))
     assert rc2 == 0, out2[-3000:]
     assert_nothing_lost(lay.run_dir, reference)
     for t, data in done_before.items():  # a finished trial is never trained again
         assert lay.result_path(TrialId(*t)).read_bytes() == data
-        assert {a["kind"] for a in _attempts(lay, *t)[n_attempts[t]:]} <= {"reuse"}
+        assert {a["kind"] for a in trial_attempts(lay, *t)[n_attempts[t]:]} <= {"reuse"}
     state = "interrupted" if "interrupted" in status else "finished"
     record(f"kill-{point}", code="-9 (SIGKILL), then 0",
            sees=f"`status`: {state}; `resume`: " + first_line(out2, "[stage"))
 
 
-def _attempts(lay: Layout, condition: str, seed: int) -> list[dict]:
-    path = lay.trial_dir(TrialId(condition, seed)) / "attempts.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def start_in_background(root: Path, name: str, env: dict | None = None) -> subprocess.Popen:
     """`pipelines.run start` of the debug pipeline in its own process group, not waited for."""
     return subprocess.Popen([sys.executable, "-m", "pipelines.run", "start", *BASE, "--root",
-                             str(root), "--name", name], cwd=REPO, env=_env(env),
+                             str(root), "--name", name], cwd=REPO, env=pipeline_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -275,7 +205,7 @@ def test_two_drivers_at_once(tmp_path, reference):
         assert (root / "two" / "pipeline.json").read_bytes() == before
         out_a, _ = first.communicate(timeout=420)
     finally:
-        _kill_group(first.pid)
+        kill_group(first.pid)
     assert rc_b == rc_c == 4, out_b + out_c
     assert "is being run by driver pid" in out_b and "is being run by driver pid" in out_c
     assert first.returncode == 0, out_a[-3000:]
@@ -303,7 +233,7 @@ def test_trial_worker_killed_mid_training(tmp_path, reference):
             time.sleep(0.05)
         out, _ = proc.communicate(timeout=420)
     finally:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
     assert killed is not None, "the trial's worker was not found alive"
     assert proc.returncode == 0, out[-3000:]
     attempts = victim.read_text().splitlines()
@@ -345,7 +275,7 @@ def test_disk_full_during_stage2_then_freed_and_resumed(tmp_path, reference):
                     pass
             out, _ = proc.communicate(timeout=420)
         finally:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
         assert proc.returncode in (1, 3), out[-3000:]
         sees = first_error(out)
         filler.unlink()
@@ -397,7 +327,7 @@ def test_bad_phase1_checkpoint_is_refused_then_retrained(kind, tmp_path, referen
     rc, out2 = cli("resume", "--root", str(root), "--name", kind)
     assert rc == 0, out2[-3000:]
     assert "moved to stage2-phase1-" in out2  # trials of the old checkpoint are not reused
-    assert any("discarded" in a for c, s in GRID for a in _attempts(lay, c, s))
+    assert any("discarded" in a for c, s in GRID for a in trial_attempts(lay, c, s))
     assert_nothing_lost(lay.run_dir, reference)
     record(f"{kind}-checkpoint", code="2, then 0 after `rm -r phase1`", sees=first_error(out))
 
@@ -407,15 +337,15 @@ def _run_killed_after(args: list[str], delay: float, env: dict) -> tuple[int, st
     after the start unless it ended before: (exit code, output, seconds it ran)."""
     t0 = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
-                            env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=pipeline_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=delay)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         out, _ = proc.communicate()
     finally:
-        _kill_group(proc.pid)  # whatever the driver left in its group (local Ray)
+        kill_group(proc.pid)  # whatever the driver left in its group (local Ray)
     return proc.returncode, out, time.time() - t0
 
 
@@ -452,7 +382,7 @@ def soak_figures(lay: Layout) -> dict:
     attempt resuming from an earlier epoch than the one before it resumed from)."""
     again = from_ckpt = from_start = epochs_lost = 0
     for c, s in GRID:
-        trained = [a for a in _attempts(lay, c, s) if a["kind"] == "train"]
+        trained = [a for a in trial_attempts(lay, c, s) if a["kind"] == "train"]
         for prev, a in zip(trained, trained[1:]):
             again += 1
             if a.get("resume_from"):

@@ -301,9 +301,9 @@ def phase1(tmp_path_factory):
 
 
 def _ctx(root: Path, phase1: dict):
-    from tests.test_pipeline_config import _trial_ctx
+    from tests.support.trials import trial_ctx
 
-    return _trial_ctx(root, phase1)
+    return trial_ctx(root, phase1)
 
 
 def test_a_trial_given_no_gpu_trains_on_cpu_and_records_it(tmp_path, phase1, monkeypatch):
@@ -313,7 +313,7 @@ def test_a_trial_given_no_gpu_trains_on_cpu_and_records_it(tmp_path, phase1, mon
     from pipelines.layout import read_json
     from pmnet.report import _run_facts
     from pmnet.stats import load_results
-    from tests.test_pipeline_config import FakeTune, run_trial_here
+    from tests.support.trials import FakeTune, run_trial_here
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -357,7 +357,7 @@ def test_a_configuration_error_ends_a_trial_once_with_the_reason(tmp_path, phase
     raise, so Tune does not retry it: it reports the reason once and records it."""
     from pipelines.layout import read_json
     from pipelines.trial import CONFIG_ERROR, train_trial
-    from tests.test_pipeline_config import FakeTune
+    from tests.support.trials import FakeTune
 
     ctx = _ctx(tmp_path / "runs", phase1)
     fake = FakeTune(tmp_path / "tune")
@@ -377,7 +377,7 @@ def test_a_configuration_error_ends_a_trial_once_with_the_reason(tmp_path, phase
 
 
 def test_a_finished_trial_gives_its_cached_gpu_memory_back(tmp_path, phase1, monkeypatch):
-    from tests.test_pipeline_config import FakeTune, run_trial_here
+    from tests.support.trials import FakeTune, run_trial_here
 
     emptied = []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)

@@ -24,74 +24,25 @@ import pytest
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.records import TrackingRecord
 from pmnet.trial_id import TrialId
-from tests.ray_nodes import free_port
+from tests.support.net import free_port
+from tests.support.pipeline import (
+    BASE,
+    GRID,
+    REPO,
+    check_trial_runs,
+    cli,
+    kill_group,
+    mlflow_runs,
+    pipeline_env,
+    processes_mentioning,
+    trial_attempts,
+    wait_gone,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-GRID = [(c, s) for s in (42, 43) for c in ("learned_full", "consolidator_only")]
-# --gpus-per-trial 0: trials and Stage 1 on the CPU on any machine, so that results compare
-# exactly with in-process reference runs (on CUDA `gather` and SDPA's backward are not
-# deterministic); the `gpu` test asks for a GPU explicitly
-BASE = ["--preset", "debug", "--grid", "tiny", "--stage1-cpus", "1", "--gpus-per-trial", "0"]
 GPU_BASE = ["--preset", "debug", "--grid", "tiny", "--stage1-cpus", "1"]
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def _env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "RAY_AUTH_MODE",
-                        "PMNET_TEST_FAULT_ONCE")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update(extra or {})
-    return env
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def cli(*args: str, env: dict | None = None, timeout: float = 420) -> tuple[int, str]:
-    """Run `python -m pipelines.run ARGS` in its own process group; return (rc, output)."""
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
-                            env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        out, _ = proc.communicate()
-        pytest.fail(f"pipeline timed out after {timeout} s:\n{out[-4000:]}")
-    finally:
-        _kill_group(proc.pid)  # anything the driver left in its group (Ray agents)
-    return proc.returncode, out
-
-
-def processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="ignore")
-                stat = (d / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-            except OSError:
-                continue
-            if text in cmd and stat != "Z":
-                pids.append(int(d.name))
-    return pids
-
-
-def wait_gone(text: str, timeout: float = 30) -> list[int]:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        left = processes_mentioning(text)
-        if not left:
-            return []
-        time.sleep(0.5)
-    return processes_mentioning(text)
 
 
 def reference(run_dir: Path, condition: str, seed: int) -> dict:
@@ -120,55 +71,6 @@ def assert_same_training(got: dict, ref: dict) -> None:
         assert got[key] == ref[key], f"{key} differs from the uninterrupted run"
 
 
-def attempts(lay: Layout, condition: str, seed: int) -> list[dict]:
-    path = lay.trial_dir(TrialId(condition, seed)) / "attempts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def mlflow_runs(uri: str, name: str) -> tuple:
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(f"pmnet/{name}")
-    assert exp is not None, f"no MLflow experiment pmnet/{name} at {uri}"
-    # tagged as model training: the MLflow UI opens its runs, not the GenAI traces view
-    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
-    return client, exp, client.search_runs([exp.experiment_id], max_results=1000)
-
-
-def check_trial_runs(client, runs, name: str, lay: Layout) -> dict:
-    """Exactly one FINISHED run per trial, with its tags, params, per-epoch metrics."""
-    by_key: dict[str, list] = {}
-    for r in runs:
-        if "trial_key" in r.data.tags:
-            by_key.setdefault(r.data.tags["trial_key"], []).append(r)
-    assert sorted(by_key) == sorted(trial_key(name, TrialId(c, s)) for c, s in GRID)
-    parents = {r.info.run_id for r in runs if r.data.tags.get("role") == "pipeline"}
-    assert len(parents) == 1
-    for c, s in GRID:
-        found = by_key[trial_key(name, TrialId(c, s))]
-        assert len(found) == 1, f"{len(found)} MLflow runs for {c}-s{s}"
-        run = found[0]
-        res = read_json(lay.result_path(TrialId(c, s)))
-        assert run.info.status == "FINISHED" and run.info.run_name == TrialId(c, s).name
-        tags = run.data.tags
-        assert (tags["condition"], tags["seed"], tags["preset"]) == (c, str(s), "debug")
-        assert tags["phase1_sha256"] == res["phase1_sha256"]
-        assert tags["mlflow.parentRunId"] in parents
-        assert run.data.params["model.hidden"] == "32" and run.data.params["seed"] == str(s)
-        # every epoch once: an epoch reported while the driver was dead is logged from
-        # the result file at the end, so the logging order may differ from the steps'
-        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch"))
-        assert steps == list(range(len(steps))) and len(steps) >= 1, steps
-        assert steps == [h["epoch"] for h in res["history"]]
-        val = client.get_metric_history(run.info.run_id, "val/updated_ltm")
-        assert sorted(m.step for m in val) == steps
-        assert run.data.metrics["test/updated_ltm"] == pytest.approx(res["test"]["updated_ltm"])
-        recorded = TrackingRecord.read(lay.tracking_json).trials[TrialId(c, s).name]
-        assert recorded.run_id == run.info.run_id and recorded.finished
-    return by_key
-
-
 # -- end to end, embedded MLflow store (CI) -----------------------------------------------------
 
 
@@ -185,7 +87,7 @@ def test_debug_pipeline_end_to_end_with_embedded_mlflow(tmp_path):
     for c, s in GRID:
         res = read_json(lay.result_path(TrialId(c, s)))
         assert res["condition"] == c and res["seed"] == s and "updated_ltm" in res["test"]
-        assert len(attempts(lay, c, s)) == 1
+        assert len(trial_attempts(lay, c, s)) == 1
     digest = read_json(lay.pipeline_json)["phase1_sha256"]
     assert {read_json(lay.result_path(TrialId(c, s)))["phase1_sha256"] for c, s in GRID} == {digest}
     assert (lay.phase1_ckpt.stat().st_mode & 0o222) == 0  # read-only after Stage 1
@@ -382,7 +284,7 @@ class MlflowServer:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
                  "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1",
-                 "--port", str(port), "--workers", "1"], env=_env(
+                 "--port", str(port), "--workers", "1"], env=pipeline_env(
                      {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}), stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
         uri, deadline = f"http://127.0.0.1:{port}", time.time() + 240
@@ -397,7 +299,7 @@ class MlflowServer:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _kill_group(self.proc.pid)
+            kill_group(self.proc.pid)
             self.proc.wait(30)
 
 
@@ -434,7 +336,7 @@ def test_trial_crashing_once_resumes_from_its_checkpoint(crashed_once):
     lay = crashed_once["lay"]
     assert crashed_once["marker"].is_file()  # the fault did fire
     assert "learned_full-s42 crashed" in crashed_once["out"]
-    tries = attempts(lay, "learned_full", 42)
+    tries = trial_attempts(lay, "learned_full", 42)
     assert len(tries) == 2 and tries[0]["resume_from"] is None
     assert tries[1]["resume_epoch"] == 0 and tries[1]["resume_from"]
     from pipelines.status import trial_rows
@@ -523,7 +425,7 @@ def test_driver_killed_mid_stage2_then_resumed(tmp_path):
             "--set", "max_epochs=4", "--set", "patience=4", "--set", "episodes_per_epoch=256"]
     log = open(tmp_path / "driver.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
-                            env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                            env=pipeline_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
         deadline = time.time() + 300
@@ -541,7 +443,7 @@ def test_driver_killed_mid_stage2_then_resumed(tmp_path):
         proc.wait(30)
         assert wait_gone(str(root), timeout=30) == []  # nothing serves the store
     finally:
-        _kill_group(proc.pid)  # Ray helper processes left in the driver's group
+        kill_group(proc.pid)  # Ray helper processes left in the driver's group
         log.close()
     finished = {p.stem: p.read_bytes() for p in lay.results_dir.glob("*.json")}
     assert 1 <= len(finished) < 4
@@ -554,7 +456,7 @@ def test_driver_killed_mid_stage2_then_resumed(tmp_path):
     for name, data in finished.items():  # finished trials were not rerun
         c, s = name.rsplit("-s", 1)
         assert lay.result_path(TrialId(c, int(s))).read_bytes() == data
-        assert [a["kind"] for a in attempts(lay, c, int(s))] == ["train"]
+        assert [a["kind"] for a in trial_attempts(lay, c, int(s))] == ["train"]
     for c, s in GRID:
         assert_same_training(read_json(lay.result_path(TrialId(c, s))),
                              reference(lay.run_dir, c, s))
@@ -585,7 +487,7 @@ def test_mlflow_server_killed_mid_stage2_trials_finish_and_resume_logs_them(tmp_
     try:
         uri = ready()
         proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
-                                env=_env({"MLFLOW_TRACKING_URI": uri}), stdout=log,
+                                env=pipeline_env({"MLFLOW_TRACKING_URI": uri}), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
@@ -597,7 +499,7 @@ def test_mlflow_server_killed_mid_stage2_trials_finish_and_resume_logs_them(tmp_
         rc = proc.wait(420)
     finally:
         if proc is not None:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
         log.close()
         server.stop()
     out = (tmp_path / "driver.log").read_text()
@@ -628,9 +530,9 @@ def test_mlflow_server_killed_mid_stage2_trials_finish_and_resume_logs_them(tmp_
 
 @pytest.mark.slow
 def test_two_node_cluster_runs_the_debug_pipeline(tmp_path):
-    from tests.ray_nodes import LoopbackCluster
+    from tests.support.ray_nodes import LoopbackCluster
 
-    with LoopbackCluster() as cluster:  # each node in its own process group (tests/ray_nodes)
+    with LoopbackCluster() as cluster:  # each node in its own process group (see ray_nodes)
         cluster.add_node(head=True, num_cpus=1)
         cluster.add_node(num_cpus=1)
         address = cluster.address
@@ -642,7 +544,7 @@ def test_two_node_cluster_runs_the_debug_pipeline(tmp_path):
         assert f"Ray cluster {address}" in out
         assert f"all 2 Ray nodes see the storage root {root}" in out  # checked before Stage 1
         lay = Layout(root, "cluster")
-        used = {attempts(lay, c, s)[0]["node_id"] for c, s in GRID}
+        used = {trial_attempts(lay, c, s)[0]["node_id"] for c, s in GRID}
         assert len(used) == 2, f"trials ran on {used}"
         for c, s in GRID:
             assert_same_training(read_json(lay.result_path(TrialId(c, s))),
@@ -674,8 +576,8 @@ def test_trials_share_one_gpu_with_fractional_resources(tmp_path):
         result = read_json(lay.result_path(TrialId(c, s)))
         assert result["config"]["precision"] == "auto"
         assert result["precision"] == "bf16-mixed" and "(cuda:0)" in result["device"]
-        assert attempts(lay, c, s)[0]["cuda_visible_devices"] not in (None, "")
-        assert attempts(lay, c, s)[0]["accelerator"] == "gpu"
+        assert trial_attempts(lay, c, s)[0]["cuda_visible_devices"] not in (None, "")
+        assert trial_attempts(lay, c, s)[0]["accelerator"] == "gpu"
 
 
 # -- services: one MLflow server per store, loopback-only local Ray, code shipping, storage -----
@@ -725,7 +627,7 @@ def test_two_drivers_write_one_sqlite_store_at_once(tmp_path):
     uri, n = f"sqlite:///{db}", 100
     MlflowClient(uri).search_experiments()  # the schema, before the race
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, uri, key, str(n)], cwd=REPO,
-                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=pipeline_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for key in ("a", "b")]
     outs = [w.communicate(timeout=300) for w in writers]
     assert [w.returncode for w in writers] == [0, 0], outs
@@ -770,7 +672,8 @@ class TestLocalRay:
     """One local Ray instance (as the pipeline starts it) for the checks below."""
 
     @pytest.fixture(scope="class")
-    def local_ray(self, tmp_path_factory):
+    @classmethod
+    def local_ray(cls, tmp_path_factory):
         from pipelines import cluster
         from pipelines import plan as planning
 
@@ -849,7 +752,7 @@ ray.shutdown()
 
 
 def test_workers_get_the_code_from_the_runtime_env(tmp_path):
-    env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in pipeline_env().items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-c", SHIPPED, str(REPO)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -26,6 +26,8 @@ from pipelines.status import status_text, trial_rows
 from pipelines.tracking import Tracker
 from pipelines.tracking_uri import check_tracking_uri
 from pmnet.trial_id import TrialId
+from tests.support.net import free_port
+from tests.support.trials import FakeTune, run_trial_here, trial_ctx
 from tune_spaces import SpaceError
 
 
@@ -33,12 +35,6 @@ def _plan(tmp_path, **kw):
     kw.setdefault("preset", "debug")
     kw.setdefault("grid", "tiny")
     return planning.plan_new(root=tmp_path / "runs", name=kw.pop("name", "p"), **kw)
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- fail fast ------------------------------------------------------------------------------
@@ -69,7 +65,7 @@ def test_storage_root_that_is_not_writable(tmp_path):
 
 
 def test_unreachable_tracking_server_fails_fast(tmp_path, monkeypatch):
-    uri = f"http://127.0.0.1:{_closed_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     t0 = time.time()
     with pytest.raises(PipelineError, match="unreachable"):
         _plan(tmp_path, tracking_uri=uri)
@@ -442,67 +438,6 @@ def test_a_trial_of_phase1_seed_k_starts_from_checkpoint_k(tmp_path):
 # -- tracking never stalls or kills a trial; what it missed is logged from the results --------
 
 
-class FakeTune:
-    """`tune.report` / `tune.get_checkpoint` for a trial run in this process, doing what
-    Tune does with a reported checkpoint: copy its directory into storage (here, a list of
-    {file name: size}) and hand the latest one to a retried attempt."""
-
-    def __init__(self, storage: Path):
-        self.storage, self.reports, self.latest = storage, [], None
-
-    def report(self, metrics, checkpoint=None):
-        import shutil
-
-        from ray import tune
-
-        files = None
-        if checkpoint is not None:
-            dest = self.storage / f"checkpoint_{len(self.reports):06d}"
-            shutil.copytree(checkpoint.path, dest)
-            files = {p.name: p.stat().st_size for p in dest.rglob("*") if p.is_file()}
-            self.latest = tune.Checkpoint.from_directory(str(dest))
-        self.reports.append({"metrics": dict(metrics), "files": files})
-
-    def get_checkpoint(self):
-        return self.latest
-
-
-def run_trial_here(ctx, condition: str, seed: int, fake: FakeTune, variant: str = "") -> float:
-    """pipelines.trial.train_trial in this process with FakeTune; the seconds it took."""
-    import pipelines.trial as trial_mod
-
-    fake.storage.mkdir(parents=True, exist_ok=True)
-    with pytest.MonkeyPatch.context() as mp:
-        from ray import tune
-
-        mp.setattr(tune, "report", fake.report)
-        mp.setattr(tune, "get_checkpoint", fake.get_checkpoint)
-        mp.setattr(trial_mod, "_node_id", lambda: None)  # would start a Ray instance
-        import torch
-
-        threads = torch.get_num_threads()
-        t0 = time.time()
-        try:
-            trial_mod.train_trial(TrialId(condition, seed, variant).to_config(), ctx)
-        finally:
-            torch.set_num_threads(threads)
-    return time.time() - t0
-
-
-def _trial_ctx(root: Path, phase1: dict, variants: dict | None = None, **overrides):
-    from pipelines.trial import TrialContext
-    from pmnet.train import TrainConfig
-
-    lay = Layout(root, "t")
-    lay.phase1_dir.mkdir(parents=True, exist_ok=True)
-    src = Path(phase1["checkpoint"])
-    lay.phase1_ckpt.write_bytes(src.read_bytes())
-    Path(f"{lay.phase1_ckpt}.sha256").write_bytes(Path(f"{src}.sha256").read_bytes())
-    cfg = TrainConfig.from_name("debug", threads=1, **overrides).to_dict()
-    return TrialContext(root=str(root), name="t", train_config=cfg,
-                        phase1_sha256=phase1["sha256"], variants=variants or {"": {}})
-
-
 class _NoMlflow:
     """Fails the test's trials if they open MLflow: every client made is counted."""
 
@@ -526,7 +461,7 @@ HERE_TRIALS = (("consolidator_only", 42), ("learned_full", 43))
 def trials_here(tmp_path_factory, phase1):
     """Two trials trained in this process (FakeTune), counting MLflow clients made."""
     root = tmp_path_factory.mktemp("here") / "runs"
-    ctx = _trial_ctx(root, phase1)
+    ctx = trial_ctx(root, phase1)
     out = {"root": root, "ctx": ctx, "lay": ctx.layout, "trials": {}}
     with pytest.MonkeyPatch.context() as mp:
         spy = _NoMlflow(mp)
@@ -580,14 +515,19 @@ class _TuneTrial:
 
 def _drive(callback, trial: TrialId, reports: list[dict], *, end: bool = True,
            failed: bool = False) -> None:
-    """Call the callback's Tune hooks as Tune does for one trial's reports."""
+    """Call the callback's Tune hooks as Tune's controller does for one trial's reports
+    (`on_trial_*`, which `LoggerCallback` hands to the callback's `log_trial_*`)."""
+    from ray.tune.logger import LoggerCallback
+
+    assert isinstance(callback, LoggerCallback)
     t = _TuneTrial(trial)
-    callback.log_trial_start(t)
+    callback.on_trial_start(0, [t], t)
     for i, r in enumerate(reports):
-        callback.log_trial_result(i + 1, t, {**r["metrics"], "training_iteration": i + 1,
-                                             "time_this_iter_s": 0.1})
+        callback.on_trial_result(i + 1, [t], t, {**r["metrics"], "training_iteration": i + 1,
+                                                 "time_this_iter_s": 0.1})
     if end:
-        callback.log_trial_end(t, failed=failed)
+        (callback.on_trial_error if failed else callback.on_trial_complete)(len(reports), [t],
+                                                                             t)
 
 
 def _open_store(lay: Layout, uri: str) -> tuple:
@@ -672,7 +612,7 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_trials(trials_here, 
     lay = Layout(tmp_path / "runs", "t")
     shutil.copytree(trials_here["lay"].run_dir, lay.run_dir)
     ctx = dataclasses.replace(trials_here["ctx"], root=str(lay.root))
-    uri = f"http://127.0.0.1:{_closed_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     TrackingRecord(tracking_uri=uri, experiment_id="1", parent_run_id="p").write(
         lay.tracking_json)
     for k, v in {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "7",
@@ -740,7 +680,7 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
 
     lay = trials_here["lay"]
     # a dead server: bounded, non-fatal, everything stays pending
-    dead = Runs(tracker=Tracker(f"http://127.0.0.1:{_closed_port()}"), layout=lay,
+    dead = Runs(tracker=Tracker(f"http://127.0.0.1:{free_port()}"), layout=lay,
                 record=TrackingRecord(experiment_id="1"))
     t0 = time.time()
     assert backfill_results(lay, dead) == {"logged": 0, "pending": 2}
@@ -808,7 +748,7 @@ def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
     c, s = HERE_TRIALS[0]
     ref = trials_here["trials"][(c, s)]["fake"].reports  # uninterrupted, same config
     ref_result = read_json(trials_here["lay"].result_path(TrialId(c, s)))
-    ctx = _trial_ctx(tmp_path / "runs", phase1)
+    ctx = trial_ctx(tmp_path / "runs", phase1)
     monkeypatch.setenv(FAULT_ENV, str(tmp_path / "markers"))
     fake = FakeTune(tmp_path / "tune")
     with pytest.raises(RuntimeError, match="injected fault after epoch 0"):
@@ -957,7 +897,7 @@ def test_a_variant_trial_trains_its_variants_configuration_and_records_the_varia
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = {"segments": 3, "ltm_graph": "truncated"}
-    ctx = _trial_ctx(tmp_path / "runs", phase1, variants={"": {}, "T3-truncated": overrides})
+    ctx = trial_ctx(tmp_path / "runs", phase1, variants={"": {}, "T3-truncated": overrides})
     lay = ctx.layout
     _, exp, _ = _open_store(lay, uri)
     trial = TrialId("consolidator_only", 42, "T3-truncated")

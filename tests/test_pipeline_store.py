@@ -360,7 +360,7 @@ def test_cpu_kind_is_read_in_one_place():
     repo = Path(__file__).resolve().parent.parent
     readers = [str(p.relative_to(repo)) for d in ("pipelines", "pmnet")
                for p in (repo / d).rglob("*.py") if "/proc/cpuinfo" in p.read_text("utf-8")]
-    assert readers == ["pmnet/train/phases.py"]
+    assert readers == ["pmnet/hardware.py"]
 
 
 # -- the real thing: two pieces, one killed, equal one run -----------------------------------
@@ -408,7 +408,7 @@ def test_a_grid_filled_in_two_pieces_equals_one_run(tmp_path):
     seed 1 SIGKILLed after its first trial finished, then resumed. P and R hold the same
     units: the same checkpoint files (sha256) and weights, and the same test metrics of
     every unit."""
-    from tests.test_pipeline import cli
+    from tests.support.pipeline import cli
 
     base = [*DEBUG, "--conditions", "consolidator_only", "--seeds", "42,43"]
     ref, pieces = tmp_path / "R", tmp_path / "P"
@@ -448,7 +448,7 @@ def test_two_runs_filling_one_store_at_once_lose_no_unit(tmp_path):
     import subprocess
     import sys
 
-    from tests.test_pipeline import REPO, _env, _kill_group
+    from tests.support.pipeline import REPO, kill_group as _kill_group, pipeline_env as _env
 
     store = tmp_path / "S"
     base = [sys.executable, "-m", "pipelines.run", *DEBUG, "--conditions", "consolidator_only",
@@ -480,7 +480,7 @@ def test_a_grid_that_declares_diagnostics_publishes_them(tmp_path):
     """The `checkpoints` grid declares its conditions' diagnostics: a store run of one
     checkpoint and one trial publishes `diagnostics/<trial>.json` (`pmnet diagnose` of the
     trial's best model) beside its result; the store's report builds."""
-    from tests.test_pipeline import cli
+    from tests.support.pipeline import cli
 
     store = tmp_path / "S"
     t0 = time.time()

@@ -62,3 +62,48 @@ def test_every_make_target_the_readme_names_exists():
     named = set(re.findall(r"(?:`|^)make ([\w-]+)", README, flags=re.M))
     assert {"pipeline", "test"} <= named
     assert named <= targets, f"not in the Makefile: {sorted(named - targets)}"
+
+
+def test_trial_counts_are_what_each_grid_runs_at_the_cpu_preset():
+    """The grids table's trials: `n_trials` of the grid's Space at the `cpu` preset (issue 47:
+    a count copied from a run of an older grid, or of a narrowed one, is not the grid's)."""
+    from pmnet.train import TrainConfig
+    from tune_spaces import get_space
+
+    cfg = TrainConfig.from_name("cpu")
+    listed = {re.match(r"`(\w+)`", row[0]).group(1): int(row[2])
+              for row in _table_after(README, "| grid |")}
+    runs = {name: get_space(name)(cfg, gpu=False).n_trials for name in SPACES}
+    assert listed == runs
+
+
+WHERE = "2-core AMD EPYC VM"  # the machine every measured figure of the tables ran on
+
+
+def _wall_cells() -> list[str]:
+    presets = [row[2] for row in _table_after(README, "| preset |")]
+    grids = [row[3] for row in _table_after(README, "| grid |")]
+    return presets + grids
+
+
+def test_every_wall_time_says_measured_where_or_estimated_from_what():
+    """Issue 47: each wall-time cell says whether it was measured (and where, on what) or
+    estimated (and under which assumption), never a bare figure."""
+    cells = _wall_cells()
+    assert len(cells) == len(TRAIN_PRESETS) + len(SPACES)
+    for cell in cells:
+        assert re.match(r"(measured|estimated)\b", cell), f"neither measured nor estimated: {cell}"
+        for part in re.split(r"; (?=estimated)", cell):
+            if part.startswith("measured"):
+                assert WHERE in part, f"measured where? {part}"
+            if part.startswith("estimated"):
+                assert "(" in part, f"estimated under which assumption? {part}"
+
+
+def test_the_gpu_estimate_is_the_range_docs_results_gives():
+    """The `paper` preset's time on one RTX 4090: 18.9 h at the assumed 40% of the card's bf16
+    peak, about 50 h at 15% (docs/results.md): a range, not "at most" one end."""
+    paper = next(row[2] for row in _table_after(README, "| preset |") if "`paper`" in row[0])
+    results = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert "**18.9 h**" in results and "about 50 h instead of" in results
+    assert "19-50 h on one RTX 4090" in paper and "at most" not in paper

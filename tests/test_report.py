@@ -1006,7 +1006,7 @@ def test_the_committed_issue21_run_is_rebuilt_unchanged_with_its_checkpoints_rou
 
 @pytest.fixture(scope="module")
 def segments_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
-    from tests.test_stats import write_segment_results
+    from tests.support.segments import write_segment_results
     from tune_spaces import PAPER_SEEDS, segments
 
     run = tmp_path_factory.mktemp("segments")
@@ -1023,7 +1023,7 @@ def segments_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
 
 
 def test_segments_table_is_recall_against_t_by_gradient_mode(segments_run):
-    from tests.test_stats import SEGMENT_SEEDS, segment_value
+    from tests.support.segments import SEGMENT_SEEDS, segment_value
 
     run, paths = segments_run
     md = paths["tab-segments.md"].read_text()
@@ -1089,7 +1089,7 @@ def test_a_report_of_variants_only_leaves_the_papers_tables_out(segments_run):
 
 def test_paper_tables_read_the_default_variant_when_variants_are_mixed_in(tmp_path,
                                                                           fixture_df):
-    from tests.test_stats import write_segment_results
+    from tests.support.segments import write_segment_results
 
     results = tmp_path / "results"
     shutil.copytree(FIXTURES, results)
@@ -1113,7 +1113,7 @@ def test_paper_tables_read_the_default_variant_when_variants_are_mixed_in(tmp_pa
 
 def test_segments_figure_has_a_line_per_mode_and_skips_without_segment_variants(
         tmp_path, fixture_df):
-    from tests.test_stats import write_segment_results
+    from tests.support.segments import write_segment_results
 
     df = stats.load_results(write_segment_results(tmp_path, ts=(2, 4)))
     fig = report.figure_segments(df)

@@ -14,7 +14,7 @@ import pytest
 
 from pmnet import report
 from pmnet.report.page import html_page
-from tests.browser_check import WIDTH, chromium, measure
+from tests.support.browser_check import WIDTH, chromium, measure
 
 RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
 #: committed runs and the records beside results/ their report reads

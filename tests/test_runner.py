@@ -8,7 +8,7 @@ from pmnet import task
 from pmnet.config import ModelConfig
 from pmnet.model import PMNet
 from pmnet.runner import RunOptions, run_episodes, stm_query
-from tests._grad_probe import probe
+from tests.support.grad_probe import probe
 
 
 @pytest.fixture(scope="module")

@@ -555,13 +555,13 @@ def test_segments_and_ltm_graph_leave_every_preset_and_its_phase1_identity_uncha
 @pytest.mark.parametrize("T", [2, 3, 4])
 def test_truncated_phase2_gradient_reaches_the_consolidator_only_through_the_last_boundary(T):
     """One Phase-2 training step on one batch of a tiny model: the gradient of the loss w.r.t.
-    the Consolidator's parameters through each boundary (tests/_grad_probe.py) is non-zero at
+    the Consolidator's parameters through each boundary (tests/support/grad_probe.py) is non-zero at
     every boundary with the full graph, zero through every earlier boundary (and non-zero
     through the last) with LTM detached between boundaries, and zero everywhere when LTM is
     detached after every boundary."""
     from pmnet import task
     from pmnet.model import PMNet
-    from tests._grad_probe import probe
+    from tests.support.grad_probe import probe
 
     batch = task.train_episodes(0, 0, 8, segments=T)
     norms = {}

@@ -83,7 +83,6 @@ from pmnet.train.modules import (
 from pmnet.train.phases import (
     RESULT_KEYS,
     ROUTES_FILE,
-    cpu_kind,
     device_name,
     evaluation_inference_mode,
     init_baseline,
@@ -114,7 +113,7 @@ __all__ = [
     "MODEL_FORMAT", "PHASE1_FORMAT", "load_model_file", "save_model_file", "sha256_file",
     "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
     # phases.py
-    "RESULT_KEYS", "ROUTES_FILE", "cpu_kind", "device_name", "evaluation_inference_mode",
+    "RESULT_KEYS", "ROUTES_FILE", "device_name", "evaluation_inference_mode",
     "init_consolidator", "init_operator",
     "init_baseline", "init_phase2",
     "phase1_route_diagnostics", "run_phase1", "run_phase2", "trained_on", "warm_compile",

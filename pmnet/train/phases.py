@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -364,36 +363,13 @@ def _check_accelerator(accelerator: str) -> None:
                          f"{accelerator!r}")
 
 
-def _cpuinfo() -> tuple[str, frozenset[str]]:
-    """(the CPU's model name, its flags) from /proc/cpuinfo; ("", {}) where there is none.
-    The one place the project reads the CPU's name (`device_name`, `cpu_kind`)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "", frozenset()
-    lines = text.splitlines()
-    model = next((ln.split(":", 1)[1].strip() for ln in lines
-                  if ln.lower().startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].split() for ln in lines
-                  if ln.lower().startswith("flags")), [])
-    return model, frozenset(flags)
-
-
-def cpu_kind() -> str:
-    """The CPU's model with its widest matrix/vector extension: `Intel(R) Xeon(R) Platinum
-    8480+ AMX`, `AMD EPYC 9654 AVX-512`, or the model alone (elsewhere
-    `platform.processor()`): what a unit's provenance records (`pipelines.store`)."""
-    model, flags = _cpuinfo()
-    extra = " AMX" if "amx_tile" in flags else (" AVX-512" if "avx512f" in flags else "")
-    return (model or platform.processor() or "unknown CPU") + extra
-
-
 def device_name(device: torch.device) -> str:
     """`NVIDIA GeForce RTX 4090 (cuda:0)`, or `cpu (<CPU model>)`."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} ({device})"
-    model = _cpuinfo()[0]
-    return f"{device.type} ({model or platform.processor() or 'unknown model'})"
+    from pmnet.hardware import cpu_kind
+
+    return f"{device.type} ({cpu_kind()})"
 
 
 def trained_on(trainer: L.Trainer) -> dict[str, str]:

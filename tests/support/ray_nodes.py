@@ -12,23 +12,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.net import free_port
+
+REPO = Path(__file__).resolve().parents[2]
 AUTH = {"RAY_AUTH_MODE": "token"}  # `ray start` clusters use token auth (Ray >= 2.59)
 PROBE = ("import json, ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
          "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_env(extra: dict | None = None) -> dict:
