@@ -448,7 +448,9 @@ def test_two_runs_filling_one_store_at_once_lose_no_unit(tmp_path):
     import subprocess
     import sys
 
-    from tests.support.pipeline import REPO, kill_group as _kill_group, pipeline_env as _env
+    from tests.support.pipeline import REPO
+    from tests.support.pipeline import kill_group as _kill_group
+    from tests.support.pipeline import pipeline_env as _env
 
     store = tmp_path / "S"
     base = [sys.executable, "-m", "pipelines.run", *DEBUG, "--conditions", "consolidator_only",

@@ -106,7 +106,7 @@ CONCERN = {
     "init_store": STORE, "start_provenance": RECORD, "write_started": RECORD,
     "landed": RECORD, "adopt_phase1": STORE, "adopt_results": STORE, "publish_phase1": STORE,
     "publish_trial": STORE, "units_left": STORE, "_store_start": STORE,
-    "_store_publish": STORE, "_diagnose": STORE,
+    "_store_publish": STORE, "_diagnose": STORE, "_trained_phase1_config": VALID,
 }
 
 
