@@ -293,15 +293,13 @@ def test_ui_on_a_busy_port_or_a_foreign_host_is_refused(tmp_path, monkeypatch):
 
 
 def test_make_ui_passes_host_port_and_allowed_hosts():
-    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "ui", "HOST=0.0.0.0",
-                          "PORT=5123", "ALLOWED_HOSTS=box.example"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout
+    from tests.support.make import make_dry_run
+
+    out = make_dry_run("-o", ".venv/.installed", "ui", "HOST=0.0.0.0", "PORT=5123",
+                       "ALLOWED_HOSTS=box.example")
     line = next(ln for ln in out.splitlines() if "pipelines.run ui" in ln)
     assert "--host 0.0.0.0 --port 5123 --allowed-hosts box.example" in line, line
-    plain = subprocess.run(["make", "-n", "-o", ".venv/.installed", "ui"], cwd=REPO,
-                           capture_output=True, text=True, check=True,
-                           env={k: v for k, v in os.environ.items()
-                                if k not in ("HOST", "PORT", "ALLOWED_HOSTS")}).stdout
+    plain = make_dry_run("-o", ".venv/.installed", "ui", drop=("HOST", "PORT", "ALLOWED_HOSTS"))
     assert "--host" not in next(ln for ln in plain.splitlines() if "pipelines.run ui" in ln)
 
 

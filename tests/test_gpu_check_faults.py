@@ -332,17 +332,9 @@ def test_pieces_are_stored_and_the_table_names_the_next_one(tmp_path):
 
 
 def _make_n(*args: str) -> str:
-    import shutil
-    import subprocess
-    from pathlib import Path
+    from tests.support.make import make_dry_run
 
-    if shutil.which("make") is None:
-        pytest.skip("no make")
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(["make", "-n", *args], cwd=root, capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+    return make_dry_run(*args)
 
 
 def test_make_gpu_check_with_an_interpreter_creates_no_venv_and_installs_nothing():
