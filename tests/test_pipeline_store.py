@@ -353,14 +353,12 @@ def test_grids_declare_diagnostics_and_a_stray_condition_is_refused():
     assert back.diagnose == space.diagnose
 
 
-def test_cpu_kind_is_read_in_one_place():
-    from pipelines.provenance import cpu_kind
+def test_a_units_provenance_names_this_cpu():
+    """(That the CPU's name is read in one place is tests/test_test_layout.py's.)"""
+    from pipelines.provenance import cpu_kind, device_kind
+    from pmnet.hardware import cpu_kind as hardware_kind
 
-    assert cpu_kind()
-    repo = Path(__file__).resolve().parent.parent
-    readers = [str(p.relative_to(repo)) for d in ("pipelines", "pmnet")
-               for p in (repo / d).rglob("*.py") if "/proc/cpuinfo" in p.read_text("utf-8")]
-    assert readers == ["pmnet/hardware.py"]
+    assert cpu_kind() == device_kind("cpu") == hardware_kind()
 
 
 # -- the real thing: two pieces, one killed, equal one run -----------------------------------

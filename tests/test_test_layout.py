@@ -72,10 +72,9 @@ def test_one_free_port_helper():
 
 def test_the_cpu_name_is_read_in_one_place():
     needle = "model" + " name"  # not this file
-    skip = {REPO / "experiments" / "checkpoint_study" / "study.py"}  # being removed (issue 47)
     readers = sorted(str(p.relative_to(REPO)) for d in ("pmnet", "pipelines", "tune_spaces",
                                                         "benchmarks", "tests", "experiments")
                      for p in (REPO / d).rglob("*.py")
-                     if p not in skip and needle in (t := p.read_text(errors="replace"))
+                     if needle in (t := p.read_text(errors="replace"))
                      and "/proc/" + "cpuinfo" in t)
     assert readers == ["pmnet/hardware.py"], readers
