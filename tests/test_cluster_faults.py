@@ -24,7 +24,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -44,7 +43,7 @@ from tests.support.pipeline import (
     REPO,
     cli,
     kill_group,
-    pipeline_env,
+    spawn,
     trial_attempts,
 )
 from tests.support.ray_nodes import LoopbackCluster, Node
@@ -100,10 +99,8 @@ def start_on(cluster: LoopbackCluster, root: Path, name: str, env: dict) -> subp
     """`pipelines.run start` of the debug pipeline on the cluster, in its own process group,
     its output in `<root>.<name>.log` (read while it runs)."""
     log = open(f"{root}.{name}.log", "w")  # noqa: SIM115 - closed by the child's exit
-    return subprocess.Popen([sys.executable, "-m", "pipelines.run", "start", *BASE, "--root",
-                             str(root), "--name", name], cwd=REPO,
-                            env=pipeline_env({"RAY_ADDRESS": cluster.address, **env}), stdout=log,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return spawn("start", *BASE, "--root", str(root), "--name", name,
+                 env={"RAY_ADDRESS": cluster.address, **env}, stdout=log)
 
 
 def finish(proc: subprocess.Popen, root: Path, name: str, timeout: float = 900) -> str:

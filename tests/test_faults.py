@@ -21,7 +21,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -39,10 +38,9 @@ from tests.support.faults import (
 from tests.support.pipeline import (
     BASE,
     GRID,
-    REPO,
     cli,
     kill_group,
-    pipeline_env,
+    spawn,
     trial_attempts,
 )
 
@@ -166,10 +164,7 @@ def test_driver_killed_then_resumed_loses_nothing(point, tmp_path, reference):
 
 def start_in_background(root: Path, name: str, env: dict | None = None) -> subprocess.Popen:
     """`pipelines.run start` of the debug pipeline in its own process group, not waited for."""
-    return subprocess.Popen([sys.executable, "-m", "pipelines.run", "start", *BASE, "--root",
-                             str(root), "--name", name], cwd=REPO, env=pipeline_env(env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return spawn("start", *BASE, "--root", str(root), "--name", name, env=env)
 
 
 def first_line(out: str, prefix: str) -> str:
@@ -336,9 +331,7 @@ def _run_killed_after(args: list[str], delay: float, env: dict) -> tuple[int, st
     """`pipelines.run ARGS` in its own process group, the group SIGKILLed `delay` seconds
     after the start unless it ended before: (exit code, output, seconds it ran)."""
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
-                            env=pipeline_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = spawn(*args, env=env)
     try:
         out, _ = proc.communicate(timeout=delay)
     except subprocess.TimeoutExpired:

@@ -35,6 +35,7 @@ from tests.support.pipeline import (
     mlflow_runs,
     pipeline_env,
     processes_mentioning,
+    spawn,
     trial_attempts,
     wait_gone,
 )
@@ -424,9 +425,7 @@ def test_driver_killed_mid_stage2_then_resumed(tmp_path):
     args = ["start", *BASE, "--root", str(root), "--name", "kill", "--max-concurrent", "1",
             "--set", "max_epochs=4", "--set", "patience=4", "--set", "episodes_per_epoch=256"]
     log = open(tmp_path / "driver.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
-                            env=pipeline_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = spawn(*args, stdout=log)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:  # into the next trial: a
@@ -486,9 +485,7 @@ def test_mlflow_server_killed_mid_stage2_trials_finish_and_resume_logs_them(tmp_
     proc = None
     try:
         uri = ready()
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
-                                env=pipeline_env({"MLFLOW_TRACKING_URI": uri}), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = spawn(*args, env={"MLFLOW_TRACKING_URI": uri}, stdout=log)
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
             if lay.results_dir.is_dir() and list(lay.results_dir.glob("*.json")):

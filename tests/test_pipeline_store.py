@@ -443,28 +443,20 @@ def test_two_runs_filling_one_store_at_once_lose_no_unit(tmp_path):
     seeds 0 and 0,1): both train checkpoint 0, the first to land it keeps the unit, the
     other sets its own aside and trains its trials from the store's; every unit lands once,
     each trial from its stored checkpoint, and no lock is left."""
-    import subprocess
-    import sys
-
-    from tests.support.pipeline import REPO
-    from tests.support.pipeline import kill_group as _kill_group
-    from tests.support.pipeline import pipeline_env as _env
+    from tests.support.pipeline import kill_group, spawn
 
     store = tmp_path / "S"
-    base = [sys.executable, "-m", "pipelines.run", *DEBUG, "--conditions", "consolidator_only",
-            "--seeds", "42", "--store", str(store)]
+    base = [*DEBUG, "--conditions", "consolidator_only", "--seeds", "42", "--store", str(store)]
     t0 = time.time()
-    procs = [subprocess.Popen([*base, "--phase1-seeds", seeds, "--root", str(tmp_path / name),
-                               "--name", name], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
-             for name, seeds in (("a", "0"), ("b", "0,1"))]
+    procs = [spawn(*base, "--phase1-seeds", seeds, "--root", str(tmp_path / name),
+                   "--name", name) for name, seeds in (("a", "0"), ("b", "0,1"))]
     outs = []
     try:
         for p in procs:
             outs.append(p.communicate(timeout=900)[0])
     finally:
         for p in procs:
-            _kill_group(p.pid)
+            kill_group(p.pid)
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-4000:]
     units = _store_units(store)  # each result from its stored checkpoint

@@ -41,11 +41,17 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def spawn(*args: str, env: dict | None = None, stdout=subprocess.PIPE) -> subprocess.Popen:
+    """`python -m pipelines.run ARGS` started in its own process group (so `kill_group` ends
+    it and whatever it started), not waited for; its stderr goes with its stdout."""
+    return subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
+                            env=pipeline_env(env), stdout=stdout, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
 def cli(*args: str, env: dict | None = None, timeout: float = 420) -> tuple[int, str]:
     """Run `python -m pipelines.run ARGS` in its own process group; return (rc, output)."""
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", *args], cwd=REPO,
-                            env=pipeline_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = spawn(*args, env=env)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
