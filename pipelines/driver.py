@@ -227,8 +227,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
             return _stop_at_deadline(plan)
         wplan = wave_plan(plan, [s.seed for s in wave])
         trials = wplan.space.trials
-        if all(plan.store.stage1_json(s.seed).is_file() for s in wave) and \
-                all(plan.store.result(t).is_file() for t in trials):
+        if st.units_left(plan.store, wave, trials) == (0, 0):
             say(f"[store] {', '.join(s.label for s in wave)}: every unit is in the store")
             continue
         for slot in wave:

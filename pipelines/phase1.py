@@ -143,6 +143,15 @@ def phase1_config_hash(cfg) -> str:
                           ).hexdigest()
 
 
+def trained_phase1_part(metrics: Any) -> dict | None:
+    """The Phase-1 part of the configuration a checkpoint was trained with, from its
+    `phase1_metrics.json` (the defaults of fields added since filled in); None when the file
+    holds no train_config."""
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("train_config"), dict):
+        return None
+    return phase1_part(normalized_config(metrics["train_config"]))
+
+
 def check_phase1_source(path: str | os.PathLike, slots: list[Phase1Slot]) -> Phase1Source:
     """A Phase-1 checkpoint to import (a `phase1.pt`, or a directory holding one): its sha256
     sidecar matches, its `phase1_metrics.json` says it was trained with the Phase-1
@@ -165,12 +174,12 @@ def check_phase1_source(path: str | os.PathLike, slots: list[Phase1Slot]) -> Pha
         raise PipelineError(f"--phase1-from: {e}") from e
     metrics_path = ckpt.parent / "phase1_metrics.json"
     metrics = read_json(metrics_path) if metrics_path.is_file() else None
-    if not isinstance(metrics, dict) or not isinstance(metrics.get("train_config"), dict):
+    theirs = trained_phase1_part(metrics)
+    if theirs is None:
         raise PipelineError(f"--phase1-from {ckpt}: {metrics_path} is missing or has no "
                             "train_config, so the configuration it was trained with cannot "
                             "be checked; import only checkpoints written by Phase 1 "
                             "(`pmnet train phase1` or a pipeline's Stage 1)")
-    theirs = phase1_part(normalized_config(metrics["train_config"]))
     diffs = []
     for slot in slots:
         mine = phase1_part(slot.cfg.to_dict())

@@ -22,29 +22,25 @@ def git_commit() -> dict[str, str]:
     return {"git_commit": commit or "unknown", "git_dirty": str(dirty).lower()}
 
 
-def package_versions() -> dict[str, str]:
+def package_version(pkg: str) -> str:
+    """An installed distribution's version, or "missing"."""
     from importlib import metadata
 
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "lightning", "ray", "mlflow", "numpy", "pandas"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "missing"
-    return out
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "missing"
 
 
-
-def cpu_kind() -> str:
-    """This machine's CPU model with AMX or AVX-512 (`pmnet.hardware.cpu_kind`: the one
-    place the project reads the CPU's name)."""
-    from pmnet.hardware import cpu_kind as kind
-
-    return kind()
+def package_versions() -> dict[str, str]:
+    return {"python": platform.python_version(),
+            **{pkg: package_version(pkg)
+               for pkg in ("torch", "lightning", "ray", "mlflow", "numpy", "pandas")}}
 
 
 def device_kind(accelerator: str = "cpu") -> str:
-    """What a unit trains on: the GPU's name (`accelerator` "gpu"), else `cpu_kind()`."""
+    """What a unit trains on: the GPU's name (`accelerator` "gpu"), else this machine's CPU
+    (`pmnet.hardware.cpu_kind`, the one place the project reads the CPU's name)."""
     if accelerator == "gpu":
         try:
             import torch
@@ -53,13 +49,6 @@ def device_kind(accelerator: str = "cpu") -> str:
                 return torch.cuda.get_device_name(0)
         except Exception:  # noqa: BLE001 - provenance only: never fail a unit for it
             pass
+    from pmnet.hardware import cpu_kind
+
     return cpu_kind()
-
-
-def torch_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return "missing"

@@ -313,7 +313,7 @@ class Provenance(Record):
     """A store unit's `provenance.json` (`pipelines.store`): written when the unit starts
     (`started`), completed when it lands (`landed`, `device`). `unit` is its name
     (`phase1[-p1s<k>]` or the trial's); `git_commit`/`git_dirty` the code, `device` the CPU
-    kind (`provenance.cpu_kind`) or GPU name it trained on, `torch` its version; `config` the
+    kind (`pmnet.hardware.cpu_kind`) or GPU name it trained on, `torch` its version; `config` the
     configuration the unit depends on (flat `TrainConfig.flat()` keys: a trial's whole
     config after its variant's overrides, a Phase-1 unit's Phase-1 part; execution-only
     fields left out, `pipelines.store.EXECUTION_FIELDS`) and `config_hash` its sha256, which

@@ -559,8 +559,8 @@ def trial_context(plan: Plan, p1: Stage1Result | str):
                         variants={v.name: v.as_dict() for v in plan.space.variants},
                         cpus_per_trial=plan.space.cpus_per_trial,
                         store=str(plan.store.root) if plan.store is not None else None,
-                        diagnosed=tuple(t.name for t in plan.space.trials
-                                        if plan.space.diagnosed(t) and plan.store is not None))
+                        diagnosed=() if plan.store is None else tuple(
+                            t.name for t in plan.space.trials if plan.space.diagnosed(t)))
 
 
 @dataclass(frozen=True)

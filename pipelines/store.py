@@ -43,9 +43,9 @@ from pipelines.addresses import STORE_HELP, storage_root
 from pipelines.console import say
 from pipelines.layout import PipelineError, check_writable, read_json
 from pipelines.lock import _alive
-from pipelines.phase1 import Phase1Slot, phase1_config_hash, phase1_part
-from pipelines.provenance import device_kind, git_commit, torch_version
-from pipelines.records import Provenance, Stage1Record, canon, normalized_config
+from pipelines.phase1 import Phase1Slot, phase1_config_hash, phase1_part, trained_phase1_part
+from pipelines.provenance import device_kind, git_commit, package_version
+from pipelines.records import Provenance, Stage1Record, canon
 from pmnet.io import atomic_copy, atomic_write_json
 from pmnet.store_layout import StoreLayout, StoreRecord, read_store_record
 from pmnet.trial_id import TrialId
@@ -143,12 +143,10 @@ def phase1_unit_config(slot: Phase1Slot) -> tuple[dict, str]:
 
 
 def _trained_phase1_config(store: StoreLayout, seed: int | None) -> dict | None:
-    """The Phase-1 part of the config a stored checkpoint was trained with, from its
-    `phase1_metrics.json` (older fields' defaults added); None when it has none."""
-    metrics = read_json(store.phase1_dir(seed) / "phase1_metrics.json")
-    if not isinstance(metrics, dict) or not isinstance(metrics.get("train_config"), dict):
-        return None
-    return unit_config(phase1_part(normalized_config(metrics["train_config"])))
+    """The Phase-1 part of the config a stored checkpoint was trained with (its
+    `phase1_metrics.json`), as a unit records it; None when it has none."""
+    part = trained_phase1_part(read_json(store.phase1_dir(seed) / "phase1_metrics.json"))
+    return None if part is None else unit_config(part)
 
 
 def _refuse(store: StoreLayout, unit: str, diff: str | None) -> PipelineError:
@@ -301,7 +299,7 @@ def start_provenance(*, unit: str, kind: str, config: dict, digest: str, run: st
     commit = git_commit()
     return Provenance(unit=unit, kind=kind, config_hash=digest, config=config,
                       git_commit=commit["git_commit"], git_dirty=commit["git_dirty"],
-                      torch=torch_version(), device=device_kind(accelerator),
+                      torch=package_version("torch"), device=device_kind(accelerator),
                       host=socket.gethostname(), pid=os.getpid(), run=run,
                       started=time.time(), phase1_sha256=phase1_sha256)
 
