@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# the torch this project is tested with: docker/constraints.txt's pin (pmnet/gpu/check.py's
+# the torch this project is tested with: docker/constraints.txt's pin (pmnet/gpu_check/table.py's
 # TESTED_TORCH; tests/test_gpu_check_faults.py checks they agree)
 TESTED_TORCH := $(shell sed -n 's/^torch==\([^ #]*\).*/\1/p' docker/constraints.txt)
 # CPU machines take the local CPU wheel (never the multi-GB CUDA build); on a machine
@@ -72,7 +72,7 @@ lint: install ## ruff check
 	$(VENV)/bin/ruff check .
 
 gpu-check: $(GPU_CHECK_DEPS) ## run first on a new GPU: the GPU path's predictions against the card, one table (PY=python3: that interpreter, nothing installed; GPU_CHECK_ARGS='--kinds phase1': one piece; exit 0 ok, 1 a gate failed, 2 no GPU, 3 timed out, 4 the check failed; docs/gpu-check.md)
-	$(PY) -m pmnet.gpu.check $(GPU_CHECK_ARGS)
+	$(PY) -m pmnet.gpu_check $(GPU_CHECK_ARGS)
 
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py

@@ -484,7 +484,7 @@ def diagnose_file(path: str | Path, *, n: int = 1000, batch_size: int = 250,
     """Load a model file (phase1.pt or a Phase-2 best_model.pt) and diagnose it on the first
     `n` episodes of the validation stream (never the test stream)."""
     from pmnet.conditions import get_condition
-    from pmnet.train.model_files import load_model_file
+    from pmnet.model_files import load_model_file
 
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ValueError(f"the number of validation episodes must be a positive integer, "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pmnet.gpu import check as G
+from pmnet.gpu_check import table as G
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -18,7 +18,7 @@ GiB = 2**30
 
 def _run(*args: str, env: dict | None = None, timeout: float = 600):
     e = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pmnet.gpu.check", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "pmnet.gpu_check", *args], cwd=ROOT,
                           env=e, capture_output=True, text=True, timeout=timeout)
 
 
@@ -55,11 +55,10 @@ def _blocked_env(tmp_path) -> dict:
 
 
 def test_gpu_check_needs_neither_ray_nor_mlflow(tmp_path):
-    """The check's modules import with Ray, MLflow, pandas and statsmodels blocked (the
-    older `pmnet.gpu_check` name included)."""
-    code = ("import sys, pmnet.gpu.check, pmnet.gpu_check, pmnet.train, pmnet.gpu.footprint, "
-            f"pmnet.gpu.cap, pmnet.train.data; print(sorted(m for m in {BLOCKED!r} "
-            "if m in sys.modules))")
+    """The check's modules import with Ray, MLflow, pandas and statsmodels blocked."""
+    code = ("import sys, pmnet.gpu_check.run, pmnet.gpu_check.trials, pmnet.train, "
+            "pmnet.gpu.footprint, pmnet.gpu.cap, pmnet.train.data; "
+            f"print(sorted(m for m in {BLOCKED!r} if m in sys.modules))")
     env = {**os.environ, **_blocked_env(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env=env)

@@ -13,6 +13,8 @@ import torch
 
 from pmnet import task
 from pmnet import train as T
+from pmnet.gpu_check import run as R
+from pmnet.gpu_check import trials as TR
 from pmnet.model import PMNet
 from pmnet.train.data import EpisodeData
 
@@ -153,9 +155,9 @@ GiB = 2**30
 
 
 def _G():
-    from pmnet.gpu import check
+    from pmnet.gpu_check import table
 
-    return check
+    return table
 
 
 def _card_env():
@@ -232,7 +234,6 @@ def test_each_trial_runs_under_its_memory_cap_and_the_table_gates_it():
 def test_the_planned_share_reaches_the_trial_process(monkeypatch, tmp_path):
     """The parent passes each kind's planned share to its trial process (`--share`), Phase 1
     at learned_full's."""
-    G = _G()
     seen = {}
 
     def fake_subprocess(args, env, timeout):
@@ -240,11 +241,11 @@ def test_the_planned_share_reaches_the_trial_process(monkeypatch, tmp_path):
         seen[piece] = float(args[args.index("--share") + 1]) if "--share" in args else None
         return {"error": "not run", "timed_out": False}
 
-    monkeypatch.setattr(G, "_subprocess", fake_subprocess)
-    monkeypatch.setattr(G, "environment", lambda device: {**_card_env(), "device": device})
-    monkeypatch.setattr(G, "predictions", lambda *a: {
+    monkeypatch.setattr(R, "_subprocess", fake_subprocess)
+    monkeypatch.setattr(R, "environment", lambda device: {**_card_env(), "device": device})
+    monkeypatch.setattr(R, "predictions", lambda *a: {
         **_card_pred(), "share": {"phase1": 0.5, "full": 0.5, "consolidator_only": 0.25}})
-    G.run_check("debug", {}, None, 2, ["phase1", "consolidator_only", "two_trials"], 60,
+    R.run_check("debug", {}, None, 2, ["phase1", "consolidator_only", "two_trials"], 60,
                 True, tmp_path)
     assert seen == {"phase1": 0.5, "consolidator_only": 0.25, "two_trials": None}
 
@@ -273,12 +274,12 @@ def test_exit_codes_tell_a_failed_gate_a_timeout_and_a_broken_check_apart(monkey
     def boom(*a, **k):
         raise RuntimeError("a bug in the check")
 
-    monkeypatch.setattr(G, "run_check", boom)
-    assert G.main(["--self-test", "--cache-dir", str(tmp_path)]) == G.EXIT_ERROR
+    monkeypatch.setattr(R, "run_check", boom)
+    assert R.main(["--self-test", "--cache-dir", str(tmp_path)]) == G.EXIT_ERROR
     with pytest.raises(SystemExit) as e:
-        G.main(["--self-test", "--no-such-option"])
+        R.main(["--self-test", "--no-such-option"])
     assert e.value.code == G.EXIT_USAGE
-    assert G.main(["--self-test", "--kinds", "nope", "--cache-dir", str(tmp_path)]) \
+    assert R.main(["--self-test", "--kinds", "nope", "--cache-dir", str(tmp_path)]) \
         == G.EXIT_USAGE
 
 
@@ -289,14 +290,13 @@ def test_a_timed_out_piece_is_killed_with_its_workers_and_reported(monkeypatch, 
     import sys
     import time
 
-    G = _G()
     fake = tmp_path / "python"
     pidfile = tmp_path / "worker.pid"
     fake.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nsleep 60\n")
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
     t = time.time()
-    r = G._subprocess(["--trial", "full"], dict(os.environ), 1.0)
+    r = R._subprocess(["--trial", "full"], dict(os.environ), 1.0)
     assert r["timed_out"] is True and "timed out" in r["error"]
     assert time.time() - t < 30
     worker = int(pidfile.read_text())
@@ -312,19 +312,19 @@ def test_pieces_are_stored_and_the_table_names_the_next_one(tmp_path):
     G = _G()
     results = tmp_path / "r"
     results.mkdir()
-    assert G.next_piece({}) == "phase1"
+    assert R.next_piece({}) == "phase1"
     (results / "phase1.json").write_text('{"kind": "phase1"}')
     (results / "full.json").write_text('{"error": "timed out after 480 s", "timed_out": true}')
-    stored = G.stored_results(results)
-    assert G.next_piece(stored) == "full"  # timed out: run it again (its cache is warm)
-    row = G.next_row(stored, "python -m pmnet.gpu.check")
-    assert "python -m pmnet.gpu.check --kinds full" in row.measured
+    stored = R.stored_results(results)
+    assert R.next_piece(stored) == "full"  # timed out: run it again (its cache is warm)
+    row = R.next_row(stored, "python -m pmnet.gpu_check")
+    assert "python -m pmnet.gpu_check --kinds full" in row.measured
     assert "again" in row.measured and row.trial == f"1 of {len(G.PIECES)} measured"
     assert G.exit_code([row]) == G.EXIT_TIMED_OUT  # not finished: run the next piece
     done = {p: {} for p in G.PIECES}
-    assert G.next_piece(done) is None
-    assert "none" in G.next_row(done, "x").measured
-    assert G.exit_code([G.next_row(done, "x")]) == G.EXIT_OK
+    assert R.next_piece(done) is None
+    assert "none" in R.next_row(done, "x").measured
+    assert G.exit_code([R.next_row(done, "x")]) == G.EXIT_OK
     assert G.PIECES[-1] == "two_trials" and set(G.KINDS) < set(G.PIECES)
 
 
@@ -342,16 +342,16 @@ def test_make_gpu_check_with_an_interpreter_creates_no_venv_and_installs_nothing
     interpreter runs the check, nothing else; on main it made a venv and pip-installed
     torch and the dev extra (Ray, MLflow) first."""
     out = _make_n("gpu-check", "PY=/opt/bare/bin/python3", "GPU_CHECK_ARGS=--kinds phase1")
-    assert out.strip().splitlines() == ["/opt/bare/bin/python3 -m pmnet.gpu.check --kinds phase1"]
+    assert out.strip().splitlines() == ["/opt/bare/bin/python3 -m pmnet.gpu_check --kinds phase1"]
     assert "venv" not in out and "pip" not in out
     default = _make_n("-B", "gpu-check")  # without PY: the project's venv, as before
-    assert "pip install" in default and ".venv/bin/python -m pmnet.gpu.check" in default
+    assert "pip install" in default and ".venv/bin/python -m pmnet.gpu_check" in default
 
 
 def test_the_gpu_install_path_pins_the_tested_torch_and_says_when_another_is_there():
     """On a GPU machine `make install` asks for the tested torch (main: the newest, untested)
     and says when the torch it finds is another; one pin for the Makefile, the image and
-    the check (docker/constraints.txt = gpu.check.TESTED_TORCH)."""
+    the check (docker/constraints.txt = gpu_check.table.TESTED_TORCH)."""
     import re
     from pathlib import Path
 
@@ -382,15 +382,14 @@ def test_the_dropout_check_compares_two_replays_and_compiles_no_graph(monkeypatc
     from pmnet.train import compiled_steps
     from pmnet.train.modules import Phase2Module
 
-    G = _G()
     monkeypatch.setattr(compiled_steps, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)
     monkeypatch.chdir(tmp_path)
     try:
-        out = G.run_trial("consolidator_only", "debug",
+        out = TR.run_trial("consolidator_only", "debug",
                           {"compile": ["phase2"], "model.attn_dropout": 0.1,
                            "threads": 1}, batch=4, steps=1)
-        after = G._cache_entries([Phase2Module.objective])
+        after = TR._cache_entries([Phase2Module.objective])
     finally:
         torch._dynamo.reset()
     assert after == {k: v for k, v in out["cache_entries"].items() if k in after}

@@ -348,7 +348,7 @@ def test_flash_attn_is_used_only_as_a_custom_op_and_compiles_without_a_graph_bre
     break, forward and backward through the ops, dropout passed in training. A flash-attn
     whose kernels are not custom ops (2.6.x) is not used: SDPA runs (on main it was used,
     and each layer's call broke the compiled graph)."""
-    from pmnet import model as M
+    from pmnet import backbone as M
 
     ns = "pmnet_flash_standin"
     flash, calls = _stand_in_ops(ns)
@@ -391,7 +391,7 @@ def test_flash_attn_is_used_only_as_a_custom_op_and_compiles_without_a_graph_bre
 def test_flash_attn_needs_compute_capability_8(monkeypatch):
     """flash-attn 2 has kernels for sm80 and newer only: an older card runs SDPA (on main
     nothing asked the card)."""
-    from pmnet import model as M
+    from pmnet import backbone as M
 
     for cap, ok in (((7, 5), False), ((8, 0), True), ((8, 9), True), ((9, 0), True)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i, c=cap: c)

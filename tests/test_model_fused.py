@@ -13,8 +13,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from pmnet.backbone import rms_norm
 from pmnet.config import ModelConfig
-from pmnet.model import PMNet, phase_softmax, rms_norm, wrap
+from pmnet.model import PMNet, phase_softmax, wrap
 from tests.oracle import model_235df21 as oracle
 
 TWO_PI = 2 * math.pi

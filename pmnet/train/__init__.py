@@ -21,7 +21,6 @@ Where each part lives:
     data.py            the episode streams as Lightning data (`EpisodeData`, `CopyBatches`)
     compiled_steps.py  `compile_step` (torch.compile, CUDA graphs), the shared compile cache
     modules.py         the LightningModules: `Phase0Module`, `Phase1Module`, `Phase2Module`
-    model_files.py     weights-only model files with their sha256; `verify_phase1`
     checkpoints.py     Lightning's best / last checkpoints, written atomically
     phases.py          `run_phase1`, `run_phase2`, `warm_compile` and the trainer they share
 
@@ -46,6 +45,15 @@ from pmnet.conditions import (
 )
 from pmnet.gpu.cap import GpuMemoryCap, memory_cap_bytes, memory_cap_fraction
 from pmnet.model import PMNet
+from pmnet.model_files import (
+    MODEL_FORMAT,
+    PHASE1_FORMAT,
+    load_model_file,
+    save_model_file,
+    sha256_file,
+    verify_phase1,
+    write_sha256,
+)
 from pmnet.operators import OPERATORS
 from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, checkpoint_epoch
 from pmnet.train.compiled_steps import (
@@ -64,15 +72,6 @@ from pmnet.train.config import (
     parse_overrides,
 )
 from pmnet.train.data import CopyBatches, EpisodeData, EpochBatches
-from pmnet.train.model_files import (
-    MODEL_FORMAT,
-    PHASE1_FORMAT,
-    load_model_file,
-    save_model_file,
-    sha256_file,
-    verify_phase1,
-    write_sha256,
-)
 from pmnet.train.modules import (
     VAL_LOGGED,
     Phase0Module,
@@ -109,7 +108,7 @@ __all__ = [
     # pmnet/gpu/cap.py (issue 36; re-exported here)
     "GpuMemoryCap", "memory_cap_bytes", "memory_cap_fraction",
     "VAL_LOGGED", "Phase0Module", "Phase1Module", "Phase2Module", "freeze_to_subset",
-    # model_files.py, checkpoints.py
+    # pmnet/model_files.py (re-exported here), checkpoints.py
     "MODEL_FORMAT", "PHASE1_FORMAT", "load_model_file", "save_model_file", "sha256_file",
     "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
     # phases.py

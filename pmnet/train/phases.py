@@ -22,18 +22,18 @@ from pmnet.conditions import Condition, get_condition, seed_problem
 from pmnet.gpu.cap import GpuMemoryCap
 from pmnet.io import atomic_write_json
 from pmnet.model import PMNet
-from pmnet.operators import OPERATORS, add_operator
-from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, _best_epoch
-from pmnet.train.compiled_steps import fresh_compile_state, release_compiled_steps
-from pmnet.train.config import ACCELERATORS, TrainConfig
-from pmnet.train.data import CopyBatches, EpisodeData, _loader
-from pmnet.train.model_files import (
+from pmnet.model_files import (
     MODEL_FORMAT,
     PHASE1_FORMAT,
     load_model_file,
     save_model_file,
     verify_phase1,
 )
+from pmnet.operators import OPERATORS, add_operator
+from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, _best_epoch
+from pmnet.train.compiled_steps import fresh_compile_state, release_compiled_steps
+from pmnet.train.config import ACCELERATORS, TrainConfig
+from pmnet.train.data import CopyBatches, EpisodeData, _loader
 from pmnet.train.modules import Phase0Module, Phase1Module, Phase2Module
 
 

@@ -1,6 +1,9 @@
 """Model files: weights-only `torch.save` payloads (`pmnet-phase1/v1` for a Phase-1
 checkpoint, `pmnet-model/v1` for a trained model) written atomically with their sha256 in
-`<file>.sha256` beside them, and the one check of a Phase-1 checkpoint (`verify_phase1`)."""
+`<file>.sha256` beside them, and the one check of a Phase-1 checkpoint (`verify_phase1`).
+
+Below training and the diagnostics, which both read and write these files (issue 51 moved it
+here from `pmnet/train/model_files.py`; `pmnet.train` still exports every name)."""
 
 from __future__ import annotations
 
