@@ -1,16 +1,23 @@
-"""Dependencies run one way (issue 22): core <- analysis <- `tune_spaces` <- `pipelines`.
+"""Dependencies run one way (issues 22, 51): core <- analysis <- `tune_spaces` <- `pipelines`,
+and within them the layers of docs/design.md ("Layers: which module may import which"),
+read from its table: a module imports only modules of its own layer or of a lower one, no
+two modules import each other through any chain, and no two of `pmnet`'s subpackages do.
+docs/design.md's module map names every module (`test_the_module_map_names_every_module`).
 
 Read from the source with `ast` (nothing is imported or executed): every `import` and
 `from ... import` of a module counts, at any depth (inside functions and `if TYPE_CHECKING:`
 blocks too), resolved to the module of this repository it names (`from pmnet.train import
 run_phase2` -> `pmnet.train`, `from pmnet.train.config import TrainConfig` ->
 `pmnet.train.config`). A package's `__init__` is its own module; importing a submodule is
-not counted as importing its package's `__init__`.
+not counted as importing its package's `__init__`. An import inside a function counts like
+any other: it runs whenever the function does, so a lazy import that ran up the layers would
+still tie the lower module to the upper one (docs/design.md, "Layers").
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,6 +161,126 @@ def test_pipelines_start_no_mlflow_server_of_their_own():
 
 def test_no_import_cycle_among_pipelines_modules():
     assert _cycles(GRAPH, {m for m in GRAPH if _within(m, ("pipelines",))}) == []
+
+
+# -- the layers of docs/design.md (issue 51) -----------------------------------------------
+
+DESIGN = ROOT / "docs" / "design.md"
+
+
+def _design_section(title: str) -> str:
+    text = DESIGN.read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def _layers() -> list[tuple[int, str, tuple[str, ...]]]:
+    """docs/design.md's layer table (`| layer | modules | what the layer is |`): (number,
+    what, modules) per row, bottom first."""
+    rows = []
+    for line in _design_section("Layers: which module may import which").splitlines():
+        m = re.match(r"^\|\s*(\d+)\s*\|([^|]*)\|\s*([^|]*?)\s*\|", line)
+        if m:
+            rows.append((int(m[1]), m[3], tuple(re.findall(r"`([\w.]+)`", m[2]))))
+    return rows
+
+
+LAYERS = _layers()
+
+
+def _covers(entry: str, module: str) -> bool:
+    """A table entry names a module and, when it is a package other than the root `pmnet`
+    (whose modules sit in many layers: `pmnet` is its `__init__` only), every module in it."""
+    return module == entry or (entry != "pmnet" and module.startswith(entry + "."))
+
+
+def layer_of(module: str, layers=None) -> int | None:
+    """The layer of `module`: the row of its longest covering entry (None: no row)."""
+    best = None
+    for number, _, entries in LAYERS if layers is None else layers:
+        for e in entries:
+            if _covers(e, module) and (best is None or len(e) > len(best[0])):
+                best = (e, number)
+    return None if best is None else best[1]
+
+
+def arrows_up(graph: dict[str, set[str]], layers=None) -> list[str]:
+    """Every import from a module to one of a higher layer, named with both layers."""
+    out = []
+    for m in sorted(graph):
+        for t in sorted(graph[m]):
+            lm, lt = layer_of(m, layers), layer_of(t, layers)
+            if lm is not None and lt is not None and lt > lm:
+                out.append(f"{m} (layer {lm}) imports {t} (layer {lt})")
+    return out
+
+
+def _unit(module: str) -> str:
+    """What a package-level circle is made of: a subpackage of a root package (`pmnet.train`,
+    `pmnet.gpu`, ...) stands for all of its modules; any other module for itself."""
+    parts = module.split(".")
+    if len(parts) >= 2 and (ROOT / parts[0] / parts[1] / "__init__.py").is_file():
+        return ".".join(parts[:2])
+    return module
+
+
+def test_the_layer_table_is_read_and_judges_arrows():
+    # a broken reader would pass the tests below: the table holds what they rely on
+    assert [n for n, _, _ in LAYERS] == list(range(1, len(LAYERS) + 1)) and len(LAYERS) >= 8
+    assert layer_of("pmnet.model") < layer_of("pmnet.train.phases") < layer_of("pipelines.plan")
+    assert layer_of("pmnet.config") < layer_of("pmnet.model_files") < layer_of("pmnet.diagnose")
+    assert layer_of("pmnet.gpu.cap") < layer_of("pmnet.train") < layer_of("pmnet.gpu_check.run")
+    assert layer_of("pmnet.no_such_module") is None  # `pmnet` covers its own __init__ only
+    toy = [(1, "low", ("a",)), (2, "high", ("b",))]
+    assert arrows_up({"a": {"b"}, "b": {"a"}}, toy) == ["a (layer 1) imports b (layer 2)"]
+    assert arrows_up({"a.x": set(), "b.y": {"a.x"}}, toy) == []
+
+
+def test_every_module_has_a_layer():
+    """A new module gets a row (or an entry) in docs/design.md's layer table."""
+    assert [m for m in sorted(MODULES) if layer_of(m) is None] == []
+
+
+def test_no_import_runs_up_the_layers():
+    """No import, at any depth, from a module to one of a higher layer (issue 51: on 59c51a0
+    `pmnet.gpu.check` imported `pmnet.train`, whose `phases` imported `pmnet.gpu.cap`, and
+    `pmnet.train.phases` -> `pmnet.diagnose` -> `pmnet.train.model_files`)."""
+    assert arrows_up(GRAPH) == []
+
+
+def test_no_import_cycle_among_all_modules():
+    """No circle between any modules of `pmnet/`, `pipelines/` and `tune_spaces/`."""
+    assert _cycles(GRAPH, set(GRAPH)) == []
+
+
+def test_no_two_subpackages_of_pmnet_import_each_other():
+    """Collapsed to `pmnet`'s subpackages and top-level modules, the graph has no circle
+    either (59c51a0: `pmnet.train` <-> `pmnet.gpu`, `pmnet.train` <-> `pmnet.diagnose`)."""
+    units: dict[str, set[str]] = {}
+    for m, targets in GRAPH.items():
+        if _within(m, ("pmnet",)):
+            units.setdefault(_unit(m), set()).update(_unit(t) for t in targets)
+    for u in units:
+        units[u].discard(u)
+    assert {"pmnet.train", "pmnet.gpu", "pmnet.report"} <= set(units)
+    assert _cycles(units, set(units)) == []
+
+
+# -- the module map (issue 51) -------------------------------------------------------------
+
+
+def test_the_module_map_names_every_module():
+    """docs/design.md names every module of `pmnet/`, `pipelines/` and `tune_spaces/` in
+    backticks, by its path (`pmnet/gpu/cap.py`) or its dotted name (`pmnet.gpu.cap`)."""
+    text = DESIGN.read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w./]+)`", text))
+    missing = []
+    for module, path in sorted(MODULES.items()):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel not in named and module not in named:
+            missing.append(rel)
+    assert missing == [], f"docs/design.md's module map lacks {missing}"
 
 
 def test_every_definition_of_pipelines_is_assigned_a_concern():
