@@ -232,6 +232,8 @@ def test_the_layer_table_is_read_and_judges_arrows():
     assert layer_of("pmnet.config") < layer_of("pmnet.model_files") < layer_of("pmnet.diagnose")
     assert layer_of("pmnet.gpu.cap") < layer_of("pmnet.train") < layer_of("pmnet.gpu_check.run")
     assert layer_of("pmnet.no_such_module") is None  # `pmnet` covers its own __init__ only
+    unknown = [e for _, _, entries in LAYERS for e in entries if e not in MODULES]
+    assert unknown == [], f"the layer table names modules that do not exist: {unknown}"
     toy = [(1, "low", ("a",)), (2, "high", ("b",))]
     assert arrows_up({"a": {"b"}, "b": {"a"}}, toy) == ["a (layer 1) imports b (layer 2)"]
     assert arrows_up({"a.x": set(), "b.y": {"a.x"}}, toy) == []
