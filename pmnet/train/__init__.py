@@ -23,6 +23,7 @@ Where each part lives:
     modules.py         the LightningModules: `Phase0Module`, `Phase1Module`, `Phase2Module`
     model_files.py     weights-only model files with their sha256; `verify_phase1`
     checkpoints.py     Lightning's best / last checkpoints, written atomically
+    pause.py           stopping Phase 1 at an epoch boundary (deadline, SIGTERM)
     phases.py          `run_phase1`, `run_phase2`, `warm_compile` and the trainer they share
 
 Choices the paper leaves open (see docs/choices.md):
@@ -80,6 +81,7 @@ from pmnet.train.modules import (
     Phase2Module,
     freeze_to_subset,
 )
+from pmnet.train.pause import Phase1Paused, StopAtEpochEnd
 from pmnet.train.phases import (
     RESULT_KEYS,
     ROUTES_FILE,
@@ -112,6 +114,8 @@ __all__ = [
     # model_files.py, checkpoints.py
     "MODEL_FORMAT", "PHASE1_FORMAT", "load_model_file", "save_model_file", "sha256_file",
     "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
+    # pause.py (issue 52: a Phase 1 in pieces)
+    "Phase1Paused", "StopAtEpochEnd",
     # phases.py
     "RESULT_KEYS", "ROUTES_FILE", "device_name", "evaluation_inference_mode",
     "init_consolidator", "init_operator",
