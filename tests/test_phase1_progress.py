@@ -5,8 +5,8 @@ continued from a fresh copy of that store in another run directory (as another m
 would), ends with the same phase1.pt bytes and history as one uninterrupted run; progress
 made under another configuration, or damaged, is refused at planning (exit 2) naming the
 key or the file; a landed unit's progress is removed; SIGTERM to the driver writes the stop
-file. The whole pipeline path (SIGTERM to `python -m pipelines.run`, then `make
-pipeline STORE=...` from a copy of the store) is the slow test in test_pipeline_store.py.
+file. Slow: the whole pipeline path (SIGTERM to `python -m pipelines.run`, then the same
+`start --store` from a fresh copy of the store under another run root).
 """
 
 from __future__ import annotations
@@ -166,3 +166,65 @@ def test_a_record_is_checked_field_by_field():
                 {**good, "last_sha256": None}, {**good, "config": []}):
         with pytest.raises(ValueError):
             ProgressRecord.from_dict(bad)
+
+
+# -- the pipeline: SIGTERM, then `make pipeline STORE=...` from a copy of the store ----------
+
+
+@pytest.mark.slow
+def test_a_pipeline_stopped_by_sigterm_continues_from_a_copy_of_its_store(tmp_path):
+    """`debug`, one Phase-1 checkpoint (seed 1) of 4 epochs and one trial: a run into store
+    R uninterrupted; a run into store P gets SIGTERM once Phase 1 has written its first
+    epoch: it pauses at the next epoch end, publishes the unit's progress and stops (exit
+    0, no commit record); a fresh copy of P, continued by another run root (as another
+    machine would), lands the unit with the same phase1.pt bytes and history as R's, and
+    the same trial result; its progress is gone."""
+    import time
+
+    from tests.support.pipeline import cli, kill_group, spawn
+
+    base = ["start", "--preset", "debug", "--grid", "phase1_variance", "--stage1-cpus", "1",
+            "--gpus-per-trial", "0", "--conditions", "consolidator_only", "--seeds", "42",
+            "--phase1-seeds", "1", "--set", "phase1_max_epochs=4", "--set",
+            "phase1_patience=4"]
+    t0 = time.time()
+    rc, out = cli(*base, "--store", str(tmp_path / "R"), "--root", str(tmp_path / "r"))
+    assert rc == 0, out[-4000:]
+    # the piece stopped by SIGTERM (each Phase-1 epoch after the first waits 3 s: the test
+    # hook of pipelines.faults, so that the signal lands while epoch 2 has not ended)
+    proc = spawn(*base, "--store", str(tmp_path / "P"), "--root", str(tmp_path / "a"),
+                 "--name", "a", env={"PMNET_TEST_EPOCH_PAUSE_S": "3",
+                                     "PMNET_PROGRESS_EVERY_S": "1"})
+    last = tmp_path / "a" / "a" / "phase1-p1s1" / "phase1_ckpt" / "last.ckpt"
+    try:
+        deadline = time.time() + 400
+        while not last.is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert last.is_file(), "Phase 1 wrote no epoch"
+        os.kill(proc.pid, signal.SIGTERM)  # the driver only
+        out = proc.communicate(timeout=400)[0]
+    finally:
+        kill_group(proc.pid)
+    assert proc.returncode == 0, out[-4000:]
+    assert "stopped: Phase 1 paused (phase1-p1s1 after epoch" in out, out[-4000:]
+    p = StoreLayout(tmp_path / "P")
+    record = json.loads((progress_dir(p, 1) / "progress.json").read_text())
+    assert record["epoch"] in (1, 2) and record["max_epochs"] == 4, record  # mid-way
+    assert not p.stage1_json(1).exists() and not p.results_dir.exists()
+    # another machine: a fresh copy of the store, another run root
+    shutil.copytree(tmp_path / "P", tmp_path / "P2")
+    rc, out = cli(*base, "--store", str(tmp_path / "P2"), "--root", str(tmp_path / "b"))
+    assert rc == 0, out[-4000:]
+    assert "continuing Phase 1 from the store's progress" in out, out[-4000:]
+    ref, got = StoreLayout(tmp_path / "R"), StoreLayout(tmp_path / "P2")
+    assert json.loads(got.stage1_json(1).read_text())["sha256"] == \
+        json.loads(ref.stage1_json(1).read_text())["sha256"]
+    assert got.phase1_ckpt(1).read_bytes() == ref.phase1_ckpt(1).read_bytes()
+    hist = [json.loads((s.phase1_dir(1) / "phase1_metrics.json").read_text())["history"]
+            for s in (ref, got)]
+    assert hist[0] == hist[1] and len(hist[0]) == 4
+    trial = "consolidator_only-p1-s42.json"
+    assert json.loads((got.results_dir / trial).read_text())["test"] == \
+        json.loads((ref.results_dir / trial).read_text())["test"]
+    assert not progress_dir(got, 1).exists()
+    print(f"reference + SIGTERMed piece + continuation: {time.time() - t0:.0f} s")
