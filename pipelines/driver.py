@@ -203,6 +203,41 @@ def _stop_at_deadline(plan: Plan) -> int:
     return 0
 
 
+def _stop_paused(plan: Plan, wave: list, paused: dict) -> int:
+    """A wave's Phase 1 stopped at an epoch end (`paused`: Phase-1 seed -> Phase1Paused) or
+    the driver got a SIGTERM: publish each paused unit's progress, record the run as
+    stopped and say, in one line, what is left and how to continue (here or elsewhere).
+    Returns 0, as a stop at --max-wall between waves does (issue 52)."""
+    from pipelines.phase1_progress import publish_progress
+    from pipelines.store import units_left
+
+    for slot in wave:
+        if slot.seed in paused:
+            p = paused[slot.seed]
+            publish_progress(plan.store, slot, p.reason, p.train_time_s)
+    p1, tr = units_left(plan.store, plan.piece_slots, plan.piece_trials)
+    store = plan.store
+    left = [s.seed for s in plan.piece_slots if s.seed is not None and (
+        not store.stage1_json(s.seed).is_file()
+        or any(not store.result(t).is_file() for t in plan.piece_trials
+               if t.phase1_seed == s.seed))]
+    labels = {s.seed: s.label for s in wave}
+    what = "; ".join(f"{labels[k]} after epoch {p.epochs_done} of {p.max_epochs} ({p.reason})"
+                     for k, p in paused.items())
+    write_meta(plan, status="stopped")
+    lay = plan.layout
+    say("[pipeline] stopped: "
+        + (f"Phase 1 paused ({what}), its progress is in the store; " if paused else
+           "SIGTERM before Stage 2; ")
+        + f"{p1} Phase-1 and {tr} trial unit(s) of this run not in the store {store.root}; "
+        f"continue with `make resume NAME={plan.name} RUNS={lay.root}` (python -m "
+        f"pipelines.run resume --name {plan.name} --root {lay.root})"
+        + (f", or on another machine with a copy of the store `make pipeline "
+           f"STORE={store.root} PHASE1_SEEDS={','.join(map(str, left))} ...` (the same "
+           "preset, grid and --set values)" if left else ""))
+    return 0
+
+
 def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
     """A run into a store: its Phase-1 checkpoints in waves of `wave_size`: each wave
     adopts what the store has, trains and publishes its missing checkpoints, then runs the
@@ -275,7 +310,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
             # another writer's, where it landed first
             p1.digests[slot.seed] = adopt_phase1(wplan, slot) or p1.digests[slot.seed]
         if p1.paused or stop_file.exists():  # issue 52: --max-wall or SIGTERM in Phase 1
-            return pp.stop_paused(plan, wave, p1.paused)
+            return _stop_paused(plan, wave, p1.paused)
         s2 = stage2(wplan, runs, p1)
         for k in totals:
             totals[k] += s2.get(k, 0.0)
