@@ -138,6 +138,44 @@ def test_an_unreadable_record_is_refused(paused, tmp_path):
         check_progress(copy, _slot(tmp_path / "run"))
 
 
+def _main(argv: list[str]) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from pipelines import run
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = run.main(argv)
+    return rc, err.getvalue()
+
+
+def test_planning_checks_the_progress_exit_2_for_foreign_or_damaged(paused, tmp_path):
+    """`start --store` with the progress's configuration plans (and, at --max-wall 1e-9,
+    stops before any wave); with one Phase-1 key changed, or the progress damaged, it
+    exits 2 naming the key or the file, and the store is left as it was."""
+    from pipelines.store import init_store
+
+    copy = _copy_store(paused[2], tmp_path / "store")
+    init_store(copy)
+    files = sorted(str(p.relative_to(copy.root)) for p in copy.root.rglob("*"))
+    sets = [x for k, v in CFG.items() if k != "phase1_seed" for x in ("--set", f"{k}={v}")]
+    argv = ["start", "--preset", "debug", "--grid", "phase1_variance", "--stage1-cpus", "1",
+            "--gpus-per-trial", "0", "--phase1-seeds", "1", "--conditions",
+            "consolidator_only", "--seeds", "42", "--store", str(copy.root), "--root",
+            str(tmp_path / "runs"), *sets]
+    rc, err = _main([*argv, "--max-wall", "1e-9"])
+    assert rc == 0, err
+    rc, err = _main([*argv, "--set", "phase1_lr=0.001"])
+    assert rc == 2 and "unit phase1-p1s1 has Phase-1 progress (after epoch 2 of 4) made with " \
+        "another configuration (phase1_lr: " in err, err
+    (progress_dir(copy, 1) / "best-e1.ckpt").write_bytes(b"torn")
+    rc, err = _main(argv)
+    assert rc == 2 and "progress of unit phase1-p1s1 is damaged" in err and \
+        "best-e1.ckpt has sha256" in err, err
+    assert sorted(str(p.relative_to(copy.root)) for p in copy.root.rglob("*")) == files
+
+
 def test_a_landed_unit_drops_its_progress(paused, tmp_path):
     copy = _copy_store(paused[2], tmp_path / "store")
     assert drop_progress(copy, 1) is False  # not landed: kept
