@@ -203,12 +203,48 @@ def _stop_at_deadline(plan: Plan) -> int:
     return 0
 
 
+def _stop_paused(plan: Plan, wave: list, paused: dict) -> int:
+    """A wave's Phase 1 stopped at an epoch end (`paused`: Phase-1 seed -> Phase1Paused) or
+    the driver got a SIGTERM: publish each paused unit's progress, record the run as
+    stopped and say, in one line, what is left and how to continue (here or elsewhere).
+    Returns 0, as a stop at --max-wall between waves does (issue 52)."""
+    from pipelines.phase1_progress import publish_progress
+    from pipelines.store import units_left
+
+    for slot in wave:
+        if slot.seed in paused:
+            p = paused[slot.seed]
+            publish_progress(plan.store, slot, p.reason, p.train_time_s)
+    p1, tr = units_left(plan.store, plan.piece_slots, plan.piece_trials)
+    store = plan.store
+    left = [s.seed for s in plan.piece_slots if s.seed is not None and (
+        not store.stage1_json(s.seed).is_file()
+        or any(not store.result(t).is_file() for t in plan.piece_trials
+               if t.phase1_seed == s.seed))]
+    labels = {s.seed: s.label for s in wave}
+    what = "; ".join(f"{labels[k]} after epoch {p.epochs_done} of {p.max_epochs} ({p.reason})"
+                     for k, p in paused.items())
+    write_meta(plan, status="stopped")
+    lay = plan.layout
+    say("[pipeline] stopped: "
+        + (f"Phase 1 paused ({what}), its progress is in the store; " if paused else
+           "SIGTERM before Stage 2; ")
+        + f"{p1} Phase-1 and {tr} trial unit(s) of this run not in the store {store.root}; "
+        f"continue with `make resume NAME={plan.name} RUNS={lay.root}` (python -m "
+        f"pipelines.run resume --name {plan.name} --root {lay.root})"
+        + (f", or on another machine with a copy of the store `make pipeline "
+           f"STORE={store.root} PHASE1_SEEDS={','.join(map(str, left))} ...` (the same "
+           "preset, grid and --set values)" if left else ""))
+    return 0
+
+
 def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
     """A run into a store: its Phase-1 checkpoints in waves of `wave_size`: each wave
     adopts what the store has, trains and publishes its missing checkpoints, then runs the
     trials of those checkpoints (each trial publishes itself) before the next wave starts,
     so a run stopped between waves (`--max-wall`) leaves whole checkpoints. Returns 0 when
     every trial of the run's piece is in the store (or the deadline stopped it), else 1."""
+    from pipelines import phase1_progress as pp
     from pipelines import store as st
     from pipelines.tracking import open_tracking
 
@@ -222,6 +258,8 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
               "compile_warm_s": 0.0}
     p1_train = stage1_wall = 0.0
     digests: dict = {}
+    stop_file = pp.stop_file(plan.layout.run_dir)  # issue 52: a SIGTERM writes it
+    stop_file.unlink(missing_ok=True)
     for wave in waves:
         if _past_deadline(plan, t_start):
             return _stop_at_deadline(plan)
@@ -252,18 +290,27 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
                 prov = dataclasses.replace(prov, device=res["device_kind"])
             st.publish_phase1(plan.store, job.slot, prov)
 
+        for slot in wave:  # issue 52: a unit's stored progress, where Phase 1 resumes
+            pp.restore_progress(plan.store, slot)
         t1 = time.time()
-        jobs = stage1_start(wplan, ray, cluster)
+        left = None if plan.max_wall_s is None else plan.max_wall_s - (time.time() - t_start)
+        jobs = stage1_start(wplan, ray, cluster, deadline_s=left, stop_file=str(stop_file))
         kill_point("stage1-submitted")
-        p1 = stage1_finish(wplan, ray, jobs, runs, on_recorded=publish)
+        with pp.sigterm_writes_stop_file(stop_file):  # issue 52: SIGTERM pauses Phase 1
+            p1 = stage1_finish(wplan, ray, jobs, runs, on_recorded=publish)
         stage1_wall += time.time() - t1
         p1_train += p1.train_time_s
         digests.update(p1.digests)
         for slot in wave:  # trained before a kill, or adopted: the store has it either way
+            if slot.seed in p1.paused:
+                continue
             if not plan.store.stage1_json(slot.seed).is_file():
                 st.publish_phase1(plan.store, slot, provs[slot.seed])
+            pp.drop_progress(plan.store, slot.seed)  # issue 52: the unit landed
             # another writer's, where it landed first
             p1.digests[slot.seed] = adopt_phase1(wplan, slot) or p1.digests[slot.seed]
+        if p1.paused or stop_file.exists():  # issue 52: --max-wall or SIGTERM in Phase 1
+            return _stop_paused(plan, wave, p1.paused)
         s2 = stage2(wplan, runs, p1)
         for k in totals:
             totals[k] += s2.get(k, 0.0)

@@ -279,6 +279,10 @@ def _check_store(plan: Plan) -> None:
     from pipelines.store import check_store_units
 
     check_store_units(plan.store, plan.cfg, plan.space, plan.piece_slots, plan.piece_trials)
+    from pipelines.phase1_progress import check_progress
+
+    for slot in plan.piece_slots:  # issue 52: a paused unit's progress, of this config, whole
+        check_progress(plan.store, slot)
 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None) -> None:

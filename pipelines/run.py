@@ -53,8 +53,9 @@ def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
 def _max_wall(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wall", type=float, default=None, metavar="SECONDS",
                    help="with --store: stop cleanly between waves of Phase-1 checkpoints "
-                        "once this many seconds have passed (exit 0; one line says what is "
-                        "left and how to continue)")
+                        "once this many seconds have passed, and pause a Phase 1 at the last "
+                        "epoch end within them, its progress into the store (exit 0; one "
+                        "line says what is left and how to continue)")
 
 
 def _compute(p: argparse.ArgumentParser) -> None:

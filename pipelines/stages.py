@@ -86,7 +86,8 @@ def stage1_start_timeout_s() -> float:
         return 600.0
 
 
-def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str) -> dict:
+def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str,
+                 deadline_s: float | None = None, stop_file: str | None = None) -> dict:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     import ray
 
@@ -105,8 +106,15 @@ def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str)
         cfg = dataclasses.replace(cfg, threads=max(1, int(threads)))
     from pipelines.provenance import device_kind
 
+    stop = None
+    if deadline_s is not None or stop_file is not None:  # issue 52: a Phase 1 in pieces
+        from pmnet.train import StopAtEpochEnd
+
+        stop = StopAtEpochEnd(deadline_s, stop_file)
     res = run_phase1(cfg, out_dir, progress=False, accelerator=assigned_device(),
-                     callbacks=[Phase1Progress(Path(out_dir) / PROGRESS_FILE)])
+                     callbacks=[Phase1Progress(Path(out_dir) / PROGRESS_FILE)], stop=stop)
+    if not isinstance(res, dict):  # a Phase1Paused (pipelines.phase1_progress)
+        return res
     return {**res, "device_kind": device_kind(assigned_device())}  # the unit's provenance
 
 
@@ -226,6 +234,7 @@ class Stage1Job:
     cpus: float = 0.0  # what its Ray task asks for
     gpus: float = 0.0
     cluster: str = ""  # the nodes it may run on, in words (for the bound's message)
+    paused: Any = None  # a pmnet.train.Phase1Paused: it stopped at an epoch end (issue 52)
 
 
 @dataclass
@@ -235,6 +244,9 @@ class Stage1Result:
 
     digests: dict[int | None, str]
     train_time_s: float  # Phase-1 training done by this invocation (summed over tasks)
+    #: Phase-1 seed -> pmnet.train.Phase1Paused: units stopped at an epoch end, not finished
+    #: (issue 52; their digests are None)
+    paused: dict = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
@@ -283,9 +295,12 @@ def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
     return Stage1Resources(cpus=cpus, gpus=1 if gpu else 0)
 
 
-def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
+def stage1_start(plan: Plan, ray, cluster, *, deadline_s: float | None = None,
+                 stop_file: str | None = None) -> list[Stage1Job]:
     """For every Phase-1 checkpoint of the plan: skip (a valid one is there), import
-    (`--phase1-from`), or submit its Phase-1 task; don't wait."""
+    (`--phase1-from`), or submit its Phase-1 task; don't wait. `deadline_s` and `stop_file`
+    (issue 52, a run into a store): the task pauses at an epoch end when the deadline would
+    pass or the file exists (`pmnet.train.StopAtEpochEnd`)."""
     slots = plan.phase1_slots
     todo = []
     jobs = []
@@ -317,7 +332,7 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
         jobs.append(Stage1Job(slot=slot, t0=time.time(), cpus=res.cpus, gpus=res.gpus,
                               cluster=cluster.describe(), ref=task.remote(
                                   slot.cfg.to_dict(), str(slot.dir), int(res.cpus),
-                                  str(plan.layout.compile_cache))))
+                                  str(plan.layout.compile_cache), deadline_s, stop_file)))
     return jobs
 
 
@@ -389,6 +404,12 @@ def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
     `on_recorded(job, task result)` as soon as each is recorded (a store publishes it)."""
 
     def record(job: Stage1Job, res: dict) -> None:
+        if not isinstance(res, dict):  # paused at an epoch end (issue 52): not finished
+            job.paused = res
+            say(f"[stage 1/3] {job.slot.label}: {res.describe()}")
+            if job.rid:
+                runs.safe("stage1 finish", runs.tracker.finish, job.rid, "KILLED")
+            return
         _record(plan, job, res, runs)
         if on_recorded is not None:
             on_recorded(job, res)
@@ -408,6 +429,10 @@ def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
         except Exception as e:
             raise PipelineError(f"Stage 1 (Phase 1) failed: {e}") from e
     digests = {job.slot.seed: job.digest for job in jobs}
+    paused = {job.slot.seed: job.paused for job in jobs if job.paused is not None}
+    if paused:  # issue 52: the driver publishes their progress and stops
+        return Stage1Result(digests=digests, paused=paused,
+                            train_time_s=sum(j.train_time_s for j in running))
     single = list(digests) == [None]
     if single:
         write_meta(plan, phase1_sha256=digests[None])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -166,8 +167,24 @@ def cmd_train(args) -> int:
     from pmnet.train import run_phase1, run_phase2
 
     cfg = _train_cfg(args)
+    if args.max_wall is not None and args.phase != "phase1":
+        raise ValueError("--max-wall applies to `train phase1` only")
+    if args.max_wall is not None and not (args.max_wall > 0 and math.isfinite(args.max_wall)):
+        raise ValueError(f"--max-wall must be a positive number of seconds, got "
+                         f"{args.max_wall!r}")
     if args.phase == "phase1":
-        res = run_phase1(cfg, args.out)
+        from pmnet.train import Phase1Paused, StopAtEpochEnd
+
+        # issue 52: --max-wall and SIGTERM pause at an epoch end; the same command continues
+        res = run_phase1(cfg, args.out, stop=StopAtEpochEnd(args.max_wall, sigterm=True))
+        if isinstance(res, Phase1Paused):
+            print(json.dumps({"paused": True, "epochs_done": res.epochs_done,
+                              "max_epochs": res.max_epochs, "reason": res.reason,
+                              "last_ckpt": res.last_ckpt,
+                              "train_time_s": round(res.train_time_s, 1),
+                              "continue": "run the same command again (same --out)"},
+                             indent=2))
+            return 0
         print(json.dumps({"checkpoint": res["checkpoint"], "sha256": res["sha256"],
                           "train_time_s": round(res["train_time_s"], 1),
                           "test": {k: round(v, 2) for k, v in res["metrics"].items()
@@ -338,6 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--phase1", help="Phase-1 checkpoint (read-only; sha256 verified)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a TrainConfig field (model.* for model fields)")
+    s.add_argument("--max-wall", type=float, default=None, metavar="SECONDS",
+                   help="phase1: pause at the last epoch end that keeps within this many "
+                        "seconds (SIGTERM pauses at the next epoch end); the same command "
+                        "continues from --out/phase1_ckpt/last.ckpt")
     s.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("evaluate", help="every metric of a model file on the test stream")

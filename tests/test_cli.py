@@ -40,6 +40,10 @@ def test_episodes_writes_json_lines(tmp_path, capsys):
           "--seed", "1", "--phase1", "missing.pt"], "not found"),
         (["train", "phase1", "--preset", "debug", "--out", "x", "--set", "seeds=[]"],
          "seeds is empty"),
+        (["train", "phase1", "--preset", "debug", "--out", "x", "--max-wall", "-1"],
+         "--max-wall must be a positive number of seconds"),
+        (["train", "phase2", "--preset", "debug", "--out", "x", "--max-wall", "60"],
+         "--max-wall applies to `train phase1` only"),
     ],
 )
 def test_bad_input_exits_with_a_named_error(argv, message, capsys):
@@ -190,3 +194,19 @@ def test_a_strict_off_model_meets_only_a_strict_off_condition(tmp_path, capsys, 
     assert "strict routing-off model" in err and "consolidator_only_routing_off" in err
     assert main([*args, "--condition", "consolidator_only_strict_off"]) == 0
     assert 0 <= json.loads(capsys.readouterr().out)["updated_ltm"] <= 100
+
+
+def test_train_phase1_max_wall_pauses_and_the_same_command_continues(tmp_path, capsys):
+    """Issue 52: `--max-wall` pauses Phase 1 at an epoch end (one epoch per sitting at least);
+    the same command continues from --out to the end."""
+    argv = ["train", "phase1", "--preset", "debug", "--out", str(tmp_path),
+            "--set", "phase1_max_epochs=2", "--set", "phase1_patience=2",
+            "--set", "phase1_episodes_per_epoch=32", "--set", "val_episodes=16",
+            "--set", "test_episodes=16", "--set", "eval_batch_size=16"]
+    assert main([*argv, "--max-wall", "1e-9"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["paused"] is True and (out["epochs_done"], out["max_epochs"]) == (1, 2)
+    assert out["reason"] == "max-wall" and not (tmp_path / "phase1.pt").exists()
+    assert main(argv) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert "sha256" in done and (tmp_path / "phase1.pt").is_file()

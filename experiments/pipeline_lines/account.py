@@ -107,6 +107,12 @@ CONCERN = {
     "landed": RECORD, "adopt_phase1": STORE, "adopt_results": STORE, "publish_phase1": STORE,
     "publish_trial": STORE, "units_left": STORE, "_store_start": STORE,
     "_store_publish": STORE, "_diagnose": STORE, "_trained_phase1_config": VALID,
+    # a long Phase 1 in durable pieces (issue 52): phase1_progress.py, driver._stop_paused
+    "progress_dir": STORE, "local_ckpt_dir": STORE, "stop_file": STORE,
+    "ProgressRecord": RECORD, "_record_path": STORE, "_unit": STORE, "_start_over": VALID,
+    "check_progress": VALID, "restore_progress": STORE, "publish_progress": STORE,
+    "drop_progress": STORE, "_copy": STORE, "sigterm_writes_stop_file": FAULT,
+    "_stop_paused": STORE,
 }
 
 

@@ -22,6 +22,7 @@ Where each part lives:
     compiled_steps.py  `compile_step` (torch.compile, CUDA graphs), the shared compile cache
     modules.py         the LightningModules: `Phase0Module`, `Phase1Module`, `Phase2Module`
     checkpoints.py     Lightning's best / last checkpoints, written atomically
+    pause.py           stopping Phase 1 at an epoch boundary (deadline, SIGTERM)
     phases.py          `run_phase1`, `run_phase2`, `warm_compile` and the trainer they share
 
 Choices the paper leaves open (see docs/choices.md):
@@ -79,6 +80,7 @@ from pmnet.train.modules import (
     Phase2Module,
     freeze_to_subset,
 )
+from pmnet.train.pause import Phase1Paused, StopAtEpochEnd
 from pmnet.train.phases import (
     RESULT_KEYS,
     ROUTES_FILE,
@@ -111,6 +113,8 @@ __all__ = [
     # pmnet/model_files.py (re-exported here), checkpoints.py
     "MODEL_FORMAT", "PHASE1_FORMAT", "load_model_file", "save_model_file", "sha256_file",
     "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
+    # pause.py (issue 52: a Phase 1 in pieces)
+    "Phase1Paused", "StopAtEpochEnd",
     # phases.py
     "RESULT_KEYS", "ROUTES_FILE", "device_name", "evaluation_inference_mode",
     "init_consolidator", "init_operator",

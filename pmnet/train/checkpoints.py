@@ -77,6 +77,37 @@ class LastCheckpoint(Checkpoint):
                 return
         trainer.save_checkpoint(str(self.path))
 
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        relocate_best_state(checkpoint, self.best)
+
+
+def relocate_best_state(checkpoint: dict, best: ModelCheckpoint) -> None:
+    """A checkpoint directory that was moved (copied to another run directory or machine,
+    issue 52) resumes as it would have in place: the selecting ModelCheckpoint's saved state
+    names its old directory, and Lightning then drops the best score it holds (the next
+    epoch would count as an improvement whatever its metric, and best.ckpt would point into
+    the old directory). Rewrites, in the loaded `checkpoint` (before the callbacks' states
+    are restored from it), that state's directory and paths to `best.dirpath`. A checkpoint
+    restored where it was written is left as it is."""
+    state = (checkpoint.get("callbacks") or {}).get(best.state_key)
+    if not isinstance(state, dict) or not best.dirpath or not state.get("dirpath"):
+        return
+    old, new = str(state["dirpath"]), str(best.dirpath)
+    if old == new:
+        return
+
+    def moved(path):
+        if isinstance(path, str) and path and os.path.dirname(path) == old:
+            return os.path.join(new, os.path.basename(path))
+        return path
+
+    state["dirpath"] = new
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = moved(state[key])
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {moved(k): v for k, v in state["best_k_models"].items()}
+
 
 def checkpoint_epoch(path: str | Path) -> int | None:
     """The epoch stored in a Lightning checkpoint, read weights-only and memory-mapped, so its

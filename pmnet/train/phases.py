@@ -35,6 +35,7 @@ from pmnet.train.compiled_steps import fresh_compile_state, release_compiled_ste
 from pmnet.train.config import ACCELERATORS, TrainConfig
 from pmnet.train.data import CopyBatches, EpisodeData, _loader
 from pmnet.train.modules import Phase0Module, Phase1Module, Phase2Module
+from pmnet.train.pause import Phase1Paused, StopAtEpochEnd
 
 
 def _setup_threads(cfg: TrainConfig) -> None:
@@ -88,11 +89,18 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
 
 
 def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(),
-               progress: bool | None = None, accelerator: str = "auto") -> dict:
+               progress: bool | None = None, accelerator: str = "auto",
+               stop: StopAtEpochEnd | None = None) -> dict | Phase1Paused:
     """Phase 0 (if the preset has it) and Phase 1. Writes `phase1.pt` and its sha256.
 
     `accelerator`: "cpu" or "gpu" (where the caller was given to train, e.g. what Ray gave
-    the task), or "auto" (Lightning's choice). The device and precision used are recorded."""
+    the task), or "auto" (Lightning's choice). The device and precision used are recorded.
+
+    `stop` (issue 52, `pmnet.train.pause`): a deadline or stop request that ends this
+    sitting at an epoch boundary; the result is then a `Phase1Paused` (no test pass, no
+    phase1.pt, no phase1_metrics.json), and calling run_phase1 again on `out_dir` (or a
+    copy of it) continues from `phase1_ckpt/last.ckpt`. Without `stop` the result is
+    always the finished run's dict."""
     _check_accelerator(accelerator)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -121,13 +129,21 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
         atomic_write_json(phase0_file, _jsonable(phase0))
     module = Phase1Module(cfg, model, cfg.phase1_lr)
     data = EpisodeData(cfg, cfg.phase1_seed + 1_000_000, cfg.phase1_episodes_per_epoch)
+    # the stop callback is a Checkpoint callback after LastCheckpoint: it acts once the
+    # epoch's last.ckpt is written
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.phase1_max_epochs,
                              monitor="val/mean_stm", patience=cfg.phase1_patience,
-                             callbacks=callbacks, loggers=loggers, progress=progress,
+                             callbacks=[*callbacks, *([stop] if stop is not None else [])],
+                             loggers=loggers, progress=progress,
                              ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs",
                              accelerator=accelerator)
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None,
                 weights_only=True)
+    if stop is not None and stop.paused_at is not None:
+        release_compiled_steps()
+        return Phase1Paused(epoch=stop.paused_at, max_epochs=cfg.phase1_max_epochs,
+                            reason=str(stop.reason), last_ckpt=str(last),
+                            train_time_s=module.prior_time_s + (time.time() - t0))
     trainer.test(module, datamodule=data, ckpt_path="best", verbose=False, weights_only=True)
     train_time = module.prior_time_s + (time.time() - t0)  # earlier attempts included
     meta = {"phase": 1, "train_config": cfg.to_dict(), "test": module.test_metrics,
@@ -137,8 +153,12 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
     # the file holds what training determines, not how long it took (train_time_s is in
     # phase1_metrics.json): a checkpoint trained twice alike is byte-identical, one sha256
     file_meta = {k: v for k, v in meta.items() if k not in WALL_CLOCK_FIELDS}
+    # through JSON and back (issue 52): pickle shares a string it meets twice by object
+    # identity, so a history half restored from last.ckpt (a resumed or continued run)
+    # pickled differently from one built in one sitting; after the round trip the bytes
+    # depend on the content only
     digest = save_model_file(ckpt_path, module.model, fmt=PHASE1_FORMAT,
-                             meta=_jsonable(file_meta))
+                             meta=json.loads(json.dumps(_jsonable(file_meta))))
     atomic_write_json(out_dir / "phase1_metrics.json", _jsonable(meta))
     routes = phase1_route_diagnostics(cfg, module.model, out_dir)
     release_compiled_steps()

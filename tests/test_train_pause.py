@@ -1,0 +1,123 @@
+"""A Phase 1 in pieces (`pmnet.train.pause`, issue 52): stopped at an epoch boundary (a stop
+request, SIGTERM, a deadline), continued from a copy of its directory elsewhere, it ends with
+the same phase1.pt bytes and history as one uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+from lightning.pytorch.callbacks import Callback
+
+from pmnet.train import (
+    Phase1Paused,
+    StopAtEpochEnd,
+    TrainConfig,
+    checkpoint_epoch,
+    run_phase1,
+)
+
+#: debug preset, 4 epochs that do not stop early (patience 4), with its Phase 0
+CFG = dict(phase1_max_epochs=4, phase1_patience=4, phase1_episodes_per_epoch=32,
+           val_episodes=16, test_episodes=16, eval_batch_size=16, batch_size=16)
+
+
+def _cfg() -> TrainConfig:
+    return TrainConfig.from_name("debug", **CFG)
+
+
+class _At(Callback):
+    """Calls `fn` at the end of epoch `epoch` (0-based), before the stop callback looks
+    (plain callbacks run before Checkpoint ones)."""
+
+    def __init__(self, epoch: int, fn):
+        self.epoch, self.fn = epoch, fn
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch == self.epoch:
+            self.fn()
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """One uninterrupted run of the 4 epochs."""
+    out = tmp_path_factory.mktemp("whole")
+    res = run_phase1(_cfg(), out, progress=False)
+    return res, json.loads((out / "phase1_metrics.json").read_text())
+
+
+def _continue_elsewhere(paused_dir: Path, where: Path) -> dict:
+    """Copy what a stopped sitting leaves (its checkpoints and Phase 0's metrics) to another
+    directory, as another machine would get it, and run Phase 1 there to its end."""
+    where.mkdir()
+    shutil.copytree(paused_dir / "phase1_ckpt", where / "phase1_ckpt")
+    if (paused_dir / "phase0_metrics.json").is_file():
+        shutil.copy(paused_dir / "phase0_metrics.json", where)
+    return run_phase1(_cfg(), where, progress=False)
+
+
+def test_a_stop_after_epoch_2_continued_elsewhere_equals_one_run(whole, tmp_path):
+    full, full_meta = whole
+    stop = StopAtEpochEnd(stop_file=tmp_path / "stop.request")
+    touch = _At(1, lambda: (tmp_path / "stop.request").touch())
+    res = run_phase1(_cfg(), tmp_path / "a", progress=False, callbacks=[touch], stop=stop)
+    assert isinstance(res, Phase1Paused), res
+    assert (res.epoch, res.epochs_done, res.max_epochs, res.reason) == (1, 2, 4,
+                                                                       "stop requested")
+    a = tmp_path / "a"
+    # paused, not finished: no test pass, no phase1.pt, no metrics; last.ckpt holds epoch 1
+    assert not (a / "phase1.pt").exists() and not (a / "phase1_metrics.json").exists()
+    assert checkpoint_epoch(a / "phase1_ckpt" / "last.ckpt") == 1
+    done = _continue_elsewhere(a, tmp_path / "b")
+    assert done["sha256"] == full["sha256"]  # the same bytes
+    meta = json.loads((tmp_path / "b" / "phase1_metrics.json").read_text())
+    assert meta["history"] == full_meta["history"] and len(meta["history"]) == 4
+    assert meta["best_epoch"] == full_meta["best_epoch"]
+    assert meta["phase0"] == full_meta["phase0"]
+    assert meta["train_time_s"] >= res.train_time_s > 0  # both sittings counted
+
+
+def test_sigterm_stops_at_the_epoch_end_and_gives_the_handler_back(tmp_path):
+    """The first SIGTERM while the trainer fits pauses at the epoch end (Lightning alone
+    would end the fit after the current batch); the handler is given back after."""
+    stop = StopAtEpochEnd(sigterm=True)
+    term = _At(0, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    res = run_phase1(_cfg(), tmp_path, progress=False, callbacks=[term], stop=stop)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert isinstance(res, Phase1Paused) and (res.epoch, res.reason) == (0, "stop requested")
+    assert checkpoint_epoch(tmp_path / "phase1_ckpt" / "last.ckpt") == 0
+
+
+def test_a_deadline_stops_before_an_epoch_that_would_pass_it_never_the_last(tmp_path):
+    # a deadline already passed: every sitting still trains one epoch, then pauses
+    res = run_phase1(_cfg(), tmp_path, progress=False, stop=StopAtEpochEnd(deadline_s=0))
+    assert isinstance(res, Phase1Paused) and (res.epoch, res.reason) == (0, "max-wall")
+    res = run_phase1(_cfg(), tmp_path, progress=False, stop=StopAtEpochEnd(deadline_s=0))
+    assert isinstance(res, Phase1Paused) and res.epoch == 1  # one more epoch, same directory
+    # a deadline far away: no pause; and the last epoch finishes whatever the deadline
+    res = run_phase1(_cfg(), tmp_path, progress=False, stop=StopAtEpochEnd(deadline_s=1e6))
+    sha = res["sha256"]
+    assert isinstance(res, dict) and (tmp_path / "phase1.pt").is_file()
+    assert checkpoint_epoch(tmp_path / "phase1_ckpt" / "last.ckpt") == 3  # ran to the end
+    # the last epoch is never paused, even with the deadline passed
+    again = tmp_path.parent / f"{tmp_path.name}-again"
+    again.mkdir()
+    run_phase1(_cfg(), again, progress=False, stop=StopAtEpochEnd(deadline_s=0))
+    for _ in range(2):
+        run_phase1(_cfg(), again, progress=False, stop=StopAtEpochEnd(deadline_s=0))
+    res = run_phase1(_cfg(), again, progress=False, stop=StopAtEpochEnd(deadline_s=0))
+    assert isinstance(res, dict) and res["sha256"] == sha
+
+
+def test_a_stop_file_is_read_and_a_bad_deadline_refused(tmp_path):
+    stop = StopAtEpochEnd(stop_file=tmp_path / "stop")
+    assert not stop.requested()
+    (tmp_path / "stop").touch()
+    assert stop.requested()
+    with pytest.raises(ValueError, match="deadline_s"):
+        StopAtEpochEnd(deadline_s=float("nan"))
