@@ -107,6 +107,10 @@ CONCERN = {
     "landed": RECORD, "adopt_phase1": STORE, "adopt_results": STORE, "publish_phase1": STORE,
     "publish_trial": STORE, "units_left": STORE, "_store_start": STORE,
     "_store_publish": STORE, "_diagnose": STORE, "_trained_phase1_config": VALID,
+    # a store that verifies what it holds (issue 53)
+    "stale_lock_s": STORE, "_lock_record": STORE, "unit_lock_stale": STORE,
+    "same_stale_lock": STORE, "Quarantined": FAULT, "_recheck": FAULT, "_dest": FAULT,
+    "_move": FAULT, "quarantine_damaged": FAULT,
 }
 
 
