@@ -244,3 +244,28 @@ def test_the_layout_paths_are_the_ones_verified(tmp_path):
     layout = StoreLayout(store.root)
     layout.stage1_json(1).rename(layout.phase1_dir(1) / "stage1.json.bak")
     assert _states(verify_store(store.root))["phase1-p1s1"] == PARTIAL
+
+
+@pytest.mark.parametrize("prepare, message", [
+    (_version_99, "store format version 99; this code reads version 1"),
+    (lambda p: p.mkdir(), "not a store with results"),
+    (lambda p: p.write_text("x"), "not a store with results"),
+], ids=["store.json of version 99", "an empty directory", "a file"])
+def test_the_report_and_a_run_refuse_what_is_not_a_store_with_exit_2(tmp_path, prepare,
+                                                                     message):
+    """Issue 53's last row (refused before; kept): `report --store` and, for a store of
+    another version, `start --store`, exit 2 with one line saying why, writing nothing."""
+    from pipelines import run
+
+    path = tmp_path / "s"
+    prepare(path)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    runs = [["report", "--store", str(path)]]
+    if path.is_dir() and any(path.iterdir()):
+        runs.append(["start", *fake.ARGS, "--store", str(path), "--root", str(tmp_path / "r")])
+    for argv in runs:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = run.main(argv)
+        assert rc == 2 and message in err.getvalue(), (argv[0], err.getvalue())
+        assert sorted(str(p) for p in tmp_path.rglob("*")) == before
