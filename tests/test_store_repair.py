@@ -14,6 +14,7 @@ stale lock file, run again: it exits 0 with every unit whole and equal to the on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -116,6 +117,27 @@ def test_a_unit_repaired_while_waiting_for_its_lock_stays(tmp_path, monkeypatch)
     monkeypatch.setattr(store_repair, "_recheck", repaired_first)
     assert _quarantine(store) == ([], "")
     assert store.results_dir.joinpath(f"{name}.json").read_bytes() == good
+
+
+def test_a_units_identity_does_not_depend_on_how_it_was_scheduled(tmp_path):
+    """The config hashes a unit is compared by leave out its threads (2 for a checkpoint
+    trained alone on 2 cores, 1 in a wave of two); the threads go to its provenance, which
+    keeps them from the start record or the landing one."""
+    from pipelines.phase1 import phase1_config_hash
+    from pipelines.records import Provenance
+    from pipelines.store import config_hash, landed, trial_config, unit_config
+
+    cfg, space = fake.grid()
+    for threads in (1, 2, 7):
+        other = dataclasses.replace(cfg, threads=threads)
+        assert phase1_config_hash(other) == phase1_config_hash(cfg)
+        trial = space.trials[0]
+        assert config_hash(unit_config(trial_config(other, space, trial).flat())) == \
+            config_hash(unit_config(trial_config(cfg, space, trial).flat()))
+    scratch = tmp_path / "provenance.json"
+    Provenance(unit="phase1-p1s0", kind="phase1", config_hash="c" * 64).write(scratch)
+    now = Provenance(unit="phase1-p1s0", kind="phase1", config_hash="c" * 64, threads=2)
+    assert landed(scratch, now).threads == 2
 
 
 # -- through the pipeline's command line ---------------------------------------------------------
