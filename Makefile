@@ -86,8 +86,12 @@ resume: install ## resume the last (or NAME=...) pipeline (MAX_WALL=seconds: sto
 status: install ## table of trials of the last (or NAME=...) pipeline, read from disk
 	$(PY) -m pipelines.run status $(if $(NAME),--name $(NAME)) --root $(RUNS)
 
-report: install ## rebuild the report of the last (or NAME=...) pipeline from finished results; STORE=dir: the report of a durable store, into dir/report/
+report: install ## rebuild the report of the last (or NAME=...) pipeline from finished results; STORE=dir: the report of a durable store, into dir/report/ (verified first: a damaged store is refused, exit 2)
 	$(PY) -m pipelines.run report $(if $(STORE),--store $(STORE),$(if $(NAME),--name $(NAME)) --root $(RUNS))
+
+verify: install ## STORE=dir: read back every unit of a durable store (whole, partial, corrupt, orphaned); exit 0 whole, 1 damaged, 2 not a store
+	$(if $(STORE),,$(error make verify needs STORE=dir, the durable store to check))
+	$(PY) -m pmnet.cli store verify $(STORE)
 
 ui: install ## start the MLflow UI for the local store (prints the last pipeline's runs address; HOST=0.0.0.0 serves beyond 127.0.0.1, unauthenticated: a warning says so; PORT=, ALLOWED_HOSTS=)
 	$(PY) -m pipelines.run ui $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS)) --root $(RUNS)
@@ -95,4 +99,4 @@ ui: install ## start the MLflow UI for the local store (prints the last pipeline
 clean: ## remove caches (keeps the venv and runs/)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help install browser test test-all lint gpu-check bench pipeline resume status report ui clean
+.PHONY: help install browser test test-all lint gpu-check bench pipeline resume status report verify ui clean

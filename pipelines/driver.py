@@ -70,8 +70,10 @@ def _execute(plan: Plan) -> int:
     ray = None
     if plan.store is not None:
         from pipelines.store import init_store
+        from pipelines.store_repair import quarantine_damaged
 
         init_store(plan.store)
+        quarantine_damaged(plan.store)  # adoption below sees whole units only (issue 53)
         if _past_deadline(plan, t_start):
             return _stop_at_deadline(plan)
     try:
@@ -288,6 +290,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
             prov = provs[job.slot.seed]
             if res.get("device_kind"):
                 prov = dataclasses.replace(prov, device=res["device_kind"])
+            prov = dataclasses.replace(prov, threads=res.get("threads"))  # not in phase1.pt
             st.publish_phase1(plan.store, job.slot, prov)
 
         for slot in wave:  # issue 52: a unit's stored progress, where Phase 1 resumes

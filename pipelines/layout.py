@@ -197,7 +197,7 @@ write_json = atomic_write_json
 def read_json(path: str | os.PathLike, default: Any = None) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # JSONDecodeError, UnicodeDecodeError (issue 53)
         return default
 
 

@@ -317,7 +317,8 @@ class Provenance(Record):
     configuration the unit depends on (flat `TrainConfig.flat()` keys: a trial's whole
     config after its variant's overrides, a Phase-1 unit's Phase-1 part; execution-only
     fields left out, `pipelines.store.EXECUTION_FIELDS`) and `config_hash` its sha256, which
-    reuse compares; `host`, `pid`, `run` (root/name) say which run wrote it."""
+    reuse compares; `host`, `pid`, `run` (root/name) say which run wrote it, `threads` the
+    torch threads a Phase-1 unit trained with (how it ran: not in its checkpoint file)."""
 
     unit: str | None = None
     kind: str | None = None  # "phase1" | "trial"
@@ -334,3 +335,4 @@ class Provenance(Record):
     landed: float | None = None
     landed_git_commit: str | None = None
     phase1_sha256: str | None = None
+    threads: int | None = None

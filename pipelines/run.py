@@ -245,7 +245,8 @@ def cmd_report(a) -> int:
 
 def report_store(path: str) -> int:
     """`pmnet.report.main_report` of a durable store (laid out like a run directory):
-    `<store>/report/`. Exit 2 when it is not a store with results."""
+    `<store>/report/`. Exit 2 when it is not a store with results, or when a unit is
+    damaged (`pmnet.store_verify`: the table of what is wrong)."""
     from pipelines.addresses import STORE_HELP, storage_root
     from pmnet.store_layout import read_store_record
 
@@ -257,6 +258,14 @@ def report_store(path: str) -> int:
     if record is None or not (root / "results").is_dir():
         raise PipelineError(f"--store {root}: not a store with results (no store.json or no "
                             "results/); fill one with `make pipeline STORE=...`")
+    from pmnet.store_verify import verify_store
+
+    check = verify_store(root)  # a damaged unit is never reported: refused with the table
+    if not check.ok:
+        raise PipelineError(f"--store {root} holds damaged units; the report reads whole "
+                            f"units only:\n{check.table()}\nA run into the store (`make "
+                            f"pipeline STORE={root} ...` or `make resume`) moves them to "
+                            f"{root}/quarantine/ and trains them again")
     from pmnet.report import main_report
 
     try:

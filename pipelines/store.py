@@ -42,7 +42,7 @@ from typing import Any
 from pipelines.addresses import STORE_HELP, storage_root
 from pipelines.console import say
 from pipelines.layout import PipelineError, check_writable, read_json
-from pipelines.lock import _alive
+from pipelines.lock import same_stale_lock, stale_lock_s, unit_lock_stale
 from pipelines.phase1 import Phase1Slot, phase1_config_hash, phase1_part, trained_phase1_part
 from pipelines.provenance import device_kind, git_commit, package_version
 from pipelines.records import Provenance, Stage1Record, canon
@@ -56,9 +56,6 @@ from tune_spaces.grids import GRID_DECIDED_FIELDS
 #: unit runs (its torch threads: the CPUs a machine gives a trial) and the preset's prose;
 #: not what it computes (docs/choices.md, "What a unit's config hash covers")
 UNHASHED_FIELDS: tuple[str, ...] = GRID_DECIDED_FIELDS
-#: a unit lock older than this is stale whoever holds it (a lock is held only while a unit
-#: is checked and its files are copied in: seconds)
-STALE_LOCK_S = 600.0
 #: how long a writer waits for a unit another writer holds before it gives up on it
 LOCK_WAIT_S = 120.0
 
@@ -196,37 +193,31 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
 
 class UnitLock:
     """`locks/<unit>.lock`, made with O_EXCL and holding its owner (host, pid, time, a
-    token); removed on release only when it is still this owner's. A lock whose owner is a
-    dead process of this host, or that is older than STALE_LOCK_S, is stale: it is moved
-    aside (rename, atomic) and taken; a writer that moved a fresh lock by mistake (another
-    took the stale one first) puts it back with a hard link, which never overwrites.
-    Waits up to `wait_s` for a live owner; StoreError naming it after that."""
+    token); removed on release only when it is still this owner's. A stale lock
+    (`pipelines.lock.unit_lock_stale`: a dead owner of this host, older than `stale_s`
+    (STALE_LOCK_S), or unreadable and its file older than that) is moved aside (rename,
+    atomic) and taken; a writer that moved a fresh lock by mistake (another took the stale
+    one first) puts it back with a hard link, which never overwrites. Waits up to `wait_s`
+    for a live owner; StoreError naming it after that."""
 
-    def __init__(self, store: StoreLayout, unit: str, wait_s: float = LOCK_WAIT_S):
+    def __init__(self, store: StoreLayout, unit: str, wait_s: float = LOCK_WAIT_S,
+                 stale_s: float | None = None):
         self.path = store.lock(unit)
         self.unit, self.wait_s = unit, wait_s
+        self.stale_s = stale_lock_s() if stale_s is None else stale_s
         self.token = uuid.uuid4().hex
 
     def owner(self) -> dict:
         info = read_json(self.path)
         return info if isinstance(info, dict) else {}
 
-    def _stale(self, info: dict) -> bool:
-        t = info.get("time")
-        if isinstance(t, (int, float)) and time.time() - t > STALE_LOCK_S:
-            return True
-        pid = info.get("pid")
-        return info.get("host") == socket.gethostname() and isinstance(pid, int) \
-            and not _alive(pid)
-
-    def _break(self, info: dict) -> None:
+    def _break(self, info: Any) -> None:
         aside = self.path.with_name(f"{self.path.name}.stale-{self.token}")
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
             return
-        moved = read_json(aside)
-        if isinstance(moved, dict) and moved.get("token") != info.get("token"):
+        if not same_stale_lock(aside, info, self.stale_s):
             with contextlib.suppress(FileExistsError, FileNotFoundError):
                 os.link(aside, self.path)  # a fresh lock: back where it was
         with contextlib.suppress(FileNotFoundError):
@@ -241,15 +232,17 @@ class UnitLock:
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
-                info = self.owner()
-                if info and self._stale(info):
-                    self._break(info)
+                raw = read_json(self.path)
+                if unit_lock_stale(self.path, raw, self.stale_s):
+                    self._break(raw)
                     continue
+                info = self.owner()
                 if time.time() - t0 > self.wait_s:
                     raise StoreError(
                         f"store unit {self.unit} is locked by pid {info.get('pid', '?')} on "
-                        f"{info.get('host', '?')} ({self.path}); if that writer is gone, "
-                        "remove the lock file") from None
+                        f"{info.get('host', '?')} ({self.path}); a lock older than "
+                        f"{self.stale_s:g} s is stale (its recorded time, or its file's age "
+                        "when it cannot be read) and is taken over then") from None
                 time.sleep(0.05)
                 continue
             try:
@@ -329,7 +322,8 @@ def landed(scratch: Path, prov_now: Provenance) -> Provenance:
                          f"({first_difference(start.config or {}, prov_now.config or {})})")
     return replace(start, landed=time.time(), device=prov_now.device or start.device,
                    landed_git_commit=prov_now.git_commit,
-                   phase1_sha256=prov_now.phase1_sha256 or start.phase1_sha256)
+                   phase1_sha256=prov_now.phase1_sha256 or start.phase1_sha256,
+                   threads=prov_now.threads or start.threads)
 
 
 # -- adopt ----------------------------------------------------------------------------------

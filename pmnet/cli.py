@@ -1,5 +1,5 @@
 """`pmnet` command line: info, episodes, train (phase1 / phase2), evaluate, ltm (save / answer),
-diagnose, report."""
+diagnose, report, store verify."""
 
 from __future__ import annotations
 
@@ -310,6 +310,14 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_store(args) -> int:
+    """`pmnet store verify DIR`: every unit of a durable store read back (pmnet.store_verify);
+    exit 0 whole, 1 a unit corrupt or orphaned, 2 not a store."""
+    from pmnet.store_verify import verify_command
+
+    return verify_command(args.store_dir, all_units=args.all)
+
+
 def _add_test_seed(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test-seed", type=_int, default=None, metavar="SEED",
                         help="seed of the test stream (default: the paper's task.TEST_SEED; "
@@ -398,6 +406,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="rebuild a pipeline run's report from its results")
     s.add_argument("run_dir")
     s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("store", help="check a durable store: every unit whole, partial, "
+                                     "corrupt or orphaned (reads only)")
+    s.add_argument("action", choices=("verify",))
+    s.add_argument("store_dir", metavar="DIR")
+    s.add_argument("--all", action="store_true", help="list whole units too")
+    s.set_defaults(fn=cmd_store)
     return p
 
 

@@ -5,6 +5,7 @@ reports and the pipeline."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -81,3 +82,12 @@ def atomic_link(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> boo
             tmp.unlink()
         raise
     return True
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks (checkpoints, store units)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

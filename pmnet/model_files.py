@@ -14,20 +14,12 @@ import torch
 
 from pmnet.baselines import add_baseline
 from pmnet.config import ModelConfig
-from pmnet.io import atomic_write_bytes
+from pmnet.io import atomic_write_bytes, sha256_file
 from pmnet.model import PMNet
 from pmnet.operators import add_operator
 
 PHASE1_FORMAT = "pmnet-phase1/v1"
 MODEL_FORMAT = "pmnet-model/v1"
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def save_model_file(path: Path, model: PMNet, *, fmt: str, meta: dict) -> str:

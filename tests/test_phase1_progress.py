@@ -164,13 +164,14 @@ def test_planning_checks_the_progress_exit_2_for_foreign_or_damaged(paused, tmp_
             "--gpus-per-trial", "0", "--phase1-seeds", "1", "--conditions",
             "consolidator_only", "--seeds", "42", "--store", str(copy.root), "--root",
             str(tmp_path / "runs"), *sets]
-    rc, err = _main([*argv, "--max-wall", "1e-9"])
+    # each start its own name: two starts within one minute would share the default name
+    rc, err = _main([*argv, "--name", "same-config", "--max-wall", "1e-9"])
     assert rc == 0, err
-    rc, err = _main([*argv, "--set", "phase1_lr=0.001"])
+    rc, err = _main([*argv, "--name", "another-config", "--set", "phase1_lr=0.001"])
     assert rc == 2 and "unit phase1-p1s1 has Phase-1 progress (after epoch 2 of 4) made with " \
         "another configuration (phase1_lr: " in err, err
     (progress_dir(copy, 1) / "best-e1.ckpt").write_bytes(b"torn")
-    rc, err = _main(argv)
+    rc, err = _main([*argv, "--name", "damaged"])
     assert rc == 2 and "progress of unit phase1-p1s1 is damaged" in err and \
         "best-e1.ckpt has sha256" in err, err
     assert sorted(str(p.relative_to(copy.root)) for p in copy.root.rglob("*")) == files

@@ -61,14 +61,25 @@ def test_phase1_writes_checkpoint_with_hash(phase1):
 
 def test_phase1_trained_twice_alike_is_byte_identical(phase1, tmp_path):
     """A store's two pieces and one uninterrupted run give the same Phase-1 sha256: the
-    file holds no wall time (it is in phase1_metrics.json)."""
+    file holds what training computes, not how it ran: no wall time and no threads (a
+    checkpoint trained alone has 2, one in a wave of two 1; issue 53), which stay in
+    phase1_metrics.json. Trained again here with another thread count, under another
+    root."""
     cfg, res = phase1
-    again = run_phase1(cfg, tmp_path, progress=False)
+    other = dataclasses.replace(cfg, threads=(cfg.threads or torch.get_num_threads()) % 2 + 1)
+    before = torch.get_num_threads()
+    try:
+        again = run_phase1(other, tmp_path / "another" / "root", progress=False)
+    finally:
+        torch.set_num_threads(before)
+    assert again["threads"] == other.threads != (cfg.threads or before)
     assert again["sha256"] == res["sha256"]
     payload = torch.load(again["checkpoint"], weights_only=True)
     assert "train_time_s" not in payload["meta"]
-    metrics = json.loads((tmp_path / "phase1_metrics.json").read_text())
-    assert metrics["train_time_s"] > 0
+    assert "threads" not in payload["meta"]["train_config"]
+    assert str(tmp_path) not in json.dumps(payload["meta"])  # no path of its run
+    metrics = json.loads((tmp_path / "another" / "root" / "phase1_metrics.json").read_text())
+    assert metrics["train_time_s"] > 0 and metrics["train_config"]["threads"] == other.threads
 
 
 def test_phase1_records_its_route_diagnostics_on_the_validation_stream(phase1):

@@ -113,6 +113,10 @@ CONCERN = {
     "check_progress": VALID, "restore_progress": STORE, "publish_progress": STORE,
     "drop_progress": STORE, "_copy": STORE, "sigterm_writes_stop_file": FAULT,
     "_stop_paused": STORE,
+    # a store that verifies what it holds (issue 53)
+    "stale_lock_s": STORE, "_lock_record": STORE, "unit_lock_stale": STORE,
+    "same_stale_lock": STORE, "Quarantined": FAULT, "_recheck": FAULT, "_dest": FAULT,
+    "_move": FAULT, "quarantine_damaged": FAULT,
 }
 
 

@@ -150,9 +150,12 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
             "history": module.history, "phase0": phase0, "train_time_s": train_time,
             "best_epoch": _best_epoch(ckpt), **trained_on(trainer)}
     ckpt_path = out_dir / "phase1.pt"
-    # the file holds what training determines, not how long it took (train_time_s is in
-    # phase1_metrics.json): a checkpoint trained twice alike is byte-identical, one sha256
+    # the file holds what training computes, not how it ran (train_time_s and the threads
+    # are in phase1_metrics.json): a checkpoint trained twice alike is byte-identical, one
+    # sha256, whether it trained alone or beside others, on whichever run's root
     file_meta = {k: v for k, v in meta.items() if k not in WALL_CLOCK_FIELDS}
+    file_meta["train_config"] = {k: v for k, v in meta["train_config"].items()
+                                 if k not in RUN_ONLY_CONFIG_FIELDS}
     # through JSON and back (issue 52): pickle shares a string it meets twice by object
     # identity, so a history half restored from last.ckpt (a resumed or continued run)
     # pickled differently from one built in one sitting; after the round trip the bytes
@@ -163,7 +166,8 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
     routes = phase1_route_diagnostics(cfg, module.model, out_dir)
     release_compiled_steps()
     return {"checkpoint": str(ckpt_path), "sha256": digest, "metrics": module.test_metrics,
-            "train_time_s": train_time, **trained_on(trainer),
+            "train_time_s": train_time, "threads": torch.get_num_threads(),
+            **trained_on(trainer),
             **({"routes": routes} if routes is not None else {})}
 
 
@@ -171,6 +175,11 @@ ROUTES_FILE = "route_diagnostics.json"
 #: Phase-1 metadata kept out of the checkpoint file (it is in phase1_metrics.json): wall time
 #: differs between two trainings of the same checkpoint, which must share one sha256
 WALL_CLOCK_FIELDS = frozenset({"train_time_s"})
+#: TrainConfig fields kept out of the checkpoint file's `train_config` (they are in
+#: phase1_metrics.json, and a store unit's provenance): how a run scheduled the training, not
+#: what it computed. Threads: 2 for a checkpoint trained alone on 2 cores, 1 in a wave of
+#: two, the same weights (issue 53)
+RUN_ONLY_CONFIG_FIELDS = frozenset({"threads"})
 
 
 def phase1_route_diagnostics(cfg: TrainConfig, model: PMNet, out_dir: Path) -> dict | None:
