@@ -24,11 +24,11 @@ import pytest
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.records import TrackingRecord
 from pmnet.trial_id import TrialId
-from tests.support.net import free_port
 from tests.support.pipeline import (
     BASE,
     GRID,
     REPO,
+    MlflowServer,
     check_trial_runs,
     cli,
     kill_group,
@@ -268,40 +268,6 @@ def read_csv_rows(path) -> list[dict]:
 
 
 # -- a trial that crashes once; an external MLflow server ----------------------------------------
-
-
-class MlflowServer:
-    """A user's `mlflow server` on 127.0.0.1 (the pipeline itself starts none)."""
-
-    def __init__(self, backend: str, artifacts: Path, log: Path):
-        self.backend, self.artifacts, self.log = backend, artifacts, log
-        self.proc = None
-
-    def start(self) -> str:
-        import urllib.request
-
-        port = free_port()
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
-                 "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1",
-                 "--port", str(port), "--workers", "1"], env=pipeline_env(
-                     {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}), stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
-        uri, deadline = f"http://127.0.0.1:{port}", time.time() + 240
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(uri + "/health", timeout=5):
-                    return uri
-            except OSError:
-                assert self.proc.poll() is None, self.log.read_text()[-3000:]
-                time.sleep(0.5)
-        pytest.fail(f"mlflow server did not start:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            kill_group(self.proc.pid)
-            self.proc.wait(30)
 
 
 @pytest.fixture(scope="module")
