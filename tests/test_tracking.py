@@ -110,7 +110,7 @@ def test_two_drivers_find_each_others_runs_in_one_postgres_database(postgres, tm
     from pipelines.layout import write_json
 
     postgres.createdb("two")
-    uri = postgres.uri(database="two")
+    uri = postgres.uri(database="two") + "?connect_timeout=10"  # as docs/pipeline.md says
     made = {}
     for machine, trials in (("a", TRIALS[:1]), ("b", TRIALS)):
         plan = _plan(tmp_path / machine, uri, "study")
