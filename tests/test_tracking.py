@@ -28,15 +28,15 @@ def _result(condition: str, seed: int) -> dict:
                                                        "phase1_seed": 0}}
 
 
-def _plan(tmp_path: Path, uri: str, name: str):
+def _plan(tmp_path: Path, uri: str, name: str, **kw):
     from pipelines import plan as planning
 
     return planning.plan_new(root=tmp_path / "runs", name=name, preset="debug", grid="tiny",
-                             tracking_uri=uri, num_cpus=2, gpus_per_trial=0)
+                             tracking_uri=uri, num_cpus=2, gpus_per_trial=0, **kw)
 
 
 def test_tracking_layer_logs_runs_to_postgres_and_reads_them_back(postgres, tmp_path,
-                                                                   monkeypatch):
+                                                                   monkeypatch, capsys):
     """`open_tracking` makes the experiment and the parent run in PostgreSQL (MLflow
     migrates the empty database first), `backfill_results` logs two trials from their
     result files; a fresh client reads one FINISHED run per trial with its params, every
@@ -96,6 +96,8 @@ def test_tracking_layer_logs_runs_to_postgres_and_reads_them_back(postgres, tmp_
                 / f"{TrialId(c, s).name}.json").is_file()
         assert TrackingRecord.read(lay.tracking_json).trials[TrialId(c, s).name].finished
     assert not (tmp_path / "mlruns").exists()
+    said = capsys.readouterr().out
+    assert "postgresql://postgres:***@127.0.0.1" in said and postgres.password not in said
     print(f"first open of an empty PostgreSQL database (MLflow's migrations): "
           f"{first_open_s:.1f} s; cluster start: {postgres.start_s:.1f} s")
 
@@ -129,3 +131,28 @@ def test_two_drivers_find_each_others_runs_in_one_postgres_database(postgres, tm
     found = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'")
     keys = sorted(r.data.tags.get("trial_key") for r in found if "trial_key" in r.data.tags)
     assert keys == sorted(trial_key("study", TrialId(c, s)) for c, s in TRIALS)
+
+
+def test_no_console_line_shows_a_database_password(tmp_path):
+    """The URI a user gives may hold the database's password: `make status` and the
+    driver's closing hint print it as `***` (the probe's refusals already did), and the
+    hint for a database names `mlflow ui --backend-store-uri`, not an http address."""
+    from pipelines import driver, tracking
+    from pipelines.records import PipelineRecord
+    from pipelines.status import status_text
+
+    uri = "postgresql://mlflow:hunter2@db.lab.example:5432/mlflow"
+    plan = _plan(tmp_path, uri, "pw", check_tracking=False)  # no such server
+    lay = plan.layout
+    lay.run_dir.mkdir(parents=True)
+    PipelineRecord(name="pw", preset="debug", n_trials=4, status="finished",
+                   tracking=uri).write(lay.pipeline_json)
+    record = TrackingRecord(tracking_uri=uri, experiment_name="pmnet/pw", experiment_id="7",
+                            parent_run_id="abc")
+    record.write(lay.tracking_json)
+    text = status_text(lay)
+    assert "store postgresql://mlflow:***@db.lab.example:5432/mlflow" in text, text
+    hint = driver.ui_hint(plan, tracking.Runs(record=record))
+    assert "hunter2" not in hint and "hunter2" not in text
+    assert hint.startswith("`mlflow ui --backend-store-uri postgresql://mlflow:***@db"), hint
+    assert "#/experiments/7/runs" in hint

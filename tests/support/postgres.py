@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -95,10 +96,11 @@ class Cluster:
                                      "status"), capture_output=True, text=True)
         return r.returncode == 0
 
-    def stop(self) -> None:
-        """Stop the server (fast shutdown) if it runs; the directory stays."""
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server if it runs (`fast`: a clean shutdown; `immediate`: no checkpoint,
+        for a cluster about to be removed); the directory stays."""
         if self.running():
-            _run(self.bindir / "pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "60",
+            _run(self.bindir / "pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60",
                  "stop")
 
     def start(self) -> None:
@@ -106,7 +108,7 @@ class Cluster:
         _pg_ctl_start(self.bindir, self.base, self.port)
 
     def remove(self) -> None:
-        self.stop()
+        self.stop("immediate")
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -118,13 +120,7 @@ def _as_owner(*cmd: str) -> list[str]:
     runuser = shutil.which("runuser")
     if runuser:
         return [runuser, "-u", USER, "--", *cmd]
-    return ["su", USER, "-s", "/bin/sh", "-c", " ".join(_quote(c) for c in cmd)]
-
-
-def _quote(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
+    return ["su", USER, "-s", "/bin/sh", "-c", shlex.join(cmd)]
 
 
 def _run(*cmd, timeout: float = 120) -> str:
