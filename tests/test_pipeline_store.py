@@ -521,9 +521,10 @@ def test_the_migrated_issue39_store_is_every_unit_of_its_grids(grid):
 
 
 def _unit_runs(client, experiment_id: str) -> tuple[dict, dict]:
-    """An experiment's FINISHED runs of units: ({trial: [run]}, {Phase-1 label: [run]}), a
-    trial's run by its trial key's last part, a Phase-1 unit's by its stage `stage1-<label>`
-    (independent of the piece's pipeline name)."""
+    """An experiment's FINISHED runs of units: ({trial: [run]}, {Phase-1 unit: [run]}), a
+    trial's run by its trial key's last part (`consolidator_only-p1-s42`), a Phase-1 unit's
+    by its stage `stage1-<unit>` (`phase1-p1s1`); independent of the piece's pipeline
+    name."""
     trials: dict[str, list] = {}
     phase1: dict[str, list] = {}
     for r in client.search_runs([experiment_id], "attributes.status = 'FINISHED'",
@@ -531,9 +532,21 @@ def _unit_runs(client, experiment_id: str) -> tuple[dict, dict]:
         tags = r.data.tags
         if "trial_key" in tags:
             trials.setdefault(tags["trial_key"].rsplit("/", 1)[-1], []).append(r)
-        elif tags.get("stage", "").startswith("stage1-p1s"):
+        elif tags.get("stage", "").startswith("stage1-phase1-p1s"):
             phase1.setdefault(tags["stage"][len("stage1-"):], []).append(r)
     return trials, phase1
+
+
+def _check_unit_runs(trials: dict, phase1: dict, want_trials: set, want_phase1: set) -> None:
+    """Exactly the wanted units, one FINISHED run each; each trial's run names the sha256
+    of its checkpoint's run."""
+    assert sorted(phase1) == sorted(want_phase1), sorted(phase1)
+    assert sorted(trials) == sorted(want_trials), sorted(trials)
+    for trial, (found,) in trials.items():
+        k = trial.split("-p", 1)[1].split("-", 1)[0]
+        (p1,) = phase1[f"phase1-p1s{k}"]
+        assert found.data.tags["phase1_sha256"] == p1.data.tags["phase1_sha256"]
+        assert "test/updated_ltm" in found.data.metrics
 
 
 @pytest.mark.slow
@@ -570,7 +583,6 @@ def test_a_store_filled_in_two_pieces_leaves_one_finished_run_per_unit_on_one_se
     finally:
         server.stop()
     client = MlflowClient(backend)  # the database itself
-    units = {"consolidator_only-p0-s42", "consolidator_only-p1-s42"}
     exps = {e.name: e.experiment_id for e in client.search_experiments()
             if e.name.startswith("pmnet/")}
     assert sorted(exps) == ["pmnet/a", "pmnet/b"], exps
@@ -578,12 +590,15 @@ def test_a_store_filled_in_two_pieces_leaves_one_finished_run_per_unit_on_one_se
         trials, phase1 = _unit_runs(client, exp_id)
         assert all(len(v) == 1 for v in (*trials.values(), *phase1.values())), (
             name, {k: len(v) for k, v in (*trials.items(), *phase1.items())})
-    trials, phase1 = _unit_runs(client, exps["pmnet/b"])  # the last piece: the whole study
-    assert sorted(phase1) == ["p1s0", "p1s1"], sorted(phase1)
-    assert sorted(trials) == sorted(units), sorted(trials)
-    for trial, (found,) in trials.items():
-        k = trial.split("-p", 1)[1].split("-", 1)[0]
-        sha = phase1[f"p1s{k}"][0].data.tags["phase1_sha256"]
-        assert found.data.tags["phase1_sha256"] == sha
-        assert "test/updated_ltm" in found.data.metrics
+    # what each piece trained is logged in its own experiment
+    _check_unit_runs(*_unit_runs(client, exps["pmnet/a"]), {"consolidator_only-p0-s42"},
+                     {"phase1-p1s0"})
+    b_trials, b_phase1 = _unit_runs(client, exps["pmnet/b"])
+    _check_unit_runs({k: v for k, v in b_trials.items() if "-p1-" in k},
+                     {k: v for k, v in b_phase1.items() if k.endswith("p1s1")},
+                     {"consolidator_only-p1-s42"}, {"phase1-p1s1"})
+    # the last piece's experiment: the whole study, its adopted units included (issue 51)
+    _check_unit_runs(b_trials, b_phase1, {"consolidator_only-p0-s42",
+                                          "consolidator_only-p1-s42"},
+                     {"phase1-p1s0", "phase1-p1s1"})
     print(f"two pieces against a PostgreSQL-backed server: {time.time() - t0:.0f} s")
