@@ -47,7 +47,7 @@ help: ## list the targets
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,postgres]"
 	@$(PY) -c "import sys, torch; v = torch.__version__.split('+')[0]; v == '$(TESTED_TORCH)' or print(f'install: torch {torch.__version__} is UNTESTED (tested: $(TESTED_TORCH)); the code uses private torch APIs: run make gpu-check / make test first', file=sys.stderr)"
 	@touch $@
 

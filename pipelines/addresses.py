@@ -95,7 +95,7 @@ def check_database(uri: str, timeout: float = 5.0) -> None:
     from sqlalchemy.exc import ArgumentError
 
     backend = database_backend(uri)
-    shown = _hide_password(uri)
+    shown = hide_password(uri)
     try:
         url = make_url(uri)
     except ArgumentError as e:
@@ -138,7 +138,8 @@ def check_database(uri: str, timeout: float = 5.0) -> None:
         engine.dispose()
 
 
-def _hide_password(uri: str) -> str:
+def hide_password(uri: str) -> str:
+    """The URI as it may be printed: its password, if any, as `***`."""
     parsed = urlparse(uri)
     if parsed.password:
         return uri.replace(f":{parsed.password}@", ":***@", 1)

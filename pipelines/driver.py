@@ -150,11 +150,14 @@ def ui_hint(plan: Plan, runs: Runs) -> str:
 
     if runs.experiment_id is None:
         return "not tracked (MLflow failed; `make resume` logs the runs from the results)"
-    if plan.tracking_uri is None or plan.tracking_uri.startswith("sqlite:"):
-        cmd = f"make ui RUNS={plan.layout.root}" if plan.tracking_uri is None else \
-            f"mlflow ui --backend-store-uri {plan.tracking_uri}"
+    from pipelines.addresses import database_backend, hide_password
+
+    uri = plan.tracking_uri
+    if uri is None or uri.startswith("sqlite:") or database_backend(uri):
+        cmd = f"make ui RUNS={plan.layout.root}" if uri is None else \
+            f"mlflow ui --backend-store-uri {hide_password(uri)}"
         return f"`{cmd}`, then open {ui_address(UI_DEFAULT, runs.experiment_id)}"
-    return f"open {ui_address(plan.tracking_uri, runs.experiment_id)}"
+    return f"open {ui_address(hide_password(uri), runs.experiment_id)}"
 
 
 

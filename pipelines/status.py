@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipelines.addresses import hide_password
 from pipelines.layout import Layout, read_json
 from pipelines.lock import driver_alive
 from pipelines.records import PipelineRecord, TrackingRecord, TrialState
@@ -122,7 +123,7 @@ def status_text(layout: Layout) -> str:
     if tracking.experiment_id:
         head.append(f"mlflow: experiment '{tracking.experiment_name}' "
                     f"(id {tracking.experiment_id}), parent run {tracking.parent_run_id}, "
-                    f"store {tracking.tracking_uri}")
+                    f"store {hide_password(tracking.tracking_uri or '')}")
     errors = [f"  {r['trial']}: {r['error']}" for r in rows if r.get("error")]
     text = "\n".join(head) + "\n\n" + format_table(rows)
     if errors:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.logger import LoggerCallback
 
+from pipelines.addresses import hide_password
 from pipelines.console import say
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
@@ -377,7 +378,7 @@ def _open_tracking(plan: Plan) -> Runs:
     tracker = Tracker(uri)
     exp_id = tracker.experiment(experiment_name(plan),
                                 tags={"pipeline": plan.name, "storage_root": str(lay.root)},
-                                artifact_location=artifact_location(uri, plan.name))
+                                artifact_location=artifact_location(uri, plan.name, lay.root))
     known = TrackingRecord.read(lay.tracking_json)
     tags = {"pipeline": plan.name, "role": "pipeline", "preset": plan.cfg.preset,
             "preset_reason": plan.preset_reason, "grid": plan.space.name,
@@ -401,7 +402,8 @@ def _open_tracking(plan: Plan) -> Runs:
                             trials=known.trials if same_store else {})
     runs = Runs(tracker=tracker, layout=lay, record=record)
     runs.save()
-    where = f"the embedded store {lay.mlflow_db}" if plan.tracking_uri is None else uri
+    where = (f"the embedded store {lay.mlflow_db}" if plan.tracking_uri is None
+             else hide_password(uri))
     say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent} "
         f"in {where}")
     return runs

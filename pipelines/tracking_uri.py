@@ -51,11 +51,18 @@ def store_uri(root: Path, recorded: str | None) -> str:
     return recorded
 
 
-def artifact_location(uri: str, pipeline: str) -> str | None:
+def artifact_location(uri: str, pipeline: str, root: Path | None = None) -> str | None:
     """Where a new experiment keeps its artifacts: beside a SQLite store, in
-    `mlartifacts/<pipeline>`; None (the server decides) for a tracking server."""
+    `mlartifacts/<pipeline>`; for a database server (`postgresql://`, ...) under the storage
+    `root`, `<root>/mlartifacts/<pipeline>` (MLflow's default would be `./mlruns` of
+    whatever directory the driver ran in); None (the server decides) for a tracking
+    server."""
     db = sqlite_path(uri)
-    return (db.parent / "mlartifacts" / pipeline).as_uri() if db is not None else None
+    if db is not None:
+        return (db.parent / "mlartifacts" / pipeline).as_uri()
+    if root is not None and database_backend(uri):
+        return (Path(root).absolute() / "mlartifacts" / pipeline).as_uri()
+    return None
 
 
 def requested_tracking_uri(arg: str | None = None) -> str | None:

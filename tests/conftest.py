@@ -23,3 +23,20 @@ def reference(tmp_path_factory):
     from tests.support.faults import reference_run
 
     return reference_run(tmp_path_factory.mktemp("reference") / "runs")
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL cluster on 127.0.0.1 with a database `mlflow`
+    (`tests.support.postgres.Cluster`), started once per session and removed at its end;
+    the test is skipped, saying why, only where no PostgreSQL server programs exist."""
+    from tests.support.postgres import missing_reason, start_cluster
+
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.remove()

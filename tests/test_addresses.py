@@ -139,10 +139,12 @@ def test_every_command_refuses_an_object_store_root(tmp_path, monkeypatch):
 
 
 def test_postgres_without_its_driver_is_refused_by_name(tmp_path, monkeypatch):
-    """Something listens at the database's port, but the Python driver is missing: the line
-    names the package to install (before, MLflow failed after Stage 1 was submitted)."""
-    if _pg_driver():
-        pytest.skip("a postgresql driver is installed here")
+    """Something listens at the database's port, but the Python driver is missing (here
+    hidden from the import system: `make install` installs it, the `postgres` extra): the
+    line names the package to install (before, MLflow failed after Stage 1 was
+    submitted)."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` raises ImportError
+    assert not _pg_driver()
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()
@@ -156,37 +158,106 @@ def test_postgres_without_its_driver_is_refused_by_name(tmp_path, monkeypatch):
     assert not (tmp_path / "root").exists() and seconds < 15
 
 
-def test_a_database_that_answers_but_refuses_is_refused(monkeypatch):
-    """With a driver, planning opens a real connection (`SELECT 1`) under a connect timeout;
-    its failure is exit 2 with the driver's reason (a fake driver here: no database)."""
-    from sqlalchemy.engine import make_url
+# -- a real PostgreSQL server (tests/support/postgres.py: a throwaway cluster on 127.0.0.1) --
 
-    from pipelines import addresses
 
-    seen = {}
+def _tables(uri: str) -> list[str]:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
 
-    class Engine:
-        def connect(self):
-            raise RuntimeError("FATAL:  password authentication failed for user \"u\"")
+    engine = create_engine(uri, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return sorted(conn.execute(text(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = 'public'")).scalars())
+    finally:
+        engine.dispose()
 
-        def dispose(self):
-            seen["disposed"] = True
 
-    def create_engine(url, **kw):
-        seen.update(kw)
-        return Engine()
+def test_a_postgres_database_that_answers_passes_planning(postgres, tmp_path):
+    """The probe against a real server: connected (`SELECT 1` through the installed
+    driver), the plan keeps the URI, and nothing is created, neither a table in the database
+    nor the storage root."""
+    from pipelines import plan as planning
+    from pipelines.tracking_uri import check_tracking_uri
 
-    with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen()
-        uri = f"postgresql://u@127.0.0.1:{srv.getsockname()[1]}/mlflow"
-        dialect = make_url(uri).get_dialect()  # the class
-        monkeypatch.setattr(dialect, "import_dbapi", classmethod(lambda cls: object()))
-        monkeypatch.setattr("sqlalchemy.create_engine", create_engine)
-        with pytest.raises(PipelineError, match="refused the connection .RuntimeError: FATAL:"
-                                                "  password authentication failed"):
-            addresses.check_database(uri, timeout=2)
-    assert seen["connect_args"] == {"connect_timeout": 2} and seen["disposed"]
+    uri = postgres.uri(database="probe")
+    postgres.createdb("probe")
+    assert _pg_driver()
+    t0 = time.monotonic()
+    check_tracking_uri(uri)
+    assert time.monotonic() - t0 < 10
+    plan = planning.plan_new(root=tmp_path / "runs", name="pg", preset="debug", grid="tiny",
+                             tracking_uri=uri, num_cpus=2, gpus_per_trial=0)
+    assert plan.tracking_uri == uri
+    assert _tables(uri) == [] and not (tmp_path / "runs").exists()
+
+
+def test_a_password_from_pgpassword_keeps_it_out_of_the_uri(postgres, monkeypatch):
+    """`postgresql://postgres@HOST:PORT/DB` with the password in PGPASSWORD (or ~/.pgpass):
+    libpq, under psycopg, reads it, so the URI that the run directory records and the
+    console prints holds none (docs/pipeline.md, "One tracking server for many machines");
+    without it the server refuses."""
+    from pipelines.tracking_uri import check_tracking_uri
+
+    uri = postgres.uri(password="")
+    assert postgres.password not in uri
+    monkeypatch.setenv("PGPASSFILE", "/nonexistent")  # no ~/.pgpass of the user's
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    with pytest.raises(PipelineError, match="refused the connection .*(password|no password)"):
+        check_tracking_uri(uri)
+    monkeypatch.setenv("PGPASSWORD", postgres.password)
+    check_tracking_uri(uri)
+
+
+@dataclass
+class PgRefused:
+    address: str  # the docs table's first column
+    uri: dict  # keyword arguments of Cluster.uri
+    message: str  # regex; PORT: the cluster's port
+    stopped: bool = False  # the server is stopped for the case
+
+
+PG_REFUSED = [
+    PgRefused("MLFLOW_TRACKING_URI=postgresql://... (wrong password)", {"password": "secret"},
+              r"the database of tracking URI 'postgresql://postgres:\*\*\*@127\.0\.0\.1:PORT/"
+              r"mlflow' refused the connection \(OperationalError: .*password authentication "
+              r"failed for user \"postgres\".*" + TRACK_FIX),
+    PgRefused("MLFLOW_TRACKING_URI=postgresql://... (no such database)",
+              {"database": "nosuchdb"},
+              r"refused the connection \(OperationalError: .*database \"nosuchdb\" does not "
+              r"exist"),
+    PgRefused("MLFLOW_TRACKING_URI=postgresql://... (server stopped)", {"password": "secret"},
+              r"no database answers at 127\.0\.0\.1:PORT for tracking URI "
+              r"'postgresql://postgres:\*\*\*@.*Connection refused.*" + TRACK_FIX,
+              stopped=True),
+]
+
+
+@pytest.mark.parametrize("case", PG_REFUSED, ids=[c.address for c in PG_REFUSED])
+def test_a_real_postgres_refusal_is_exit_2_with_its_reason(case, postgres, tmp_path,
+                                                           monkeypatch):
+    """`make pipeline` with MLFLOW_TRACKING_URI naming the real server wrongly: exit 2 in
+    seconds, the server's own reason, the password as `***`, nothing written."""
+    cwd, root = tmp_path / "cwd", tmp_path / "root"
+    cwd.mkdir()
+    root.mkdir()
+    before = (_snapshot(cwd), _snapshot(root))
+    if case.stopped:
+        postgres.stop()
+    try:
+        rc, text, seconds = cli([*S, "--root", str(root)],
+                                {"MLFLOW_TRACKING_URI": postgres.uri(**case.uri)}, cwd,
+                                monkeypatch)
+    finally:
+        if case.stopped:
+            postgres.start()
+    assert rc == run.Exit.BAD_INPUT, text
+    assert re.search(case.message.replace("PORT", str(postgres.port)), text, re.S), text
+    assert "secret" not in text and postgres.password not in text
+    assert (_snapshot(cwd), _snapshot(root)) == before, "something was written"
+    assert seconds < 15, f"took {seconds:.1f} s"
 
 
 # -- the addresses that work --------------------------------------------------------------------
@@ -341,7 +412,7 @@ def test_docs_table_lists_every_case():
     block = text.split(BEGIN, 1)[1].split(END, 1)[0]
     rows = [ln for ln in block.splitlines() if ln.startswith("| `")]
     listed = [re.match(r"\| `([^`]+)`", ln).group(1) for ln in rows]
-    assert sorted(listed) == sorted([c.address for c in REFUSED] + WORKS)
+    assert sorted(listed) == sorted([c.address for c in REFUSED + PG_REFUSED] + WORKS)
     for ln in rows:
         address = re.match(r"\| `([^`]+)`", ln).group(1)
         assert ("| refused, exit 2 |" in ln) == (address not in WORKS), ln

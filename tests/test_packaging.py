@@ -51,7 +51,8 @@ def test_lower_bounds_are_the_tested_release_lines():
     tested = _tested()
     meta = PROJECT["project"]
     reqs = [Requirement(r) for r in (*meta["dependencies"],
-                                     *meta["optional-dependencies"]["dev"])]
+                                     *meta["optional-dependencies"]["dev"],
+                                     *meta["optional-dependencies"]["postgres"])]
     for req in reqs:
         name = req.name.lower()
         assert name in tested, f"{name} has no tested version in docker/constraints.txt"
@@ -102,3 +103,19 @@ def test_the_build_prints_no_deprecation(tmp_path):
     (tmp_path / "old").mkdir()
     rc, out = _build_metadata(tmp_path / "old", old)
     assert "deprecat" in out.lower() and "license" in out.lower(), out
+
+
+def test_make_install_installs_the_postgres_driver():
+    """A `postgresql://` tracking URI needs SQLAlchemy's default driver for that scheme
+    (psycopg 3 under SQLAlchemy 2.1): the `postgres` extra names it, `make install` (and so
+    `make test` and CI on a fresh clone) installs it, and it is importable here, so the
+    tests against a real PostgreSQL server run rather than skip (issue 53)."""
+    from sqlalchemy.engine import make_url
+
+    extra = PROJECT["project"]["optional-dependencies"]["postgres"]
+    assert [r.split(">=")[0] for r in extra] == ["psycopg[binary]"], extra
+    makefile = (ROOT / "Makefile").read_text()
+    assert '-m pip install -q -e ".[dev,postgres]"' in makefile
+    dialect = make_url("postgresql://u@127.0.0.1/db").get_dialect()
+    assert dialect.driver == "psycopg", dialect
+    dialect.import_dbapi()  # ImportError without the extra

@@ -24,11 +24,11 @@ import pytest
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.records import TrackingRecord
 from pmnet.trial_id import TrialId
-from tests.support.net import free_port
 from tests.support.pipeline import (
     BASE,
     GRID,
     REPO,
+    MlflowServer,
     check_trial_runs,
     cli,
     kill_group,
@@ -270,40 +270,6 @@ def read_csv_rows(path) -> list[dict]:
 # -- a trial that crashes once; an external MLflow server ----------------------------------------
 
 
-class MlflowServer:
-    """A user's `mlflow server` on 127.0.0.1 (the pipeline itself starts none)."""
-
-    def __init__(self, backend: str, artifacts: Path, log: Path):
-        self.backend, self.artifacts, self.log = backend, artifacts, log
-        self.proc = None
-
-    def start(self) -> str:
-        import urllib.request
-
-        port = free_port()
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
-                 "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1",
-                 "--port", str(port), "--workers", "1"], env=pipeline_env(
-                     {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}), stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
-        uri, deadline = f"http://127.0.0.1:{port}", time.time() + 240
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(uri + "/health", timeout=5):
-                    return uri
-            except OSError:
-                assert self.proc.poll() is None, self.log.read_text()[-3000:]
-                time.sleep(0.5)
-        pytest.fail(f"mlflow server did not start:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            kill_group(self.proc.pid)
-            self.proc.wait(30)
-
-
 @pytest.fixture(scope="module")
 def external_server(tmp_path_factory):
     base = tmp_path_factory.mktemp("external-mlflow")
@@ -357,6 +323,87 @@ def test_external_mlflow_server_receives_the_runs(crashed_once, external_server)
     by_key = check_trial_runs(client, runs, "crash", lay)  # the retry re-attached: 1 run
     rid = by_key[trial_key("crash", TrialId("learned_full", 42))][0].info.run_id
     assert "injected fault" in client.get_run(rid).data.tags.get("last_error", "")
+
+
+# -- PostgreSQL: MLFLOW_TRACKING_URI=postgresql://..., and a server on it (issue 53) --------------
+
+
+def _check_stage_runs(runs, name: str) -> None:
+    """The parent and the three stage runs, each once and FINISHED."""
+    for key in (name, f"{name}/stage1-phase1", f"{name}/stage2-phase2", f"{name}/stage3-report"):
+        found = [r for r in runs if r.data.tags.get("run_key") == key]
+        assert [r.info.status for r in found] == ["FINISHED"], (key, len(found))
+
+
+@pytest.mark.slow
+def test_debug_pipeline_logs_every_trial_to_postgresql_directly(postgres, tmp_path):
+    """MLFLOW_TRACKING_URI=postgresql://... (a real PostgreSQL 15, tests/support/postgres.py):
+    the driver writes the database through MLflow's SQLAlchemy store (its tables made on
+    first use), one FINISHED run per trial with every epoch, the artifacts under the storage
+    root; the console never shows the password, and `resume` reconnects from the record."""
+    postgres.createdb("direct")
+    uri = postgres.uri(database="direct")
+    root = tmp_path / "runs"
+    t0 = time.time()
+    rc, out = cli("start", *BASE, "--root", str(root), "--name", "pgdirect",
+                  env={"MLFLOW_TRACKING_URI": uri})
+    assert rc == 0, out[-4000:]
+    wall = time.time() - t0
+    assert postgres.password not in out
+    assert "postgresql://postgres:***@127.0.0.1" in out
+    lay = Layout(root, "pgdirect")
+    assert not lay.mlflow_db.exists()  # nothing went to the embedded store
+    client, exp, runs = mlflow_runs(uri, "pgdirect")
+    by_key = check_trial_runs(client, runs, "pgdirect", lay)
+    _check_stage_runs(runs, "pgdirect")
+    art = lay.mlartifacts / "pgdirect"  # not ./mlruns of the driver's directory
+    assert exp.artifact_location == art.as_uri()
+    for c, s in GRID:
+        rid = by_key[trial_key("pgdirect", TrialId(c, s))][0].info.run_id
+        assert (art / rid / "artifacts" / "result" / f"{TrialId(c, s).name}.json").is_file()
+    assert not (REPO / "mlruns").exists()
+    rc, out = cli("resume", "--root", str(root), "--name", "pgdirect")  # no env: the record
+    assert rc == 0, out[-4000:]
+    assert postgres.password not in out
+    _, _, again = mlflow_runs(uri, "pgdirect")
+    assert sorted(r.info.run_id for r in again) == sorted(r.info.run_id for r in runs)
+    print(f"debug pipeline into PostgreSQL: {wall:.0f} s")
+
+
+@pytest.mark.slow
+def test_debug_pipeline_logs_every_trial_to_a_postgres_backed_server(postgres, tmp_path):
+    """A user's `mlflow server --backend-store-uri postgresql://...` (started here on a free
+    loopback port; it migrates the empty database at its first start) and a debug pipeline
+    logging to it over HTTP: one FINISHED run per trial, nothing missing, no duplicates; the
+    runs are in PostgreSQL (read back from the database itself) and the artifacts where the
+    server keeps them."""
+    from mlflow import MlflowClient
+
+    postgres.createdb("server")
+    backend = postgres.uri(database="server")
+    server = MlflowServer(backend, tmp_path / "artifacts", tmp_path / "server.log")
+    root = tmp_path / "runs"
+    try:
+        url = server.start()
+        t0 = time.time()
+        rc, out = cli("start", *BASE, "--root", str(root), "--name", "pgserver",
+                      env={"MLFLOW_TRACKING_URI": url})
+        wall = time.time() - t0
+    finally:
+        server.stop()
+    assert rc == 0, out[-4000:]
+    lay = Layout(root, "pgserver")
+    assert not lay.mlflow_db.exists() and not lay.mlartifacts.exists()
+    client, exp, runs = mlflow_runs(backend, "pgserver")  # the database, the server stopped
+    by_key = check_trial_runs(client, runs, "pgserver", lay)
+    _check_stage_runs(runs, "pgserver")
+    for c, s in GRID:
+        rid = by_key[trial_key("pgserver", TrialId(c, s))][0].info.run_id
+        kept = list((tmp_path / "artifacts").rglob(f"{rid}/artifacts/result/*.json"))
+        assert [p.name for p in kept] == [f"{TrialId(c, s).name}.json"]
+    assert MlflowClient(backend).get_experiment_by_name("pmnet/pgserver") is not None
+    print(f"mlflow server on PostgreSQL: first start (migrations) {server.start_s:.1f} s; "
+          f"debug pipeline {wall:.0f} s")
 
 
 # -- a tampered Phase-1 checkpoint --------------------------------------------------------------

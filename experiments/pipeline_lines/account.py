@@ -86,7 +86,7 @@ CONCERN = {
     "artifact_location": TRACK, "requested_tracking_uri": TRACK, "check_tracking_uri": VALID,
     "_check_server": VALID, "ui_address": TRACK,
     "storage_root": VALID, "database_backend": VALID, "check_database": VALID,
-    "_hide_password": VALID, "is_loopback": VALID, "ui_bind": VALID,
+    "hide_password": VALID, "is_loopback": VALID, "ui_bind": VALID,
     "TrialContext": ORCH, "TrialConfigError": FAULT, "assigned_device": CLUSTER,
     "release_device_memory": CLUSTER, "assigned_gpu_share": CLUSTER,
     "quiet_training_logs": VIEW, "_fault_marker": FAULT,

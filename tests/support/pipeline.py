@@ -17,6 +17,7 @@ import pytest
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.records import TrackingRecord
 from pmnet.trial_id import TrialId
+from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 GRID = [(c, s) for s in (42, 43) for c in ("learned_full", "consolidator_only")]
@@ -137,3 +138,42 @@ def trial_attempts(lay: Layout, condition: str, seed: int) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+class MlflowServer:
+    """A user's `mlflow server` on 127.0.0.1 (the pipeline itself starts none), its backend
+    store `backend` (a `sqlite:` file, or a `postgresql://` database), in its own process
+    group; `start()` returns its URI once `/health` answers (`start_s` later: how long
+    that took, a new database's migrations included)."""
+
+    def __init__(self, backend: str, artifacts: Path, log: Path):
+        self.backend, self.artifacts, self.log = backend, artifacts, log
+        self.proc = None
+        self.start_s: float | None = None  # until /health answered (migrations included)
+
+    def start(self) -> str:
+        import urllib.request
+
+        port, t0 = free_port(), time.monotonic()
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
+                 "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1",
+                 "--port", str(port), "--workers", "1"], env=pipeline_env(
+                     {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}), stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        uri, deadline = f"http://127.0.0.1:{port}", time.time() + 240
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(uri + "/health", timeout=5):
+                    self.start_s = time.monotonic() - t0
+                    return uri
+            except OSError:
+                assert self.proc.poll() is None, self.log.read_text()[-3000:]
+                time.sleep(0.5)
+        pytest.fail(f"mlflow server did not start:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+            self.proc.wait(30)
