@@ -1601,6 +1601,10 @@ def test_a_family_phase1_did_not_learn_is_marked_and_gives_no_verdict(tmp_path, 
         assert claims[claim.format(", ADD10")].startswith("reproduces"), claim
     assert claims["Routing on: updated LTM above the output-set baseline, AFFINE10 (pp)"] \
         .startswith("no verdict: AFFINE10")
+    if len(affine10_stm) > 1:  # each checkpoint's families (tab:phase1-families)
+        rows = _md_rows(paths["tab-phase1-families.md"].read_text())[2:]
+        assert [(r[0], r[3], r[6]) for r in rows] == [("0", "learned", "not learned"),
+                                                     ("1", "learned", "learned")]
     assert claims["Routing on: updated LTM above the output-set baseline, ADD10 (pp)"] \
         .startswith("reproduces")
 
