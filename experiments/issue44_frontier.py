@@ -31,17 +31,18 @@ CAPABLE_MARGIN = 10.0  # the issue's bar: at least the baseline + 10 pp
 #: phase-dim-16 run is named "-p3" for its Phase-1 seed 3, but it trained on a Phase-1
 #: checkpoint of its own), and what can be said of it
 OWN_CHECKPOINT = {
-    "P16-p3": ("own: phase dim 16, Phase-1 seed 3",
+    "P16-p3": ("own: p16-s3 (phase dim 16, Phase-1 seed 3)",
                "P16-p3 ran on a Phase-1 checkpoint of its own (phase dim 16, Phase-1 seed 3), "
-               "not on issue 39's p3. Its records (`probe/P16-p3.json`, `probe/cap-P16-p3."
-               "json`) name `runs/issue44/p1-P16-s3/phase1.pt`, a scratch path that was never "
-               "committed, and record no sha256 of it, so which bytes it trained on cannot be "
-               "checked. A checkpoint of that configuration is committed "
-               "(`checkpoints/p16-s3/`, with its sha256), but nothing ties the run to it "
-               "(issue 52): the row is unverifiable, kept as a failed run, not as evidence. "
-               "Its trend (+18.9 pp per 10x) is the steepest measured, steeper than width "
-               "128's (+10.8) on an issue-39 checkpoint; every probe here used Phase-2 seed "
-               "42 on one checkpoint."),
+               "not on issue 39's p3, whatever its name says. Its records (`probe/P16-p3.json`, "
+               "`probe/cap-P16-p3.json`) name `runs/issue44/p1-P16-s3/phase1.pt`, a scratch "
+               "path never committed, with no sha256. Re-checked (issue 52): `pmnet diagnose` "
+               "of the committed `checkpoints/p16-s3/phase1.pt` (sha256 14b66bf06e25...) with "
+               "the committed trained Consolidator (`probe/P16-p3.json.cons.pt`) gives every "
+               "figure of `cap-P16-p3.json` to the last digit (`probe/cap-P16-p3-recheck.json`, "
+               "with both files' sha256): the diagnostics are tied to committed bytes. The "
+               "training curve itself (3,000 steps) was not re-run. Its trend (+18.9 pp per "
+               "10x) is the steepest measured, steeper than width 128's (+10.8) on an issue-39 "
+               "checkpoint; every probe here used Phase-2 seed 42 on one checkpoint."),
 }
 
 

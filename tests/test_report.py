@@ -1013,7 +1013,11 @@ def test_the_committed_issue21_run_is_rebuilt_unchanged_with_its_checkpoints_rou
     assert routing[1] == variance["routing on - off: updated_ltm"][4]
     # issue 44: both arms of these runs recall below the output-set baseline (about 20%
     # against 42%): the comparison is shown, with the arms beside the baseline, unjudged
-    assert routing[-1] == BELOW_BASELINE_VERDICT and routing[5].endswith("(both below)")
+    # issue 52: where a family was not learned on every checkpoint, the cell (a footnote:
+    # too long for the column) also says the recall mixes it in
+    notes = dict(re.findall(r"^- (\[\d+\]) (.*)$", paths["tab-claims.md"].read_text(), re.M))
+    assert routing[-1] == BELOW_BASELINE_VERDICT
+    assert re.search(r"\(both below(; mixes [\w ]+)?\)$", notes.get(routing[5], routing[5]))
 
 
 @pytest.fixture(scope="module")
