@@ -30,7 +30,16 @@ of one step with `pmnet.opcount.OpCounter` (forward = `training_step`, backward 
     .venv/bin/python benchmarks/bench_step.py --preset paper --batch 64 --threads 2 \\
         --kinds phase1,phase2:consolidator_only --variants base,eager --iters 2
 
-Writes benchmarks/results/step-<preset>-<YYYYmmdd-HHMMSS>.json.
+`--presets cpu,small,medium` times presets instead of variants (issue 52, the scale
+ladder): one worker per preset, each this checkout's eager step (as the `cpu` recipe
+trains Phase 1), interleaved in the same rounds, so the figure to read is each preset's
+median step over the first one's (`ratio_vs_<first>`):
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_step.py --presets cpu,small,medium \\
+        --kinds phase1 --threads 1 --rounds 3 --iters 3 --warmup 3
+
+Writes benchmarks/results/step-<preset>-<YYYYmmdd-HHMMSS>.json
+(`step-ladder-<presets>-...` with `--presets`).
 """
 
 from __future__ import annotations
@@ -244,50 +253,61 @@ def save_result(out: dict, prefix: str) -> Path:
     return path
 
 
+def arms(args) -> dict[str, tuple[str, str]]:
+    """{label: (variant, preset)} of the workers one kind runs: the variants of one preset,
+    or with `--presets` this checkout's eager step of each preset (labelled by the preset)."""
+    if args.presets:
+        return {p: ("eager", p) for p in args.presets}
+    return {v: (v, args.preset) for v in args.variants}
+
+
 def run_kind(args, kind: str, trees: dict[str, Path], cache_dir: Path) -> dict:
     procs, ready = {}, {}
-    for variant in args.variants:
+    labels = arms(args)
+    for label, (variant, preset) in labels.items():
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore",
                    TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
         cmd = [sys.executable, __file__, "--worker", "--tree", str(trees[variant]),
-               "--variant", variant, "--preset", args.preset, "--kind", kind,
+               "--variant", variant, "--preset", preset, "--kind", kind,
                "--threads", str(args.threads), "--seed", str(args.seed),
                "--warmup", str(args.warmup)]
         if args.batch:
             cmd += ["--batch", str(args.batch)]
-        procs[variant] = Proc(variant, cmd, env)
-        ready[variant] = procs[variant].recv()  # one at a time: compiles do not overlap
-        r = ready[variant]
+        procs[label] = Proc(label, cmd, env)
+        ready[label] = procs[label].recv()  # one at a time: compiles do not overlap
+        r = ready[label]
         ops = r["ops"]
-        print(f"  {kind:40s} {variant:8s} ready: first step {r['first_step_s']:.1f} s, "
+        print(f"  {kind:40s} {label:8s} ready: first step {r['first_step_s']:.1f} s, "
               f"warm-up {r['warmup_s']:.1f} s, "
               + (f"{ops['total']} ops/step ({ops['forward']} fwd + {ops['backward']} bwd), "
                  f"syncs {ops['syncs'] or 0}" if ops else
                  f"graphs {r['graphs']['unique_graphs']}, breaks {r['graphs']['graph_breaks']}, "
                  f"generated kernels {r['graphs']['generated_kernels']}"),
               flush=True)
-    times = {v: [] for v in args.variants}
+    times = {v: [] for v in labels}
     loads = []  # the 1-minute load average after each round: other work skews a round
     for rnd in range(args.rounds):
-        for v in args.variants:
+        for v in labels:
             procs[v].send({"cmd": "time", "n": args.iters})
             times[v] += procs[v].recv()["times"]
         loads.append(os.getloadavg()[0])
-        line = "  ".join(f"{v} {1000 * statistics.median(times[v]):.1f} ms"
-                         for v in args.variants)
+        line = "  ".join(f"{v} {1000 * statistics.median(times[v]):.1f} ms" for v in labels)
         print(f"  {kind:40s} round {rnd}: {line}  (load {loads[-1]:.2f})", flush=True)
     for p in procs.values():
         p.close()
     out = {"variants": {}, "load_1m_per_round": loads}
-    for v in args.variants:
+    for v in labels:
         med = statistics.median(times[v])
-        out["variants"][v] = {**ready[v], "median_ms": 1000 * med,
+        out["variants"][v] = {**ready[v], "preset": labels[v][1], "median_ms": 1000 * med,
                               "min_ms": 1000 * min(times[v]),
                               "episodes_per_s": ready[v]["batch"] / med, "times_s": times[v]}
-    base = "base" if "base" in times else args.variants[0]
-    for v in args.variants:
-        out["variants"][v]["speedup_vs_" + base] = (out["variants"][base]["median_ms"]
-                                                    / out["variants"][v]["median_ms"])
+    base = "base" if "base" in times else next(iter(labels))
+    for v in labels:
+        ratio = out["variants"][v]["median_ms"] / out["variants"][base]["median_ms"]
+        if args.presets:  # how many times the first preset's step each preset's takes
+            out["variants"][v]["ratio_vs_" + base] = ratio
+        else:
+            out["variants"][v]["speedup_vs_" + base] = 1 / ratio
     return out
 
 
@@ -297,6 +317,9 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", default="cpu")
     ap.add_argument("--kinds", default=",".join(DEFAULT_KINDS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--presets", default="", help="time these presets' eager steps against "
+                    "the first one's in the same rounds (e.g. cpu,small,medium) instead of "
+                    "variants of --preset")
     ap.add_argument("--baseline", default=BASELINE, help="git revision of the base variant")
     ap.add_argument("--batch", type=int, default=None, help="batch size (default: the preset's)")
     ap.add_argument("--threads", type=int, default=1)
@@ -320,6 +343,16 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown variant(s) {bad}; known: {', '.join(VARIANTS)}")
     kinds = [k for k in args.kinds.split(",") if k]
+    args.presets = [p for p in args.presets.split(",") if p]
+    if args.presets:  # every preset must exist before any worker starts
+        sys.path.insert(0, str(REPO))
+        from pmnet.train.config import TRAIN_PRESETS
+
+        unknown = [p for p in args.presets if p not in TRAIN_PRESETS]
+        if unknown or len(set(args.presets)) != len(args.presets):
+            ap.error(f"--presets must name distinct presets of {', '.join(TRAIN_PRESETS)}; "
+                     f"got {','.join(args.presets)}")
+        args.variants = ["eager"]
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     from bench_model import code_version, machine
@@ -338,16 +371,21 @@ def main(argv=None) -> int:
            "started": dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
            "wall_s": time.time() - started, "args": vars(args), "baseline": args.baseline,
            "code": code_version(), "machine": machine("cpu"), "kinds": results}
-    print(f"{'kind':40s} " + " ".join(f"{v:>14s}" for v in args.variants))
+    shown = list(arms(args))
+    print(f"{'kind':40s} " + " ".join(f"{v:>14s}" for v in shown))
     for kind, r in results.items():
         cells = []
-        for v in args.variants:
+        for v in shown:
             x = r["variants"][v]
             cells.append(f"{x['median_ms']:8.1f} ms " + (f"{x['ops']['total']:5d}" if x["ops"]
                                                           else "    -"))
         print(f"{kind:40s} " + " ".join(f"{c:>14s}" for c in cells))
+        if args.presets:
+            print(f"{'':40s} " + " ".join(
+                f"{r['variants'][v]['ratio_vs_' + shown[0]]:>13.2f}x" for v in shown))
     if not args.no_save:
-        save_result(out, f"step-{args.preset}")
+        save_result(out, f"step-ladder-{'-'.join(args.presets)}" if args.presets
+                    else f"step-{args.preset}")
     return 0
 
 

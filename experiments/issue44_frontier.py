@@ -27,6 +27,23 @@ from pmnet.io import atomic_write_text  # noqa: E402
 OUT = ROOT / "experiments" / "results" / "issue44"
 PROBE = OUT / "probe"
 CAPABLE_MARGIN = 10.0  # the issue's bar: at least the baseline + 10 pp
+#: runs whose checkpoint is not the issue-39 checkpoint their name ends with (issue 52: the
+#: phase-dim-16 run is named "-p3" for its Phase-1 seed 3, but it trained on a Phase-1
+#: checkpoint of its own), and what can be said of it
+OWN_CHECKPOINT = {
+    "P16-p3": ("own: p16-s3 (phase dim 16, Phase-1 seed 3)",
+               "P16-p3 ran on a Phase-1 checkpoint of its own (phase dim 16, Phase-1 seed 3), "
+               "not on issue 39's p3, whatever its name says. Its records (`probe/P16-p3.json`, "
+               "`probe/cap-P16-p3.json`) name `runs/issue44/p1-P16-s3/phase1.pt`, a scratch "
+               "path never committed, with no sha256. Re-checked (issue 52): `pmnet diagnose` "
+               "of the committed `checkpoints/p16-s3/phase1.pt` (sha256 14b66bf06e25...) with "
+               "the committed trained Consolidator (`probe/P16-p3.json.cons.pt`) gives every "
+               "figure of `cap-P16-p3.json` to the last digit (`probe/cap-P16-p3-recheck.json`, "
+               "with both files' sha256): the diagnostics are tied to committed bytes. The "
+               "training curve itself (3,000 steps) was not re-run. Its trend (+18.9 pp per "
+               "10x) is the steepest measured, steeper than width 128's (+10.8) on an issue-39 "
+               "checkpoint; every probe here used Phase-2 seed 42 on one checkpoint."),
+}
 
 
 def validation_baseline(n: int = 1000) -> tuple[float, float, float]:
@@ -81,7 +98,7 @@ def main() -> int:
         if not curve:
             continue
         name = p.stem
-        ckpt = name.rsplit("-", 1)[-1]
+        ckpt = OWN_CHECKPOINT[name][0] if name in OWN_CHECKPOINT else name.rsplit("-", 1)[-1]
         curves[name] = curve
         best = max(curve, key=lambda r: r["val"][0])
         last = curve[-1]
@@ -95,6 +112,7 @@ def main() -> int:
             f"{last['val'][0]:.1f} | {last['val'][1]:.1f} / {last['val'][2]:.1f} | "
             f"{'' if fit is None else f'{fit[0]:+.1f}'} | {steps_to(base, fit, curve)} | "
             f"{steps_to(base + CAPABLE_MARGIN, fit, curve)} |")
+    lines += ["", *(f"- {why}" for name, (_, why) in OWN_CHECKPOINT.items() if name in curves)]
     caps = sorted(PROBE.glob("cap-*.json"))
     if caps:
         lines += ["", "Capability diagnostics of each trained Consolidator (`pmnet.diagnose`; "

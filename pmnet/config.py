@@ -2,7 +2,8 @@
 
 `ModelConfig.from_name("paper")` gives the paper's exact sizes (Appendix "Hyperparameters and
 Architecture", Table "Model, optimization, and hardware settings"); `debug` is the tiny model
-every test uses; `cpu` is a small model for real runs on a 2-core machine.
+every test uses; `cpu` is a small model for real runs on a 2-core machine; `small` and
+`medium` are the rungs of the scale ladder between `cpu` and `paper` (issue 52).
 
 Every field is validated in `__post_init__`; a bad value raises `ValueError` naming the field.
 """
@@ -158,3 +159,21 @@ PRESETS: dict[str, ModelConfig] = {
         consolidator_hidden=32, route_gain=4.0, write_dims=(1, 1, 8, 8), max_chunk=256,
     ),
 }
+# The scale ladder between `cpu` (0.26M) and `paper` (29.95M), issue 52: where, if anywhere,
+# does the Consolidator start to learn the update? Each rung's training preset
+# (`pmnet.train.config`) says in its notes how it departs from the paper.
+PRESETS.update({
+    # `small` (0.94M): the `cpu` model twice as wide (hidden 128, SwiGLU 384, 4 heads of 32),
+    # everything else as `cpu` (phase dim 8, route gain 4, write dims 1, 1, 8, 8)
+    "small": dataclasses.replace(PRESETS["cpu"], name="small", hidden=128, ffn=384, n_head=4,
+                                 n_kv_head=4, head_dim=32),
+    # `medium` (7.16M): toward the paper's shape: hidden 256, 8 layers with a write every 2
+    # (4 blocks, branch 4), the paper's phase dim 32 and Consolidator hidden 64 (12,352
+    # parameters, the paper's), 8 heads of 32, SwiGLU 688 (the paper's 8/3 of hidden); the
+    # paper's route gain 1 and every block writing all its dims (docs/choices.md, "The
+    # scale ladder"); window, dropout and chunk as `cpu`
+    "medium": dataclasses.replace(PRESETS["cpu"], name="medium", n_layer=8, hidden=256,
+                                  ffn=688, n_head=8, n_kv_head=8, head_dim=32, write_period=2,
+                                  phase_dim=32, consolidator_hidden=64, route_gain=1.0,
+                                  write_dims=None),
+})

@@ -22,7 +22,9 @@ Metric names (used everywhere: logs, MLflow, result JSON, CSV):
                              the donor's answer differs from the episode's)
     seg1_stm, seg2_stm       immediate STM recall on the auxiliary trajectories
                              (seg3_stm ... seg{T}_stm for episodes of T > 2 segments)
-    mean_stm                 mean of seg1_stm .. seg{T}_stm
+    mean_stm                 mean of seg1_stm .. seg{T}_stm (and per rule family,
+                             mean_stm_add10 / _affine10, each with its mean output-set
+                             baseline, mean_stm_add10_baseline / ..., issue 52)
     dual                     mean of updated_ltm and mean_stm (dual-objective selection)
 
 Episodes of T segments (issue 11; computed by default when T > 2, on request for T = 2 with
@@ -207,6 +209,9 @@ def summarize(outcomes: dict[str, Tensor], stream) -> dict[str, float]:
         for split in ("add10", "affine10"):
             metrics[f"mean_stm_{split}"] = sum(metrics[f"{name}_{split}"]
                                                for name in stm_names) / n_seg
+            # its output-set baseline (issue 52: a family's STM beside its own shortcut)
+            metrics[f"mean_stm_{split}_baseline"] = sum(
+                metrics[f"{name}_{split}_baseline"] for name in stm_names) / n_seg
         if "updated_ltm" in metrics:
             metrics["dual"] = (metrics["updated_ltm"] + metrics["mean_stm"]) / 2
     return metrics

@@ -27,6 +27,9 @@ def test_full_evaluation_has_every_metric(stream):
             assert f"{name}_{suffix}" in r
         assert f"loss_{name}" in r
     assert r["mean_stm"] == pytest.approx((r["seg1_stm"] + r["seg2_stm"]) / 2)
+    for fam in ("add10", "affine10"):  # each family's STM beside its baseline (issue 52)
+        assert r[f"mean_stm_{fam}_baseline"] == pytest.approx(
+            (r[f"seg1_stm_{fam}_baseline"] + r[f"seg2_stm_{fam}_baseline"]) / 2)
     assert r["dual"] == pytest.approx((r["updated_ltm"] + r["mean_stm"]) / 2)
     assert r["forced_identity"] == r["alternative_mode"]  # learned condition
     assert "mismatched_donor_follow" in r and r["n_episodes"] == 64
@@ -122,7 +125,9 @@ def test_two_segment_metric_set_is_unchanged_unless_positions_are_asked(stream):
     m = PMNet(ModelConfig.from_name("debug"))
     r = evaluate(m, stream[:24], consolidation="learned", ltm_routing=True)
     assert not any(k.startswith("final_ltm") or "follow_seg" in k for k in r)
-    assert len(r) == 96  # 95 metrics + n_episodes: what the evaluator gave before issue 11
+    # 95 metrics + n_episodes: what the evaluator gave before issue 11, + the two families'
+    # mean-STM baselines (issue 52)
+    assert len(r) == 98 and {"mean_stm_add10_baseline", "mean_stm_affine10_baseline"} <= set(r)
     p = evaluate(m, stream[:24], consolidation="learned", ltm_routing=True, positions=True)
     assert p["final_ltm_seg2"] == p["updated_ltm"] and "updated_ltm_follow_seg1" in p
     assert all(p[k] == v or (math.isnan(v) and math.isnan(p[k])) for k, v in r.items())

@@ -31,13 +31,17 @@ def test_the_first_screen_holds_the_commands_the_results_and_the_presets():
     assert "make pipeline" in FIRST_SCREEN and "make test" in FIRST_SCREEN
     results = _table_after(FIRST_SCREEN, "| paper claim |")
     assert len(results) >= 4
-    assert all(len(row) == 5 and all(row[1:]) for row in results), results
-    # issue 44: a comparison whose arms are both below the output-set baseline is not judged
+    assert all(len(row) == 7 and all(row[1:]) for row in results), results
+    # issue 44: a comparison whose arms are both below the output-set baseline is not judged;
+    # issue 52: each claim's arms beside each rule family's baseline (ADD10, AFFINE10)
     for row in results:
-        if re.fullmatch(r"[\d.]+ / [\d.]+ vs [\d.]+%", row[3]):
-            a, b, base = map(float, re.findall(r"[\d.]+", row[3]))
-            if a <= base and b <= base:
-                assert row[4].startswith("no verdict"), row
+        for cell in row[3:6]:
+            if re.fullmatch(r"[\d.]+ / [\d.]+ vs [\d.]+%", cell):
+                a, b, base = map(float, re.findall(r"[\d.]+", cell))
+                if a <= base and b <= base:
+                    assert row[6].startswith("no verdict"), row
+    family = next(row for row in results if row[0].startswith("The backbone learns"))
+    assert "not learned" in family[6] and "vs 50.0%" in family[4]
     presets = _table_after(FIRST_SCREEN, "| preset |")
     named = {re.match(r"`(\w+)`", row[0]).group(1) for row in presets}
     assert named == set(TRAIN_PRESETS)

@@ -838,3 +838,40 @@ def test_a_family_beyond_the_paper_has_its_own_holm_and_its_remark():
     assert (out["holm_m"] == 2).all()
     assert all(note.endswith("a remark") for note in out["note"])
     assert family.remarks == {"operator_ema - C": "a remark", "operator_gru - C": "a remark"}
+
+
+def test_phase1_families_read_the_frozen_backbone_trials_per_checkpoint():
+    """Issue 52: each rule family's Phase-1 STM (mean of its segments' STM queries) beside its
+    baseline, from the trials whose backbone Phase 2 leaves frozen only, per checkpoint; a
+    family is learned where STM clears the baseline by more than the margin, on every one."""
+    margin = stats.LEARNED_MARGIN_PP
+    assert margin == pytest.approx(100 * 1.96 * math.sqrt(0.25 / 1000)) and 3.0 < margin < 3.2
+    rows = []
+    for k, affine in ((0, 34.5 + margin - 0.01), (1, 34.5 + margin + 0.01)):
+        for condition, shift in (("consolidator_only", 0.0), ("operator_gru", 0.0),
+                                 ("memory_consolidator", -30.0)):  # its STM path trains
+            row = {"condition": condition, "seed": 42, "phase1_seed": k}
+            for t, d in ((1, -1.0), (2, 1.0)):
+                row.update({f"seg{t}_stm_add10": 99.0 + shift, f"seg{t}_stm_add10_baseline": 50.0,
+                            f"seg{t}_stm_affine10": affine + d + shift,
+                            f"seg{t}_stm_affine10_baseline": 34.5})
+            rows.append(row)
+    fam = stats.phase1_families(pd.DataFrame(rows))
+    add, aff = fam["add10"], fam["affine10"]
+    assert add.learned and add.stm == pytest.approx(99.0) and add.baseline == 50.0
+    assert [c.learned for c in aff.checkpoints] == [False, True]
+    assert not aff.learned and aff.not_learned_on == [0]
+    assert aff.status() == "not learned on 1 of 2 checkpoints (0)"
+    assert aff.text() == f"{aff.stm:.1f} vs 34.5 (not learned on 1 of 2)"
+    # no frozen-backbone trial, or no per-family STM: nothing to say, nothing gated
+    assert stats.phase1_families(pd.DataFrame(rows).query(
+        "condition == 'memory_consolidator'")) == {}
+    assert stats.phase1_families(pd.DataFrame([{"condition": "consolidator_only", "seed": 42,
+                                                "seg1_stm": 90.0}])) == {}
+    # each comparison on updated-mapping recall, read on each family's episodes
+    labels = {c.label: c for c in stats.FAMILY_COMPARISONS}
+    spec = labels["learned - forced identity, routing on: updated_ltm_affine10"]
+    assert (spec.metric_a, spec.metric_b) == ("updated_ltm_affine10", "forced_identity_affine10")
+    paper = {c.label: c for c in stats.COMPARISONS}  # one the paper's family already has
+    same = "routing on - off: updated_ltm_add10"
+    assert labels[same][1:5] == paper[same][1:5]

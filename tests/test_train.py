@@ -464,6 +464,50 @@ def test_cpu_preset_nests_both_arms_under_three_phase1_checkpoints():
     assert paper.phase1_seeds == ()  # the paper's single-checkpoint design (K by option)
 
 
+@pytest.mark.parametrize("name", ["small", "medium"])
+def test_the_ladder_rungs_lie_between_cpu_and_paper_with_the_cpu_recipe(name, capsys):
+    """Issue 52: each rung of the scale ladder has between `cpu`'s and `paper`'s parameters
+    (as `pmnet info` prints them), the `cpu` preset's training recipe, a test stream of its
+    own that no earlier run read, and notes naming how its model departs from the paper."""
+    from pmnet import cli, task
+    from pmnet.model import PMNet
+    from pmnet.train.config import CPU_TEST_SEED, LADDER_TEST_SEEDS, RETIRED_TEST_SEEDS
+
+    def total(preset):
+        with torch.device("meta"):
+            return PMNet(ModelConfig.from_name(preset)).parameter_counts()["total"]
+
+    cfg, cpu = TrainConfig.from_name(name), TrainConfig.from_name("cpu")
+    assert total("cpu") < total(name) < total("paper")
+    assert cli.main(["info", "--preset", name, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["total"] == total(name) and info["notes"] == list(cfg.notes)
+    text = " ".join(cfg.notes)
+    assert f"{total(name) / 1e6:.2f}M" in text and "paper" in text
+    # the cpu recipe: every training field but the preset, the model, the test stream, notes
+    same = {f.name for f in dataclasses.fields(TrainConfig)} - {"preset", "model", "test_seed",
+                                                                "notes"}
+    assert {f: getattr(cfg, f) for f in same} == {f: getattr(cpu, f) for f in same}
+    seeds = [TrainConfig.from_name(p).test_seed for p in ("cpu", "small", "medium")]
+    assert len(set(seeds)) == 3 and cfg.test_seed == LADDER_TEST_SEEDS[name]
+    assert cfg.test_seed not in (*RETIRED_TEST_SEEDS, CPU_TEST_SEED, task.VAL_SEED)
+    assert f"{cfg.test_seed:,}" in text
+    m = cfg.model
+    if name == "small":  # the cpu model twice as wide, nothing else changed
+        assert (m.hidden, m.ffn, m.n_head, m.head_dim) == (128, 384, 4, 32)
+        assert m.differences(cpu.model) == {"hidden": (128, 64), "ffn": (384, 192),
+                                            "head_dim": (32, 16)}
+    else:  # toward the paper: its phase dim, Consolidator, route gain and write dims
+        paper = ModelConfig.from_name("paper")
+        assert (m.hidden, m.n_layer, m.write_period, m.n_blocks, m.branch) == (256, 8, 2, 4, 4)
+        assert (m.phase_dim, m.consolidator_hidden) == (paper.phase_dim,
+                                                        paper.consolidator_hidden)
+        assert m.route_gain == paper.route_gain and m.write_dims is None
+        assert m.n_head * m.head_dim == m.hidden and 683 <= m.ffn <= 768
+        for word in ("phase dim 32", "route gain 1", "issue 21"):
+            assert word in text, word
+
+
 def test_the_test_seed_picks_the_test_stream_and_nothing_else(phase1, tmp_path):
     """`test_seed` changes the stream the final figures are read on (recorded in the result),
     not the Phase-1 checkpoint's identity, and can never be the validation stream's seed."""

@@ -127,7 +127,7 @@ class CheckpointView:
 
     @classmethod
     def build(cls, every: pd.DataFrame, labels: Sequence[str]) -> CheckpointView:
-        specs = [c for c in stats.COMPARISONS if c.label in set(labels)]
+        specs = [c for c in _SPECS.values() if c.label in set(labels)]
         analysis = stats.phase1_variance(every, specs)
         per: dict[str, list[tuple[int, float]]] = {}
         for t in analysis.checkpoints:
@@ -150,6 +150,17 @@ class CheckpointView:
         if metric not in df.columns:
             return pd.Series(dtype=float)
         return df.loc[df["condition"] == condition, metric].dropna().astype(float)
+
+
+#: every comparison a table may name by its label: the paper's family, then each one on a
+#: rule family's episodes (`stats.FAMILY_COMPARISONS`; the paper's family wins a shared label)
+_SPECS: dict[str, stats.Comparison] = {
+    c.label: c for c in (*stats.FAMILY_COMPARISONS, *stats.COMPARISONS)}
+
+
+def comparison_spec(label: str) -> stats.Comparison | None:
+    """The comparison a table names by `label` (None for an unknown one)."""
+    return _SPECS.get(label)
 
 
 def per_checkpoint_text(values: Sequence[tuple[int, float]], signed: bool = True) -> str:
@@ -262,7 +273,7 @@ class Context:
     def comparison(self, label: str, spec: stats.Comparison | None = None) -> dict[str, Any]:
         row = self.comparisons.get(label)
         if row is None:
-            spec = spec or next((c for c in stats.COMPARISONS if c.label == label), None)
+            spec = spec or _SPECS.get(label)
             if spec is None:
                 raise KeyError(f"unknown comparison {label!r}")
             row = stats.paired_comparison(

@@ -5,7 +5,7 @@ diagnostics, and every paired comparison of the paper's family (:func:`paper_tab
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -15,6 +15,7 @@ from pmnet.report.cells import NA, Cell, finite, format_p, text_cell
 from pmnet.report.context import (
     Context,
     Missing,
+    comparison_spec,
     finish,
     grids_phrase,
     not_run_line,
@@ -38,7 +39,6 @@ HEADLINE_ROWS: tuple[tuple[str, str | None, str], ...] = (
      "learned - forced identity, routing off: updated_ltm"),
     ("Learned - forced identity, routing on (pp)", None,
      "learned - forced identity, routing on: updated_ltm"),
-    ("Consolidator only, AFFINE10 updated LTM (%)", ON, "updated_ltm_affine10"),
     ("Learned full, updated LTM (%)", "learned_full", "updated_ltm"),
     ("Identity full, updated LTM (%)", "identity_full", "updated_ltm"),
     ("Memory + Consolidator, updated LTM (%)", "memory_consolidator", "updated_ltm"),
@@ -50,21 +50,60 @@ HEADLINE_ROWS: tuple[tuple[str, str | None, str], ...] = (
 )
 
 
-#: The paired claims of the claims table: (claim, comparison label).
-CLAIM_ROWS: tuple[tuple[str, str], ...] = (
+FAMILIES = stats.RULE_FAMILIES
+
+
+def _in_family(text: str, name: str) -> str:
+    """A row's text read on one rule family: `Routing off, updated LTM (%)` ->
+    `Routing off, updated LTM, ADD10 (%)`."""
+    for unit in (" (%)", " (pp)", ", pp)"):  # a claim: `(updated LTM, ADD10, pp)`
+        if text.endswith(unit):
+            return text[:-len(unit)] + f", {name}{unit}"
+    return f"{text}, {name}"
+
+
+def _family_key(key: str, family: str) -> str:
+    """A row's metric or comparison label on one family (`..._add10`)."""
+    return f"{key}_{family}"
+
+
+def _by_family(rows):
+    """Each row on updated-mapping recall followed by its two rule families' rows (issue 52:
+    every recall per family, beside that family's output-set baseline); each row with the
+    family it reads (None: both)."""
+    out = []
+    for text, condition, key in rows:
+        out.append((text, condition, key, None))
+        if key == "updated_ltm" or key.endswith(": updated_ltm"):
+            out += [(_in_family(text, name), condition, _family_key(key, fam), fam)
+                    for fam, name in FAMILIES.items()]
+    return tuple(out)
+
+
+#: The headline's rows with their rule families: (quantity, condition, metric or comparison
+#: label, family or None); the Phase-1 STM rows of each family come before them.
+HEADLINE_FAMILY_ROWS = _by_family(HEADLINE_ROWS)
+
+#: The paper's paired claims of the claims table: (claim, comparison label).
+PAPER_CLAIMS: tuple[tuple[str, str], ...] = (
     ("Learned > forced identity, routing on (updated LTM, pp)",
      "learned - forced identity, routing on: updated_ltm"),
     ("Routing on > off (updated LTM, pp)", "routing on - off: updated_ltm"),
     ("Learned > forced identity, routing off (updated LTM, pp)",
      "learned - forced identity, routing off: updated_ltm"),
+)
+#: The paired claims of the claims table: (claim, comparison label, family or None): each of
+#: the paper's claims, then on each rule family, then the routing-on arm above its baseline.
+CLAIM_ROWS: tuple[tuple[str, str, str | None], ...] = (
+    *((t, label, fam) for t, _, label, fam in _by_family(
+        [(text, None, label) for text, label in PAPER_CLAIMS])),
     *((f"Routing on: updated LTM above the output-set baseline, {name} (pp)",
-       f"recall - output-set baseline, {fam}: {ON}")
-      for fam, name in (("add10", "ADD10"), ("affine10", "AFFINE10"))),
+       f"recall - output-set baseline, {fam}: {ON}", fam) for fam, name in FAMILIES.items()),
 )
 #: Every paired effect the headline and claims read across K >= 2 checkpoints (issue 35).
 UNIT_LABELS: tuple[str, ...] = tuple(dict.fromkeys(
-    [key for _, condition, key in HEADLINE_ROWS if condition is None]
-    + [label for _, label in CLAIM_ROWS]))
+    [key for _, condition, key, _ in HEADLINE_FAMILY_ROWS if condition is None]
+    + [label for _, label, _ in CLAIM_ROWS]))
 
 
 def _unit_cells(ctx: Context, label: str) -> tuple[Cell, Cell, Cell, Cell]:
@@ -98,21 +137,70 @@ def _gate_frame(ctx: Context) -> pd.DataFrame:
 
 def _gate(ctx: Context, label: str) -> stats.CapabilityGate | None:
     """Both arms of a paired comparison beside their output-set baselines (issue 44)."""
-    spec = next((c for c in stats.COMPARISONS if c.label == label), None)
+    spec = comparison_spec(label)
     return None if spec is None else stats.capability_gate(_gate_frame(ctx), spec)
 
 
-def _gate_cell(gate: stats.CapabilityGate | None) -> Cell:
-    return NA if gate is None else text_cell(gate.text())
+def _families(ctx: Context) -> dict[str, stats.FamilyLearning]:
+    """Did Phase 1 learn each rule family? Over the trials the gates read (issue 52)."""
+    return stats.phase1_families(_gate_frame(ctx))
 
 
-def _arm_cell(ctx: Context, condition: str, metric: str) -> Cell:
-    """`20.1 vs 42.0 (below)`: a condition's recall beside its output-set baseline."""
+def _unlearned(families: Mapping[str, stats.FamilyLearning], family: str | None
+               ) -> list[stats.FamilyLearning]:
+    """The families a row reads that Phase 1 did not learn (its own, or for a row over both
+    families, each)."""
+    read = families.values() if family is None else [families[family]] \
+        if family in families else []
+    return [f for f in read if not f.learned]
+
+
+def _marked(text: str, unlearned: Sequence[stats.FamilyLearning], family: str | None) -> str:
+    """`text` with the mark of the families Phase 1 did not learn: `(not learned)` on a row
+    of that family, `(mixes AFFINE10)` on a row over both (short: the cell stays in the
+    table, tab:claims says the rest)."""
+    if not unlearned:
+        return text
+    mark = ("not learned" if family is not None
+            else "mixes " + " and ".join(f.name for f in unlearned))
+    if text.endswith(")"):  # `(both below)` -> `(both below; not learned)`
+        return f"{text[:-1]}; {mark})"
+    return f"{text} ({mark})"
+
+
+def _gate_cell(gate: stats.CapabilityGate | None, unlearned=(),
+               family: str | None = None) -> Cell:
+    return NA if gate is None else text_cell(_marked(gate.text(), unlearned, family))
+
+
+def _arm_cell(ctx: Context, condition: str, metric: str, unlearned=(),
+              family: str | None = None) -> Cell:
+    """`20.1 vs 42.0 (below)`: a condition's recall beside its output-set baseline, and the
+    families it reads that Phase 1 did not learn."""
     arm = stats.arm_capability(_gate_frame(ctx), condition, metric)
     if arm is None:
         return NA
-    return text_cell(f"{arm.recall:.1f} vs {arm.baseline:.1f}"
-                     + ("" if arm.above else " (below)"))
+    return text_cell(_marked(f"{arm.recall:.1f} vs {arm.baseline:.1f}"
+                             + ("" if arm.above else " (below)"), unlearned, family))
+
+
+def _phase1_rows(ctx: Context, unit: bool) -> list[list[Cell]]:
+    """The headline's first rows: each rule family's Phase-1 STM beside its output-set
+    baseline, marked "not learned" where it is at or within noise of it (issue 52)."""
+    rows = []
+    for fam in _families(ctx).values():
+        values = [c.stm for c in fam.checkpoints]
+        sd = float(pd.Series(values).std(ddof=1)) if len(values) > 1 else math.nan
+        cell = Cell("stat", fam.stm, sd, n=len(values))
+        text = text_cell(f"Phase-1 STM recall, {fam.name} (%)")
+        base = text_cell(fam.text())
+        if unit:
+            per = text_cell(per_checkpoint_text(
+                [(c.phase1_seed, c.stm) for c in fam.checkpoints], signed=False))
+            rows.append([text, cell, NA, NA, per, base, NA])
+        else:
+            rows.append([text, cell, NA, NA, base, NA])
+    return rows
 
 
 #: The verdict of a paired claim whose two arms are both at or below the output-set baseline
@@ -140,8 +228,9 @@ def table_headline(ctx: Context) -> Table:
     miss = Missing(ctx)
     ran = {c for c, _ in ctx.present}
     unit = ctx.checkpoints is not None
-    rows, absent = [], []
-    for text, condition, key in HEADLINE_ROWS:
+    families = _families(ctx)
+    rows, absent = _phase1_rows(ctx, unit), []
+    for text, condition, key, family in HEADLINE_FAMILY_ROWS:
         if condition is not None:
             needs = [condition]
         else:
@@ -149,9 +238,10 @@ def table_headline(ctx: Context) -> Table:
         if not set(needs) <= ran:
             absent += [c for c in needs if c not in ran and c not in absent]
             continue
+        unlearned = _unlearned(families, family)
         if condition is not None:
             paper = ctx.paper_stat(condition, key) or NA
-            base = _arm_cell(ctx, condition, key)
+            base = _arm_cell(ctx, condition, key, unlearned, family)
             if unit:
                 cell, per = _unit_condition_cells(ctx, condition, key)
                 rows.append([text_cell(text), cell, NA, NA, per, base, paper])
@@ -159,10 +249,10 @@ def table_headline(ctx: Context) -> Table:
             cell = ctx.stat(miss, condition, key, paper=False)
             rows.append([text_cell(text), cell, NA, NA, base, paper])
             continue
+        gate = _gate_cell(_gate(ctx, key), unlearned, family)
         if unit:
             est, ci, p, per = _unit_cells(ctx, key)
-            rows.append([text_cell(text), est, ci, p, per, _gate_cell(_gate(ctx, key)),
-                         ctx.paper_cmp(key) or NA])
+            rows.append([text_cell(text), est, ci, p, per, gate, ctx.paper_cmp(key) or NA])
             continue
         row = ctx.comparison(key)
         rows.append([
@@ -170,7 +260,7 @@ def table_headline(ctx: Context) -> Table:
             ctx.paired(miss, key, "stat", paper=False),
             Cell("ci", row["ci_low"], hi=row["ci_high"], paper=ctx.paper_cmp(key, "ci")),
             Cell("p", row["p"], paper=ctx.paper_cmp(key, "p")),
-            _gate_cell(_gate(ctx, key)),
+            gate,
             ctx.paper_cmp(key) or NA,
         ])
     if unit:
@@ -195,7 +285,7 @@ def table_headline(ctx: Context) -> Table:
             asides={5},
         )
     if absent:
-        left_out = len(HEADLINE_ROWS) - len(rows)
+        left_out = len(HEADLINE_ROWS) - sum(r[0].text in _BASE_TEXTS for r in rows)
         absent = stats.ordered_conditions(absent)
         table.notes.append(
             f"Not run here: {', '.join(absent)} ({grids_phrase(absent)}); the paper's "
@@ -209,8 +299,28 @@ def table_headline(ctx: Context) -> Table:
     if ctx.paper is not None and not unit:
         table.notes.append("Parenthesised CI and p values are the paper's where it prints them.")
     _baseline_column(table)
+    if families:
+        table.notes.append(_families_note(families))
     table.missing = miss.lines()
     return table
+
+
+_BASE_TEXTS = frozenset(text for text, _, _ in HEADLINE_ROWS)
+
+
+def _families_note(families: Mapping[str, stats.FamilyLearning]) -> str:
+    """What the per-family rows and the "not learned" mark mean (issue 52)."""
+    return (
+        "Rule families (issue 52): each recall on updated mappings is also read on each "
+        "family's test episodes beside that family's output-set baseline (50% on ADD10, "
+        "about 34% on AFFINE10); '(not learned)' marks a row of a family Phase 1 did not "
+        "learn, '(mixes AFFINE10)' a row over both families that averages it in. Phase-1 "
+        "STM recall is the mean of the segments' STM queries "
+        "of the trials whose backbone Phase 2 leaves frozen (the Phase-1 checkpoint's own); a "
+        "family is 'not learned' when its Phase-1 STM is not above its baseline by more than "
+        f"{stats.LEARNED_MARGIN_PP:.1f} pp (the 95% half-width of a 1,000-episode stream) on "
+        "every checkpoint, and no claim is read off it (tab:claims). Here: "
+        + "; ".join(f"{f.name} {f.status()}" for f in families.values()) + ".")
 
 
 #: recall a control must stay under to count as "near chance" (10%) in the claims table
@@ -246,6 +356,15 @@ def _verdict_unit(e: stats.Phase1Effect | None) -> str:
     return f"does not reproduce over {e.k} checkpoints (mean <= 0)"
 
 
+def family_verdict(unlearned: Sequence[stats.FamilyLearning], mixed: bool) -> str:
+    """The verdict of a claim that reads a rule family Phase 1 did not learn (issue 52);
+    `mixed`: the claim's recall averages both families."""
+    reasons = "; ".join(f.reason() for f in unlearned)
+    if mixed:
+        return f"no verdict: it averages in {reasons}"
+    return f"no verdict: {reasons}"
+
+
 def _baseline_column(table: Table) -> None:
     """Explain the baseline column, or drop it when the input has no baseline (the paper's
     own per-seed numbers)."""
@@ -265,15 +384,24 @@ def table_claims(ctx: Context) -> Table:
     miss = Missing(ctx)
     rows = []
     unit = ctx.checkpoints is not None
+    families = _families(ctx)
 
-    def paired_row(claim: str, label: str) -> None:
+    def gated_verdict(gate: stats.CapabilityGate | None, unlearned, verdict: str,
+                      family: str | None) -> str:
+        if gate is not None and gate.both_below:
+            return BELOW_BASELINE_VERDICT
+        if unlearned:  # issue 52: the capability gate per rule family
+            return family_verdict(unlearned, mixed=family is None)
+        return verdict
+
+    def paired_row(claim: str, label: str, family: str | None) -> None:
         gate = _gate(ctx, label)
-        base = _gate_cell(gate)
-        gated = gate is not None and gate.both_below
+        unlearned = _unlearned(families, family)
+        base = _gate_cell(gate, unlearned, family)
         if unit:
             est, ci, p, per = _unit_cells(ctx, label)
             e = ctx.checkpoints.effects.get(label)
-            verdict = BELOW_BASELINE_VERDICT if gated else _verdict_unit(e)
+            verdict = gated_verdict(gate, unlearned, _verdict_unit(e), family)
             rows.append([text_cell(claim), est, ci, p, per, base, ctx.paper_cmp(label) or NA,
                          text_cell(verdict)])
             return
@@ -285,8 +413,20 @@ def table_claims(ctx: Context) -> Table:
             Cell("p", row["p"]),
             base,
             ctx.paper_cmp(label) or NA,
-            text_cell(BELOW_BASELINE_VERDICT if gated else _verdict_paired(row)),
+            text_cell(gated_verdict(gate, unlearned, _verdict_paired(row), family)),
         ])
+
+    for fam in families.values():  # issue 52: the gate of every claim below
+        margins = [c.margin for c in fam.checkpoints]
+        sd = float(pd.Series(margins).std(ddof=1)) if len(margins) > 1 else math.nan
+        per = ([text_cell(per_checkpoint_text([(c.phase1_seed, c.margin)
+                                               for c in fam.checkpoints]))] if unit else [])
+        verdict = ("learned" if fam.learned else fam.status()) + \
+            f" (the gate of the claims on {fam.name}; margin {stats.LEARNED_MARGIN_PP:.1f} pp)"
+        rows.append([text_cell(f"Phase 1 learned {fam.name}: STM above its output-set "
+                               "baseline (pp)"),
+                     Cell("stat", fam.stm - fam.baseline, sd, n=len(margins), signed=True),
+                     NA, NA, *per, text_cell(fam.text()), NA, text_cell(verdict)])
 
     def mean_cells(metric: str) -> tuple[Cell, list[Cell]]:
         if unit:
@@ -295,8 +435,8 @@ def table_claims(ctx: Context) -> Table:
             return Cell("stat", cell.value, cell.sd, n=n), [per]
         return ctx.stat(miss, ON, metric, paper=False), []
 
-    for claim, label in CLAIM_ROWS:
-        paired_row(claim, label)
+    for claim, label, family in CLAIM_ROWS:
+        paired_row(claim, label, family)
     for metric, name in (("fresh_ltm", "Fresh LTM"), ("mismatched_ltm", "Mismatched LTM")):
         cell, per = mean_cells(metric)
         ok = cell.n and finite(cell.value) and cell.value <= NEAR_CHANCE_MAX
@@ -319,7 +459,8 @@ def table_claims(ctx: Context) -> Table:
         "Above-baseline rows pair each seed's recall with the output-set baseline on the same "
         "test episodes of that family. A paired claim whose two arms both recall at or below "
         "their output-set baseline gets no verdict: it compares two models that do not use "
-        "the rule (issue 44).",
+        "the rule (issue 44). Nor does a claim on a rule family that Phase 1 did not learn, "
+        "or a claim over both families when either is not learned (issue 52).",
         ["Claim", "Ours", "95% CI", "p", *(["Per checkpoint"] if unit else []),
          BASELINE_COLUMN, "Paper", "Verdict"],
         rows,

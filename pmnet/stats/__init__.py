@@ -31,6 +31,7 @@ Modules (each imports only those above it):
 ``baselines``   task-matched baselines against the Consolidator and the GRU operator
 ``segments``    episodes of T segments: arms and their comparisons (beyond the paper)
 ``phase1``      the Phase-1 checkpoint as a random factor (beyond the paper)
+``families``    did Phase 1 learn each rule family? (beyond the paper, issue 52)
 ``checkpoints`` an effect's distribution over checkpoints, and the power (issue 39)
 ``checkpoint_study``  the checkpoint study's channel interaction, strict-off contrasts,
                 pre-registered predictor, diagnostics and sensitivity (issues 39, 45)
@@ -90,6 +91,16 @@ from pmnet.stats.checkpoints import (
     pooled_within_sd,
 )
 from pmnet.stats.checkpoints import frame as checkpoint_frame
+from pmnet.stats.families import (
+    FAMILY_COMPARISONS,
+    FROZEN_BACKBONE_CONDITIONS,
+    LEARNED_MARGIN_PP,
+    FamilyCheckpoint,
+    FamilyLearning,
+    family_comparison,
+    family_of,
+    phase1_families,
+)
 from pmnet.stats.loading import (
     add_derived_metrics,
     curves_from_metrics_csv,
@@ -172,6 +183,7 @@ from pmnet.stats.vocabulary import (
     META_COLUMNS,
     OPERATOR_CONDITIONS,
     PHASE1_SEED,
+    RULE_FAMILIES,
     VARIANT_FIELDS_ATTR,
     condition_label,
     ordered_conditions,
@@ -212,4 +224,7 @@ __all__ = [
     "whole_checkpoints", "routing_interaction", "channel_analysis", "strict_analysis",
     "diagnostics_frame", "load_diagnostics", "diagnosed_model", "checkpoint_features",
     "predictor_test", "at_last_epoch", "sensitivity", "sensitivity_frame",
+    "RULE_FAMILIES", "FROZEN_BACKBONE_CONDITIONS", "LEARNED_MARGIN_PP", "FamilyCheckpoint",
+    "FamilyLearning", "phase1_families", "family_of", "family_comparison",
+    "FAMILY_COMPARISONS",
 ]

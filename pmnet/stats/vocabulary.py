@@ -77,6 +77,11 @@ KNOWN_METRICS: tuple[str, ...] = (
     "dual",
 )
 
+#: The task's rule families (`pmnet.task`: family 0 ADD10, 1 AFFINE10): the suffix of each
+#: recall metric's per-family split (`updated_ltm_add10`, `seg1_stm_affine10_baseline`, ...,
+#: `pmnet.evaluate.summarize`) and its name in tables.
+RULE_FAMILIES: dict[str, str] = {"add10": "ADD10", "affine10": "AFFINE10"}
+
 EQUAL_TOL = 1e-9
 
 

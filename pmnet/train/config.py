@@ -1,5 +1,6 @@
 """`TrainConfig`: every training setting, checked when made, with the named presets
-(`paper`, `cpu`, `debug`) and the CLIs' `--set KEY=VALUE` overrides (`parse_overrides`).
+(`paper`, `cpu`, `debug`, and the scale ladder's `small` and `medium`) and the CLIs' `--set
+KEY=VALUE` overrides (`parse_overrides`).
 
 The paper's Table "Model, optimization, and hardware settings" is the `paper` preset; how the
 other presets depart from it is in each preset's `notes` (printed by `pmnet info`).
@@ -363,4 +364,53 @@ def _cpu() -> TrainConfig:
     )
 
 
-TRAIN_PRESETS = {"paper": _paper, "cpu": _cpu, "debug": _debug}
+#: The test streams of the scale ladder's rungs (issue 52), one fresh seed each, used by no
+#: earlier run: the rungs' shapes were set after issue 39's `cpu` figures on CPU_TEST_SEED had
+#: been read (docs/choices.md, "The scale ladder").
+LADDER_TEST_SEEDS = {"small": 8_000_009, "medium": 9_000_011}
+
+
+def _rung(name: str, model_notes: tuple[str, ...], **overrides) -> TrainConfig:
+    """A rung of the scale ladder: the `cpu` preset's recipe (Phase 1, Phase 2, grid,
+    Phase-1 checkpoints) on the rung's model and its own test stream; `model_notes` replace
+    the `cpu` model's notes (the first three), the rest are the `cpu` recipe's."""
+    cpu = _cpu()
+    seed = LADDER_TEST_SEEDS[name]
+    recipe = tuple(n for n in cpu.notes[3:] if not n.startswith("test stream"))
+    return dataclasses.replace(
+        cpu, preset=name, model=ModelConfig.from_name(name), test_seed=seed,
+        notes=(*model_notes, *recipe,
+               f"test stream of 2,000 episodes (paper: 1,000) drawn from seed {seed:,} "
+               "(paper: 2,000,003), used by no earlier run"),
+        **overrides)
+
+
+def _small() -> TrainConfig:
+    """The ladder's first rung (0.94M): the `cpu` model twice as wide, everything else as
+    `cpu` (its Phase-1 budget may change once issue 52's Phase-1 curves are in)."""
+    return _rung("small", (
+        "small model (hidden 128, SwiGLU 384, 4 heads of 32, 4 layers, a write every layer, "
+        "phase dim 8; 0.94M): the `cpu` model twice as wide, the first rung of the scale "
+        "ladder (issue 52)",
+        "route gain 4 (paper: 1) and blocks 0 and 1 writing 1 of their 8 phase dims (paper: "
+        "all), as `cpu` (issue 21)",
+    ))
+
+
+def _medium() -> TrainConfig:
+    """The ladder's second rung (7.16M), toward the paper's shape."""
+    return _rung("medium", (
+        "medium model (hidden 256, SwiGLU 688, 8 heads of 32, 8 layers, a write every 2 "
+        "layers: 4 blocks of branch 4; 7.16M; paper: hidden 384, 12 layers, a write every 3)",
+        "the paper's phase dim 32 and Consolidator hidden 64 (12,352 Consolidator parameters, "
+        "the paper's)",
+        "the paper's route gain 1 and every block writing all 32 phase dims, not the `cpu` "
+        "preset's gain 4 and write dims 1, 1, 8, 8: issue 21 found the gain slowed Phase 1 "
+        "and the write limit cost 9-16 pp of Phase-1 STM and most of what Phase 2 learned "
+        "(docs/results.md, \"Routes (issue 21)\"); a rung toward the paper keeps the paper's",
+        "window 64, no attention dropout (paper: 128, 0.1), as `cpu`",
+    ))
+
+
+TRAIN_PRESETS = {"paper": _paper, "cpu": _cpu, "debug": _debug, "small": _small,
+                 "medium": _medium}

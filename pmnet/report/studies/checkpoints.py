@@ -137,6 +137,37 @@ def table_phase1_variance(analysis: stats.Phase1Analysis) -> Table:
     )
 
 
+def table_phase1_families(families: Mapping[str, stats.FamilyLearning]) -> Table:
+    """Beyond the paper (issue 52): each checkpoint's Phase-1 STM per rule family beside the
+    family's output-set baseline, and whether it learned the family."""
+    seeds = sorted({c.phase1_seed for f in families.values() for c in f.checkpoints},
+                   key=lambda k: -1 if k is None else k)
+    by = {(f.family, c.phase1_seed): c for f in families.values() for c in f.checkpoints}
+    rows = []
+    for k in seeds:
+        row = [text_cell(str(k))]
+        for fam in families.values():
+            c = by.get((fam.family, k))
+            row += ([Cell("num", c.stm), Cell("num", c.baseline),
+                     text_cell("learned" if c.learned else "not learned")] if c else [NA] * 3)
+        rows.append(row)
+    return Table(
+        "tab:phase1-families",
+        "Did each Phase-1 checkpoint learn each rule family? (ours, issue 52) Phase-1 STM "
+        "recall (%, test stream, mean of the segments' STM queries of its frozen-backbone "
+        "trials) beside the family's output-set baseline on the same episodes; 'not "
+        f"learned': not above it by more than {stats.LEARNED_MARGIN_PP:.1f} pp (the 95% "
+        "half-width of a 1,000-episode stream). A claim on a family reads it only where every "
+        "checkpoint learned it (tab:claims).",
+        ["Phase-1 seed", *[f"{f.name} {what}" for f in families.values()
+                           for what in ("STM", "baseline", "learned?")]],
+        rows,
+        notes=["Over the checkpoints: " + "; ".join(
+            f"{f.name} {f.text()}" for f in families.values()) + "."],
+        align=["l"] + ["r", "r", "l"] * len(families),
+    )
+
+
 def table_phase1_checkpoints(analysis: stats.Phase1Analysis) -> Table:
     """The paper's fixed-checkpoint analysis within each Phase-1 checkpoint, for every
     comparison of :func:`table_phase1_variance`."""
@@ -532,9 +563,11 @@ def _phase1_findings(trials: Trials) -> Findings:
     reference = stats.reference_phase1_seed(every)
     failed = [r for r in trials.loaded.attrs.get("failed", [])
               if r.get(stats.PHASE1_SEED) != reference]  # the reference's are the core's
+    families = stats.phase1_families(stats.default_variant(every))
     return Findings(
         tables=([table_phase1_variance(analysis), table_phase1_checkpoints(analysis)]
-                if trials.paper_part else []),
+                if trials.paper_part else [])
+        + ([table_phase1_families(families)] if families else []),
         data={"phase1_variance.csv": analysis.effects_frame(),
               "phase1_checkpoints.csv": analysis.checkpoints_frame()},
         missing=[f"failed trial (phase1_seed {r.get(stats.PHASE1_SEED, 'unknown')}): "
