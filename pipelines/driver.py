@@ -1,9 +1,14 @@
 """The pipeline driver: runs a validated `Plan` (pipelines.plan) through the three stages.
 
-`execute(plan)` opens the MLflow runs and starts Ray, then Stage 1 (Phase 0/1
-once), Stage 2 (the Tune grid) and Stage 3 (statistics and report) from pipelines.stages,
-and writes the pipeline's records. Planning and validation live in pipelines.plan, Ray set-up
-in pipelines.cluster, MLflow (the driver is its only writer) in pipelines.tracking.
+`execute(plan)` takes the run lock, starts Ray and runs every pipeline the same way
+(`execute_waves`, issue 51): the grid's Phase-1 checkpoints in waves (one wave when the
+machine trains them all at once), each wave adopting what a `--store` holds, then Stage 1
+(its checkpoints), Stage 2 (their trials, each unit published to the store as it lands);
+`--max-wall` stops between waves. Every run ends with Stage 3: MLflow completed for every
+unit of the run (adopted ones included), the report in the run directory (and in the
+store's `report/`), the timing on the parent run. Planning and validation live in
+pipelines.plan, Ray set-up in pipelines.cluster, MLflow (the driver is its only writer)
+in pipelines.tracking, the units in pipelines.store.
 """
 
 from __future__ import annotations
@@ -13,21 +18,14 @@ import os
 import socket
 import time
 
+from pipelines import store as st
 from pipelines.cluster import ClusterInfo, check_storage, describe_ray, init_ray
 from pipelines.console import say
 from pipelines.faults import kill_point
-from pipelines.layout import PipelineError
+from pipelines.layout import EXPERIMENT_DIRNAME, Layout, PipelineError
 from pipelines.lock import RunLock
 from pipelines.plan import Plan, resource_problem, uses_gpu
-from pipelines.stages import (
-    adopt_phase1,
-    stage1_finish,
-    stage1_start,
-    stage2,
-    stage3,
-    timing_record,
-    write_meta,
-)
+from pipelines.stages import stage1_finish, stage1_start, stage2, stage3, timing_record, write_meta
 from pipelines.tracking import Runs, backfill_results, open_tracking
 
 
@@ -48,12 +46,10 @@ def _execute(plan: Plan) -> int:
     lay.run_dir.mkdir(parents=True, exist_ok=True)
     lay.logs_dir.mkdir(parents=True, exist_ok=True)
     say.log_path = lay.logs_dir / "driver.log"
-    write_meta(plan, status="running",
+    write_meta(plan, status="running", max_wall_s=plan.max_wall_s,
+               store=str(plan.store.root) if plan.store is not None else None,
                driver={"pid": os.getpid(), "host": socket.gethostname(),
-                       "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
-               **({"store": str(plan.store.root),
-                   "pieces": list(plan.pieces) if plan.pieces is not None else None,
-                   "max_wall_s": plan.max_wall_s} if plan.store is not None else {}))
+                       "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     lay.last_file.write_text(plan.name + "\n")
     sp = plan.space
     kill_point("start")
@@ -65,59 +61,20 @@ def _execute(plan: Plan) -> int:
         say("[pipeline] GPU memory per trial (memory model, pmnet/gpu/footprint.py): "
             + ", ".join(f"{c}{'-' + v if v else ''} {b / 2**30:.1f} GiB"
                         for (c, v), b in plan.memory.items()))
-
-    runs = Runs()
-    ray = None
     if plan.store is not None:
-        from pipelines.store import init_store
-
-        init_store(plan.store)
-        if _past_deadline(plan, t_start):
-            return _stop_at_deadline(plan)
+        st.init_store(plan.store)
+    if _past_deadline(plan, t_start):
+        return _stop_at_deadline(plan)
+    ray = None
     try:
         t_ray = time.time()
         ray = init_ray(plan.ray_address, plan.num_cpus, plan.cluster)
         cluster = check_cluster(plan, ray)
         where = f"Ray cluster {plan.ray_address}" if plan.ray_address else "local Ray"
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
-        if plan.store is not None:
-            return execute_waves(plan, ray, cluster, t_start)
-        t_stage1 = time.time()
-        jobs = stage1_start(plan, ray, cluster)
-        kill_point("stage1-submitted")
-        runs = open_tracking(plan)
-        p1 = stage1_finish(plan, ray, jobs, runs)
-        stage1_wall = time.time() - t_stage1
-        s2 = stage2(plan, runs, p1)
-        kill_point("stage2-done")
-        backfill_results(lay, runs)  # what trials could not log to MLflow, from their results
-        status = "finished" if s2["errored"] == 0 and s2["finished"] == sp.n_trials else "failed"
-        # the report reads both records
-        timing = timing_record(plan, t_start, s2, p1.train_time_s, stage1_wall)
-        write_meta(plan, status=status)
-        kill_point("stage3-start")
-        stage3(plan, runs)
-        if runs.parent:
-            runs.safe("timing", runs.tracker.log_metrics, runs.parent,
-                      {f"pipeline/{k}": v for k, v in timing.to_dict().items()
-                       if isinstance(v, (int, float))})
-            runs.safe("finish", runs.tracker.finish, runs.parent,
-                      "FINISHED" if status == "finished" else "FAILED")
-        say(f"[pipeline] {status}: {s2['finished']}/{sp.n_trials} trials finished, "
-            f"{s2['errored']} errored; wall {timing.wall_s:.1f} s "
-            f"(trials' own training {timing.sum_trial_train_s:.1f} s)")
-        say(f"[pipeline] results: {lay.results_dir}   report: {lay.report_dir}")
-        if status != "finished":
-            say("[pipeline] unfinished or errored trials continue from their checkpoints with "
-                f"`make resume NAME={plan.name}` (python -m pipelines.run resume --name "
-                f"{plan.name} --root {lay.root}); `make status` shows their errors")
-        say(f"[pipeline] MLflow: {ui_hint(plan, runs)}")
-        kill_point("end")
-        return 0 if status == "finished" else 1
+        return execute_waves(plan, ray, cluster, t_start)
     except BaseException:
         write_meta(plan, status="interrupted")
-        if runs.parent:
-            runs.safe("finish", runs.tracker.finish, runs.parent, "FAILED")
         raise
     finally:
         if ray is not None:
@@ -156,25 +113,27 @@ def ui_hint(plan: Plan, runs: Runs) -> str:
 
 
 
-# -- a run into a store: waves of Phase-1 checkpoints ----------------------------------------
+# -- every run: waves of Phase-1 checkpoints --------------------------------------------------
 
 
 def wave_size(plan: Plan, cluster: ClusterInfo) -> int:
     """How many Phase-1 checkpoints train at once in a wave: one per GPU with GPU trials,
-    else one per `--stage1-cpus` CPUs (default 1) of the cluster."""
+    else one per `--stage1-cpus` CPUs of the cluster; without `--stage1-cpus` on CPUs, all
+    of them (Stage 1 shares the CPUs among its tasks, `stages.stage1_resources`)."""
     if uses_gpu(plan):
         return max(1, int(sum(n.gpus for n in cluster.nodes)))
-    per = float(plan.stage1_cpus or 1.0)
-    return max(1, int(sum(n.cpus for n in cluster.nodes) // per))
+    if not plan.stage1_cpus:
+        return max(1, len(plan.phase1_slots))
+    return max(1, int(sum(n.cpus for n in cluster.nodes) // float(plan.stage1_cpus)))
 
 
-def wave_plan(plan: Plan, seeds: list) -> Plan:
+def wave_plan(plan: Plan, wave: list) -> Plan:
     """The plan narrowed to one wave's Phase-1 checkpoints, with its own Tune experiment
-    (`stage2-p1s<k>...`; `stage2` for a grid's single checkpoint)."""
-    from pipelines.layout import EXPERIMENT_DIRNAME, Layout
-
-    keys = [k for k in seeds if k is not None]
-    tag = EXPERIMENT_DIRNAME + ("-p1s" + "-".join(map(str, keys)) if keys else "")
+    (`stage2-p1s<k>...`); the plan itself when the wave holds all of them (`stage2`)."""
+    if len(wave) == len(plan.phase1_slots):
+        return plan
+    keys = [s.seed for s in wave]
+    tag = EXPERIMENT_DIRNAME + "-p1s" + "-".join(map(str, keys))
     return dataclasses.replace(
         plan, space=plan.space.derive(phase1_seeds=tuple(keys)),
         layout=Layout(plan.layout.root, plan.layout.name, experiment=tag))
@@ -184,107 +143,136 @@ def _past_deadline(plan: Plan, t_start: float) -> bool:
     return plan.max_wall_s is not None and time.time() - t_start >= plan.max_wall_s
 
 
-def _stop_at_deadline(plan: Plan) -> int:
-    """One line: what of this run's piece is not in the store, and how to continue."""
-    from pipelines.store import units_left
+def _done(plan: Plan):
+    """Where a unit of this run counts as done: the store, else the run's own units."""
+    return plan.store if plan.store is not None else plan.layout.units
 
-    p1, tr = units_left(plan.store, plan.piece_slots, plan.piece_trials)
-    left = [s.seed for s in plan.piece_slots if not plan.store.stage1_json(s.seed).is_file()
-            or any(not plan.store.result(t).is_file() for t in plan.piece_trials
+
+def _stop_at_deadline(plan: Plan) -> int:
+    """One line: what of this run is not done, and how to continue."""
+    done = _done(plan)
+    p1, tr = st.units_left(done, plan.phase1_slots, plan.space.trials)
+    left = [s.seed for s in plan.phase1_slots if not done.stage1_json(s.seed).is_file()
+            or any(not done.result(t).is_file() for t in plan.space.trials
                    if t.phase1_seed == s.seed)]
     seeds = ",".join(str(k) for k in left if k is not None)
     write_meta(plan, status="stopped")
     say(f"[pipeline] stopped at --max-wall {plan.max_wall_s:g} s: {p1} Phase-1 and {tr} trial "
-        f"unit(s) of this run not in the store {plan.store.root}; continue with `make resume "
+        f"unit(s) of this run not done in {done.root}; continue with `make resume "
         f"NAME={plan.name} RUNS={plan.layout.root}` (python -m pipelines.run resume --name "
         f"{plan.name} --root {plan.layout.root})"
         + (f", or on another machine `make pipeline STORE={plan.store.root} "
-           f"PHASE1_SEEDS={seeds} ...`" if seeds else ""))
+           f"PHASE1_SEEDS={seeds} ...`" if seeds and plan.store is not None else ""))
     return 0
 
 
 def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
-    """A run into a store: its Phase-1 checkpoints in waves of `wave_size`: each wave
-    adopts what the store has, trains and publishes its missing checkpoints, then runs the
-    trials of those checkpoints (each trial publishes itself) before the next wave starts,
-    so a run stopped between waves (`--max-wall`) leaves whole checkpoints. Returns 0 when
-    every trial of the run's piece is in the store (or the deadline stopped it), else 1."""
-    from pipelines import store as st
-    from pipelines.tracking import open_tracking
-
-    slots = plan.piece_slots
+    """Every run: its Phase-1 checkpoints in waves of `wave_size`; each wave adopts what the
+    store has (`store.adopt_phase1`, `store.adopt_trials`), trains its missing checkpoints
+    (each published to the store as it lands), then the trials of those checkpoints (each
+    trial publishes itself) before the next wave starts, so a run stopped between waves
+    (`--max-wall`) leaves whole checkpoints. Then Stage 3 (`finish`). Returns 0 when every
+    unit of the run is done (or the deadline stopped it), else 1."""
+    slots = plan.phase1_slots
     size = wave_size(plan, cluster)
     waves = [slots[i:i + size] for i in range(0, len(slots), size)]
-    say(f"[store] {plan.store.root}: {len(slots)} Phase-1 checkpoint(s) of this run in "
-        f"{len(waves)} wave(s) of up to {size}; {plan.space.name} trials follow each wave")
-    runs = open_tracking(plan)
+    if plan.store is not None or len(waves) > 1:
+        say(f"[pipeline] {len(slots)} Phase-1 checkpoint(s) in {len(waves)} wave(s) of up to "
+            f"{size}; the trials of each follow it"
+            + (f"; store {plan.store.root}" if plan.store is not None else ""))
+    runs = Runs()
     totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
               "compile_warm_s": 0.0}
     p1_train = stage1_wall = 0.0
     digests: dict = {}
-    for wave in waves:
-        if _past_deadline(plan, t_start):
-            return _stop_at_deadline(plan)
-        wplan = wave_plan(plan, [s.seed for s in wave])
-        trials = wplan.space.trials
-        if st.units_left(plan.store, wave, trials) == (0, 0):
-            say(f"[store] {', '.join(s.label for s in wave)}: every unit is in the store")
-            continue
-        for slot in wave:
-            adopt_phase1(wplan, slot)
-        n = st.adopt_results(wplan, trials)
-        if n:
-            say(f"[store] adopted {n} stored result(s) of this wave")
-        provs = {}
-        for slot in wave:
-            config, digest = st.phase1_unit_config(slot)
-            provs[slot.seed] = st.start_provenance(
-                unit=slot.label, kind="phase1", config=config, digest=digest,
-                run=str(plan.layout.run_dir), accelerator="gpu" if uses_gpu(plan) else "cpu")
-            if not plan.store.stage1_json(slot.seed).is_file():
-                st.write_started(plan.store, plan.store.phase1_provenance(slot.seed),
-                                 plan.store.stage1_json(slot.seed), provs[slot.seed],
-                                 slot.dir / "provenance.json")
-
-        def publish(job, res, provs=provs):
-            prov = provs[job.slot.seed]
-            if res.get("device_kind"):
-                prov = dataclasses.replace(prov, device=res["device_kind"])
-            st.publish_phase1(plan.store, job.slot, prov)
-
-        t1 = time.time()
-        jobs = stage1_start(wplan, ray, cluster)
-        kill_point("stage1-submitted")
-        p1 = stage1_finish(wplan, ray, jobs, runs, on_recorded=publish)
-        stage1_wall += time.time() - t1
-        p1_train += p1.train_time_s
-        digests.update(p1.digests)
-        for slot in wave:  # trained before a kill, or adopted: the store has it either way
-            if not plan.store.stage1_json(slot.seed).is_file():
-                st.publish_phase1(plan.store, slot, provs[slot.seed])
-            # another writer's, where it landed first
-            p1.digests[slot.seed] = adopt_phase1(wplan, slot) or p1.digests[slot.seed]
-        s2 = stage2(wplan, runs, p1)
-        for k in totals:
-            totals[k] += s2.get(k, 0.0)
-        for t in trials:  # what a trial could not publish itself
-            tdir, res = wplan.layout.trial_dir(t), wplan.layout.result_path(t)
-            if res.is_file() and not plan.store.result(t).is_file():
-                scratch = st.Provenance.read(tdir / "provenance.json")
-                if scratch.config_hash:
+    stopped = False
+    publish = None if plan.store is None else (
+        lambda job, res: st.publish_phase1(plan.store, job.slot))
+    accelerator = "gpu" if uses_gpu(plan) else "cpu"
+    try:
+        for i, wave in enumerate(waves):
+            if i and _past_deadline(plan, t_start):
+                stopped = True
+                break
+            wplan = wave_plan(plan, wave)
+            trials = wplan.space.trials
+            for slot in wave:
+                st.adopt_phase1(wplan, slot)
+                st.start_phase1(wplan, slot, accelerator)
+            if n := st.adopt_trials(wplan, trials):
+                say(f"[store] adopted {n} stored trial unit(s) of this wave")
+            t1 = time.time()
+            jobs = stage1_start(wplan, ray, cluster)
+            kill_point("stage1-submitted")
+            if runs.tracker is None:
+                runs = open_tracking(plan)
+            p1 = stage1_finish(wplan, ray, jobs, runs, on_recorded=publish)
+            stage1_wall += time.time() - t1
+            p1_train += p1.train_time_s
+            for slot in wave:  # trained before a kill, or adopted: the store has it either way
+                if plan.store is not None and not plan.store.stage1_json(slot.seed).is_file():
+                    st.publish_phase1(plan.store, slot)
+                # another writer's, where it landed first
+                p1.digests[slot.seed] = st.adopt_phase1(wplan, slot) or p1.digests[slot.seed]
+            digests.update(p1.digests)
+            if any(not wplan.layout.result_path(t).is_file() for t in trials):
+                s2 = stage2(wplan, runs, p1)
+            else:
+                say(f"[stage 2/3] every trial of {', '.join(s.label for s in wave)} has its "
+                    "result")
+                s2 = {"finished": len(trials)}
+            for k in totals:
+                totals[k] += s2.get(k, 0.0)
+            kill_point("stage2-done")
+            for t in trials if plan.store is not None else ():  # what a trial could not
+                if wplan.layout.result_path(t).is_file() and not plan.store.result(t).is_file():
                     say(f"[store] {t.name}: "
-                        f"{st.publish_trial(plan.store, t, tdir, res, scratch)}")
-    p1_left, tr_left = st.units_left(plan.store, slots, plan.piece_trials)
-    totals["n_trials"] = len(plan.piece_trials)
-    timing_record(plan, t_start, totals, p1_train, stage1_wall)
-    status = "finished" if p1_left == tr_left == 0 else "failed"
-    write_meta(plan, status=status, **({"phase1_sha256s": {str(k): v for k, v in
-                                                           digests.items()}}
-                                       if digests and None not in digests else {}))
+                        f"{st.publish_trial(plan.store, plan.layout.units, t)}")
+        return finish(plan, runs, t_start, totals, p1_train, stage1_wall, digests, stopped)
+    except BaseException:
+        if runs.parent:
+            runs.safe("finish", runs.tracker.finish, runs.parent, "FAILED")
+        raise
+
+
+def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float,
+           stage1_wall: float, digests: dict, stopped: bool) -> int:
+    """Stage 3 of every run: MLflow completed from every unit of the run (adopted ones
+    included), the records, the report (the run's, and the store's), the timing logged to
+    the parent run, and the closing lines."""
+    lay, sp = plan.layout, plan.space
+    backfill_results(lay, runs)  # what trials could not log to MLflow, from their results
+    p1_left, tr_left = st.units_left(_done(plan), plan.phase1_slots, sp.trials)
+    status = "stopped" if stopped else (
+        "finished" if p1_left == tr_left == 0 and not totals["errored"] else "failed")
+    totals["n_trials"] = sp.n_trials
+    timing = timing_record(plan, t_start, totals, p1_train, stage1_wall)
+    if None in digests or not digests:
+        write_meta(plan, status=status)
+    else:
+        write_meta(plan, status=status,
+                   phase1_sha256s={str(k): v for k, v in digests.items()})
+    kill_point("stage3-start")
+    stage3(plan, runs)
     if runs.parent:
+        runs.safe("timing", runs.tracker.log_metrics, runs.parent,
+                  {f"pipeline/{k}": v for k, v in timing.to_dict().items()
+                   if isinstance(v, (int, float))})
         runs.safe("finish", runs.tracker.finish, runs.parent,
-                  "FINISHED" if status == "finished" else "FAILED")
-    say(f"[pipeline] {status}: {len(plan.piece_trials) - tr_left}/{len(plan.piece_trials)} "
-        f"trial unit(s) and {len(slots) - p1_left}/{len(slots)} Phase-1 unit(s) of this run "
-        f"are in the store {plan.store.root}; report: `make report STORE={plan.store.root}`")
-    return 0 if status == "finished" else 1
+                  "FAILED" if status == "failed" else "FINISHED")
+    done = sp.n_trials - tr_left
+    say(f"[pipeline] {status}: {done}/{sp.n_trials} trials finished, {totals['errored']} "
+        f"errored; wall {timing.wall_s:.1f} s (trials' own training "
+        f"{timing.sum_trial_train_s:.1f} s)")
+    say(f"[pipeline] results: {lay.results_dir}   report: {lay.report_dir}"
+        + (f"   store: {plan.store.root} (report: {plan.store.root / 'report'})"
+           if plan.store is not None else ""))
+    if stopped:
+        _stop_at_deadline(plan)
+    elif status != "finished":
+        say("[pipeline] unfinished or errored trials continue from their checkpoints with "
+            f"`make resume NAME={plan.name}` (python -m pipelines.run resume --name "
+            f"{plan.name} --root {lay.root}); `make status` shows their errors")
+    say(f"[pipeline] MLflow: {ui_hint(plan, runs)}")
+    kill_point("end")
+    return 1 if status == "failed" else 0
