@@ -352,13 +352,18 @@ def land_phase1(slot: Phase1Slot, sha256: str, device: str | None) -> None:
 
 def start_trial(ctx, trial: TrialId, cfg, digest: str, accelerator: str) -> Provenance:
     """A trial starts: its provenance into the run's unit, and the store's unless the store
-    holds the unit."""
+    holds the unit. A unit the run holds from this checkpoint (adopted, or finished before
+    a driver died: it is reused, not trained) keeps its own."""
+    units = ctx.layout.units
+    held = read_json(units.result(trial))
+    if isinstance(held, dict) and held.get("phase1_sha256") == digest:
+        return Provenance.read(units.provenance(trial))
     config = unit_config(cfg.flat())
     prov = start_provenance(unit=trial.name, kind="trial", config=config,
                             digest=config_hash(config), run=f"{ctx.root}/{ctx.name}",
                             accelerator=accelerator, phase1_sha256=digest)
     store = StoreLayout(Path(ctx.store)) if ctx.store else None
-    write_started(ctx.layout.units.provenance(trial), _stored(store).result(trial), prov,
+    write_started(units.provenance(trial), _stored(store).result(trial), prov,
                   store, _stored(store).provenance(trial))
     return prov
 

@@ -87,6 +87,23 @@ class TrialContext:
             raise ValueError("TrialContext.phase1_sha256s must be {str(phase1_seed): sha256}, "
                              f"got {self.phase1_sha256s!r}")
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickle; a context pickled before issue 51 (in a Tune experiment's state: the
+        MLflow callback's) held the config as `train_config` (a dict) and the variants:
+        rebuilt from it and the run's recorded grid, so such a run still resumes."""
+        if "train_config" in state:
+            from pmnet.train import TrainConfig
+            from tune_spaces import Space
+
+            lay = Layout(state["root"], state["name"])
+            state = {"root": state["root"], "name": state["name"],
+                     "cfg": TrainConfig.from_dict(state["train_config"]),
+                     "space": Space.from_dict(read_json(lay.pipeline_json, {})["space"]),
+                     "phase1_sha256": state["phase1_sha256"],
+                     "phase1_sha256s": state.get("phase1_sha256s", {}),
+                     "store": state.get("store")}
+        self.__dict__.update(state)
+
     @property
     def layout(self) -> Layout:
         return Layout(self.root, self.name)

@@ -107,6 +107,10 @@ CONCERN = {
     "landed": RECORD, "adopt_phase1": STORE, "adopt_results": STORE, "publish_phase1": STORE,
     "publish_trial": STORE, "units_left": STORE, "_store_start": STORE,
     "_store_publish": STORE, "_diagnose": STORE, "_trained_phase1_config": VALID,
+    # one layout, one path (issue 51)
+    "_done": STORE, "finish": ORCH, "install_phase1": STUDY, "start_phase1": RECORD,
+    "land_phase1": RECORD, "start_trial": RECORD, "land_trial": RECORD, "_stored": STORE,
+    "copy_unit": STORE, "adopt_trials": STORE,
 }
 
 
