@@ -22,7 +22,7 @@ from pipelines import store as st
 from pipelines.cluster import ClusterInfo, check_storage, describe_ray, init_ray
 from pipelines.console import say
 from pipelines.faults import kill_point
-from pipelines.layout import EXPERIMENT_DIRNAME, Layout, PipelineError
+from pipelines.layout import EXPERIMENT_DIRNAME, Layout, PipelineError, read_json
 from pipelines.lock import RunLock
 from pipelines.plan import Plan, resource_problem, uses_gpu
 from pipelines.stages import stage1_finish, stage1_start, stage2, stage3, timing_record, write_meta
@@ -215,11 +215,12 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
                 # another writer's, where it landed first
                 p1.digests[slot.seed] = st.adopt_phase1(wplan, slot) or p1.digests[slot.seed]
             digests.update(p1.digests)
-            if any(not wplan.layout.result_path(t).is_file() for t in trials):
+            if any((read_json(wplan.layout.result_path(t)) or {}).get("phase1_sha256")
+                   != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
                 s2 = stage2(wplan, runs, p1)
             else:
                 say(f"[stage 2/3] every trial of {', '.join(s.label for s in wave)} has its "
-                    "result")
+                    "result from its checkpoint")
                 s2 = {"finished": len(trials)}
             for k in totals:
                 totals[k] += s2.get(k, 0.0)

@@ -298,10 +298,11 @@ def start_provenance(*, unit: str, kind: str, config: dict, digest: str, run: st
                       started=time.time(), phase1_sha256=phase1_sha256)
 
 
-def write_started(run: Path, commit_record: Path, prov: Provenance,
-                  store: StoreLayout | None = None, stored: Path | None = None) -> None:
+def write_started(run: Path, prov: Provenance, store: StoreLayout | None = None,
+                  stored: Path | None = None, commit_record: Path | None = None) -> None:
     """A unit starts: its provenance into the run's unit (`run`; kept from the first attempt)
-    and, with a store that does not hold the unit, into the store's (`stored`)."""
+    and, with a store that does not hold the unit (no `commit_record`), into the store's
+    (`stored`)."""
     if not run.is_file() or Provenance.read(run).config_hash != prov.config_hash:
         prov.write(run)
     if store is not None and not commit_record.is_file():
@@ -335,8 +336,8 @@ def start_phase1(plan, slot: Phase1Slot, accelerator: str) -> None:
     config, digest = phase1_unit_config(slot)
     prov = start_provenance(unit=slot.label, kind="phase1", config=config, digest=digest,
                             run=str(plan.layout.run_dir), accelerator=accelerator)
-    write_started(units.phase1_provenance(slot.seed), _stored(store).stage1_json(slot.seed),
-                  prov, store, _stored(store).phase1_provenance(slot.seed))
+    write_started(units.phase1_provenance(slot.seed), prov, store, *(() if store is None else (
+        store.phase1_provenance(slot.seed), store.stage1_json(slot.seed))))
 
 
 def land_phase1(slot: Phase1Slot, sha256: str, device: str | None) -> None:
@@ -363,8 +364,8 @@ def start_trial(ctx, trial: TrialId, cfg, digest: str, accelerator: str) -> Prov
                             digest=config_hash(config), run=f"{ctx.root}/{ctx.name}",
                             accelerator=accelerator, phase1_sha256=digest)
     store = StoreLayout(Path(ctx.store)) if ctx.store else None
-    write_started(units.provenance(trial), _stored(store).result(trial), prov,
-                  store, _stored(store).provenance(trial))
+    write_started(units.provenance(trial), prov, store, *(() if store is None else (
+        store.provenance(trial), store.result(trial))))
     return prov
 
 
@@ -374,11 +375,6 @@ def land_trial(units: StoreLayout, trial: TrialId, trial_dir: Path, prov: Proven
     before."""
     landed(units.provenance(trial), prov).write(units.provenance(trial))
     atomic_copy(trial_dir / "result.json", units.result(trial))
-
-
-def _stored(store: StoreLayout | None) -> StoreLayout:
-    """The store's layout, or a placeholder that holds nothing (paths only, never written)."""
-    return store if store is not None else StoreLayout(Path("/nonexistent-store"))
 
 
 # -- adopt ----------------------------------------------------------------------------------
