@@ -25,7 +25,15 @@ from pipelines.faults import kill_point
 from pipelines.layout import EXPERIMENT_DIRNAME, Layout, PipelineError, read_json
 from pipelines.lock import RunLock
 from pipelines.plan import Plan, resource_problem, uses_gpu
-from pipelines.stages import stage1_finish, stage1_start, stage2, stage3, timing_record, write_meta
+from pipelines.stages import (
+    record_phase1,
+    stage1_finish,
+    stage1_start,
+    stage2,
+    stage3,
+    timing_record,
+    write_meta,
+)
 from pipelines.tracking import Runs, backfill_results, open_tracking
 
 
@@ -184,7 +192,6 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
     totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
               "compile_warm_s": 0.0}
     p1_train = stage1_wall = 0.0
-    digests: dict = {}
     stopped = False
     publish = None if plan.store is None else (
         lambda job, res: st.publish_phase1(plan.store, job.slot))
@@ -212,9 +219,11 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
             for slot in wave:  # trained before a kill, or adopted: the store has it either way
                 if plan.store is not None and not plan.store.stage1_json(slot.seed).is_file():
                     st.publish_phase1(plan.store, slot)
-                # another writer's, where it landed first
-                p1.digests[slot.seed] = st.adopt_phase1(wplan, slot) or p1.digests[slot.seed]
-            digests.update(p1.digests)
+            theirs = {s.seed: d for s in wave  # another writer's, where it landed first
+                      if (d := st.adopt_phase1(wplan, s)) and d != p1.digests[s.seed]}
+            if theirs:
+                p1.digests.update(theirs)
+                record_phase1(wplan, theirs)
             if any((read_json(wplan.layout.result_path(t)) or {}).get("phase1_sha256")
                    != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
                 s2 = stage2(wplan, runs, p1)
@@ -229,7 +238,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
                 if wplan.layout.result_path(t).is_file() and not plan.store.result(t).is_file():
                     say(f"[store] {t.name}: "
                         f"{st.publish_trial(plan.store, plan.layout.units, t)}")
-        return finish(plan, runs, t_start, totals, p1_train, stage1_wall, digests, stopped)
+        return finish(plan, runs, t_start, totals, p1_train, stage1_wall, stopped)
     except BaseException:
         if runs.parent:
             runs.safe("finish", runs.tracker.finish, runs.parent, "FAILED")
@@ -237,7 +246,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
 
 
 def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float,
-           stage1_wall: float, digests: dict, stopped: bool) -> int:
+           stage1_wall: float, stopped: bool) -> int:
     """Stage 3 of every run: MLflow completed from every unit of the run (adopted ones
     included), the records, the report (the run's, and the store's), the timing logged to
     the parent run, and the closing lines."""
@@ -248,11 +257,7 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
         "finished" if p1_left == tr_left == 0 and not totals["errored"] else "failed")
     totals["n_trials"] = sp.n_trials
     timing = timing_record(plan, t_start, totals, p1_train, stage1_wall)
-    if None in digests or not digests:
-        write_meta(plan, status=status)
-    else:
-        write_meta(plan, status=status,
-                   phase1_sha256s={str(k): v for k, v in digests.items()})
+    write_meta(plan, status=status)
     kill_point("stage3-start")
     stage3(plan, runs)
     if runs.parent:

@@ -66,18 +66,9 @@ class Plan:
     def phase1_slots(self) -> list[Phase1Slot]:
         """The Phase-1 checkpoints Stage 1 provides: one, or one per Phase-1 seed of the
         grid (`Space.phase1_seeds`)."""
-        seeds = tuple(getattr(self.space, "phase1_seeds", ()) or ())
-        if not seeds:
-            return [Phase1Slot(None, self.cfg, self.layout.phase1_dir)]
-        return [Phase1Slot(k, dataclasses.replace(self.cfg, phase1_seed=k),
-                           self.layout.phase1_dir_for(k)) for k in seeds]
-
-    def phase1_slot(self, phase1_seed: int | None) -> Phase1Slot:
-        for slot in self.phase1_slots:
-            if slot.seed == phase1_seed:
-                return slot
-        raise PipelineError(f"pipeline {self.name!r} has no Phase-1 checkpoint for Phase-1 "
-                            f"seed {phase1_seed!r}")
+        return [Phase1Slot(k, self.cfg if k is None else dataclasses.replace(
+            self.cfg, phase1_seed=k), self.layout.phase1_dir_for(k))
+            for k in self.space.phase1_keys]
 
 
 def choose_preset(preset: str | None, cluster: ClusterInfo) -> tuple[str, str]:
@@ -481,7 +472,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     if problem:
         raise PipelineError(f"pipeline {name!r} cannot continue here: {problem}")
     src = meta.phase1_from
-    if isinstance(src, dict) and not plan.phase1_slot(src.get("slot_seed")).ckpt.is_file():
+    if isinstance(src, dict) and not lay.units.phase1_ckpt(src.get("slot_seed")).is_file():
         # imported, then removed: import it again (checked again)
         plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), plan.phase1_slots)
     plan = _check_resources(plan)

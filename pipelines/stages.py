@@ -291,9 +291,11 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
     jobs = []
     for slot in slots:
         digest = existing_phase1(slot, repair=True)
-        if digest is None and plan.phase1_from is not None \
-                and plan.phase1_from.slot_seed == slot.seed:
-            digest = import_phase1(plan, slot)
+        src = plan.phase1_from
+        if digest is None and src is not None and src.slot_seed == slot.seed:
+            digest = install_phase1(slot, src)  # recorded: a resume imports it again if gone
+            write_meta(plan, phase1_from=src.to_dict(),
+                       **({"phase1_sha256": digest} if slot.seed is None else {}))
         if digest is not None:
             tag = f" {slot.label}:" if len(slots) > 1 else ""
             say(f"[stage 1/3]{tag} skipped: {slot.ckpt} exists with a valid sha256 "
@@ -319,17 +321,6 @@ def stage1_start(plan: Plan, ray, cluster) -> list[Stage1Job]:
                                   slot.cfg.to_dict(), str(slot.dir), int(res.cpus),
                                   str(plan.layout.compile_cache))))
     return jobs
-
-
-def import_phase1(plan: Plan, slot: Phase1Slot) -> str:
-    """Install the checked `--phase1-from` checkpoint into the slot's unit
-    (`phase1.install_phase1`) and record it in pipeline.json (a resume imports it again if
-    it is removed); return its sha256."""
-    src = plan.phase1_from
-    digest = install_phase1(slot, src)
-    write_meta(plan, phase1_from=src.to_dict(),
-               **({"phase1_sha256": src.sha256} if slot.seed is None else {}))
-    return digest
 
 
 def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
@@ -359,15 +350,22 @@ def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
             raise PipelineError(f"Stage 1 (Phase 1) failed: {e}") from e
     digests = {job.slot.seed: job.digest for job in jobs}
     single = list(digests) == [None]
-    if single:
-        write_meta(plan, phase1_sha256=digests[None])
-    else:
-        write_meta(plan, phase1_sha256s={str(k): v for k, v in digests.items()})
+    record_phase1(plan, digests)
     if runs.parent:
         runs.safe("parent tags", runs.tracker.set_tags, runs.parent,
                   {"phase1_sha256": digests[None]} if single else
                   {f"phase1_sha256.p1s{k}": v for k, v in digests.items()})
     return Stage1Result(digests=digests, train_time_s=sum(j.train_time_s for j in running))
+
+
+def record_phase1(plan: Plan, digests: dict) -> None:
+    """pipeline.json's sha256 of the Phase-1 checkpoints (`phase1_sha256` for a grid's
+    single one; `phase1_sha256s` by Phase-1 seed, beside the earlier waves')."""
+    if list(digests) == [None]:
+        write_meta(plan, phase1_sha256=digests[None])
+    else:
+        known = PipelineRecord.read(plan.layout.pipeline_json).phase1_sha256s or {}
+        write_meta(plan, phase1_sha256s={**known, **{str(k): v for k, v in digests.items()}})
 
 
 def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:

@@ -8,7 +8,9 @@ The trial
    per epoch; a callback sends each epoch's metrics through `tune.report` with a tiny
    checkpoint directory holding only `meta.json` (epoch, final flag, which last.ckpt), so no
    weights are copied through Tune;
-3. copies result.json to `<run>/results/<trial>.json`.
+3. lands its unit in the run (`pipelines.store.land_trial`: its diagnostics where its grid
+   declares them, its provenance completed, then `<run>/results/<trial>.json` last) and,
+   with a store, publishes it there (`pipelines.store.publish_trial`).
 
 A trial never opens MLflow: the driver logs what it reports to Tune and its result file
 (`pipelines.tracking.TrialRuns`).

@@ -108,7 +108,8 @@ CONCERN = {
     "publish_trial": STORE, "units_left": STORE, "_diagnose": STORE,
     "_trained_phase1_config": VALID,
     # one layout, one path (issue 51)
-    "_done": STORE, "finish": ORCH, "install_phase1": STUDY, "start_phase1": RECORD,
+    "_done": STORE, "finish": ORCH, "record_phase1": RECORD, "install_phase1": STUDY,
+    "start_phase1": RECORD,
     "land_phase1": RECORD, "start_trial": RECORD, "land_trial": RECORD,
     "copy_unit": STORE, "adopt_trials": STORE,
 }
