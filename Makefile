@@ -77,10 +77,10 @@ gpu-check: $(GPU_CHECK_DEPS) ## run first on a new GPU: the GPU path's predictio
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py
 
-pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug|small|medium, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints|checkpoint_channel, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run PRESET=paper without a GPU; STORE=dir fills a durable store, PHASE1_SEEDS=3,4 picks the grid's checkpoints this run does, MAX_WALL=seconds stops between checkpoints)
+pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug|small|medium, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints|checkpoint_channel, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run PRESET=paper without a GPU; STORE=dir fills a durable store as well (and rebuilds its report), PHASE1_SEEDS=3,4 sets the grid's Phase-1 checkpoints, MAX_WALL=seconds stops between waves of checkpoints and pauses a Phase 1 at an epoch end)
 	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(CONDITIONS),--conditions $(CONDITIONS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(NAME),--name $(NAME)) $(if $(PHASE1),--phase1-from $(PHASE1)) $(if $(GPU_MEM),--gpu-mem $(GPU_MEM)) $(if $(ALLOW_CPU_PAPER),--allow-cpu-paper) $(if $(STORE),--store $(STORE)) $(if $(PHASE1_SEEDS),--phase1-seeds $(PHASE1_SEEDS)) $(if $(MAX_WALL),--max-wall $(MAX_WALL)) --root $(RUNS)
 
-resume: install ## resume the last (or NAME=...) pipeline (MAX_WALL=seconds: stop between checkpoints of a store run)
+resume: install ## resume the last (or NAME=...) pipeline (MAX_WALL=seconds: stop between waves of checkpoints)
 	$(PY) -m pipelines.run resume $(if $(NAME),--name $(NAME)) $(if $(MAX_WALL),--max-wall $(MAX_WALL)) --root $(RUNS)
 
 status: install ## table of trials of the last (or NAME=...) pipeline, read from disk

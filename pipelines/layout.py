@@ -1,5 +1,9 @@
 """Storage layout of a pipeline run, trial naming, and the small JSON files on disk.
 
+A run directory is its own store plus scratch: its units (Phase-1 checkpoints, trials) are
+laid out by `pmnet.store_layout.StoreLayout` exactly as in a durable store (`Layout.units`),
+and the rest is the run's own:
+
     <root>/                              storage root (absolute; shared storage on a cluster)
       mlflow.db  mlartifacts/            embedded MLflow store (all pipelines of this root;
                                          written by each pipeline's driver, no server)
@@ -11,14 +15,14 @@
         config.json                      the full TrainConfig (TrainConfig.to_dict())
         tracking.json                    MLflow experiment id and run ids (parent, stages)
         timing.json                      wall time vs. the trials' own training time
-        phase1/phase1.pt(.sha256)        Stage 1: the shared Phase-1 checkpoint (read-only)
-        phase1/stage1.json               the config hash it was trained with, its sha256
-        phase1-p1s<k>/                   the same, per Phase-1 seed k (grid phase1_variance)
-        stage2/                          Stage 2: the Tune experiment (Tuner.restore-able)
-        stage2.json                      the Phase-1 sha256 its trials were trained from
-        stage2-p1s<k>/, stage2-p1s<k>.json   the same per wave of a run into a store
-        trials/<trial>/                  each trial's run_phase2 out_dir + trial.json
-        results/<trial>.json             each finished trial's result (Stage 3 input)
+        phase1[-p1s<k>]/ diagnostics/ provenance/ results/
+                                         the units (pmnet.store_layout; a Phase-1 unit's
+                                         directory also holds Lightning's phase1_ckpt/ and
+                                         the task's started.json and progress.json)
+        stage2[-p1s<k>...]/              Stage 2: the Tune experiment of a wave of Phase-1
+                                         checkpoints (`stage2` when one wave holds them all)
+        stage2[-p1s<k>...].json          the Phase-1 sha256 its trials were trained from
+        trials/<trial>/                  each trial's run_phase2 out_dir + trial.json (scratch)
         report/                          Stage 3: tables and figures (pmnet.report)
         logs/                            the driver's log and error tracebacks
 
@@ -39,6 +43,7 @@ from typing import Any
 
 from pmnet.conditions import PHASE2_ONLY_FIELDS  # noqa: F401  (re-exported)
 from pmnet.io import atomic_write_json
+from pmnet.store_layout import StoreLayout
 from pmnet.trial_id import TrialId
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -66,7 +71,8 @@ class Layout:
     root: Path
     name: str
     # the Tune experiment's directory name: `stage2`, or one per wave of Phase-1 checkpoints
-    # of a run into a store (`stage2-p1s<k>[-<k'>...]`, `pipelines.store.wave_layout`)
+    # when the run's checkpoints train in several waves (`stage2-p1s<k>[-<k'>...]`,
+    # `pipelines.driver.wave_plan`)
     experiment: str = EXPERIMENT_DIRNAME
 
     def __post_init__(self):
@@ -114,22 +120,27 @@ class Layout:
         return self.run_dir / "timing.json"
 
     @property
+    def units(self) -> StoreLayout:
+        """The run's units, laid out as in a durable store (pmnet.store_layout)."""
+        return StoreLayout(self.run_dir)
+
+    @property
     def phase1_dir(self) -> Path:
-        return self.run_dir / "phase1"
+        return self.units.phase1_dir(None)
 
     def phase1_dir_for(self, phase1_seed: int | None) -> Path:
-        """The Stage-1 directory of one Phase-1 checkpoint: `phase1/` for the pipeline's
+        """The unit directory of one Phase-1 checkpoint: `phase1/` for the pipeline's
         single checkpoint (None), `phase1-p1s<k>/` for Phase-1 seed k of a grid with several
         Phase-1 seeds (issue 11, part 3)."""
-        return self.phase1_dir if phase1_seed is None else self.run_dir / f"phase1-p1s{phase1_seed}"
+        return self.units.phase1_dir(phase1_seed)
 
     @property
     def phase1_ckpt(self) -> Path:
-        return self.phase1_dir / "phase1.pt"
+        return self.units.phase1_ckpt(None)
 
     @property
     def stage1_json(self) -> Path:
-        return self.phase1_dir / "stage1.json"
+        return self.units.stage1_json(None)
 
     @property
     def experiment_dir(self) -> Path:
@@ -149,10 +160,10 @@ class Layout:
 
     @property
     def results_dir(self) -> Path:
-        return self.run_dir / "results"
+        return self.units.results_dir
 
     def result_path(self, trial: TrialId) -> Path:
-        return self.results_dir / f"{trial.name}.json"
+        return self.units.result(trial)
 
     @property
     def report_dir(self) -> Path:

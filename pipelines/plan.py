@@ -53,10 +53,9 @@ class Plan:
     memory: dict = field(default_factory=dict)
     # the Ray nodes (NodeIDs) that saw the storage root when planning checked it (a cluster)
     storage_nodes: frozenset = frozenset()
-    # a durable store the run fills (`--store`, pipelines.store), the grid's Phase-1 seeds
-    # this run does (`--phase1-seeds` with a store; None: all) and its wall-time bound
+    # a durable store the run publishes its units to and adopts from (`--store`,
+    # pipelines.store), and the run's wall-time bound (`--max-wall`: stop between waves)
     store: Any = None  # pmnet.store_layout.StoreLayout
-    pieces: tuple | None = None
     max_wall_s: float | None = None
 
     @property
@@ -67,31 +66,9 @@ class Plan:
     def phase1_slots(self) -> list[Phase1Slot]:
         """The Phase-1 checkpoints Stage 1 provides: one, or one per Phase-1 seed of the
         grid (`Space.phase1_seeds`)."""
-        seeds = tuple(getattr(self.space, "phase1_seeds", ()) or ())
-        if not seeds:
-            return [Phase1Slot(None, self.cfg, self.layout.phase1_dir)]
-        return [Phase1Slot(k, dataclasses.replace(self.cfg, phase1_seed=k),
-                           self.layout.phase1_dir_for(k)) for k in seeds]
-
-    @property
-    def piece_slots(self) -> list[Phase1Slot]:
-        """The Phase-1 checkpoints this run does: its piece of the grid (`pieces`), else all."""
-        if self.pieces is None:
-            return self.phase1_slots
-        return [s for s in self.phase1_slots if s.seed in self.pieces]
-
-    @property
-    def piece_trials(self) -> list:
-        """The trials of this run's piece (those of its Phase-1 checkpoints)."""
-        keys = {s.seed for s in self.piece_slots}
-        return [t for t in self.space.trials if t.phase1_seed in keys]
-
-    def phase1_slot(self, phase1_seed: int | None) -> Phase1Slot:
-        for slot in self.phase1_slots:
-            if slot.seed == phase1_seed:
-                return slot
-        raise PipelineError(f"pipeline {self.name!r} has no Phase-1 checkpoint for Phase-1 "
-                            f"seed {phase1_seed!r}")
+        return [Phase1Slot(k, self.cfg if k is None else dataclasses.replace(
+            self.cfg, phase1_seed=k), self.layout.phase1_dir_for(k))
+            for k in self.space.phase1_keys]
 
 
 def choose_preset(preset: str | None, cluster: ClusterInfo) -> tuple[str, str]:
@@ -181,10 +158,10 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
              store: str | os.PathLike | None = None, max_wall_s: float | None = None) -> Plan:
     """Validate a new pipeline (no training, nothing written). PipelineError/SpaceError if bad.
 
-    `store`: a durable store the run fills (`pipelines.store`); with it `phase1_seeds`
-    picks which of the grid's Phase-1 seeds this run does (its piece; each must be one of
-    the grid's), without it `phase1_seeds` sets the grid's. `max_wall_s`: stop between
-    waves of checkpoints after this many seconds (needs a store).
+    `store`: a durable store the run publishes its units to and adopts from
+    (`pipelines.store`). `phase1_seeds` sets the grid's Phase-1 checkpoints, with or without
+    a store (a piece of a store's study is the grid over some of its checkpoints).
+    `max_wall_s`: stop between waves of checkpoints after this many seconds.
 
     `cluster`: the nodes to plan for (default: `describe_cluster`: this machine without
     starting Ray, or the running cluster at the Ray address). `gpu_mem_gib`: the memory of
@@ -193,7 +170,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     from pmnet.train import TrainConfig
 
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib)
-    check_max_wall(max_wall_s, store)
+    check_max_wall(max_wall_s)
     root = check_writable(storage_root(root))  # before Ray is asked: a bad root costs nothing
     store_layout = None
     if store is not None:
@@ -215,9 +192,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
                         variants=variants, cpus_per_trial=cpus_per_trial,
                         gpus_per_trial=gpus_per_trial, max_concurrent=max_concurrent,
                         max_failures=max_failures, overrides=overrides,
-                        phase1_seeds=None if store_layout is not None else phase1_seeds)
-    pieces = (check_pieces(space, phase1_seeds) if store_layout is not None
-              and phase1_seeds is not None else None)
+                        phase1_seeds=phase1_seeds)
     name = check_name(name or default_name(cfg.preset))
     uri = requested_tracking_uri(tracking_uri)
     if uri and check_tracking:
@@ -225,7 +200,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     plan = Plan(layout=Layout(root, name), cfg=cfg, space=space, preset_reason=reason,
                 overrides=overrides, tracking_uri=uri, ray_address=ray_address,
                 num_cpus=num_cpus, stage1_cpus=stage1_cpus,
-                cluster=cluster, store=store_layout, pieces=pieces, max_wall_s=max_wall_s)
+                cluster=cluster, store=store_layout, max_wall_s=max_wall_s)
     fit_to_cluster(plan, explicit_gpus=gpus_per_trial is not None, gpu_mem_gib=gpu_mem_gib,
                    allow_cpu_paper=allow_cpu_paper)
     if phase1_from is not None:
@@ -238,38 +213,13 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     return plan
 
 
-def check_max_wall(max_wall_s, store) -> None:
+def check_max_wall(max_wall_s) -> None:
     if max_wall_s is None:
         return
     if isinstance(max_wall_s, bool) or not isinstance(max_wall_s, (int, float)) \
             or not max_wall_s > 0 or max_wall_s != max_wall_s:
         raise PipelineError(f"--max-wall must be a positive number of seconds, got "
                             f"{max_wall_s!r}")
-    if store is None:
-        raise PipelineError("--max-wall needs --store: a run stopped at its deadline keeps "
-                            "its finished units in a store (STORE=... for make)")
-
-
-def check_pieces(space: Space, phase1_seeds) -> tuple[int, ...]:
-    """`--phase1-seeds` with a store: which of the grid's Phase-1 seeds this run does."""
-    seeds = _parse_list(phase1_seeds, int)
-    grid = tuple(space.phase1_seeds)
-    if not grid:
-        raise PipelineError(f"--phase1-seeds with --store picks Phase-1 checkpoints of the "
-                            f"grid, and grid {space.name!r} has one (no Phase-1 seeds); "
-                            "leave it out")
-    if not seeds:
-        raise PipelineError("--phase1-seeds is empty; give one or more of the grid's "
-                            f"Phase-1 seeds ({', '.join(map(str, grid))})")
-    stray = [k for k in seeds if k not in grid]
-    if stray:
-        raise PipelineError(f"--phase1-seeds {', '.join(map(str, stray))}: not a Phase-1 seed "
-                            f"of grid {space.name!r} ({', '.join(map(str, grid))}); with "
-                            "--store it picks which of the grid's checkpoints this run does")
-    dup = sorted({k for k in seeds if seeds.count(k) > 1})
-    if dup:
-        raise PipelineError(f"--phase1-seeds: Phase-1 seed(s) listed twice: {dup}")
-    return tuple(k for k in grid if k in seeds)
 
 
 def _check_store(plan: Plan) -> None:
@@ -278,10 +228,11 @@ def _check_store(plan: Plan) -> None:
         return
     from pipelines.store import check_store_units
 
-    check_store_units(plan.store, plan.cfg, plan.space, plan.piece_slots, plan.piece_trials)
+    check_store_units(plan.store, plan.cfg, plan.space, plan.phase1_slots,
+                      plan.space.trials)
     from pipelines.phase1_progress import check_progress
 
-    for slot in plan.piece_slots:  # issue 52: a paused unit's progress, of this config, whole
+    for slot in plan.phase1_slots:  # issue 52: a paused unit's progress, of this config, whole
         check_progress(plan.store, slot)
 
 
@@ -497,6 +448,8 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     except (TypeError, ValueError, KeyError) as e:
         raise PipelineError(f"{lay.pipeline_json}: its 'space' record is not valid ({e})"
                             ) from e
+    if meta.pieces is not None:  # a run recorded before issue 51: its piece is its grid
+        space = space.derive(phase1_seeds=tuple(meta.pieces))
     stored_uri = meta.tracking
     uri = requested_tracking_uri(tracking_uri)
     if uri is None and stored_uri not in (None, EMBEDDED):
@@ -508,7 +461,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     on_cluster = bool(ray_address) and cluster is None and check_resources
     if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
-    check_max_wall(max_wall_s, meta.store)
+    check_max_wall(max_wall_s)
     store = None
     if meta.store and check_resources:  # `report` reads the run, not the store
         from pipelines.store import open_store
@@ -518,13 +471,12 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 overrides=meta.overrides, tracking_uri=uri,
                 ray_address=ray_address, num_cpus=num_cpus,
                 stage1_cpus=stage1_cpus, resumed=True, cluster=cluster, store=store,
-                pieces=tuple(meta.pieces) if meta.pieces is not None else None,
                 max_wall_s=max_wall_s)
     problem = resource_problem(plan, cluster) if check_resources else None
     if problem:
         raise PipelineError(f"pipeline {name!r} cannot continue here: {problem}")
     src = meta.phase1_from
-    if isinstance(src, dict) and not plan.phase1_slot(src.get("slot_seed")).ckpt.is_file():
+    if isinstance(src, dict) and not lay.units.phase1_ckpt(src.get("slot_seed")).is_file():
         # imported, then removed: import it again (checked again)
         plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), plan.phase1_slots)
     plan = _check_resources(plan)

@@ -52,9 +52,9 @@ def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
 
 def _max_wall(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wall", type=float, default=None, metavar="SECONDS",
-                   help="with --store: stop cleanly between waves of Phase-1 checkpoints "
-                        "once this many seconds have passed, and pause a Phase 1 at the last "
-                        "epoch end within them, its progress into the store (exit 0; one "
+                   help="stop cleanly between waves of Phase-1 checkpoints once this many "
+                        "seconds have passed, and pause a Phase 1 at the last epoch end "
+                        "within them (with --store: its progress into the store; exit 0; one "
                         "line says what is left and how to continue)")
 
 
@@ -100,15 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="TrainConfig override, e.g. --set max_epochs=3 --set model.hidden=32")
     p.add_argument("--phase1-seeds", default=None, metavar="K1,K2,...",
-                   help="without --store: nest the grid under one Phase-1 checkpoint per "
-                        "Phase-1 seed (two or more; the Phase-1 variance analysis); grid "
-                        "phase1_variance uses 0,1,2. With --store: which of the grid's "
-                        "Phase-1 seeds this run does (its piece; one or more; a seed not in "
-                        "the grid is refused)")
+                   help="nest the grid under one Phase-1 checkpoint per Phase-1 seed (the "
+                        "Phase-1 variance analysis; grid phase1_variance uses 0,1,2), with or "
+                        "without --store: a piece of a store's study is the grid over some "
+                        "of its checkpoints")
     p.add_argument("--store", default=None, metavar="DIR",
-                   help="a durable store (pmnet.store_layout) this run fills: it adopts the "
-                        "store's finished units and publishes each of its own as it lands; "
-                        "the run directory is scratch. Several runs may fill one store")
+                   help="a durable store (pmnet.store_layout: a run directory's unit layout) "
+                        "this run fills as well: it adopts the store's finished units and "
+                        "publishes each of its own as it lands; the store's report is "
+                        "rebuilt at the end. Several runs may fill one store")
     _max_wall(p)
     p.add_argument("--gpu-mem", type=float, default=None, metavar="GIB",
                    help="memory of each GPU in GiB (default: what nvidia-smi reports on the "

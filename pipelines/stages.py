@@ -29,9 +29,9 @@ from pipelines.faults import kill_point
 from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write_json
 from pipelines.phase1 import (
     Phase1Slot,
-    Phase1Source,
     check_phase1,
     existing_phase1,
+    install_phase1,
     phase1_config_hash,
 )
 from pipelines.plan import Plan, grid_record
@@ -306,9 +306,11 @@ def stage1_start(plan: Plan, ray, cluster, *, deadline_s: float | None = None,
     jobs = []
     for slot in slots:
         digest = existing_phase1(slot, repair=True)
-        if digest is None and plan.phase1_from is not None \
-                and plan.phase1_from.slot_seed == slot.seed:
-            digest = import_phase1(plan, slot)
+        src = plan.phase1_from
+        if digest is None and src is not None and src.slot_seed == slot.seed:
+            digest = install_phase1(slot, src)  # recorded: a resume imports it again if gone
+            write_meta(plan, phase1_from=src.to_dict(),
+                       **({"phase1_sha256": digest} if slot.seed is None else {}))
         if digest is not None:
             tag = f" {slot.label}:" if len(slots) > 1 else ""
             say(f"[stage 1/3]{tag} skipped: {slot.ckpt} exists with a valid sha256 "
@@ -334,67 +336,6 @@ def stage1_start(plan: Plan, ray, cluster, *, deadline_s: float | None = None,
                                   slot.cfg.to_dict(), str(slot.dir), int(res.cpus),
                                   str(plan.layout.compile_cache), deadline_s, stop_file)))
     return jobs
-
-
-def import_phase1(plan: Plan, slot: Phase1Slot, src: Phase1Source | None = None) -> str:
-    """Copy the checked `--phase1-from` checkpoint (or `src`: a store's unit,
-    `adopt_phase1`), and its metrics, into the slot's directory, each file
-    atomically, then record its Stage 1 as done; return its sha256."""
-    from pmnet.io import atomic_write_bytes
-
-    given = src is None
-    src = plan.phase1_from if given else src
-    data = src.checkpoint.read_bytes()
-    if hashlib.sha256(data).hexdigest() != src.sha256:  # changed since planning
-        raise PipelineError(f"Phase-1 checkpoint {src.checkpoint} changed since it was "
-                            "checked (its sha256 differs now); start again")
-    say(f"[stage 1/3] {slot.label}: importing the Phase-1 checkpoint {src.checkpoint} "
-        f"(sha256 {src.sha256[:12]}...)")
-    slot.dir.mkdir(parents=True, exist_ok=True)
-    write_json(slot.metrics_json, src.metrics)
-    atomic_write_bytes(slot.ckpt, data)
-    atomic_write_bytes(slot.sidecar, f"{src.sha256}  {slot.ckpt.name}\n".encode())
-    for p in (slot.ckpt, slot.sidecar):  # read-only, as trained
-        p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    Stage1Record(config_hash=phase1_config_hash(slot.cfg), sha256=src.sha256,
-                 checkpoint=str(slot.ckpt), imported_from=str(src.checkpoint),
-                 phase1_seed=slot.cfg.phase1_seed,
-                 train_time_s=src.metrics.get("train_time_s"), wall_s=0.0,
-                 metrics=canon(src.metrics.get("test", {}))).write(slot.stage1_json)
-    if given:  # a resume imports it again if it is removed
-        write_meta(plan, phase1_from=src.to_dict(),
-                   **({"phase1_sha256": src.sha256} if slot.seed is None else {}))
-    return src.sha256
-
-
-def adopt_phase1(plan: Plan, slot: Phase1Slot) -> str | None:
-    """The store's checkpoint of `slot` into the run, through Stage 1's import-and-verify
-    path (sha256 sidecar, Phase-1 configuration, loadable; `import_phase1`), unless the run
-    has that one; its sha256, or None when the store has none. A checkpoint of the same
-    unit that this run trained too (another writer landed first) is moved aside to
-    `<slot>-not-stored-<sha>/`: the store's is the unit, and the trials start from it."""
-    from pipelines.phase1 import check_phase1_source
-    from pipelines.store import StoreError, unit_name
-
-    store = plan.store
-    rec = Stage1Record.read(store.stage1_json(slot.seed))
-    if not rec.sha256:
-        return None
-    have = existing_phase1(slot, repair=True)
-    if have == rec.sha256:
-        return have
-    if have is not None:
-        aside = slot.dir.with_name(f"{slot.dir.name}-not-stored-{have[:12]}")
-        slot.dir.rename(aside)
-        say(f"[store] {slot.label}: the store holds checkpoint {rec.sha256[:12]}..., this run "
-            f"trained {have[:12]}... (moved to {aside.name}); the trials start from the "
-            "store's")
-    src = check_phase1_source(store.phase1_dir(slot.seed), [slot])
-    if src.sha256 != rec.sha256:
-        raise StoreError(f"store unit {unit_name(slot.seed)}: phase1.pt has sha256 "
-                         f"{src.sha256[:12]}... but its stage1.json records "
-                         f"{rec.sha256[:12]}...; the unit is damaged")
-    return import_phase1(plan, slot, src)
 
 
 def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
@@ -434,10 +375,7 @@ def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
         return Stage1Result(digests=digests, paused=paused,
                             train_time_s=sum(j.train_time_s for j in running))
     single = list(digests) == [None]
-    if single:
-        write_meta(plan, phase1_sha256=digests[None])
-    else:
-        write_meta(plan, phase1_sha256s={str(k): v for k, v in digests.items()})
+    record_phase1(plan, digests)
     if runs.parent:
         runs.safe("parent tags", runs.tracker.set_tags, runs.parent,
                   {"phase1_sha256": digests[None]} if single else
@@ -445,14 +383,28 @@ def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
     return Stage1Result(digests=digests, train_time_s=sum(j.train_time_s for j in running))
 
 
+def record_phase1(plan: Plan, digests: dict) -> None:
+    """pipeline.json's sha256 of the Phase-1 checkpoints (`phase1_sha256` for a grid's
+    single one; `phase1_sha256s` by Phase-1 seed, beside the earlier waves')."""
+    if list(digests) == [None]:
+        write_meta(plan, phase1_sha256=digests[None])
+    else:
+        known = PipelineRecord.read(plan.layout.pipeline_json).phase1_sha256s or {}
+        write_meta(plan, phase1_sha256s={**known, **{str(k): v for k, v in digests.items()}})
+
+
 def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
     """A Phase-1 task returned: make its checkpoint read-only, write its stage1.json, log
     its run."""
+    from pipelines.store import land_phase1
+
     slot = job.slot
     digest = res["sha256"]
     for p in (slot.ckpt, slot.sidecar):  # read-only from now on
         p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     wall = time.time() - job.t0
+    # before the commit record
+    land_phase1(slot, digest, res.get("device_kind"), res.get("threads"))
     Stage1Record(config_hash=phase1_config_hash(slot.cfg), sha256=digest,
                  checkpoint=str(slot.ckpt), phase1_seed=slot.cfg.phase1_seed,
                  train_time_s=res.get("train_time_s"), wall_s=wall,
@@ -577,15 +529,11 @@ def trial_context(plan: Plan, p1: Stage1Result | str):
 
     if isinstance(p1, str):
         p1 = Stage1Result({None: p1}, 0.0)
-    return TrialContext(root=str(plan.layout.root), name=plan.name,
-                        train_config=canon(plan.cfg.to_dict()), phase1_sha256=p1.digest,
+    return TrialContext(root=str(plan.layout.root), name=plan.name, cfg=plan.cfg,
+                        space=plan.space, phase1_sha256=p1.digest,
                         phase1_sha256s={str(k): v for k, v in p1.digests.items()
                                         if k is not None},
-                        variants={v.name: v.as_dict() for v in plan.space.variants},
-                        cpus_per_trial=plan.space.cpus_per_trial,
-                        store=str(plan.store.root) if plan.store is not None else None,
-                        diagnosed=() if plan.store is None else tuple(
-                            t.name for t in plan.space.trials if plan.space.diagnosed(t)))
+                        store=str(plan.store.root) if plan.store is not None else None)
 
 
 @dataclass(frozen=True)
@@ -657,7 +605,7 @@ def warm_compile_cache(plan: Plan, ray, ctx) -> float:
     starting together do not each compile the same graphs. Nothing when the config does not
     compile. A failure here only costs the trials their own compile; it is reported, not
     raised. Returns the wall time."""
-    from pipelines.trial import trial_config, trial_phase1
+    from pipelines.trial import trial_phase1
 
     if "phase2" not in plan.cfg.compile and "eval" not in plan.cfg.compile:
         return 0.0
@@ -671,7 +619,7 @@ def warm_compile_cache(plan: Plan, ray, ctx) -> float:
     t0 = time.time()
     refs = {}
     for (condition, variant), trial in todo.items():
-        cfg = trial_config(ctx, trial)
+        cfg = ctx.config(trial)
         res = plan.space.resources_for(trial)  # the trial's own CPUs and GPU share
         task = ray.remote(num_cpus=res["cpu"], num_gpus=res.get("gpu", 0),
                           max_retries=0)(_warm_task)
@@ -806,6 +754,8 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
 
 
 def stage3(plan: Plan, runs: Runs) -> bool:
+    """The report of the run's units into `<run>/report/`, and of the store's into
+    `<store>/report/` for a run with a store; a failure is logged, the units are kept."""
     lay = plan.layout
     rid = stage_run(plan, runs, "stage3-report")
     n = len(list(lay.results_dir.glob("*.json"))) if lay.results_dir.is_dir() else 0
@@ -815,6 +765,9 @@ def stage3(plan: Plan, runs: Runs) -> bool:
         from pmnet.report import main_report
 
         written = main_report(lay.run_dir)
+        if plan.store is not None:
+            main_report(plan.store.root)
+            say(f"[stage 3/3] the store's report -> {plan.store.root / 'report'}")
     except Exception as e:
         msg = f"{type(e).__name__}: {e}"
         lay.logs_dir.mkdir(parents=True, exist_ok=True)

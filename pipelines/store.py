@@ -9,7 +9,7 @@ scratch. A run started with `--store DIR`
   this format, and every stored unit this run would reuse was made with this run's
   configuration: its `Provenance.config_hash` equals this run's, else the refusal names the
   first key that differs;
-- **adopts** the store's units before it trains (`stages.adopt_phase1`, `adopt_results`):
+- **adopts** the store's units before it trains (`adopt_phase1`, `adopt_trials`):
   a stored checkpoint goes through Stage 1's import-and-verify path (`check_phase1_source`,
   `stages.import_phase1`), a stored result into the run's `results/`, where a trial reuses
   it when its Phase-1 sha256, preset and variant match (`trial._result_matches`);
@@ -19,7 +19,7 @@ scratch. A run started with `--store DIR`
   the unit's lock (`UnitLock`, `locks/<unit>.lock`). A unit already in the store is never
   overwritten: a second writer leaves it as it is (and says so when its own differs); a
   run that trained a checkpoint another writer landed first sets its own aside and trains
-  the checkpoint's trials from the store's (`stages.adopt_phase1`).
+  the checkpoint's trials from the store's (`adopt_phase1`).
 
 Provenance is written when a unit starts (`start_provenance`) and checked when it lands
 (its config hash again; the commit it lands with is recorded beside the one it started
@@ -43,11 +43,19 @@ from pipelines.addresses import STORE_HELP, storage_root
 from pipelines.console import say
 from pipelines.layout import PipelineError, check_writable, read_json
 from pipelines.lock import same_stale_lock, stale_lock_s, unit_lock_stale
-from pipelines.phase1 import Phase1Slot, phase1_config_hash, phase1_part, trained_phase1_part
+from pipelines.phase1 import (
+    Phase1Slot,
+    check_phase1_source,
+    existing_phase1,
+    install_phase1,
+    phase1_config_hash,
+    phase1_part,
+    trained_phase1_part,
+)
 from pipelines.provenance import device_kind, git_commit, package_version
 from pipelines.records import Provenance, Stage1Record, canon
 from pmnet.io import atomic_copy, atomic_write_json
-from pmnet.store_layout import StoreLayout, StoreRecord, read_store_record
+from pmnet.store_layout import StoreLayout, StoreRecord, read_store_record, unit_name
 from pmnet.trial_id import TrialId
 from tune_spaces.grids import GRID_DECIDED_FIELDS
 
@@ -84,13 +92,6 @@ def open_store(path: str | os.PathLike) -> StoreLayout:
     return StoreLayout(root)
 
 
-def unit_name(unit: TrialId | int | None) -> str:
-    """`phase1`, `phase1-p1s<k>` or the trial's name (its lock and provenance)."""
-    if isinstance(unit, TrialId):
-        return unit.name
-    return "phase1" if unit is None else f"phase1-p1s{unit}"
-
-
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """A nested dict as {dotted key: leaf value} (`model.hidden`)."""
     if not isinstance(d, dict):
@@ -125,13 +126,6 @@ def first_difference(stored: dict, mine: dict) -> str | None:
             return (f"{k}: {a.get(k, '(absent)')!r} in the store vs "
                     f"{b.get(k, '(absent)')!r} here")
     return None
-
-
-def trial_config(cfg, space, trial: TrialId):
-    """The TrainConfig a trial trains with (threads aside): the pipeline's `cfg` with its
-    variant's overrides and its Phase-1 seed (as `pipelines.trial.trial_config`)."""
-    out = space.variant(trial.variant).apply(cfg)
-    return out if trial.phase1_seed is None else replace(out, phase1_seed=trial.phase1_seed)
 
 
 def phase1_unit_config(slot: Phase1Slot) -> tuple[dict, str]:
@@ -176,7 +170,7 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
         res = read_json(store.result(trial))
         if not isinstance(res, dict):
             continue
-        mine = unit_config(trial_config(cfg, space, trial).flat())
+        mine = unit_config(space.trial_config(cfg, trial).flat())
         prov = Provenance.read(store.provenance(trial))
         if prov.config_hash == config_hash(mine):
             continue
@@ -284,7 +278,7 @@ def init_store(store: StoreLayout) -> None:
         tmp.unlink()
 
 
-# -- provenance -----------------------------------------------------------------------------
+# -- provenance ---------------------------------------------------------------------------
 
 
 def start_provenance(*, unit: str, kind: str, config: dict, digest: str, run: str,
@@ -297,16 +291,17 @@ def start_provenance(*, unit: str, kind: str, config: dict, digest: str, run: st
                       started=time.time(), phase1_sha256=phase1_sha256)
 
 
-def write_started(store: StoreLayout, path: Path, commit_record: Path, prov: Provenance,
-                  scratch: Path) -> None:
-    """A unit starts: its provenance into the run's `scratch` copy (kept from the first
-    attempt) and, unless the unit is already in the store, into the store."""
-    if not scratch.is_file() or Provenance.read(scratch).config_hash != prov.config_hash:
-        prov.write(scratch)
-    if not commit_record.is_file():
+def write_started(run: Path, prov: Provenance, store: StoreLayout | None = None,
+                  stored: Path | None = None, commit_record: Path | None = None) -> None:
+    """A unit starts: its provenance into the run's unit (`run`; kept from the first attempt)
+    and, with a store that does not hold the unit (no `commit_record`), into the store's
+    (`stored`)."""
+    if not run.is_file() or Provenance.read(run).config_hash != prov.config_hash:
+        prov.write(run)
+    if store is not None and not commit_record.is_file():
         with UnitLock(store, prov.unit):
             if not commit_record.is_file():
-                Provenance.read(scratch).write(path)
+                Provenance.read(run).write(stored)
 
 
 def landed(scratch: Path, prov_now: Provenance) -> Provenance:
@@ -326,17 +321,111 @@ def landed(scratch: Path, prov_now: Provenance) -> Provenance:
                    threads=prov_now.threads or start.threads)
 
 
+def start_phase1(plan, slot: Phase1Slot, accelerator: str) -> None:
+    """A Phase-1 unit the run does not hold starts: its provenance into the run's unit and
+    the store's (unless the store holds the unit)."""
+    units, store = plan.layout.units, plan.store
+    if units.stage1_json(slot.seed).is_file():
+        return
+    config, digest = phase1_unit_config(slot)
+    prov = start_provenance(unit=slot.label, kind="phase1", config=config, digest=digest,
+                            run=str(plan.layout.run_dir), accelerator=accelerator)
+    write_started(units.phase1_provenance(slot.seed), prov, store, *(() if store is None else (
+        store.phase1_provenance(slot.seed), store.stage1_json(slot.seed))))
+
+
+def land_phase1(slot: Phase1Slot, sha256: str, device: str | None,
+                threads: int | None = None) -> None:
+    """A Phase-1 task returned: the run's unit's provenance completed (before its
+    stage1.json, the commit record, is written); `threads`, how it ran, goes there and not
+    into its checkpoint file (issue 53)."""
+    path = slot.dir / "provenance.json"
+    config, digest = phase1_unit_config(slot)
+    now = Provenance(unit=slot.label, kind="phase1", config_hash=digest, config=config,
+                     git_commit=git_commit()["git_commit"], device=device,
+                     phase1_sha256=sha256, threads=threads)
+    landed(path, now).write(path)
+
+
+def start_trial(ctx, trial: TrialId, cfg, digest: str, accelerator: str) -> Provenance:
+    """A trial starts: its provenance into the run's unit, and the store's unless the store
+    holds the unit. A unit the run holds from this checkpoint (adopted, or finished before
+    a driver died: it is reused, not trained) keeps its own."""
+    units = ctx.layout.units
+    held = read_json(units.result(trial))
+    if isinstance(held, dict) and held.get("phase1_sha256") == digest:
+        return Provenance.read(units.provenance(trial))
+    config = unit_config(cfg.flat())
+    prov = start_provenance(unit=trial.name, kind="trial", config=config,
+                            digest=config_hash(config), run=f"{ctx.root}/{ctx.name}",
+                            accelerator=accelerator, phase1_sha256=digest)
+    store = StoreLayout(Path(ctx.store)) if ctx.store else None
+    write_started(units.provenance(trial), prov, store, *(() if store is None else (
+        store.provenance(trial), store.result(trial))))
+    return prov
+
+
+def land_trial(units: StoreLayout, trial: TrialId, trial_dir: Path, prov: Provenance) -> None:
+    """A trial trained: its unit in the run, its provenance completed, then its result (the
+    commit record) last; its diagnostics, where its grid declares them, were written
+    before."""
+    landed(units.provenance(trial), prov).write(units.provenance(trial))
+    atomic_copy(trial_dir / "result.json", units.result(trial))
+
+
 # -- adopt ----------------------------------------------------------------------------------
 
 
-def adopt_results(plan, trials: list[TrialId]) -> int:
-    """Copy the store's results of `trials` into the run's `results/` (where the run has
-    none); each trial then reuses its own when it matches. Returns how many were copied."""
-    n = 0
-    for trial in trials:
-        src, dst = plan.store.result(trial), plan.layout.result_path(trial)
-        if src.is_file() and not dst.is_file():
+def copy_unit(files_from: list[Path], files_to: list[Path]) -> None:
+    """Copy a unit's files that exist, each atomically, in the layout's order (the commit
+    record last)."""
+    for src, dst in zip(files_from, files_to):
+        if src.is_file():
             atomic_copy(src, dst)
+
+
+def adopt_phase1(plan, slot: Phase1Slot) -> str | None:
+    """The store's checkpoint of `slot` into the run, through Stage 1's import-and-verify
+    path (sha256 sidecar, Phase-1 configuration, loadable; `phase1.install_phase1`), unless
+    the run has that one; its sha256, or None when the store has none (or there is no
+    store). A checkpoint of the same unit that this run trained too (another writer landed
+    first) is moved aside to `<slot>-not-stored-<sha>/`: the store's is the unit, and the
+    trials start from it. The one place a Phase-1 unit is adopted."""
+    store = plan.store
+    if store is None:
+        return None
+    rec = Stage1Record.read(store.stage1_json(slot.seed))
+    if not rec.sha256:
+        return None
+    have = existing_phase1(slot, repair=True)
+    if have == rec.sha256:
+        return have
+    if have is not None:
+        aside = slot.dir.with_name(f"{slot.dir.name}-not-stored-{have[:12]}")
+        slot.dir.rename(aside)
+        say(f"[store] {slot.label}: the store holds checkpoint {rec.sha256[:12]}..., this run "
+            f"trained {have[:12]}... (moved to {aside.name}); the trials start from the "
+            "store's")
+    src = check_phase1_source(store.phase1_dir(slot.seed), [slot])
+    if src.sha256 != rec.sha256:
+        raise StoreError(f"store unit {unit_name(slot.seed)}: phase1.pt has sha256 "
+                         f"{src.sha256[:12]}... but its stage1.json records "
+                         f"{rec.sha256[:12]}...; the unit is damaged")
+    units = plan.layout.units
+    copy_unit([store.phase1_provenance(slot.seed), store.phase1_diagnose(slot.seed)],
+              [units.phase1_provenance(slot.seed), units.phase1_diagnose(slot.seed)])
+    return install_phase1(slot, src)
+
+
+def adopt_trials(plan, trials: list[TrialId]) -> int:
+    """Copy the store's units of `trials` into the run (where the run has none): each trial
+    then reuses its own result when it matches. Returns how many were copied. The one place
+    a trial unit is adopted."""
+    n = 0
+    store, units = plan.store, plan.layout.units
+    for trial in trials if store is not None else ():
+        if store.result(trial).is_file() and not units.result(trial).is_file():
+            copy_unit(store.trial_files(trial), units.trial_files(trial))
             n += 1
     return n
 
@@ -344,10 +433,10 @@ def adopt_results(plan, trials: list[TrialId]) -> int:
 # -- publish --------------------------------------------------------------------------------
 
 
-def publish_phase1(store: StoreLayout, slot: Phase1Slot, prov: Provenance) -> bool:
-    """A Phase-1 checkpoint landed in the run: copy its unit into the store (phase1.pt,
-    its sha256 sidecar, phase1_metrics.json, provenance.json, then stage1.json), unless the
-    store has it. True when published."""
+def publish_phase1(store: StoreLayout, slot: Phase1Slot) -> bool:
+    """A Phase-1 checkpoint landed in the run: copy its unit into the store (its files in
+    the layout's order, `stage1.json` last), unless the store has it. True when published.
+    The one place a Phase-1 unit is published."""
     rec = Stage1Record.read(slot.stage1_json)
     unit = unit_name(slot.seed)
     if not rec.sha256:
@@ -359,28 +448,27 @@ def publish_phase1(store: StoreLayout, slot: Phase1Slot, prov: Provenance) -> bo
                 say(f"[store] {unit}: the store holds checkpoint {there.sha256[:12]}..., this "
                     f"run trained {rec.sha256[:12]}...; the store's is kept")
             return False
-        final = landed(slot.dir / "provenance.json", replace(prov, phase1_sha256=rec.sha256))
-        if final.config_hash != rec.config_hash:
+        prov = Provenance.read(slot.dir / "provenance.json")
+        if prov.config_hash is not None and prov.config_hash != rec.config_hash:
             raise StoreError(f"unit {unit}: stage1.json's config hash is not the one its "
                              "provenance started with; not published")
-        for src in (slot.ckpt, slot.sidecar, slot.metrics_json):
-            atomic_copy(src, store.phase1_dir(slot.seed) / src.name)
-        final.write(store.phase1_provenance(slot.seed))
+        mine = StoreLayout(slot.dir.parent)
+        copy_unit(mine.phase1_files(slot.seed)[:-1], store.phase1_files(slot.seed)[:-1])
         replace(rec, checkpoint=str(store.phase1_ckpt(slot.seed))).write(
             store.stage1_json(slot.seed))
     say(f"[store] published {unit} (sha256 {rec.sha256[:12]}...) -> {store.root}")
     return True
 
 
-def publish_trial(store: StoreLayout, trial: TrialId, trial_dir: Path, result: Path,
-                  prov: Provenance) -> str:
-    """A trial's result landed in the run: copy its unit into the store (its diagnostics
-    `trial_dir/diagnose.json` where there is one, provenance, then `results/<trial>.json`),
-    unless the store has it, or its Phase-1 checkpoint is not the store's. Returns what was
-    done, in words ("published", "in the store already", or why not)."""
-    res = read_json(result)
+def publish_trial(store: StoreLayout, units: StoreLayout, trial: TrialId) -> str:
+    """A trial's unit landed in the run (`units`): copy it into the store (its files in the
+    layout's order, `results/<trial>.json` last), unless the store has it, or its Phase-1
+    checkpoint is not the store's. Returns what was done, in words ("published", "in the
+    store already", or why not). The one place a trial unit is published."""
+    res = read_json(units.result(trial))
     if not isinstance(res, dict):
-        raise StoreError(f"trial {trial.name}: no result at {result} to publish")
+        raise StoreError(f"trial {trial.name}: no result at {units.result(trial)} to publish")
+    prov = Provenance.read(units.provenance(trial))
     with UnitLock(store, trial.name):
         if store.result(trial).is_file():  # never replaced; said when it is not the same
             theirs = Provenance.read(store.provenance(trial)).config_hash
@@ -391,13 +479,7 @@ def publish_trial(store: StoreLayout, trial: TrialId, trial_dir: Path, result: P
         if p1 != res.get("phase1_sha256"):
             return (f"not published: trained from Phase-1 {str(res.get('phase1_sha256'))[:12]}"
                     f"..., the store's checkpoint is {str(p1)[:12]}...")
-        final = landed(trial_dir / "provenance.json",
-                       replace(prov, phase1_sha256=res.get("phase1_sha256")))
-        diag = trial_dir / "diagnose.json"
-        if diag.is_file():
-            atomic_copy(diag, store.diagnostics(trial))
-        final.write(store.provenance(trial))
-        atomic_copy(result, store.result(trial))
+        copy_unit(units.trial_files(trial), store.trial_files(trial))
     return "published"
 
 
@@ -406,6 +488,7 @@ def publish_trial(store: StoreLayout, trial: TrialId, trial_dir: Path, result: P
 
 def units_left(store: StoreLayout, slots: list[Phase1Slot],
                trials: list[TrialId]) -> tuple[int, int]:
-    """(Phase-1 units, trial units) of `slots`/`trials` not in the store."""
+    """(Phase-1 units, trial units) of `slots`/`trials` not in `store` (a store, or a run's
+    own units)."""
     p1 = sum(not store.stage1_json(s.seed).is_file() for s in slots)
     return p1, sum(not store.result(t).is_file() for t in trials)

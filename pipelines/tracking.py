@@ -520,11 +520,11 @@ class TrialRuns(LoggerCallback):
     def _attach(self, trial: TrialId) -> str | None:
         if trial.name in self.run_ids:
             return self.run_ids[trial.name]
-        from pipelines.trial import trial_config, trial_phase1
+        from pipelines.trial import trial_phase1
         from pmnet.train import get_condition
 
         ctx, runs = self.ctx, self.runs
-        cfg = trial_config(ctx, trial)
+        cfg = ctx.config(trial)
         known = runs.record.trials.get(trial.name)
         tags = trial_run_tags(ctx.name, trial, trial_phase1(ctx, trial)[1], cfg.preset,
                               get_condition(trial.condition).select)

@@ -8,7 +8,9 @@ The trial
    per epoch; a callback sends each epoch's metrics through `tune.report` with a tiny
    checkpoint directory holding only `meta.json` (epoch, final flag, which last.ckpt), so no
    weights are copied through Tune;
-3. copies result.json to `<run>/results/<trial>.json`.
+3. lands its unit in the run (`pipelines.store.land_trial`: its diagnostics where its grid
+   declares them, its provenance completed, then `<run>/results/<trial>.json` last) and,
+   with a store, publishes it there (`pipelines.store.publish_trial`).
 
 A trial never opens MLflow: the driver logs what it reports to Tune and its result file
 (`pipelines.tracking.TrialRuns`).
@@ -27,7 +29,6 @@ reported epoch, unless `<dir>/<trial>` exists (the trial creates it first).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -37,14 +38,14 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipelines.faults import epoch_pause
 from pipelines.layout import Layout, check_name, read_json, trial_key
 from pipelines.phase1 import Phase1Refused, check_phase1
 from pipelines.records import Attempt, CkptOrigin, TrialState, TuneMeta, as_float
 from pmnet.conditions import seed_problem
-from pmnet.io import atomic_copy
-from pmnet.trial_id import TrialId, variant_name_problem
+from pmnet.trial_id import TrialId
 
 log = logging.getLogger("pipelines.trial")
 FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
@@ -52,37 +53,33 @@ FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
 
 @dataclass(frozen=True)
 class TrialContext:
-    """What the driver hands every Stage-2 trial (pickled once by `tune.with_parameters`).
+    """What the driver hands every Stage-2 trial (pickled once by `tune.with_parameters`:
+    the one place a trial's configuration crosses a process boundary, as typed objects).
 
     root, name: the pipeline's storage root and name (`Layout(root, name)`).
-    train_config: `TrainConfig.to_dict()` of the pipeline (read back with `from_dict`).
+    cfg: the pipeline's TrainConfig; space: its grid (`tune_spaces.Space`), which builds a
+        trial's own TrainConfig (`Space.trial_config`) and says which trials are diagnosed.
     phase1_sha256: the hash Stage 1 recorded; the trial refuses any other checkpoint.
     phase1_sha256s: with K Phase-1 checkpoints ({str(phase1_seed): sha256}), the hash of each;
         a trial with `phase1_seed` k loads `phase1-p1s<k>/phase1.pt` and checks it against
         this one (`phase1_sha256` then names the set).
-    variants: {variant name: its TrainConfig overrides} of the grid ("" -> {}: the default).
-    cpus_per_trial: the trial's CPU reservation, also its torch thread count.
     store: a durable store the trial publishes its unit to (`pipelines.store`), or None.
-    diagnosed: names of the trials that get `pmnet diagnose` of their best model
-        (`Space.diagnosed`: the grid declares them).
     """
 
     root: str
     name: str
-    train_config: dict
+    cfg: Any
+    space: Any
     phase1_sha256: str
-    variants: dict = field(default_factory=lambda: {"": {}})
     phase1_sha256s: dict = field(default_factory=dict)
-    cpus_per_trial: float = 1.0
     store: str | None = None
-    diagnosed: tuple = ()
 
     def __post_init__(self):
         check_name(self.name)
         if not Path(self.root).is_absolute():
             raise ValueError(f"TrialContext.root must be absolute, got {self.root!r}")
-        if not isinstance(self.train_config, dict) or "preset" not in self.train_config:
-            raise ValueError("TrialContext.train_config must be a TrainConfig.to_dict()")
+        if not hasattr(self.cfg, "flat") or not hasattr(self.space, "trial_config"):
+            raise ValueError("TrialContext needs the pipeline's TrainConfig and Space")
         if not (isinstance(self.phase1_sha256, str) and len(self.phase1_sha256) == 64):
             raise ValueError(f"TrialContext.phase1_sha256 must be a sha256 hex digest, got "
                              f"{self.phase1_sha256!r}")
@@ -91,17 +88,23 @@ class TrialContext:
                 for k, v in self.phase1_sha256s.items()):
             raise ValueError("TrialContext.phase1_sha256s must be {str(phase1_seed): sha256}, "
                              f"got {self.phase1_sha256s!r}")
-        if not isinstance(self.variants, dict) or not self.variants:
-            raise ValueError("TrialContext.variants must be {variant name: overrides}, got "
-                             f"{self.variants!r}")
-        for vname, overrides in self.variants.items():
-            problem = variant_name_problem(vname)
-            if problem is None and not isinstance(overrides, dict):
-                problem = f"the overrides of {vname!r} must be a dict, got {overrides!r}"
-            if problem:
-                raise ValueError(f"TrialContext.variants: {problem}")
-        if self.cpus_per_trial <= 0:
-            raise ValueError(f"TrialContext.cpus_per_trial must be > 0, got {self.cpus_per_trial}")
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickle; a context pickled before issue 51 (in a Tune experiment's state: the
+        MLflow callback's) held the config as `train_config` (a dict) and the variants:
+        rebuilt from it and the run's recorded grid, so such a run still resumes."""
+        if "train_config" in state:
+            from pmnet.train import TrainConfig
+            from tune_spaces import Space
+
+            lay = Layout(state["root"], state["name"])
+            state = {"root": state["root"], "name": state["name"],
+                     "cfg": TrainConfig.from_dict(state["train_config"]),
+                     "space": Space.from_dict(read_json(lay.pipeline_json, {})["space"]),
+                     "phase1_sha256": state["phase1_sha256"],
+                     "phase1_sha256s": state.get("phase1_sha256s", {}),
+                     "store": state.get("store")}
+        self.__dict__.update(state)
 
     @property
     def layout(self) -> Layout:
@@ -109,11 +112,19 @@ class TrialContext:
 
     @property
     def threads(self) -> int:
-        return max(1, int(self.cpus_per_trial))
+        return max(1, int(self.space.cpus_per_trial))
+
+    def config(self, trial: TrialId):
+        """The trial's TrainConfig (`Space.trial_config`, threads = the trial's CPUs where
+        the preset leaves them open); ValueError for a variant or Phase-1 seed the
+        pipeline does not have."""
+        trial_phase1(self, trial)  # a Phase-1 seed the pipeline has no checkpoint of: refused
+        return self.space.trial_config(self.cfg, trial, threads=self.threads)
 
     def variant_overrides(self, trial: TrialId) -> dict | None:
         """The overrides of a named variant's trial (sorted), None for the default."""
-        return None if trial.is_default else dict(sorted(self.variants[trial.variant].items()))
+        return None if trial.is_default else dict(sorted(
+            self.space.variant(trial.variant).as_dict().items()))
 
 
 class TrialConfigError(Exception):
@@ -313,25 +324,6 @@ def trial_phase1(ctx: TrialContext, trial: TrialId) -> tuple[Path, str]:
     return layout.phase1_dir_for(trial.phase1_seed) / "phase1.pt", ctx.phase1_sha256s[key]
 
 
-def trial_config(ctx: TrialContext, trial: TrialId):
-    """The trial's TrainConfig: the pipeline's, with its variant's overrides, and threads =
-    the trial's CPUs when the preset leaves them to the pipeline."""
-    from pmnet.train import TrainConfig
-    from tune_spaces.grids import Variant
-
-    trial_phase1(ctx, trial)  # a Phase-1 seed the pipeline has no checkpoint of: refused
-    if trial.variant not in ctx.variants:
-        raise ValueError(f"trial {trial.name}: the grid has no variant {trial.variant!r} "
-                         f"(its variants: {sorted(ctx.variants)})")
-    cfg = TrainConfig.from_dict(ctx.train_config)
-    cfg = Variant(trial.variant, ctx.variants[trial.variant]).apply(cfg)
-    if trial.phase1_seed is not None:  # the checkpoint's own Phase-1 configuration
-        cfg = dataclasses.replace(cfg, phase1_seed=trial.phase1_seed)
-    if not cfg.threads:
-        cfg = dataclasses.replace(cfg, threads=ctx.threads)
-    return cfg
-
-
 def train_trial(config: dict, ctx: TrialContext) -> None:
     """The Tune trainable. `config`: `TrialId.to_config()`; `ctx`: set by the driver."""
     t_enter = time.time()
@@ -349,7 +341,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     tdir = layout.trial_dir(trial)
     info_path = tdir / "trial.json"
     try:
-        cfg = trial_config(ctx, trial)
+        cfg = ctx.config(trial)
         cond = get_condition(trial.condition)
         problem = seed_problem(trial.seed, "the trial's seed")
         if problem:
@@ -358,7 +350,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         _refuse(trial, info_path, TrialConfigError(str(e)), trial.to_config())
         return
     key = trial_key(layout.name, trial)
-    record = variant_record(trial, ctx.variants[trial.variant])
+    record = variant_record(trial, ctx.variant_overrides(trial) or {})
 
     trial_info = {**trial.to_config(), **record, "trial_key": key}
     result_path = layout.result_path(trial)
@@ -369,14 +361,20 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         setup = {"imports_s": t_imported - t_enter, "setup_s": time.time() - t_enter}
         TrialState.update(info_path, **trial_info, state="RUNNING")
 
-        prov = _store_start(ctx, trial, cfg, digest)
-        # 2. + 3. train (or reuse a finished result) and record
-        final = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
-                                  result_path, setup)
-        if trial.name in ctx.diagnosed and (tdir / "best_model.pt").is_file():
-            _diagnose(tdir)  # (a result adopted from the store has its diagnostics there)
-        if prov is not None:
-            _store_publish(ctx, trial, tdir, result_path, prov)
+        from pipelines import store as st
+
+        prov = st.start_trial(ctx, trial, cfg, digest, assigned_device())
+        # 2. + 3. train (or reuse a finished result) and record: the unit in the run, its
+        # diagnostics and provenance, then its result last (the commit record)
+        final, trained = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
+                                           result_path, setup)
+        if trained:
+            if ctx.space.diagnosed(trial) and (tdir / "best_model.pt").is_file():
+                _diagnose(tdir, layout.units.diagnostics(trial))
+            st.land_trial(layout.units, trial, tdir, prov)
+        if ctx.store is not None:
+            what = st.publish_trial(st.StoreLayout(Path(ctx.store)), layout.units, trial)
+            log.warning("trial %s: store unit %s", trial.name, what)
     except (TrialConfigError, Phase1Refused) as e:  # deterministic: once, not retried
         _refuse(trial, info_path, e, trial_info)
         return
@@ -393,35 +391,8 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
                 | trial.to_config())
 
 
-def _store_start(ctx: TrialContext, trial: TrialId, cfg, digest: str):
-    """With a store: the unit's provenance as it starts (written to the store unless the
-    unit is there); None without a store."""
-    if ctx.store is None:
-        return None
-    from pipelines.store import config_hash, start_provenance, unit_config, write_started
-    from pmnet.store_layout import StoreLayout
-
-    store = StoreLayout(Path(ctx.store))
-    config = unit_config(cfg.flat())
-    prov = start_provenance(unit=trial.name, kind="trial", config=config,
-                            digest=config_hash(config), run=f"{ctx.root}/{ctx.name}",
-                            accelerator=assigned_device(), phase1_sha256=digest)
-    write_started(store, store.provenance(trial), store.result(trial), prov,
-                  ctx.layout.trial_dir(trial) / "provenance.json")
-    return prov
-
-
-def _store_publish(ctx: TrialContext, trial: TrialId, tdir: Path, result: Path, prov) -> None:
-    from pipelines.store import publish_trial
-    from pmnet.store_layout import StoreLayout
-
-    what = publish_trial(StoreLayout(Path(ctx.store)), trial, tdir, result, prov)
-    log.warning("trial %s: store unit %s", trial.name, what)
-
-
-def _diagnose(tdir: Path) -> None:
-    """`pmnet diagnose` of the trial's best model into `<trial dir>/diagnose.json` (once)."""
-    out = tdir / "diagnose.json"
+def _diagnose(tdir: Path, out: Path) -> None:
+    """`pmnet diagnose` of the trial's best model into the unit's diagnostics (once)."""
     if out.is_file():
         return
     from pmnet.diagnose import diagnose_file
@@ -477,7 +448,9 @@ def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, TuneMeta]
 
 
 def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: Path,
-                      digest, result_path, setup) -> dict:
+                      digest, result_path, setup) -> tuple[dict, bool]:
+    """(the trial's final Tune report, whether it trained now: its unit is then landed by
+    the caller) -- a matching result already in the run is reused, not retrained."""
     from ray import tune
 
     from pmnet.train import checkpoint_epoch, run_phase2
@@ -506,7 +479,6 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
                                 resume_from=resume_from, progress=False, record=record,
                                 accelerator=attempt.accelerator,
                                 gpu_share=assigned_gpu_share())
-        atomic_copy(tdir / "result.json", result_path)
     else:
         attempt.append(attempts)
         result = done
@@ -515,7 +487,7 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
     return {"test/updated_ltm": test.get("updated_ltm"),
             "best/select": (result.get("val") or {}).get(cond.select),
             "train_time_s": result.get("train_time_s"),
-            "best_epoch": result.get("best_epoch"), "finished": 1}
+            "best_epoch": result.get("best_epoch"), "finished": 1}, done is None
 
 
 def _node_id() -> str | None:

@@ -1,33 +1,38 @@
-"""The durable store: the one format a study's finished units are kept in, committed, read
-by the report and filled by any number of pipeline runs (issue 45).
+"""The unit layout: the one format a study's finished units are kept in, by a pipeline run
+and by a durable store alike (issues 45, 51), read by the report.
 
-A *unit* is one Phase-1 checkpoint or one Phase-2 trial. A store holds finished units only;
-`runs/` is scratch. Its layout is a run directory's durable subset, so the report reads a
-store exactly as it reads a run (`pmnet.report.main_report`):
+A *unit* is one Phase-1 checkpoint or one Phase-2 trial. A run directory is its own store
+plus scratch (`pipelines.layout.Layout`: logs, `trials/<trial>/` with Lightning's files,
+Ray Tune's `stage2*/`); a durable store (`--store DIR`) holds the same units, published
+there as they land, and nothing else. So the report reads a store exactly as it reads a
+run (`pmnet.report.main_report`), and this class is the only place a unit's path is spelled:
 
-    <store>/
-      store.json                  StoreRecord: format version and the study's named subsets
-                                  (e.g. a pre-registered confirmatory set of Phase-1 seeds)
+    <store or run>/
+      store.json                  StoreRecord (a store only): format version and the
+                                  study's named subsets (e.g. a pre-registered
+                                  confirmatory set of Phase-1 seeds)
       phase1/                     the Phase-1 checkpoint unit of a one-checkpoint grid
-      phase1-p1s<k>/              the unit of Phase-1 seed k (grids over checkpoints):
+      phase1-p1s<k>/              the unit of Phase-1 seed k (grids over checkpoints),
+                                  its files in the order they are written (`phase1_files`):
           phase1.pt  phase1.pt.sha256
           phase1_metrics.json     Phase 1's metrics, history and train_config (what a run
                                   adopting the unit checks it against,
-                                  `pipelines.stages.adopt_phase1`; a migrated unit keeps its
+                                  `pipelines.store.adopt_phase1`; a migrated unit keeps its
                                   study's file)
-          stage1.json             the Stage-1 record (config hash, sha256, metrics): the
-                                  unit's commit record, written last
           provenance.json         Provenance, written when the unit starts, completed when
                                   it lands
           diagnose.json           `pmnet diagnose phase1.pt` (optional)
-      results/<trial>.json        a finished trial's result: the unit's commit record
-      provenance/<trial>.json     the trial's Provenance
+          stage1.json             the Stage-1 record (config hash, sha256, metrics): the
+                                  unit's commit record, written last
       diagnostics/<trial>.json    `pmnet diagnose` of the trial's model, where its grid
                                   declares it (`tune_spaces.Space.diagnose`)
-      locks/<unit>.lock           the writer that holds a unit (a lock per unit, never one
-                                  for the store)
-      report/                     the store's report (`main_report(store)`, `make report
-                                  STORE=DIR`): derived, rebuilt from the units, never read
+      provenance/<trial>.json     the trial's Provenance (started, then landed)
+      results/<trial>.json        a finished trial's result: the unit's commit record,
+                                  written last (`trial_files`)
+      locks/<unit>.lock           the writer that holds a unit (a store: a lock per unit,
+                                  never one for the store)
+      report/                     the report (`main_report`): derived, rebuilt from the
+                                  units, never read
 
 A migrated unit (one that ran before stores existed, e.g. issue 39's study) has a
 provenance file with a `migrated` key saying where it came from; its fields are those its
@@ -71,7 +76,7 @@ class StoreLayout:
         return self.root / "store.json"
 
     def phase1_dir(self, phase1_seed: int | None) -> Path:
-        return self.root / ("phase1" if phase1_seed is None else f"phase1-p1s{phase1_seed}")
+        return self.root / unit_name(phase1_seed)
 
     def phase1_ckpt(self, phase1_seed: int | None) -> Path:
         return self.phase1_dir(phase1_seed) / "phase1.pt"
@@ -105,6 +110,37 @@ class StoreLayout:
     def lock(self, unit: str) -> Path:
         """`unit` is `phase1`, `phase1-p1s<k>` or a trial name."""
         return self.root / "locks" / f"{unit}.lock"
+
+    def phase1_files(self, phase1_seed: int | None) -> list[Path]:
+        """The files of a Phase-1 unit in the order they are written: the commit record
+        `stage1.json` last (`diagnose.json` is optional)."""
+        d = self.phase1_dir(phase1_seed)
+        return [d / "phase1.pt", d / "phase1.pt.sha256", d / "phase1_metrics.json",
+                d / "provenance.json", d / "diagnose.json", d / "stage1.json"]
+
+    def trial_files(self, trial: TrialId) -> list[Path]:
+        """The files of a trial unit in the order they are written: the commit record
+        `results/<trial>.json` last (`diagnostics/<trial>.json` is optional)."""
+        return [self.diagnostics(trial), self.provenance(trial), self.result(trial)]
+
+
+PHASE1_UNIT = "phase1"
+PHASE1_SEED_UNIT = "phase1-p1s"
+
+
+def unit_name(unit: TrialId | int | None) -> str:
+    """A unit's name: `phase1` (a grid's single checkpoint), `phase1-p1s<k>` (Phase-1 seed
+    k) or the trial's name; the Phase-1 unit's directory, lock, MLflow run and console
+    name. The one place the Phase-1 unit's name is spelled."""
+    if isinstance(unit, TrialId):
+        return unit.name
+    return PHASE1_UNIT if unit is None else f"{PHASE1_SEED_UNIT}{unit}"
+
+
+def phase1_seed_of(dirname: str) -> int | None:
+    """The Phase-1 seed of a unit directory named `phase1-p1s<k>` (None otherwise)."""
+    k = dirname.removeprefix(PHASE1_SEED_UNIT)
+    return int(k) if dirname.startswith(PHASE1_SEED_UNIT) and k.isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -252,8 +252,6 @@ CASES = [
          ["resume", "--root", "ROOT", "--name", "p"],
          r"storage root \S+/root is not writable .Read-only file system",
          setup=_read_only_pipeline, teardown=_unmount, kind="path"),
-    Case("a single Phase-1 seed", [*S, "--phase1-seeds", "3"],
-         "is not a Phase-1 variance grid"),
     Case("a Phase-1 seed listed twice", [*S, "--phase1-seeds", "1,1"], "listed twice"),
     Case("a seed beyond numpy's range", [*S, "--seeds", "42,99999999999999999999"],
          r"seed 99999999999999999999 is outside 0\.\.4294967295"),

@@ -374,64 +374,68 @@ def test_status_reads_the_pipelines_own_records_only(tmp_path):
 def test_trial_context_is_typed_and_validated(tmp_path):
     from pipelines.trial import TrialContext
     from pmnet.train import TrainConfig
+    from tune_spaces import Space
 
-    cfg = TrainConfig.from_name("debug").to_dict()
-    ok = TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="a" * 64,
-                      cpus_per_trial=2.0)
+    cfg = TrainConfig.from_name("debug")
+    space = Space("g", ("consolidator_only",), (42,), cpus_per_trial=2.0)
+    ok = TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=space,
+                      phase1_sha256="a" * 64)
     assert ok.layout.phase1_ckpt == tmp_path / "p" / "phase1" / "phase1.pt"
     assert ok.threads == 2  # and nothing of MLflow: the driver is its only writer
     assert not any("tracking" in f.name for f in dataclasses.fields(ok))
     with pytest.raises(ValueError, match="absolute"):
-        TrialContext(root="runs", name="p", train_config=cfg, phase1_sha256="a" * 64)
+        TrialContext(root="runs", name="p", cfg=cfg, space=space, phase1_sha256="a" * 64)
     with pytest.raises(ValueError, match="sha256"):
-        TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="abc")
+        TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=space, phase1_sha256="abc")
     with pytest.raises(PipelineError, match="invalid pipeline name"):
-        TrialContext(root=str(tmp_path), name="../x", train_config=cfg, phase1_sha256="a" * 64)
-    with pytest.raises(ValueError, match="TrialContext.variants: invalid variant name"):
-        TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="a" * 64,
-                     variants={"T4-s2": {}})
-    with pytest.raises(ValueError, match="overrides of 'v' must be a dict"):
-        TrialContext(root=str(tmp_path), name="p", train_config=cfg, phase1_sha256="a" * 64,
-                     variants={"v": [("lr", 0.1)]})
+        TrialContext(root=str(tmp_path), name="../x", cfg=cfg, space=space,
+                     phase1_sha256="a" * 64)
+    with pytest.raises(ValueError, match="TrainConfig and Space"):
+        TrialContext(root=str(tmp_path), name="p", cfg=cfg.to_dict(), space=space,
+                     phase1_sha256="a" * 64)
 
 
 def test_a_trials_configuration_is_its_variants_and_unknown_phase1_seeds_are_refused(tmp_path):
-    from pipelines.trial import TrialContext, trial_config
+    from pipelines.trial import TrialContext
     from pmnet.train import TrainConfig
+    from tune_spaces import Space, Variant
 
     cfg = TrainConfig.from_name("debug")
-    ctx = TrialContext(root=str(tmp_path), name="p", train_config=cfg.to_dict(),
-                       phase1_sha256="a" * 64, cpus_per_trial=2.0,
-                       variants={"": {}, "T4-truncated": {"segments": 4,
-                                                          "ltm_graph": "truncated"}})
-    got = trial_config(ctx, TrialId("consolidator_only", 42, "T4-truncated"))
+    space = Space("g", ("consolidator_only",), (42,), cpus_per_trial=2.0, variants=(
+        Variant(), Variant("T4-truncated", {"segments": 4, "ltm_graph": "truncated"})))
+    ctx = TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=space,
+                       phase1_sha256="a" * 64)
+    got = ctx.config(TrialId("consolidator_only", 42, "T4-truncated"))
     assert (got.segments, got.ltm_graph, got.threads) == (4, "truncated", 2)
-    assert trial_config(ctx, TrialId("consolidator_only", 42)) == dataclasses.replace(
-        cfg, threads=2)
-    with pytest.raises(ValueError, match="the grid has no variant 'T8-full'"):
-        trial_config(ctx, TrialId("consolidator_only", 42, "T8-full"))
+    assert got == space.trial_config(cfg, TrialId("consolidator_only", 42, "T4-truncated"),
+                                     threads=2)  # built in one place
+    assert ctx.config(TrialId("consolidator_only", 42)) == dataclasses.replace(cfg, threads=2)
+    with pytest.raises(ValueError, match="has no variant 'T8-full'"):
+        ctx.config(TrialId("consolidator_only", 42, "T8-full"))
     with pytest.raises(ValueError, match="no Phase-1 checkpoint for phase1_seed 1 .*single"):
-        trial_config(ctx, TrialId("consolidator_only", 42, phase1_seed=1))
+        ctx.config(TrialId("consolidator_only", 42, phase1_seed=1))
 
 
 def test_a_trial_of_phase1_seed_k_starts_from_checkpoint_k(tmp_path):
-    from pipelines.trial import TrialContext, trial_config, trial_phase1
+    from pipelines.trial import TrialContext, trial_phase1
     from pmnet.train import TrainConfig
+    from tune_spaces import Space
 
     cfg = TrainConfig.from_name("debug")
-    ctx = TrialContext(root=str(tmp_path), name="p", train_config=cfg.to_dict(),
+    ctx = TrialContext(root=str(tmp_path), name="p", cfg=cfg,
+                       space=Space("g", ("consolidator_only",), (42,), phase1_seeds=(1, 2)),
                        phase1_sha256="a" * 64, phase1_sha256s={"1": "b" * 64, "2": "c" * 64})
     trial = TrialId("consolidator_only", 42, phase1_seed=2)
     path, sha = trial_phase1(ctx, trial)
     assert path == tmp_path / "p" / "phase1-p1s2" / "phase1.pt" and sha == "c" * 64
-    assert trial_config(ctx, trial).phase1_seed == 2  # the checkpoint's own Phase-1 seed
-    assert trial_config(ctx, TrialId("consolidator_only", 42, phase1_seed=1)).phase1_seed == 1
+    assert ctx.config(trial).phase1_seed == 2  # the checkpoint's own Phase-1 seed
+    assert ctx.config(TrialId("consolidator_only", 42, phase1_seed=1)).phase1_seed == 1
     with pytest.raises(ValueError, match="no Phase-1 checkpoint for phase1_seed 3 .*1, 2"):
         trial_phase1(ctx, TrialId("consolidator_only", 42, phase1_seed=3))
     with pytest.raises(ValueError, match="one Phase-1 checkpoint per Phase-1 seed .*names none"):
         trial_phase1(ctx, TrialId("consolidator_only", 42))
     with pytest.raises(ValueError, match="phase1_sha256s must be"):
-        TrialContext(root=str(tmp_path), name="p", train_config=cfg.to_dict(),
+        TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=ctx.space,
                      phase1_sha256="a" * 64, phase1_sha256s={1: "b" * 64})
 
 
@@ -962,3 +966,32 @@ def test_start_help_lists_every_grid_of_tune_spaces(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert f"grid function in tune_spaces ({', '.join(SPACES)})" in text
     assert "checkpoint_channel" in SPACES
+
+
+def test_a_trial_context_pickled_before_issue_51_still_loads(tmp_path):
+    """A Tune experiment pickled its MLflow callback's TrialContext with the config as a
+    dict (`train_config`) and the variants; unpickled by this code, it is rebuilt from them
+    and the run's recorded grid (so a run begun before issue 51 resumes)."""
+    import pickle
+
+    from pipelines.layout import Layout, write_json
+    from pipelines.trial import TrialContext
+    from pmnet.train import TrainConfig
+    from tune_spaces import Space, Variant
+
+    cfg = TrainConfig.from_name("debug")
+    space = Space("g", ("consolidator_only",), (42,), variants=(Variant(), Variant(
+        "T4-truncated", {"segments": 4, "ltm_graph": "truncated"})))
+    write_json(Layout(tmp_path, "p").pipeline_json, {"space": space.to_dict()})
+    ctx = TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=space,
+                       phase1_sha256="a" * 64)
+    old = {"root": str(tmp_path), "name": "p", "train_config": cfg.to_dict(),
+           "phase1_sha256": "a" * 64, "variants": {"": {}, "T4-truncated": {
+               "segments": 4, "ltm_graph": "truncated"}}, "phase1_sha256s": {},
+           "cpus_per_trial": 1.0, "store": None, "diagnosed": ()}
+    assert pickle.loads(pickle.dumps(ctx)) == ctx  # today's pickles round-trip
+    got = TrialContext.__new__(TrialContext)
+    got.__setstate__(old)
+    assert got == ctx
+    trial = TrialId("consolidator_only", 42, "T4-truncated")
+    assert got.config(trial) == ctx.config(trial)

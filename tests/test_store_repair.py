@@ -125,15 +125,15 @@ def test_a_units_identity_does_not_depend_on_how_it_was_scheduled(tmp_path):
     keeps them from the start record or the landing one."""
     from pipelines.phase1 import phase1_config_hash
     from pipelines.records import Provenance
-    from pipelines.store import config_hash, landed, trial_config, unit_config
+    from pipelines.store import config_hash, landed, unit_config
 
     cfg, space = fake.grid()
     for threads in (1, 2, 7):
         other = dataclasses.replace(cfg, threads=threads)
         assert phase1_config_hash(other) == phase1_config_hash(cfg)
         trial = space.trials[0]
-        assert config_hash(unit_config(trial_config(other, space, trial).flat())) == \
-            config_hash(unit_config(trial_config(cfg, space, trial).flat()))
+        assert config_hash(unit_config(space.trial_config(other, trial).flat())) == \
+            config_hash(unit_config(space.trial_config(cfg, trial).flat()))
     scratch = tmp_path / "provenance.json"
     Provenance(unit="phase1-p1s0", kind="phase1", config_hash="c" * 64).write(scratch)
     now = Provenance(unit="phase1-p1s0", kind="phase1", config_hash="c" * 64, threads=2)

@@ -236,6 +236,19 @@ class Space:
                              f"variants: {known}")
         return self.derive(variants=[v for v in self.variants if v.name in names])
 
+    def trial_config(self, cfg, trial: TrialId, *, threads: int = 0):
+        """The TrainConfig `trial` trains with, built in this one place (issue 51): the
+        pipeline's `cfg` with the trial's variant's overrides (`Variant.apply`), its Phase-1
+        checkpoint's own `phase1_seed`, and `threads` (the trial's CPUs) where the preset
+        leaves them to the pipeline. SpaceError (a ValueError) for a variant the grid lacks,
+        ValueError for a config TrainConfig refuses."""
+        out = self.variant(trial.variant).apply(cfg)
+        if trial.phase1_seed is not None:
+            out = dataclasses.replace(out, phase1_seed=trial.phase1_seed)
+        if threads and not out.threads:
+            out = dataclasses.replace(out, threads=int(threads))
+        return out
+
     def diagnosed(self, trial: TrialId) -> bool:
         """Whether `trial` gets `pmnet diagnose` of its best model (`diagnose`: its condition
         is declared, and its seed is the grid's first Phase-2 seed)."""
@@ -388,11 +401,6 @@ class Space:
         dup_p = sorted({k for k in p1 if list(p1).count(k) > 1})
         if dup_p:
             raise SpaceError(f"grid {self.name!r}: Phase-1 seed(s) listed twice: {dup_p}")
-        if len(p1) == 1:
-            raise SpaceError(
-                f"grid {self.name!r}: one Phase-1 seed ({p1[0]}) is not a Phase-1 variance "
-                "grid; give two or more, or set the single checkpoint's seed with "
-                f"--set phase1_seed={p1[0]}")
         cpus = _number(self.cpus_per_trial, "cpus_per_trial", self.name)
         if cpus <= 0:
             raise SpaceError(f"grid {self.name!r}: cpus_per_trial must be > 0, got {cpus}")

@@ -35,7 +35,7 @@ from pmnet.report.studies import STUDIES, Findings
 from pmnet.report.table import Table
 from pmnet.report.trials import Trials
 from pmnet.stats import CONDITIONS
-from pmnet.store_layout import StoreLayout, read_store_record
+from pmnet.store_layout import PHASE1_SEED_UNIT, StoreLayout, phase1_seed_of, read_store_record
 
 #: list-valued columns of the comparison and Phase-1 frames, written to CSV as "s1 s2 ..."
 LIST_COLUMNS = ("seeds", "missing_seeds", "phase1_seeds", "pairs_per_checkpoint")
@@ -296,13 +296,13 @@ def main_report(
             merged[key] = loaded
     layout = StoreLayout(run)
     checkpoints = {}  # K Phase-1 checkpoints: phase1-p1s<k>/stage1.json
-    for path in sorted(run.glob("phase1-p1s*/stage1.json")):
+    for path in sorted(run.glob(f"{PHASE1_SEED_UNIT}*/stage1.json")):
         loaded = _read_json_dict(path)
-        if loaded is not None:
-            k = path.parent.name.removeprefix("phase1-p1s")
-            if not loaded.get("routes") and k.isdigit():
-                loaded["routes"] = _read_json_dict(layout.phase1_diagnose(int(k)))
-            checkpoints[k] = loaded
+        k = phase1_seed_of(path.parent.name)
+        if loaded is not None and k is not None:
+            if not loaded.get("routes"):
+                loaded["routes"] = _read_json_dict(layout.phase1_diagnose(k))
+            checkpoints[str(k)] = loaded
     if checkpoints and "phase1_checkpoints" not in merged:
         merged["phase1_checkpoints"] = checkpoints
     record = read_store_record(run)

@@ -33,7 +33,7 @@ def make_store(root: Path) -> StoreLayout:
     """Every unit of GRID, whole (module docstring)."""
     from pipelines.plan import Phase1Slot
     from pipelines.records import Provenance, Stage1Record
-    from pipelines.store import config_hash, phase1_unit_config, trial_config, unit_config
+    from pipelines.store import config_hash, phase1_unit_config, unit_config
     from pmnet.model_files import write_sha256
 
     cfg, space = grid()
@@ -57,7 +57,7 @@ def make_store(root: Path) -> StoreLayout:
                      metrics={"mean_stm": 50.0}).write(store.stage1_json(k))
         shas[k] = sha
     for trial in space.trials:
-        tcfg = trial_config(cfg, space, trial)
+        tcfg = space.trial_config(cfg, trial)
         config = unit_config(tcfg.flat())
         Provenance(unit=trial.name, kind="trial", config=config, config_hash=config_hash(config),
                    phase1_sha256=shas[trial.phase1_seed]).write(store.provenance(trial))

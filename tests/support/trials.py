@@ -70,6 +70,11 @@ def trial_ctx(root: Path, phase1: dict, variants: dict | None = None, **override
     src = Path(phase1["checkpoint"])
     lay.phase1_ckpt.write_bytes(src.read_bytes())
     Path(f"{lay.phase1_ckpt}.sha256").write_bytes(Path(f"{src}.sha256").read_bytes())
-    cfg = TrainConfig.from_name("debug", threads=1, **overrides).to_dict()
-    return TrialContext(root=str(root), name="t", train_config=cfg,
-                        phase1_sha256=phase1["sha256"], variants=variants or {"": {}})
+    from tune_spaces import Space, Variant
+
+    cfg = TrainConfig.from_name("debug", threads=1, **overrides)
+    conditions = ("consolidator_only", "learned_full", "identity_accum")
+    space = Space("t", conditions, (42, 43), variants=tuple(
+        Variant(name, dict(over)) for name, over in (variants or {"": {}}).items()))
+    return TrialContext(root=str(root), name="t", cfg=cfg, space=space,
+                        phase1_sha256=phase1["sha256"])
