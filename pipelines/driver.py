@@ -162,8 +162,9 @@ def _done(plan: Plan):
     return plan.store if plan.store is not None else plan.layout.units
 
 
-def _stop_at_deadline(plan: Plan) -> int:
-    """One line: what of this run is not done, and how to continue."""
+def _stop_at_deadline(plan: Plan, why: str | None = None) -> int:
+    """One line: what of this run is not done, and how to continue (`why`: "by SIGTERM";
+    by default --max-wall's)."""
     done = _done(plan)
     p1, tr = st.units_left(done, plan.phase1_slots, plan.space.trials)
     left = [s.seed for s in plan.phase1_slots if not done.stage1_json(s.seed).is_file()
@@ -171,7 +172,8 @@ def _stop_at_deadline(plan: Plan) -> int:
                    if t.phase1_seed == s.seed)]
     seeds = ",".join(str(k) for k in left if k is not None)
     write_meta(plan, status="stopped")
-    why = "by SIGTERM" if plan.max_wall_s is None else f"at --max-wall {plan.max_wall_s:g} s"
+    if why is None:
+        why = "by SIGTERM" if plan.max_wall_s is None else f"at --max-wall {plan.max_wall_s:g} s"
     say(f"[pipeline] stopped {why}: {p1} Phase-1 and {tr} trial "
         f"unit(s) of this run not done in {done.root}; continue with `make resume "
         f"NAME={plan.name} RUNS={plan.layout.root}` (python -m pipelines.run resume --name "
@@ -243,11 +245,13 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
                     pp.restore_progress(plan.store, slot)
             t1 = time.time()
             left = None if plan.max_wall_s is None else plan.max_wall_s - (time.time() - t_start)
-            jobs = stage1_start(wplan, ray, cluster, deadline_s=left, stop_file=str(stop_file))
-            kill_point("stage1-submitted")
-            if runs.tracker is None:
-                runs = open_tracking(plan)
-            with pp.sigterm_writes_stop_file(stop_file):  # issue 52: SIGTERM pauses Phase 1
+            # issue 52: from submission to the last Phase-1 result, SIGTERM pauses Phase 1
+            with pp.sigterm_writes_stop_file(stop_file, plan.store is not None):
+                jobs = stage1_start(wplan, ray, cluster, deadline_s=left,
+                                    stop_file=str(stop_file))
+                kill_point("stage1-submitted")
+                if runs.tracker is None:
+                    runs = open_tracking(plan)
                 p1 = stage1_finish(wplan, ray, jobs, runs, on_recorded=publish)
             stage1_wall += time.time() - t1
             p1_train += p1.train_time_s
@@ -259,7 +263,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
                 pp.drop_progress(plan.store, slot.seed)  # issue 52: the unit landed
             if p1.paused or stop_file.exists():  # issue 52: --max-wall or SIGTERM in Phase 1
                 _publish_paused(plan, wave, p1.paused)
-                stopped = True
+                stopped = "by SIGTERM" if stop_file.exists() else True
                 break
             theirs = {s.seed: d for s in wave  # another writer's, where it landed first
                       if (d := st.adopt_phase1(wplan, s)) and d != p1.digests[s.seed]}
@@ -288,7 +292,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
 
 
 def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float,
-           stage1_wall: float, stopped: bool) -> int:
+           stage1_wall: float, stopped: bool | str) -> int:
     """Stage 3 of every run: MLflow completed from every unit of the run (adopted ones
     included), the records, the report (the run's, and the store's), the timing logged to
     the parent run, and the closing lines."""
@@ -316,7 +320,7 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
         + (f"   store: {plan.store.root} (report: {plan.store.root / 'report'})"
            if plan.store is not None else ""))
     if stopped:
-        _stop_at_deadline(plan)
+        _stop_at_deadline(plan, stopped if isinstance(stopped, str) else None)
     elif status != "finished":
         say("[pipeline] unfinished or errored trials continue from their checkpoints with "
             f"`make resume NAME={plan.name}` (python -m pipelines.run resume --name "

@@ -1,6 +1,6 @@
 """A Phase-1 unit in progress, kept in the store (issue 52): a long Phase 1 in durable pieces.
 
-A Phase-1 task of a run into a store trains with `pmnet.train.StopAtEpochEnd`: `--max-wall`
+A Phase-1 task of every pipeline run trains with `pmnet.train.StopAtEpochEnd`: `--max-wall`
 (the wall left to the run when the task starts) and a SIGTERM to the driver (which writes
 the run's stop file, `stop_file`) stop it at an epoch boundary, and `run_phase1` returns a
 `Phase1Paused`. The driver then publishes the unit's progress into the store, next to the
@@ -282,7 +282,7 @@ def _copy(src: Path, dst: Path) -> str:
 
 
 @contextmanager
-def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
+def sigterm_writes_stop_file(path: Path, store: bool = True) -> Iterator[None]:
     """While the driver waits for its Phase-1 tasks: the first SIGTERM writes the run's stop
     file (each task stops at its next epoch end, `StopAtEpochEnd(stop_file=...)`) and
     restores the previous handler, so a second SIGTERM ends the driver as before. Outside
@@ -299,8 +299,9 @@ def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
     def handler(signum, frame):
         Path(path).touch()
         signal.signal(signal.SIGTERM, previous)
-        say("[pipeline] SIGTERM: Phase 1 stops at its next epoch end and its progress goes "
-            "into the store (a second SIGTERM ends the driver now)")
+        say("[pipeline] SIGTERM: Phase 1 stops at its next epoch end and its progress "
+            + ("goes into the store" if store else "stays in the run's unit")
+            + " (a second SIGTERM ends the driver now)")
 
     signal.signal(signal.SIGTERM, handler)
     try:

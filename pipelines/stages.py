@@ -299,7 +299,7 @@ def stage1_start(plan: Plan, ray, cluster, *, deadline_s: float | None = None,
                  stop_file: str | None = None) -> list[Stage1Job]:
     """For every Phase-1 checkpoint of the plan: skip (a valid one is there), import
     (`--phase1-from`), or submit its Phase-1 task; don't wait. `deadline_s` and `stop_file`
-    (issue 52, a run into a store): the task pauses at an epoch end when the deadline would
+    (issue 52, every run): the task pauses at an epoch end when the deadline would
     pass or the file exists (`pmnet.train.StopAtEpochEnd`)."""
     slots = plan.phase1_slots
     todo = []
@@ -759,13 +759,21 @@ def stage3(plan: Plan, runs: Runs) -> bool:
     lay = plan.layout
     rid = stage_run(plan, runs, "stage3-report")
     n = len(list(lay.results_dir.glob("*.json"))) if lay.results_dir.is_dir() else 0
+    stored = plan.store is not None and any(plan.store.results_dir.glob("*.json"))
+    if not n and not stored:  # e.g. a Phase 1 paused in the first wave (issue 52)
+        say("[stage 3/3] no result file yet: no report")
+        if rid:
+            runs.safe("stage3 finish", runs.tracker.finish, rid)
+        return True
     say(f"[stage 3/3] statistics and report from {n} result file(s) -> {lay.report_dir}")
     t0 = time.time()
+    written = {}
     try:
         from pmnet.report import main_report
 
-        written = main_report(lay.run_dir)
-        if plan.store is not None:
+        if n:
+            written = main_report(lay.run_dir)
+        if stored:
             main_report(plan.store.root)
             say(f"[stage 3/3] the store's report -> {plan.store.root / 'report'}")
     except Exception as e:

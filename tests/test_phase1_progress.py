@@ -245,7 +245,8 @@ def test_a_pipeline_stopped_by_sigterm_continues_from_a_copy_of_its_store(tmp_pa
     finally:
         kill_group(proc.pid)
     assert proc.returncode == 0, out[-4000:]
-    assert "stopped: Phase 1 paused (phase1-p1s1 after epoch" in out, out[-4000:]
+    assert "phase1-p1s1: Phase 1 paused after epoch" in out and "stopped by SIGTERM" in out, \
+        out[-4000:]
     p = StoreLayout(tmp_path / "P")
     record = json.loads((progress_dir(p, 1) / "progress.json").read_text())
     assert record["epoch"] in (1, 2) and record["max_epochs"] == 4, record  # mid-way

@@ -175,7 +175,7 @@ def test_a_store_run_quarantines_before_it_plans_a_wave(tmp_path, monkeypatch):
     assert [ln.split()[3] for ln in lines] == [
         "phase1-p1s2", "consolidator_only-p0-s42", "consolidator_only-p1-s42",
         "consolidator_only-p2-s42"], out
-    assert "1 Phase-1 and 3 trial unit(s) of this run not in the store" in out, out
+    assert "1 Phase-1 and 3 trial unit(s) of this run not done in" in out, out
     check = verify_store(store.root)
     assert check.ok and len(check.units) == 2, check.table()
     assert set(_quarantined(store)) == {"phase1-p1s2", "consolidator_only-p0-s42",
