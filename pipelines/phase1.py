@@ -11,7 +11,6 @@ every trial `check_phase1` before it trains (Phase1Refused: the trial ends, not 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from pipelines.console import say
 from pipelines.layout import PipelineError, read_json
 from pipelines.records import Stage1Record, canon, normalized_config
 from pmnet.conditions import PHASE2_ONLY_FIELDS
-from pmnet.store_layout import unit_name
+from pmnet.store_layout import config_digest, unit_name
 
 
 class Phase1Refused(ValueError):
@@ -141,8 +140,7 @@ def phase1_part(cfg_d: dict) -> dict:
 
 def phase1_config_hash(cfg) -> str:
     """sha256 of the Phase-1 part of a TrainConfig (Phase-2-only fields left out)."""
-    return hashlib.sha256(json.dumps(phase1_part(cfg.to_dict()), sort_keys=True).encode()
-                          ).hexdigest()
+    return config_digest(phase1_part(cfg.to_dict()))
 
 
 def trained_phase1_part(metrics: Any) -> dict | None:

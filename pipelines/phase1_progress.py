@@ -137,7 +137,7 @@ def check_progress(store: StoreLayout, slot: Phase1Slot) -> ProgressRecord | Non
     problem otherwise: damaged or foreign progress is refused, never used or dropped
     silently. Reads only."""
     from pipelines.store import first_difference, phase1_unit_config
-    from pmnet.train import sha256_file
+    from pmnet.io import sha256_file
 
     if store.stage1_json(slot.seed).is_file():
         return None

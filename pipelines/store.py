@@ -29,7 +29,6 @@ with). The wave scheduling of such a run is `pipelines.driver`'s.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import socket
@@ -55,7 +54,13 @@ from pipelines.phase1 import (
 from pipelines.provenance import device_kind, git_commit, package_version
 from pipelines.records import Provenance, Stage1Record, canon
 from pmnet.io import atomic_copy, atomic_write_json
-from pmnet.store_layout import StoreLayout, StoreRecord, read_store_record, unit_name
+from pmnet.store_layout import (
+    StoreLayout,
+    StoreRecord,
+    config_digest,
+    read_store_record,
+    unit_name,
+)
 from pmnet.trial_id import TrialId
 from tune_spaces.grids import GRID_DECIDED_FIELDS
 
@@ -113,8 +118,7 @@ def unit_config(config: dict) -> dict[str, Any]:
 
 
 def config_hash(config: dict) -> str:
-    return hashlib.sha256(json.dumps(unit_config(config), sort_keys=True).encode()
-                          ).hexdigest()
+    return config_digest(unit_config(config))
 
 
 def first_difference(stored: dict, mine: dict) -> str | None:

@@ -48,6 +48,7 @@ units is the pipeline's (`pipelines.store`). It imports nothing heavy.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -56,6 +57,14 @@ from pathlib import Path
 from typing import Any
 
 from pmnet.trial_id import TrialId
+
+
+def config_digest(config: Mapping[str, Any]) -> str:
+    """sha256 of a configuration as JSON with sorted keys: the one spelling of a unit's
+    `config_hash` (a trial's flat unit config, `pipelines.store.config_hash`; a Phase-1
+    unit's Phase-1 part, `pipelines.phase1.phase1_config_hash`), recomputed by
+    `pmnet.store_verify`."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 #: the store format this code reads and writes; a store of another version is refused
 STORE_FORMAT = "pmnet-store"

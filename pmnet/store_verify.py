@@ -27,7 +27,6 @@ This module imports nothing heavy (no torch): hashing the committed stores takes
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pmnet.io import sha256_file
-from pmnet.store_layout import StoreLayout, read_store_record
+from pmnet.store_layout import StoreLayout, config_digest, read_store_record
 from pmnet.trial_id import TrialId
 
 WHOLE, PARTIAL, CORRUPT, ORPHANED = "whole", "partial", "corrupt", "orphaned"
@@ -163,8 +162,7 @@ def _config_hash_ok(prov: dict) -> bool:
     a configuration already flat, which is how a unit records it). A Phase-1 unit's hash is
     of the nested Phase-1 part (`pipelines.phase1.phase1_config_hash`), so only a trial's is
     recomputed here."""
-    digest = hashlib.sha256(json.dumps(prov["config"], sort_keys=True).encode()).hexdigest()
-    return digest == prov["config_hash"]
+    return config_digest(prov["config"]) == prov["config_hash"]
 
 
 def _check_provenance(store: StoreLayout, path: Path, unit: str, *,
