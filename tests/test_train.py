@@ -485,9 +485,16 @@ def test_the_ladder_rungs_lie_between_cpu_and_paper_with_the_cpu_recipe(name, ca
     text = " ".join(cfg.notes)
     assert f"{total(name) / 1e6:.2f}M" in text and "paper" in text
     # the cpu recipe: every training field but the preset, the model, the test stream, notes
+    # (and `small`'s Phase-1 budget: 60 epochs, chosen on issue 52's validation curves)
+    budget = {"phase1_max_epochs", "phase1_patience"}
     same = {f.name for f in dataclasses.fields(TrainConfig)} - {"preset", "model", "test_seed",
-                                                                "notes"}
+                                                                "notes", *budget}
     assert {f: getattr(cfg, f) for f in same} == {f: getattr(cpu, f) for f in same}
+    if name == "small":
+        assert (cfg.phase1_max_epochs, cfg.phase1_patience) == (60, 60)
+        assert "Phase 1: 12,000 steps" in text and "Phase 1: 8,000 steps" not in text
+    else:
+        assert {f: getattr(cfg, f) for f in budget} == {f: getattr(cpu, f) for f in budget}
     seeds = [TrainConfig.from_name(p).test_seed for p in ("cpu", "small", "medium")]
     assert len(set(seeds)) == 3 and cfg.test_seed == LADDER_TEST_SEEDS[name]
     assert cfg.test_seed not in (*RETIRED_TEST_SEEDS, CPU_TEST_SEED, task.VAL_SEED)

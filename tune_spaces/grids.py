@@ -73,6 +73,13 @@ CHECKPOINT_STUDY_PHASE2_SEEDS = 2
 CHECKPOINT_CHANNEL_SEEDS: tuple[int, ...] = CHECKPOINT_STUDY_SEEDS[:5]
 CHECKPOINT_CHANNEL_CONDITIONS: tuple[str, ...] = (
     *(c for pair in ROUTING_PAIRS.items() for c in pair), *STRICT_PAIRS.values())
+# the scale ladder (issue 52): what each rung reports, from one Phase-2 seed under two Phase-1
+# checkpoints: both Consolidator-only arms, the trainable-memory arm and the GRU operator
+# (routing off; every trial's evaluation also gives forced identity). Phase-1 seeds 1 and 2:
+# the run that chose the `small` rung's Phase-1 budget on validation was seed 0's.
+LADDER_CONDITIONS: tuple[str, ...] = ("consolidator_only", "consolidator_only_routing_off",
+                                      "memory_consolidator", "operator_gru_routing_off")
+LADDER_PHASE1_SEEDS: tuple[int, ...] = (1, 2)
 
 #: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
 #: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions,
@@ -592,10 +599,21 @@ def checkpoint_channel(cfg, *, gpu: bool = False) -> Space:
         phase1_seeds=CHECKPOINT_CHANNEL_SEEDS, diagnose=CHECKPOINT_CHANNEL_CONDITIONS)
 
 
+def ladder(cfg, *, gpu: bool = False) -> Space:
+    """A rung of the scale ladder (issue 52): LADDER_CONDITIONS x the preset's first seed,
+    nested under the Phase-1 checkpoints LADDER_PHASE1_SEEDS (`--phase1-seeds` sets others).
+    Each trial's evaluation gives per-family recall beside its output-set baseline and the
+    forced-identity pass; `experiments/issue52_ladder.py` reads the rungs' stores together.
+    On `small`: 2 Phase-1 trainings and 8 trials."""
+    return default(cfg, gpu=gpu).derive(
+        name="ladder", conditions=LADDER_CONDITIONS, seeds=tuple(cfg.seeds)[:1],
+        phase1_seeds=LADDER_PHASE1_SEEDS)
+
+
 SPACES: dict[str, Callable[..., Space]] = {
     "default": default, "paper": paper, "tiny": tiny, "core": core, "operators": operators,
     "segments": segments, "phase1_variance": phase1_variance, "baselines": baselines,
-    "checkpoints": checkpoints, "checkpoint_channel": checkpoint_channel,
+    "checkpoints": checkpoints, "checkpoint_channel": checkpoint_channel, "ladder": ladder,
 }
 
 
