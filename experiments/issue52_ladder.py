@@ -197,11 +197,16 @@ def main() -> int:
         b0, b1 = fit.params
         lo, hi = fit.conf_int()[1]
         level = base + MARGIN
-        cross = 10 ** ((level - b0) / b1) if b1 > 0 else None
-        trends[arm] = {"slope_per_decade": b1, "ci": [lo, hi], "crosses_gate_at": cross}
+        smallest = min(p for p, _ in pts)
+        above = b0 + b1 * math.log10(smallest) >= level
+        cross = None if above or b1 <= 0 else 10 ** ((level - b0) / b1)
+        trends[arm] = {"slope_per_decade": b1, "ci": [lo, hi], "crosses_gate_at": cross,
+                       "above_gate_at_smallest": above}
+        where = ("already above it at the smallest size measured" if above else
+                 f"the trend reaches it at {cross:,.0f} parameters" if cross else
+                 "the trend never reaches it (slope <= 0)")
         lines.append(f"- {arm}: {b1:+.1f} pp per 10x parameters (95% CI {lo:+.1f} to "
-                     f"{hi:+.1f}); the trend reaches the baseline + 10 pp ({level:.1f}%) at "
-                     + (f"{cross:,.0f} parameters" if cross else "no size (slope <= 0)")
+                     f"{hi:+.1f}); baseline + 10 pp = {level:.1f}%: {where}"
                      + ("" if lo > 0 else "; the CI does not exclude a flat or falling trend"))
     OUT.mkdir(parents=True, exist_ok=True)
     atomic_write_text(OUT / "ladder.md", "\n".join(lines) + "\n")
@@ -251,6 +256,7 @@ def _figure(rungs: dict, trends: dict) -> None:
     if base is not None:
         ax.axhline(base, color="k", ls="--", lw=0.8, label="output-set baseline (val)")
         ax.axhline(base + MARGIN, color="tab:red", ls=":", lw=0.8, label="baseline + 10 pp")
+    ax.set_ylim(0, 100)  # recall; a band past it is clipped
     ax.set_xscale("log")
     ax.set_xlabel("parameters (log)")
     ax.set_ylabel("validation updated-LTM recall (%)")
