@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pmnet.io import atomic_write_text  # noqa: E402
+from tune_spaces.grids import LADDER_CONDITIONS  # noqa: E402
 
 OUT = ROOT / "experiments" / "results" / "issue52" / "ladder"
 RESULTS = ROOT / "experiments" / "results"
@@ -36,9 +37,8 @@ RESULTS = ROOT / "experiments" / "results"
 RUNGS = {"cpu": RESULTS / "issue39" / "store",
          "small": RESULTS / "issue52" / "store-small",
          "medium": RESULTS / "issue52" / "store-medium"}
-#: the arms each rung reports, in table order
-ARMS = ("consolidator_only", "consolidator_only_routing_off", "memory_consolidator",
-        "operator_gru_routing_off")
+#: the arms each rung reports, in table order: the `ladder` grid's
+ARMS = LADDER_CONDITIONS
 FAMILIES = ("add10", "affine10")
 #: the paper's single checkpoint (test stream; `../shared/spec/paper-aggregates.csv`):
 #: Consolidator only, updated LTM, routing on: 87.02 (ADD10 99.01, AFFINE10 74.80)
@@ -183,7 +183,7 @@ def main() -> int:
         for arm, a in r["arms"].items():
             lines.append(f"- {n}, {arm}: " + ", ".join(fmt(x) for x in a["curve"]))
     lines += ["", "## Trend against parameters (validation, checkpoint means)", ""]
-    trends = {}
+    trends, fits = {}, {}
     for arm in ARMS:
         pts = [(r["params"], v) for r in rungs.values() if arm in r["arms"]
                for v in r["arms"][arm]["val_per_checkpoint"].values() if v is not None]
@@ -194,6 +194,7 @@ def main() -> int:
             lines.append(f"- {arm}: {len({p for p, _ in pts})} rung(s) measured; a trend "
                          "needs two.")
             continue
+        fits[arm] = (pts, fit)
         b0, b1 = fit.params
         lo, hi = fit.conf_int()[1]
         level = base + MARGIN
@@ -212,12 +213,12 @@ def main() -> int:
     atomic_write_text(OUT / "ladder.md", "\n".join(lines) + "\n")
     atomic_write_text(OUT / "ladder.json", json.dumps(
         {"rungs": rungs, "trends": trends}, indent=1, sort_keys=True, default=str) + "\n")
-    _figure(rungs, trends)
+    _figure(rungs, fits)
     print((OUT / "ladder.md").read_text())
     return 0
 
 
-def _figure(rungs: dict, trends: dict) -> None:
+def _figure(rungs: dict, fits: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -238,10 +239,8 @@ def _figure(rungs: dict, trends: dict) -> None:
                     ys.append(v)
         if xs:
             ax.scatter(xs, ys, s=14, alpha=0.6, color=colors[arm], label=arm)
-        if arm in trends:
-            pts = [(r["params"], v) for r in rungs.values() if arm in r["arms"]
-                   for v in r["arms"][arm]["val_per_checkpoint"].values()]
-            fit = trend(pts)
+        if arm in fits:
+            pts, fit = fits[arm]
             grid = np.linspace(np.log10(min(p for p, _ in pts)), np.log10(PAPER_PARAMS), 50)
             pred = fit.get_prediction(np.column_stack([np.ones_like(grid), grid]))
             band = pred.conf_int(alpha=0.05)
