@@ -35,6 +35,7 @@ from pipelines.stages import (
     write_meta,
 )
 from pipelines.tracking import Runs, backfill_results, open_tracking
+from pmnet.store_layout import init_store
 
 
 def execute(plan: Plan) -> int:
@@ -70,10 +71,10 @@ def _execute(plan: Plan) -> int:
             + ", ".join(f"{c}{'-' + v if v else ''} {b / 2**30:.1f} GiB"
                         for (c, v), b in plan.memory.items()))
     if plan.store is not None:
-        from pipelines.store_repair import quarantine_damaged
+        from pmnet.store_repair import quarantine_damaged
 
-        st.init_store(plan.store)
-        quarantine_damaged(plan.store)  # adoption below sees whole units only (issue 53)
+        init_store(plan.store)
+        quarantine_damaged(plan.store, say)  # adoption below sees whole units only (issue 53)
     if _past_deadline(plan, t_start):
         return _stop_at_deadline(plan)
     ray = None
@@ -188,13 +189,14 @@ def _publish_paused(plan: Plan, wave: list, paused: dict) -> None:
     the driver got a SIGTERM (issue 52): say what paused where, and publish each paused
     unit's progress to the store (without one it stays in the run's unit, where `make
     resume` continues it). The run then ends as a stop at --max-wall does."""
-    from pipelines.phase1_progress import publish_progress
+    from pmnet.store_progress import publish_progress
+    from pmnet.train import checkpoint_epoch
 
     labels = {s.seed: s.label for s in wave}
     for k, p in paused.items():
         if plan.store is not None:
-            publish_progress(plan.store, next(s for s in wave if s.seed == k), p.reason,
-                             p.train_time_s)
+            publish_progress(plan.store, st.progress_unit(next(s for s in wave if s.seed == k)),
+                             p.reason, checkpoint_epoch, p.train_time_s, say)
         say(f"[pipeline] {labels[k]}: Phase 1 paused after epoch {p.epochs_done} of "
             f"{p.max_epochs} ({p.reason})"
             + ("; its progress is in the store" if plan.store is not None else ""))
@@ -210,6 +212,8 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
     (`--max-wall`) leaves whole checkpoints. Then Stage 3 (`finish`). Returns 0 when every
     unit of the run is done (or the deadline stopped it), else 1."""
     from pipelines import phase1_progress as pp
+    from pmnet.store_progress import drop_progress, restore_progress
+    from pmnet.train import checkpoint_epoch
 
     slots = plan.phase1_slots
     size = wave_size(plan, cluster)
@@ -242,7 +246,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
                 say(f"[store] adopted {n} stored trial unit(s) of this wave")
             if plan.store is not None:  # issue 52: a unit's stored progress, where it resumes
                 for slot in wave:
-                    pp.restore_progress(plan.store, slot)
+                    restore_progress(plan.store, st.progress_unit(slot), checkpoint_epoch, say)
             t1 = time.time()
             left = None if plan.max_wall_s is None else plan.max_wall_s - (time.time() - t_start)
             # issue 52: from submission to the last Phase-1 result, SIGTERM pauses Phase 1
@@ -260,7 +264,7 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
                     continue
                 if not plan.store.stage1_json(slot.seed).is_file():
                     st.publish_phase1(plan.store, slot)
-                pp.drop_progress(plan.store, slot.seed)  # issue 52: the unit landed
+                drop_progress(plan.store, slot.seed)  # issue 52: the unit landed
             if p1.paused or stop_file.exists():  # issue 52: --max-wall or SIGTERM in Phase 1
                 _publish_paused(plan, wave, p1.paused)
                 stopped = "by SIGTERM" if stop_file.exists() else True

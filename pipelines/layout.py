@@ -33,16 +33,14 @@ the default variant, `<condition>-<variant>-s<seed>` for a named one.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pmnet.conditions import PHASE2_ONLY_FIELDS  # noqa: F401  (re-exported)
-from pmnet.io import atomic_write_json
+from pmnet.io import atomic_write_json, read_json  # noqa: F401  (read_json re-exported)
 from pmnet.store_layout import StoreLayout
 from pmnet.trial_id import TrialId
 
@@ -203,13 +201,6 @@ def last_pipeline(root: str | os.PathLike) -> str:
 
 
 write_json = atomic_write_json
-
-
-def read_json(path: str | os.PathLike, default: Any = None) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # JSONDecodeError, UnicodeDecodeError (issue 53)
-        return default
 
 
 def check_writable(root: str | os.PathLike, *, what: str = "storage root",

@@ -1,5 +1,5 @@
-"""One driver per pipeline: an exclusive lock on `<run>/driver.lock` for the whole execution;
-and when a store's unit lock (`pipelines.store.UnitLock`) is stale (`unit_lock_stale`).
+"""One driver per pipeline: an exclusive lock on `<run>/driver.lock` for the whole execution
+(a store's unit lock is `pmnet.store_lock`).
 
 Two drivers on one pipeline would retrain Phase 1 over each other, run two Tuners on one
 `stage2/` and write into the same MLflow runs. `RunLock.acquire()` takes an `fcntl.flock`
@@ -21,82 +21,17 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-from pipelines.layout import PipelineError, read_json
+from pipelines.layout import PipelineError
+from pmnet.store_lock import pid_alive
 
 HEARTBEAT_S = 20.0
 STALE_AFTER_S = 4 * HEARTBEAT_S  # a fallback holder on another host silent this long: dead
 NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
-#: a store's unit lock older than this is stale whoever holds it (a lock is held only while a
-#: unit is checked and its files are copied in: seconds); `PMNET_STALE_LOCK_S` overrides it
-STALE_LOCK_S = 600.0
-STALE_LOCK_ENV = "PMNET_STALE_LOCK_S"
 
 
 class DriverRunning(PipelineError):
     """Another driver holds this pipeline; the message names it and what to do."""
-
-
-def _alive(pid: int) -> bool:
-    """Is process `pid` of this host running (a zombie is not)?"""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stale_lock_s() -> float:
-    """STALE_LOCK_S, or the seconds `PMNET_STALE_LOCK_S` gives (a positive number; tests)."""
-    try:
-        value = float(os.environ.get(STALE_LOCK_ENV, ""))
-    except ValueError:
-        return STALE_LOCK_S
-    return value if value > 0 else STALE_LOCK_S
-
-
-def _lock_record(info: Any) -> bool:
-    """A unit lock's content as its writer left it: a JSON object with its time."""
-    return isinstance(info, dict) and isinstance(info.get("time"), (int, float)) \
-        and not isinstance(info.get("time"), bool)
-
-
-def unit_lock_stale(path: Path, info: Any, stale_s: float) -> bool:
-    """Whether the unit lock at `path`, whose content read as `info` (None when it did not
-    parse), is stale. A readable lock (a JSON object with its `time`) is stale once that
-    time is older than `stale_s`, or at once when its owner is a dead process of this host;
-    a lock of another host is judged by age alone (its processes cannot be seen from here).
-    A lock that cannot be read (empty: its writer died between create and write; truncated;
-    not JSON; not an object with a time) is judged by its file's mtime, so it is stale
-    `stale_s` after it was last written. A lock that is gone is not stale."""
-    if _lock_record(info):
-        if time.time() - info["time"] > stale_s:
-            return True
-        pid = info.get("pid")
-        return info.get("host") == socket.gethostname() and isinstance(pid, int) \
-            and not _alive(pid)
-    try:
-        return time.time() - path.stat().st_mtime > stale_s
-    except OSError:
-        return False
-
-
-def same_stale_lock(moved: Path, judged: Any, stale_s: float) -> bool:
-    """After a stale lock judged from `judged` was moved aside to `moved`: is it still that
-    lock (so it may be deleted), rather than a fresh one another writer made in between? A
-    readable one by its token; an unreadable one when it is still unreadable and old."""
-    now = read_json(moved)
-    if _lock_record(judged):
-        return isinstance(now, dict) and now.get("token") == judged.get("token")
-    return not _lock_record(now) and unit_lock_stale(moved, None, stale_s)
 
 
 def driver_alive(run_dir: str | os.PathLike) -> bool:
@@ -165,7 +100,7 @@ class RunLock:
         if not isinstance(pid, int) or pid == os.getpid():
             return False
         if info.get("host") == socket.gethostname():
-            return _alive(pid)
+            return pid_alive(pid)
         try:
             age = time.time() - self.path.stat().st_mtime
         except OSError:

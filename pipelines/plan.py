@@ -226,14 +226,13 @@ def _check_store(plan: Plan) -> None:
     """The stored units this run would reuse were made with its configuration (reads)."""
     if plan.store is None:
         return
-    from pipelines.store import check_store_units
+    from pipelines.store import check_store_units, progress_unit
+    from pmnet.store_progress import check_progress
 
     check_store_units(plan.store, plan.cfg, plan.space, plan.phase1_slots,
                       plan.space.trials)
-    from pipelines.phase1_progress import check_progress
-
     for slot in plan.phase1_slots:  # issue 52: a paused unit's progress, of this config, whole
-        check_progress(plan.store, slot)
+        check_progress(plan.store, progress_unit(slot))
 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None) -> None:

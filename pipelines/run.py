@@ -26,6 +26,7 @@ from enum import IntEnum
 from pathlib import Path
 
 from pipelines.layout import PipelineError
+from pmnet.store_layout import StoreError
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "runs"
 
@@ -186,7 +187,7 @@ def run_plan(plan) -> int:
     except DriverRunning as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.BUSY
-    except PipelineError as e:
+    except (PipelineError, StoreError) as e:  # a store's error is the pipeline's (exit 3)
         print(f"error: {e}", file=sys.stderr)
         return Exit.FAILED
     except Exception as e:
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
 
         args.root = str(storage_root(args.root))  # a URL is refused here (exit 2)
         return int(COMMANDS[args.command](args))
-    except (PipelineError, SpaceError) as e:  # raised while planning: nothing has started
+    except (PipelineError, StoreError, SpaceError) as e:  # while planning: nothing started
         print(f"error: {e}", file=sys.stderr)
         return Exit.BAD_INPUT
     except KeyboardInterrupt:

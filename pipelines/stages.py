@@ -113,7 +113,7 @@ def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str,
         stop = StopAtEpochEnd(deadline_s, stop_file)
     res = run_phase1(cfg, out_dir, progress=False, accelerator=assigned_device(),
                      callbacks=[Phase1Progress(Path(out_dir) / PROGRESS_FILE)], stop=stop)
-    if not isinstance(res, dict):  # a Phase1Paused (pipelines.phase1_progress)
+    if not isinstance(res, dict):  # a Phase1Paused (pmnet.store_progress)
         return res
     return {**res, "device_kind": device_kind(assigned_device())}  # the unit's provenance
 

@@ -1,39 +1,16 @@
-"""The durable store a pipeline run fills (issue 45): adopt its units, publish new ones.
-
-A store (`pmnet.store_layout`: layout and `store.json`) holds finished units only, a
-Phase-1 checkpoint or a Phase-2 trial each; a run's own directory (`runs/<name>/`) is
-scratch. A run started with `--store DIR`
-
-- **plans** against it (`open_store`, `check_store_units`: reads only; PipelineError, exit
-  2, before anything is written): the directory can hold a store and its `store.json` is of
-  this format, and every stored unit this run would reuse was made with this run's
-  configuration: its `Provenance.config_hash` equals this run's, else the refusal names the
-  first key that differs;
-- **adopts** the store's units before it trains (`adopt_phase1`, `adopt_trials`):
-  a stored checkpoint goes through Stage 1's import-and-verify path (`check_phase1_source`,
-  `stages.import_phase1`), a stored result into the run's `results/`, where a trial reuses
-  it when its Phase-1 sha256, preset and variant match (`trial._result_matches`);
-- **publishes** each unit as it lands (`publish_phase1` by the driver, `publish_trial` by
-  the trial itself, again by the driver for any the trial could not): every file of the
-  unit atomically, its commit record (`stage1.json`, `results/<trial>.json`) last, under
-  the unit's lock (`UnitLock`, `locks/<unit>.lock`). A unit already in the store is never
-  overwritten: a second writer leaves it as it is (and says so when its own differs); a
-  run that trained a checkpoint another writer landed first sets its own aside and trains
-  the checkpoint's trials from the store's (`adopt_phase1`).
-
-Provenance is written when a unit starts (`start_provenance`) and checked when it lands
-(its config hash again; the commit it lands with is recorded beside the one it started
-with). The wave scheduling of such a run is `pipelines.driver`'s.
+"""The durable store a pipeline run fills (issue 45): plan against it (`open_store`,
+`check_store_units`: reads only, exit 2), adopt its units before a wave trains
+(`adopt_phase1`, `adopt_trials`), publish each unit as it lands (`publish_phase1`,
+`publish_trial`: the commit record last, under `pmnet.store_lock.UnitLock`, never over a
+unit already there), and each unit's provenance from its start to its landing. The layout
+is `pmnet.store_layout`; docs/pipeline.md, "The store", has the rules.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import socket
 import time
-import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +18,6 @@ from typing import Any
 from pipelines.addresses import STORE_HELP, storage_root
 from pipelines.console import say
 from pipelines.layout import PipelineError, check_writable, read_json
-from pipelines.lock import same_stale_lock, stale_lock_s, unit_lock_stale
 from pipelines.phase1 import (
     Phase1Slot,
     check_phase1_source,
@@ -53,14 +29,17 @@ from pipelines.phase1 import (
 )
 from pipelines.provenance import device_kind, git_commit, package_version
 from pipelines.records import Provenance, Stage1Record, canon
-from pmnet.io import atomic_copy, atomic_write_json
+from pmnet.io import atomic_copy
 from pmnet.store_layout import (
+    StoreError,
     StoreLayout,
-    StoreRecord,
+    config_difference,
     config_digest,
     read_store_record,
     unit_name,
 )
+from pmnet.store_lock import UnitLock
+from pmnet.store_progress import Phase1Unit
 from pmnet.trial_id import TrialId
 from tune_spaces.grids import GRID_DECIDED_FIELDS
 
@@ -69,13 +48,6 @@ from tune_spaces.grids import GRID_DECIDED_FIELDS
 #: unit runs (its torch threads: the CPUs a machine gives a trial) and the preset's prose;
 #: not what it computes (docs/choices.md, "What a unit's config hash covers")
 UNHASHED_FIELDS: tuple[str, ...] = GRID_DECIDED_FIELDS
-#: how long a writer waits for a unit another writer holds before it gives up on it
-LOCK_WAIT_S = 120.0
-
-
-class StoreError(PipelineError):
-    """A store cannot be used or a unit cannot be published; the message says why."""
-
 
 # -- planning (reads only) ------------------------------------------------------------------
 
@@ -121,20 +93,15 @@ def config_hash(config: dict) -> str:
     return config_digest(unit_config(config))
 
 
-def first_difference(stored: dict, mine: dict) -> str | None:
-    """The first key (sorted) whose value differs, with both values; None when equal."""
-    a, b = unit_config(stored), unit_config(mine)
-    missing = object()
-    for k in sorted(set(a) | set(b)):
-        if a.get(k, missing) != b.get(k, missing):
-            return (f"{k}: {a.get(k, '(absent)')!r} in the store vs "
-                    f"{b.get(k, '(absent)')!r} here")
-    return None
-
-
 def phase1_unit_config(slot: Phase1Slot) -> tuple[dict, str]:
     """(the Phase-1 part of the slot's config, flat; the hash stage1.json records)."""
     return unit_config(phase1_part(slot.cfg.to_dict())), phase1_config_hash(slot.cfg)
+
+
+def progress_unit(slot: Phase1Slot) -> Phase1Unit:
+    """The slot as its stored progress is checked and copied (`pmnet.store_progress`)."""
+    return Phase1Unit(slot.seed, slot.dir, *phase1_unit_config(slot),
+                      int(slot.cfg.phase1_max_epochs))
 
 
 def _trained_phase1_config(store: StoreLayout, seed: int | None) -> dict | None:
@@ -167,7 +134,7 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
         # provenance config) is compared through its phase1_metrics.json's train_config
         prov = Provenance.read(store.phase1_provenance(slot.seed))
         stored = prov.config or _trained_phase1_config(store, slot.seed)
-        diff = first_difference(stored, config) if stored else None
+        diff = config_difference(unit_config(stored), config) if stored else None
         if diff or rec.config_hash is not None or not stored:
             raise _refuse(store, unit_name(slot.seed), diff)
     for trial in trials:
@@ -181,105 +148,9 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
         # the stored config decides (the hash only summarises it); a unit without one (a
         # migrated result) is compared through its result's own `config`
         stored = prov.config if prov.config else res.get("config")
-        diff = first_difference(stored, mine) if isinstance(stored, dict) else None
+        diff = config_difference(unit_config(stored), mine) if isinstance(stored, dict) else None
         if diff or not isinstance(stored, dict):
             raise _refuse(store, trial.name, diff)
-
-
-# -- locks ----------------------------------------------------------------------------------
-
-
-class UnitLock:
-    """`locks/<unit>.lock`, made with O_EXCL and holding its owner (host, pid, time, a
-    token); removed on release only when it is still this owner's. A stale lock
-    (`pipelines.lock.unit_lock_stale`: a dead owner of this host, older than `stale_s`
-    (STALE_LOCK_S), or unreadable and its file older than that) is moved aside (rename,
-    atomic) and taken; a writer that moved a fresh lock by mistake (another took the stale
-    one first) puts it back with a hard link, which never overwrites. Waits up to `wait_s`
-    for a live owner; StoreError naming it after that."""
-
-    def __init__(self, store: StoreLayout, unit: str, wait_s: float = LOCK_WAIT_S,
-                 stale_s: float | None = None):
-        self.path = store.lock(unit)
-        self.unit, self.wait_s = unit, wait_s
-        self.stale_s = stale_lock_s() if stale_s is None else stale_s
-        self.token = uuid.uuid4().hex
-
-    def owner(self) -> dict:
-        info = read_json(self.path)
-        return info if isinstance(info, dict) else {}
-
-    def _break(self, info: Any) -> None:
-        aside = self.path.with_name(f"{self.path.name}.stale-{self.token}")
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return
-        if not same_stale_lock(aside, info, self.stale_s):
-            with contextlib.suppress(FileExistsError, FileNotFoundError):
-                os.link(aside, self.path)  # a fresh lock: back where it was
-        with contextlib.suppress(FileNotFoundError):
-            aside.unlink()
-
-    def acquire(self) -> UnitLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                         "time": time.time(), "token": self.token}).encode()
-        t0 = time.time()
-        while True:
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                raw = read_json(self.path)
-                if unit_lock_stale(self.path, raw, self.stale_s):
-                    self._break(raw)
-                    continue
-                info = self.owner()
-                if time.time() - t0 > self.wait_s:
-                    raise StoreError(
-                        f"store unit {self.unit} is locked by pid {info.get('pid', '?')} on "
-                        f"{info.get('host', '?')} ({self.path}); a lock older than "
-                        f"{self.stale_s:g} s is stale (its recorded time, or its file's age "
-                        "when it cannot be read) and is taken over then") from None
-                time.sleep(0.05)
-                continue
-            try:
-                os.write(fd, me)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            return self
-
-    def release(self) -> None:
-        if self.owner().get("token") == self.token:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-
-    def __enter__(self) -> UnitLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-# -- the store's record ---------------------------------------------------------------------
-
-
-def init_store(store: StoreLayout) -> None:
-    """Make the store's directory and its `store.json` (a new store's default record) when
-    it has none; an existing record is never rewritten (a hard link publishes it: the first
-    of two writers wins)."""
-    store.root.mkdir(parents=True, exist_ok=True)
-    if store.record.is_file():
-        return
-    tmp = store.root / f".store.json.{uuid.uuid4().hex}"
-    atomic_write_json(tmp, StoreRecord().to_dict())
-    try:
-        os.link(tmp, store.record)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
 
 
 # -- provenance ---------------------------------------------------------------------------
@@ -315,10 +186,10 @@ def landed(scratch: Path, prov_now: Provenance) -> Provenance:
     if start.config_hash is None:
         start = prov_now
     elif start.config_hash != prov_now.config_hash:
+        diff = config_difference(*(unit_config(p.config or {}) for p in (start, prov_now)))
         raise StoreError(f"unit {prov_now.unit} started with config hash "
                          f"{start.config_hash[:12]}... and lands with "
-                         f"{prov_now.config_hash[:12]}...; not published "
-                         f"({first_difference(start.config or {}, prov_now.config or {})})")
+                         f"{prov_now.config_hash[:12]}...; not published ({diff})")
     return replace(start, landed=time.time(), device=prov_now.device or start.device,
                    landed_git_commit=prov_now.git_commit,
                    phase1_sha256=prov_now.phase1_sha256 or start.phase1_sha256,

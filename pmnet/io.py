@@ -1,6 +1,6 @@
 """Atomic file writes: a crash never leaves half a file (temporary file beside the target,
 fsync, `os.replace`), and hard links made the same way. Used by training checkpoints, results,
-reports and the pipeline."""
+reports and the pipeline; and the small JSON files read back (`read_json`)."""
 
 from __future__ import annotations
 
@@ -57,10 +57,21 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
 
 
 def atomic_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
-    """Byte-identical copy that appears at ``dst`` in one step."""
+    """Byte-identical copy that appears at ``dst`` in one step, fsynced before it does."""
     with atomic_path(dst) as tmp:
         shutil.copyfile(src, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
     return Path(dst)
+
+
+def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
+    """A JSON file's content, or ``default`` when it is missing or unreadable (not JSON, not
+    UTF-8: a torn or damaged file reads as absent, issue 53)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # JSONDecodeError, UnicodeDecodeError
+        return default
 
 
 def atomic_link(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> bool:

@@ -42,8 +42,10 @@ old files recorded.
 its commit record exists: every other file of the unit is written (atomically) before it,
 so a crash leaves either a whole unit or none.
 
-This module only names paths and reads the small records; writing, locking and adopting
-units is the pipeline's (`pipelines.store`). It imports nothing heavy.
+This module names paths, reads the small records and makes a new store (`init_store`);
+the unit lock is `pmnet.store_lock`, the quarantine pre-pass `pmnet.store_repair`, a paused
+Phase-1 unit's progress `pmnet.store_progress`; adopting and publishing units is the
+pipeline's (`pipelines.store`). It imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pmnet.io import atomic_write_json
 from pmnet.trial_id import TrialId
 
 
@@ -65,6 +69,23 @@ def config_digest(config: Mapping[str, Any]) -> str:
     unit's Phase-1 part, `pipelines.phase1.phase1_config_hash`), recomputed by
     `pmnet.store_verify`."""
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def config_difference(stored: Mapping[str, Any], mine: Mapping[str, Any]) -> str | None:
+    """The first key (sorted) whose value differs between two unit configurations, with both
+    values; None when they are equal."""
+    missing = object()
+    for k in sorted(set(stored) | set(mine)):
+        if stored.get(k, missing) != mine.get(k, missing):
+            return (f"{k}: {stored.get(k, '(absent)')!r} in the store vs "
+                    f"{mine.get(k, '(absent)')!r} here")
+    return None
+
+
+class StoreError(RuntimeError):
+    """A store cannot be used or a unit cannot be published; the message says why. The
+    pipeline treats it as its own `PipelineError` (same exit codes, `pipelines.run`)."""
+
 
 #: the store format this code reads and writes; a store of another version is refused
 STORE_FORMAT = "pmnet-store"
@@ -201,3 +222,20 @@ def read_store_record(root: str | os.PathLike[str]) -> StoreRecord | None:
         return StoreRecord.from_dict(data)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from e
+
+
+def init_store(store: StoreLayout) -> None:
+    """Make the store's directory and its `store.json` (a new store's default record) when
+    it has none; an existing record is never rewritten (a hard link publishes it: the first
+    of two writers wins)."""
+    store.root.mkdir(parents=True, exist_ok=True)
+    if store.record.is_file():
+        return
+    tmp = store.root / f".store.json.{uuid.uuid4().hex}"
+    atomic_write_json(tmp, StoreRecord().to_dict())
+    try:
+        os.link(tmp, store.record)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()

@@ -18,7 +18,7 @@ back and says, for each unit, whether it is
 
 `verify_store(root)` returns a `StoreCheck` (its `table()` is what the command prints);
 `StoreCheck.damaged` are the units a run moves aside and trains again
-(`pipelines.store_repair`) and that `make report STORE=` refuses. Whether a unit was made
+(`pmnet.store_repair`) and that `make report STORE=` refuses. Whether a unit was made
 with *this run's* configuration is not a property of the store: planning checks it
 (`pipelines.store.check_store_units`, exit 2 naming the key).
 

@@ -2,7 +2,8 @@
 
 Fast: bad input refused with exit 2 before anything is written; a stored unit of another
 configuration refused naming the first key that differs; per-unit locks (two processes
-publishing one store lose no unit, never overwrite one, break a dead writer's lock);
+publishing one store lose no unit, never overwrite one; the lock itself:
+tests/test_store_lock.py);
 `--max-wall` stopping a run before its first wave; the grid's diagnostics declaration.
 Slow: a `debug` grid filled in two pieces (the second SIGKILLed, then resumed) equals one
 uninterrupted run (same units, sha256s and test metrics).
@@ -14,8 +15,6 @@ import contextlib
 import io
 import json
 import multiprocessing
-import os
-import socket
 import time
 from pathlib import Path
 
@@ -25,17 +24,14 @@ from pipelines import run
 from pipelines.layout import PipelineError, read_json
 from pipelines.records import Provenance, Stage1Record
 from pipelines.store import (
-    StoreError,
-    UnitLock,
     check_store_units,
     config_hash,
-    first_difference,
     land_trial,
     phase1_unit_config,
     publish_trial,
     unit_config,
 )
-from pmnet.store_layout import StoreLayout
+from pmnet.store_layout import StoreError, StoreLayout, config_difference
 from pmnet.trial_id import TrialId
 
 DEBUG = ["start", "--preset", "debug", "--grid", "phase1_variance", "--stage1-cpus", "1",
@@ -171,7 +167,10 @@ def test_a_stored_phase1_unit_of_another_config_is_refused_naming_the_key(tmp_pa
     check_store_units(store, cfg, space, [slot], [])
 
 
-def test_first_difference_is_the_first_sorted_flat_key():
+def test_config_difference_is_the_first_sorted_flat_key():
+    def first_difference(x, y):
+        return config_difference(unit_config(x), unit_config(y))
+
     a = {"lr": 1, "model": {"hidden": 32, "n_layer": 2}, "threads": 1}
     b = {"lr": 1, "model": {"hidden": 64, "n_layer": 3}, "threads": 8}
     assert first_difference(a, b) == "model.hidden: 32 in the store vs 64 here"
@@ -291,31 +290,6 @@ def test_a_result_from_another_checkpoint_is_not_published(tmp_path):
     land_trial(units, trial, tdir, Provenance(unit=trial.name, config_hash="e" * 64))
     what = publish_trial(store, units, trial)
     assert what.startswith("not published") and not store.result(trial).exists()
-
-
-def _dead_pid() -> int:
-    ctx = multiprocessing.get_context("spawn")
-    p = ctx.Process(target=time.sleep, args=(0,))
-    p.start()
-    p.join()
-    return p.pid
-
-
-def test_unit_lock_breaks_a_dead_writers_lock_and_waits_for_a_live_one(tmp_path):
-    store = StoreLayout(tmp_path / "store")
-    path = store.lock("u")
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"host": socket.gethostname(), "pid": _dead_pid(),
-                                "time": time.time(), "token": "old"}))
-    with UnitLock(store, "u", wait_s=5) as lock:  # the dead writer's lock is stale
-        assert read_json(path)["token"] == lock.token
-        with pytest.raises(StoreError, match=f"store unit u is locked by pid {os.getpid()}"):
-            UnitLock(store, "u", wait_s=0.3).acquire()  # a live owner: waited for, then refused
-    assert not path.exists()
-    path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "time": time.time() - 7200,
-                                "token": "old"}))
-    with UnitLock(store, "u", wait_s=5):  # another host's, older than STALE_LOCK_S
-        pass
 
 
 # -- the deadline, before any wave ----------------------------------------------------------

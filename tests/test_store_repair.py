@@ -1,4 +1,4 @@
-"""A store run moves its damaged units aside and trains them again (`pipelines.store_repair`,
+"""A store run moves its damaged units aside and trains them again (`pmnet.store_repair`,
 issue 53).
 
 Fast: each damage of issue 53 is quarantined (moved, never deleted, under the unit's lock,
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.store_repair import quarantine_damaged
+from pipelines.console import say
 from pmnet.store_layout import StoreLayout
+from pmnet.store_repair import quarantine_damaged
 from pmnet.store_verify import CORRUPT, ORPHANED, QUARANTINE_DIR, verify_store
 from tests.support import store as fake
 
@@ -32,7 +33,7 @@ from tests.support import store as fake
 def _quarantine(store) -> tuple[list, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        moved = quarantine_damaged(store)
+        moved = quarantine_damaged(store, say)  # the driver's console, as in a run
     return moved, out.getvalue()
 
 
@@ -102,7 +103,7 @@ def test_a_whole_store_is_left_as_it_is(tmp_path):
 def test_a_unit_repaired_while_waiting_for_its_lock_stays(tmp_path, monkeypatch):
     """The verdict is taken again under the unit's lock: another writer may have replaced
     the unit (here: the result is made whole again just before the move)."""
-    from pipelines import store_repair
+    from pmnet import store_repair
 
     store = fake.make_store(tmp_path / "s")
     name = "consolidator_only-p0-s42"

@@ -41,9 +41,9 @@ CONCERN = {
     "execute": FAULT, "_execute": ORCH, "check_cluster": CLUSTER, "ui_hint": TRACK,
     "kill_point": FAULT, "epoch_pause": FAULT,
     "PipelineError": VALID, "check_name": VALID, "trial_key": TRACK, "Layout": ORCH,
-    "list_pipelines": ORCH, "last_pipeline": ORCH, "read_json": ORCH,
+    "list_pipelines": ORCH, "last_pipeline": ORCH,
     "check_writable": VALID,
-    "DriverRunning": FAULT, "_alive": FAULT, "driver_alive": FAULT, "RunLock": FAULT,
+    "DriverRunning": FAULT, "driver_alive": FAULT, "RunLock": FAULT,
     "Phase1Refused": FAULT, "Phase1Slot": STUDY, "Phase1Source": STUDY, "check_phase1": FAULT,
     "existing_phase1": FAULT, "phase1_part": ORCH, "phase1_config_hash": ORCH,
     "check_phase1_source": STUDY, "trained_phase1_part": STUDY,
@@ -100,10 +100,10 @@ CONCERN = {
     "_stop_at_deadline": STORE, "execute_waves": STORE, "check_max_wall": VALID,
     "_check_store": VALID, "device_kind": RECORD,
     "package_version": RECORD, "Provenance": RECORD, "_max_wall": STORE, "report_store": STORE,
-    "StoreError": STORE, "open_store": VALID, "flatten": STORE,
-    "unit_config": STORE, "config_hash": STORE, "first_difference": VALID,
-    "phase1_unit_config": STORE, "check_store_units": VALID, "UnitLock": STORE,
-    "init_store": STORE, "start_provenance": RECORD, "write_started": RECORD,
+    "open_store": VALID, "flatten": STORE,
+    "unit_config": STORE, "config_hash": STORE,
+    "phase1_unit_config": STORE, "check_store_units": VALID,
+    "start_provenance": RECORD, "write_started": RECORD,
     "landed": RECORD, "adopt_phase1": STORE, "publish_phase1": STORE,
     "publish_trial": STORE, "units_left": STORE, "_diagnose": STORE,
     "_trained_phase1_config": VALID,
@@ -113,15 +113,11 @@ CONCERN = {
     "land_phase1": RECORD, "start_trial": RECORD, "land_trial": RECORD,
     "copy_unit": STORE, "adopt_trials": STORE,
     # a long Phase 1 in durable pieces (issue 52): phase1_progress.py, driver._publish_paused
-    "progress_dir": STORE, "local_ckpt_dir": STORE, "stop_file": STORE,
-    "ProgressRecord": RECORD, "_record_path": STORE, "_unit": STORE, "_start_over": VALID,
-    "check_progress": VALID, "restore_progress": STORE, "publish_progress": STORE,
-    "drop_progress": STORE, "_copy": STORE, "sigterm_writes_stop_file": FAULT,
-    "_publish_paused": STORE,
-    # a store that verifies what it holds (issue 53)
-    "stale_lock_s": STORE, "_lock_record": STORE, "unit_lock_stale": STORE,
-    "same_stale_lock": STORE, "Quarantined": FAULT, "_recheck": FAULT, "_dest": FAULT,
-    "_move": FAULT, "quarantine_damaged": FAULT,
+    # (the progress itself moved to pmnet/store_progress.py)
+    "stop_file": STORE, "sigterm_writes_stop_file": FAULT, "_publish_paused": STORE,
+    "progress_unit": STORE,
+    # a store that verifies what it holds (issue 53): the unit locks' staleness and the
+    # quarantine pre-pass moved to pmnet/store_lock.py and pmnet/store_repair.py
 }
 
 

@@ -29,7 +29,8 @@ handler back, so a second SIGTERM ends the fit after the current batch as Lightn
 (last.ckpt then holds the epoch before). The pipeline's Phase-1 tasks do not use it (Ray
 owns its workers' signals); their driver writes `stop_file` instead.
 
-Nothing here knows about stores or Ray; the pipeline's side is `pipelines.phase1_progress`.
+Nothing here knows about stores or Ray; the store's side is `pmnet.store_progress`, the
+driver's `pipelines.phase1_progress`.
 """
 
 from __future__ import annotations

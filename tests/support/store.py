@@ -1,5 +1,5 @@
 """A durable store made without training (issue 53's tests of `pmnet.store_verify` and
-`pipelines.store_repair`): the `debug` preset's `phase1_variance` grid, narrowed to one
+`pmnet.store_repair`): the `debug` preset's `phase1_variance` grid, narrowed to one
 condition and seed, with each Phase-1 unit a few stand-in bytes under their sha256 and
 each trial's result naming it. The units are whole in every way the store's check reads
 them, and made with this code's `debug` configuration, so planning reuses them."""

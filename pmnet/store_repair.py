@@ -7,7 +7,7 @@ and crashes can leave a commit record whose unit is not whole: a truncated resul
 checkpoint whose bytes changed under its sha256, a result trained from a checkpoint the
 store does not hold. `quarantine_damaged(store)` runs `pmnet.store_verify.verify_store` over
 the whole store before the run plans its waves; each unit it finds corrupt or orphaned is,
-under the unit's lock (`pipelines.store.UnitLock`) and after a second look (another writer
+under the unit's lock (`pmnet.store_lock.UnitLock`) and after a second look (another writer
 may have replaced it meanwhile), moved into `<store>/quarantine/<unit>-<UTC time>/`:
 
 - a Phase-1 unit's directory as it is (one rename: the unit is gone at once), with the
@@ -20,6 +20,8 @@ Nothing is deleted. The run says so, one line per unit naming the file and the r
 trains the units of its piece again, so it ends with every unit whole; the units of other
 pieces train again in their pieces' runs. A unit of another configuration is not damage:
 planning refuses it before this step (`pipelines.store.check_store_units`, exit 2).
+
+Store format only: no Ray, MLflow or driver here; the driver calls it with its console.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.console import say
-from pipelines.store import UnitLock
 from pmnet.io import atomic_write_json
 from pmnet.store_layout import StoreLayout
+from pmnet.store_lock import UnitLock
 from pmnet.store_verify import (
     QUARANTINE_DIR,
     UnitCheck,
@@ -97,9 +99,10 @@ def _move(store: StoreLayout, unit: UnitCheck) -> Path:
     return dest
 
 
-def quarantine_damaged(store: StoreLayout) -> list[Quarantined]:
+def quarantine_damaged(store: StoreLayout,
+                       say: Callable[[str], None] = print) -> list[Quarantined]:
     """Move every corrupt or orphaned unit of `store` into its quarantine (module
-    docstring), saying so; the units moved."""
+    docstring), saying so (one `say` line per unit); the units moved."""
     moved = []
     for unit in verify_store(store.root).damaged:  # Phase-1 units first: their trials follow
         with UnitLock(store, unit.unit):
