@@ -536,9 +536,10 @@ def _drive(callback, trial: TrialId, reports: list[dict], *, end: bool = True,
 
 def _open_store(lay: Layout, uri: str) -> tuple:
     from pipelines.records import TrackingRecord
+    from pipelines.tracking_uri import artifact_location
 
-    tracker = Tracker(uri)
-    exp = tracker.experiment("pmnet/t")
+    tracker = Tracker(uri)  # artifacts where the driver puts them, never the repo's ./mlruns
+    exp = tracker.experiment("pmnet/t", artifact_location=artifact_location(uri, "t", lay.root))
     parent, _ = tracker.attach_run(exp, "t", run_name="t")
     TrackingRecord(tracking_uri=uri, experiment_name="pmnet/t", experiment_id=exp,
                    parent_run_id=parent).write(lay.tracking_json)

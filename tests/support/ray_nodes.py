@@ -69,9 +69,16 @@ class LoopbackCluster:
                                capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
-        if r.returncode != 0 or not r.stdout.strip():
+        if r.returncode != 0:
             return None
-        return json.loads(r.stdout.strip().splitlines()[-1])
+        for line in reversed(r.stdout.splitlines()):  # Ray may print its own lines around
+            try:  # the probe's JSON ("raylet has lagging heartbeats" on a loaded host)
+                ids = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ids, list):
+                return ids
+        return None
 
     def add_node(self, *, head: bool = False, num_cpus: float = 1,
                  resources: dict | None = None, prefix: list[str] | None = None,
