@@ -1,33 +1,10 @@
-"""Storage layout of a pipeline run, trial naming, and the small JSON files on disk.
+"""A run directory's paths (`Layout`), pipeline names and the small JSON helpers.
 
 A run directory is its own store plus scratch: its units (Phase-1 checkpoints, trials) are
 laid out by `pmnet.store_layout.StoreLayout` exactly as in a durable store (`Layout.units`),
-and the rest is the run's own:
-
-    <root>/                              storage root (absolute; shared storage on a cluster)
-      mlflow.db  mlartifacts/            embedded MLflow store (all pipelines of this root;
-                                         written by each pipeline's driver, no server)
-      compile-cache/                     torch.compile's cache, shared by every process
-      LAST                               name of the most recently started pipeline
-      <name>/                            one pipeline run
-        driver.lock                      the running driver (pipelines.lock)
-        pipeline.json                    what ran: preset, grid, resources, phase1 sha256, ...
-        config.json                      the full TrainConfig (TrainConfig.to_dict())
-        tracking.json                    MLflow experiment id and run ids (parent, stages)
-        timing.json                      wall time vs. the trials' own training time
-        phase1[-p1s<k>]/ diagnostics/ provenance/ results/
-                                         the units (pmnet.store_layout; a Phase-1 unit's
-                                         directory also holds Lightning's phase1_ckpt/ and
-                                         the task's started.json and progress.json)
-        stage2[-p1s<k>...]/              Stage 2: the Tune experiment of a wave of Phase-1
-                                         checkpoints (`stage2` when one wave holds them all)
-        stage2[-p1s<k>...].json          the Phase-1 sha256 its trials were trained from
-        trials/<trial>/                  each trial's run_phase2 out_dir + trial.json (scratch)
-        report/                          Stage 3: tables and figures (pmnet.report)
-        logs/                            the driver's log and error tracebacks
-
-A trial is a `TrialId` (pmnet.trial_id); `<trial>` is its name: `<condition>-s<seed>` for
-the default variant, `<condition>-<variant>-s<seed>` for a named one.
+the rest (logs, `trials/<trial>/`, Tune's `stage2*/`, the run's records) is its own;
+docs/pipeline.md, "Storage layout", draws the whole tree. `<trial>` is a `TrialId`'s name
+(pmnet.trial_id).
 """
 
 from __future__ import annotations

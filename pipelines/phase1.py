@@ -98,7 +98,7 @@ def existing_phase1(slot: Phase1Slot, *, repair: bool = False) -> str | None:
     matches the sha256 Stage 1 recorded is rewritten (`repair`, the driver) or accepted as
     rewritable (planning), rather than retraining Phase 1.
     """
-    from pmnet.train import load_model_file, sha256_file, verify_phase1
+    from pmnet.train import load_model_file, sha256_file, verify_phase1, write_sha256
 
     ckpt, sidecar = slot.ckpt, slot.sidecar
     if not ckpt.is_file():
@@ -118,9 +118,7 @@ def existing_phase1(slot: Phase1Slot, *, repair: bool = False) -> str | None:
         if digest != info.sha256:
             return None  # not the checkpoint Stage 1 finished: it runs again
         if repair:
-            from pmnet.io import atomic_write_bytes
-
-            atomic_write_bytes(sidecar, f"{digest}  {ckpt.name}\n".encode())
+            write_sha256(ckpt, digest)
     elif info.sha256 != digest:
         raise PipelineError(f"Stage 1: {ckpt} has sha256 {digest[:12]}... but Stage 1 "
                             f"recorded {str(info.sha256)[:12]}...; refusing it. {hint}")
@@ -210,6 +208,7 @@ def install_phase1(slot: Phase1Slot, src: Phase1Source) -> str:
     import stat
 
     from pmnet.io import atomic_write_bytes, atomic_write_json
+    from pmnet.train import write_sha256
 
     data = src.checkpoint.read_bytes()
     if hashlib.sha256(data).hexdigest() != src.sha256:  # changed since planning
@@ -220,7 +219,7 @@ def install_phase1(slot: Phase1Slot, src: Phase1Source) -> str:
     slot.dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(slot.metrics_json, src.metrics)
     atomic_write_bytes(slot.ckpt, data)
-    atomic_write_bytes(slot.sidecar, f"{src.sha256}  {slot.ckpt.name}\n".encode())
+    write_sha256(slot.ckpt, src.sha256)
     for p in (slot.ckpt, slot.sidecar):  # read-only, as trained
         p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     Stage1Record(config_hash=phase1_config_hash(slot.cfg), sha256=src.sha256,

@@ -142,10 +142,6 @@ def build_space(cfg, *, grid: str = "default", gpu: bool = False, conditions=Non
     return space
 
 
-def default_name(preset: str) -> str:
-    return f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | None = None,
              grid: str = "default", overrides: dict | None = None, conditions=None,
              seeds=None, variants=None, cpus_per_trial=None, gpus_per_trial=None,
@@ -193,7 +189,7 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
                         gpus_per_trial=gpus_per_trial, max_concurrent=max_concurrent,
                         max_failures=max_failures, overrides=overrides,
                         phase1_seeds=phase1_seeds)
-    name = check_name(name or default_name(cfg.preset))
+    name = check_name(name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     uri = requested_tracking_uri(tracking_uri)
     if uri and check_tracking:
         check_tracking_uri(uri)
@@ -380,10 +376,6 @@ def grid_record(space: Space) -> dict:
     return grid
 
 
-def _stored_identity(plan: Plan) -> dict:
-    return {"train_config": canon(plan.cfg.to_dict()), "grid": grid_record(plan.space)}
-
-
 def _check_existing(plan: Plan) -> None:
     """A pipeline name that exists must describe the same experiment (then it continues)."""
     lay = plan.layout
@@ -394,7 +386,7 @@ def _check_existing(plan: Plan) -> None:
         return
     stored = {"train_config": normalized_config(read_json(lay.config_json)),
               "grid": PipelineRecord.read(lay.pipeline_json).grid}
-    mine = _stored_identity(plan)
+    mine = {"train_config": canon(plan.cfg.to_dict()), "grid": grid_record(plan.space)}
     if stored != mine:
         diff = []
         a, b = stored.get("train_config") or {}, mine["train_config"]

@@ -23,11 +23,6 @@ from pipelines.records import Progress, as_float
 PROGRESS_FILE = "progress.json"
 
 
-def _plain(v) -> float | None:
-    f = as_float(v)
-    return f if f is not None and math.isfinite(f) else None
-
-
 class Phase1Progress(Callback):
     """Write Phase-1 progress to `path` (JSON) at a bounded rate."""
 
@@ -65,7 +60,8 @@ class Phase1Progress(Callback):
         elapsed = now - self._t0
         done_here = step - self._start_step
         eta = (elapsed / done_here * (total - step)) if total and done_here > 0 else None
-        history = [{k: _plain(v) for k, v in row.items()}
+        history = [{k: f if f is not None and math.isfinite(f) else None
+                    for k, v in row.items() for f in (as_float(v),)}
                    for row in getattr(pl_module, "history", [])]
         Progress(step=step, total_steps=total, epoch=int(trainer.current_epoch),
                  max_epochs=trainer.max_epochs, elapsed_s=elapsed, eta_s=eta, done=done,

@@ -1,23 +1,9 @@
-"""MLflow for the pipeline. The driver is its only writer; trials never open MLflow.
-
-Store: `--tracking-uri` / `MLFLOW_TRACKING_URI` when given (an MLflow server, or a
-`sqlite:` file), else the embedded SQLite file `<root>/mlflow.db`, which the driver opens
-directly (no server process). Artifacts of a SQLite store go beside it, in
-`mlartifacts/<pipeline name>/<run id>/artifacts/`.
-
-Runs are found again by the tag `run_key`: `<name>` for the pipeline's parent run,
-`<name>/stage1-phase1` ... for the stages, `<name>/<trial>` for trials (also `trial_key`).
-A resumed driver, a retried trial or a `Tuner.restore` re-attaches to its run; params are
-logged only where missing and epochs only where their step is not logged yet.
-
-Trials reach MLflow through `TrialRuns`, a Tune callback of the driver: it logs each epoch
-as the trial reports it to Tune (step = epoch), and closes the run FINISHED from the
-trial's result file with its artifacts (`record_result`). `backfill_results` completes
-from the result files, which are the truth, whatever a dead server kept it from logging.
-
-Tracking never fails the pipeline, and a dead server costs one bounded call: every call
-runs through a `TrackingGuard` (bounded HTTP retries and timeouts, then a cooldown in which
-calls are skipped; SQLite's "database is locked" is retried, `SQLITE_LOCK_RETRIES`).
+"""MLflow for the pipeline, with the driver as its only writer (trials never open MLflow):
+the store (`--tracking-uri`, else the embedded `<root>/mlflow.db`), runs found again by
+their `run_key` tag, trials logged through `TrialRuns` (a Tune callback of the driver) and
+completed from their result files (`backfill_results`), every call bounded by a
+`TrackingGuard`, so tracking never fails the pipeline. docs/pipeline.md, "MLflow layout",
+has the details.
 """
 
 from __future__ import annotations
@@ -112,10 +98,6 @@ class HttpLimits:
 TRACKING_LIMITS = HttpLimits()
 
 
-def _locked(e: Exception) -> bool:
-    return "database is locked" in str(e)
-
-
 class TrackingGuard:
     """Runs MLflow calls so that none can stall or fail the driver.
 
@@ -146,7 +128,7 @@ class TrackingGuard:
                 with self.limits.applied():
                     return True, fn(*args, **kwargs)
             except Exception as e:  # tracking must never take training or results down
-                if _locked(e) and attempt < SQLITE_LOCK_RETRIES:
+                if "database is locked" in str(e) and attempt < SQLITE_LOCK_RETRIES:
                     time.sleep(1.0)
                     continue
                 self._retry_at = self.clock() + self.limits.cooldown_s

@@ -1,29 +1,10 @@
-"""One Stage-2 trial (a `TrialId`: condition x variant x seed) as a Tune function trainable.
-
-The trial
-1. verifies the shared Phase-1 checkpoint (its sha256 sidecar and the hash the driver
-   recorded in Stage 1) before anything else, and refuses it with a clear error otherwise;
-2. trains with `pmnet.train.run_phase2`, continuing after a crash or a resume from the
-   trial directory's `ckpt/last.ckpt` (on the shared storage), which Lightning writes once
-   per epoch; a callback sends each epoch's metrics through `tune.report` with a tiny
-   checkpoint directory holding only `meta.json` (epoch, final flag, which last.ckpt), so no
-   weights are copied through Tune;
-3. lands its unit in the run (`pipelines.store.land_trial`: its diagnostics where its grid
-   declares them, its provenance completed, then `<run>/results/<trial>.json` last) and,
-   with a store, publishes it there (`pipelines.store.publish_trial`).
-
-A trial never opens MLflow: the driver logs what it reports to Tune and its result file
-(`pipelines.tracking.TrialRuns`).
-
-The trial's TrainConfig is the pipeline's with its variant's overrides (`Variant.apply`); a
-named variant is recorded in result.json (`variant`, `variant_overrides`), trial.json, and
-the MLflow run's params and tags (set by the driver).
-
-A trial whose result file already exists (finished before the driver died, so Tune did not
-record it) is not trained again: it reports the stored result and ends.
-
-Test hook: PMNET_TEST_FAULT_ONCE=<dir> makes each trial raise once, right after its first
-reported epoch, unless `<dir>/<trial>` exists (the trial creates it first).
+"""One Stage-2 trial (a `TrialId`: condition x variant x seed) as a Tune function trainable:
+it verifies the shared Phase-1 checkpoint first, trains with `pmnet.train.run_phase2`
+(continuing from its `ckpt/last.ckpt`; each epoch reported to Tune with a checkpoint that
+holds only `meta.json`), reuses a result that already exists instead of training again,
+and lands its unit (`pipelines.store.land_trial`) and publishes it to a store. It never
+opens MLflow. docs/pipeline.md, "Stages" (step 2) and "Tests" (`PMNET_TEST_FAULT_ONCE`),
+has the details.
 """
 
 from __future__ import annotations
@@ -180,11 +161,6 @@ def quiet_training_logs() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, message=".*number of training batches")
 
 
-def _fault_marker(trial: TrialId) -> Path | None:
-    root = os.environ.get(FAULT_ENV)
-    return Path(root) / trial.name if root else None
-
-
 def _scalar_metrics(metrics: dict) -> dict[str, float]:
     return {k: f for k, v in metrics.items() if (f := as_float(v)) is not None}
 
@@ -264,7 +240,8 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str):
                     Path(tmp) / "meta.json")
                 tune.report({**metrics, **trial.to_config()},
                             checkpoint=tune.Checkpoint.from_directory(tmp))
-            marker = _fault_marker(trial)
+            marker = Path(os.environ[FAULT_ENV]) / trial.name if os.environ.get(FAULT_ENV) \
+                else None
             if marker is not None and not marker.exists():
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text(f"fault injected after epoch {epoch}\n")
