@@ -215,7 +215,7 @@ def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
     assert {r["label"] for r in dist} == {
         "routing on - off: updated_ltm", "learned - forced identity, routing on: updated_ltm",
         "learned - forced identity, routing off: updated_ltm"}
-    assert all(r["k"] == "2" and r["n"] == "2" for r in dist)  # 2 checkpoints x 1 seed
+    assert all(r["k"] == "2" and r["n"] == "4" for r in dist)
     effects = read_csv_rows(lay.report_dir / "data" / "checkpoint_effects.csv")
     assert len(effects) == 3 * 2  # one row per effect and checkpoint
     rc, out = cli(*args)  # the same pipeline again: nothing trains
