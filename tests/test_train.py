@@ -160,6 +160,10 @@ def test_killed_run_resumes_to_the_same_result(phase1, tmp_path):
     wall = time.time() - t
     assert resumed["test"] == full["test"]
     assert len(resumed["history"]) == len(full["history"]) == 2
+    # one metrics.csv history, the uninterrupted run's (Lightning's CSVLogger alone deletes
+    # the file it finds and keeps only what the resumed attempt logs)
+    rows = [(tmp_path / d / "logs" / "metrics.csv").read_text() for d in ("full", "crash")]
+    assert rows[0] == rows[1] and rows[0].count("\n") > 3
     # train_time_s adds the crashed attempt's time: more than this attempt's wall alone
     assert before > 0 and wall < resumed["train_time_s"] <= before + wall
 

@@ -4,6 +4,7 @@ the same phase1.pt bytes and history as one uninterrupted run."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from pmnet.train import (
     checkpoint_epoch,
     run_phase1,
 )
+from pmnet.train.phases import RESUMED_METRICS
 
 #: debug preset, 4 epochs that do not stop early (patience 4), with its Phase 0
 CFG = dict(phase1_max_epochs=4, phase1_patience=4, phase1_episodes_per_epoch=32,
@@ -79,6 +81,36 @@ def test_a_stop_after_epoch_2_continued_elsewhere_equals_one_run(whole, tmp_path
     assert meta["best_epoch"] == full_meta["best_epoch"]
     assert meta["phase0"] == full_meta["phase0"]
     assert meta["train_time_s"] >= res.train_time_s > 0  # both sittings counted
+
+
+def _rows(out: Path, name: str = "metrics.csv") -> list[dict]:
+    with (out / "phase1_logs" / name).open(newline="") as f:
+        return [{k: v for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+
+
+def test_a_run_continued_in_its_own_directory_keeps_one_metrics_history(whole, tmp_path):
+    """Lightning's CSVLogger deletes the metrics.csv it finds; a Phase 1 resumed in its own
+    directory keeps the rows of the epochs its checkpoint holds, drops those of an epoch a
+    kill cut short, and reads again the rows a resume cut short had set aside: after four
+    sittings the file equals one run's."""
+    full = _rows(Path(whole[0]["checkpoint"]).parent)
+    assert sorted({r["epoch"] for r in full if "val/mean_stm" in r}) == ["0", "1", "2", "3"]
+    for epoch in range(3):
+        res = run_phase1(_cfg(), tmp_path, progress=False, stop=StopAtEpochEnd(deadline_s=0))
+        assert isinstance(res, Phase1Paused) and res.epoch == epoch
+        assert _rows(tmp_path) == [r for r in full if int(r["epoch"]) <= epoch]
+    logs = tmp_path / "phase1_logs"
+    # a sitting killed in epoch 3 logged a row of it; the next resume was cut short after
+    # setting the file aside and before writing the kept rows back
+    with (logs / "metrics.csv").open("a", newline="") as f:
+        f.write("3,99" + "," * (len(next(csv.reader((logs / "metrics.csv").open()))) - 2)
+                + "\n")
+    (logs / "metrics.csv").rename(logs / RESUMED_METRICS)
+    (logs / "metrics.csv").write_text("epoch,step\n3,98\n")
+    done = run_phase1(_cfg(), tmp_path, progress=False)
+    assert done["sha256"] == whole[0]["sha256"]
+    assert _rows(tmp_path) == full
+    assert not (logs / RESUMED_METRICS).exists()
 
 
 def test_sigterm_stops_at_the_epoch_end_and_gives_the_handler_back(tmp_path):

@@ -5,6 +5,7 @@ they share (checkpoints, early stopping, loggers, the device and precision recor
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -30,7 +31,12 @@ from pmnet.model_files import (
     verify_phase1,
 )
 from pmnet.operators import OPERATORS, add_operator
-from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, _best_epoch
+from pmnet.train.checkpoints import (
+    AtomicCheckpointIO,
+    LastCheckpoint,
+    _best_epoch,
+    checkpoint_epoch,
+)
 from pmnet.train.compiled_steps import fresh_compile_state, release_compiled_steps
 from pmnet.train.config import ACCELERATORS, TrainConfig
 from pmnet.train.data import CopyBatches, EpisodeData, _loader
@@ -54,14 +60,72 @@ def evaluation_inference_mode(cfg: TrainConfig) -> bool:
     return "eval" not in cfg.compile
 
 
+#: where a resumed phase's earlier metrics.csv waits until its kept rows are written back
+RESUMED_METRICS = "metrics-resumed.csv"
+
+
+def kept_metrics(log_dir: Path, last_ckpt: Path) -> list[dict] | None:
+    """The CSV rows a phase resumed from `last_ckpt` keeps: those of the epochs the checkpoint
+    holds (0..its epoch; not a test pass's, which runs again), from the log directory's
+    metrics.csv, which is first renamed to
+    RESUMED_METRICS (Lightning's CSVLogger deletes a metrics.csv it finds). A resume cut short
+    before the rows were written back left that file: it is read again. None (nothing
+    touched) when the checkpoint's epoch is unreadable."""
+    epoch = checkpoint_epoch(last_ckpt)
+    if epoch is None:
+        return None
+    cur, old = log_dir / "metrics.csv", log_dir / RESUMED_METRICS
+    if not old.is_file():
+        if not cur.is_file():
+            return []
+        os.replace(cur, old)
+    with old.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    kept = []
+    for row in rows:
+        row = {k: v for k, v in row.items() if k is not None and v not in ("", None)}
+        try:
+            if int(float(row.get("epoch", "nan"))) > epoch:
+                continue
+        except ValueError:  # no epoch: a row of no epoch in particular (none are written)
+            continue
+        if not any(k.startswith("test/") for k in row):  # the test pass runs again
+            kept.append(row)
+    return kept
+
+
+class ContinuedCSVLogger(CSVLogger):
+    """Lightning's CSVLogger for a phase resumed in the same directory (issue 52): the rows
+    of the epochs its checkpoint holds (`kept_metrics`) are written first, so one
+    metrics.csv holds the whole history however many sittings made it (the plain logger
+    deletes the file and starts again at the resumed epoch)."""
+
+    def __init__(self, save_dir: str, name: str, kept_rows: list[dict]):
+        super().__init__(save_dir, name=name, version="")
+        self._kept_rows = list(kept_rows)
+
+    @property
+    def experiment(self):
+        first = self._experiment is None
+        exp = super().experiment
+        if first:
+            if self._kept_rows:
+                exp.metrics = self._kept_rows + exp.metrics
+                exp.save()
+                self._kept_rows = []
+            (Path(self.log_dir) / RESUMED_METRICS).unlink(missing_ok=True)
+        return exp
+
+
 def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str | None,
              patience: int, callbacks, loggers, progress, ckpt_dir: Path | None,
-             max_steps: int = -1, name: str = "logs",
-             accelerator: str = "auto") -> tuple[L.Trainer, ModelCheckpoint | None]:
+             max_steps: int = -1, name: str = "logs", accelerator: str = "auto",
+             kept_rows: list[dict] | None = None) -> tuple[L.Trainer, ModelCheckpoint | None]:
     """The Lightning trainer of a phase. With a monitored metric: best.ckpt (written when the
     metric improves), last.ckpt (every epoch, see LastCheckpoint) and early stopping, all
     acting at train-epoch end in this order; the caller's callbacks come after them, so the
-    selecting ModelCheckpoint is the trainer's `checkpoint_callback` ("best")."""
+    selecting ModelCheckpoint is the trainer's `checkpoint_callback` ("best"). `kept_rows`
+    (a resumed phase, `kept_metrics`): the CSV log starts with them."""
     cbs = []
     ckpt = None
     if monitor is not None:
@@ -79,7 +143,8 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
         precision=cfg.resolved_precision(None if accelerator == "auto" else accelerator),
         gradient_clip_val=cfg.grad_clip,
         gradient_clip_algorithm="norm", callbacks=cbs, plugins=[AtomicCheckpointIO()],
-        logger=[CSVLogger(str(out_dir), name=name, version="")] + list(loggers),
+        logger=[CSVLogger(str(out_dir), name=name, version="") if kept_rows is None
+                else ContinuedCSVLogger(str(out_dir), name, kept_rows)] + list(loggers),
         enable_progress_bar=bool(progress), enable_model_summary=False,
         num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1,
         log_every_n_steps=10, enable_checkpointing=ckpt is not None,
@@ -136,7 +201,9 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
                              callbacks=[*callbacks, *([stop] if stop is not None else [])],
                              loggers=loggers, progress=progress,
                              ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs",
-                             accelerator=accelerator)
+                             accelerator=accelerator,
+                             kept_rows=kept_metrics(out_dir / "phase1_logs", last)
+                             if last.is_file() else None)
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None,
                 weights_only=True)
     if stop is not None and stop.paused_at is not None:
@@ -291,13 +358,15 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     module = Phase2Module(cfg, model, cond)
     data = EpisodeData(cfg, seed, cfg.episodes_per_epoch, segments=cfg.segments)
     cap = GpuMemoryCap(gpu_share)
-    trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
-                             monitor=f"val/{cond.select}", patience=cfg.patience,
-                             callbacks=[cap, *callbacks], loggers=loggers, progress=progress,
-                             ckpt_dir=out_dir / "ckpt", accelerator=accelerator)
     last = out_dir / "ckpt" / "last.ckpt"
     if resume_from is None and last.is_file():
         resume_from = last
+    trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
+                             monitor=f"val/{cond.select}", patience=cfg.patience,
+                             callbacks=[cap, *callbacks], loggers=loggers, progress=progress,
+                             ckpt_dir=out_dir / "ckpt", accelerator=accelerator,
+                             kept_rows=kept_metrics(out_dir / "logs", Path(resume_from))
+                             if resume_from else None)
     # weights_only=True: a checkpoint is data, never code, whatever torch's default or
     # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says (everything saved is tensors and plain types)
     trainer.fit(module, datamodule=data, ckpt_path=str(resume_from) if resume_from else None,
