@@ -204,7 +204,10 @@ def main() -> int:
         trends[arm] = {"slope_per_decade": b1, "ci": [lo, hi], "crosses_gate_at": cross,
                        "above_gate_at_smallest": above}
         where = ("already above it at the smallest size measured" if above else
-                 f"the trend reaches it at {cross:,.0f} parameters" if cross else
+                 (f"the trend reaches it at {cross:,.0f} parameters" if cross < PAPER_PARAMS
+                  else f"the trend reaches it at {cross:.2g} parameters, {cross / PAPER_PARAMS:.2g}"
+                  " times the paper's size" if math.isfinite(cross) else
+                  "the trend is too flat to reach it at any size") if cross else
                  "the trend never reaches it (slope <= 0)")
         lines.append(f"- {arm}: {b1:+.1f} pp per 10x parameters (95% CI {lo:+.1f} to "
                      f"{hi:+.1f}); baseline + 10 pp = {level:.1f}%: {where}"

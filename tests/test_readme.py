@@ -81,7 +81,8 @@ def test_trial_counts_are_what_each_grid_runs_at_the_cpu_preset():
     assert listed == runs
 
 
-WHERE = "2-core AMD EPYC VM"  # the machine every measured figure of the tables ran on
+#: the machines the tables' measured figures ran on (the VMs differ between sessions)
+WHERE = ("2-core AMD EPYC VM", "2-core Intel Xeon VM")
 
 
 def _wall_cells() -> list[str]:
@@ -99,7 +100,7 @@ def test_every_wall_time_says_measured_where_or_estimated_from_what():
         assert re.match(r"(measured|estimated)\b", cell), f"neither measured nor estimated: {cell}"
         for part in re.split(r"; (?=estimated)", cell):
             if part.startswith("measured"):
-                assert WHERE in part, f"measured where? {part}"
+                assert any(w in part for w in WHERE), f"measured where? {part}"
             if part.startswith("estimated"):
                 assert "(" in part, f"estimated under which assumption? {part}"
 
