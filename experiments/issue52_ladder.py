@@ -120,6 +120,20 @@ def summarise(rung: str, data: dict) -> dict:
     return out
 
 
+def _where_gate(above: bool, cross: float | None) -> str:
+    """Where a trend meets the capability gate, in words."""
+    if above:
+        return "already above it at the smallest size measured"
+    if cross is None:
+        return "the trend never reaches it (slope <= 0)"
+    if not math.isfinite(cross):
+        return "the trend is too flat to reach it at any size"
+    if cross < PAPER_PARAMS:
+        return f"the trend reaches it at {cross:,.0f} parameters"
+    return (f"the trend reaches it at {cross:.2g} parameters, {cross / PAPER_PARAMS:.2g} times "
+            "the paper's size")
+
+
 def trend(points: list[tuple[float, float]]):
     """OLS of recall on log10(parameters) over checkpoint points; None with < 2 sizes.
     Returns (fit, x where the fit reaches `level`) via statsmodels."""
@@ -203,12 +217,7 @@ def main() -> int:
         cross = None if above or b1 <= 0 else 10 ** ((level - b0) / b1)
         trends[arm] = {"slope_per_decade": b1, "ci": [lo, hi], "crosses_gate_at": cross,
                        "above_gate_at_smallest": above}
-        where = ("already above it at the smallest size measured" if above else
-                 (f"the trend reaches it at {cross:,.0f} parameters" if cross < PAPER_PARAMS
-                  else f"the trend reaches it at {cross:.2g} parameters, {cross / PAPER_PARAMS:.2g}"
-                  " times the paper's size" if math.isfinite(cross) else
-                  "the trend is too flat to reach it at any size") if cross else
-                 "the trend never reaches it (slope <= 0)")
+        where = _where_gate(above, cross)
         lines.append(f"- {arm}: {b1:+.1f} pp per 10x parameters (95% CI {lo:+.1f} to "
                      f"{hi:+.1f}); baseline + 10 pp = {level:.1f}%: {where}"
                      + ("" if lo > 0 else "; the CI does not exclude a flat or falling trend"))

@@ -67,10 +67,10 @@ RESUMED_METRICS = "metrics-resumed.csv"
 def kept_metrics(log_dir: Path, last_ckpt: Path) -> list[dict] | None:
     """The CSV rows a phase resumed from `last_ckpt` keeps: those of the epochs the checkpoint
     holds (0..its epoch; not a test pass's, which runs again), from the log directory's
-    metrics.csv, which is first renamed to
-    RESUMED_METRICS (Lightning's CSVLogger deletes a metrics.csv it finds). A resume cut short
-    before the rows were written back left that file: it is read again. None (nothing
-    touched) when the checkpoint's epoch is unreadable."""
+    metrics.csv, which is first renamed to RESUMED_METRICS (Lightning's CSVLogger deletes a
+    metrics.csv it finds). A resume cut short before the rows were written back left that
+    file: it is read again. None (nothing touched) when the checkpoint's epoch is
+    unreadable."""
     epoch = checkpoint_epoch(last_ckpt)
     if epoch is None:
         return None
@@ -120,12 +120,12 @@ class ContinuedCSVLogger(CSVLogger):
 def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str | None,
              patience: int, callbacks, loggers, progress, ckpt_dir: Path | None,
              max_steps: int = -1, name: str = "logs", accelerator: str = "auto",
-             kept_rows: list[dict] | None = None) -> tuple[L.Trainer, ModelCheckpoint | None]:
+             resume_from: Path | None = None) -> tuple[L.Trainer, ModelCheckpoint | None]:
     """The Lightning trainer of a phase. With a monitored metric: best.ckpt (written when the
     metric improves), last.ckpt (every epoch, see LastCheckpoint) and early stopping, all
     acting at train-epoch end in this order; the caller's callbacks come after them, so the
-    selecting ModelCheckpoint is the trainer's `checkpoint_callback` ("best"). `kept_rows`
-    (a resumed phase, `kept_metrics`): the CSV log starts with them."""
+    selecting ModelCheckpoint is the trainer's `checkpoint_callback` ("best"). A phase
+    resumed from `resume_from` keeps its CSV log's earlier rows (`kept_metrics`)."""
     cbs = []
     ckpt = None
     if monitor is not None:
@@ -136,6 +136,7 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
                               check_on_train_epoch_end=True),
                 ckpt, LastCheckpoint(ckpt, ckpt_dir)]
     cbs += list(callbacks)
+    kept_rows = None if resume_from is None else kept_metrics(out_dir / name, resume_from)
     if progress is None:
         progress = os.isatty(2)
     trainer = L.Trainer(
@@ -202,8 +203,7 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
                              loggers=loggers, progress=progress,
                              ckpt_dir=out_dir / "phase1_ckpt", name="phase1_logs",
                              accelerator=accelerator,
-                             kept_rows=kept_metrics(out_dir / "phase1_logs", last)
-                             if last.is_file() else None)
+                             resume_from=last if last.is_file() else None)
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None,
                 weights_only=True)
     if stop is not None and stop.paused_at is not None:
@@ -365,8 +365,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
                              monitor=f"val/{cond.select}", patience=cfg.patience,
                              callbacks=[cap, *callbacks], loggers=loggers, progress=progress,
                              ckpt_dir=out_dir / "ckpt", accelerator=accelerator,
-                             kept_rows=kept_metrics(out_dir / "logs", Path(resume_from))
-                             if resume_from else None)
+                             resume_from=Path(resume_from) if resume_from else None)
     # weights_only=True: a checkpoint is data, never code, whatever torch's default or
     # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says (everything saved is tensors and plain types)
     trainer.fit(module, datamodule=data, ckpt_path=str(resume_from) if resume_from else None,
