@@ -121,9 +121,16 @@ def summarise(rung: str, data: dict) -> dict:
 
 
 def _where_gate(above: bool, cross: float | None) -> str:
-    """Where a trend meets the capability gate, in words."""
+    """Where a trend meets the capability gate, in words. `cross` is where the fitted line
+    meets the gate: upward for a rising trend below it at the smallest size, downward for a
+    falling trend above it there; None where it never meets it."""
     if above:
-        return "already above it at the smallest size measured"
+        if cross is None:
+            return "already above it at the smallest size measured, and not falling"
+        if not math.isfinite(cross):
+            return "above it at the smallest size measured, and falling too slowly to leave it"
+        return (f"above it at the smallest size measured, but falling: the trend drops below "
+                f"it at {cross:,.0f} parameters")
     if cross is None:
         return "the trend never reaches it (slope <= 0)"
     if not math.isfinite(cross):
@@ -132,6 +139,26 @@ def _where_gate(above: bool, cross: float | None) -> str:
         return f"the trend reaches it at {cross:,.0f} parameters"
     return (f"the trend reaches it at {cross:.2g} parameters, {cross / PAPER_PARAMS:.2g} times "
             "the paper's size")
+
+
+def _what_ci_excludes(lo: float, hi: float) -> str:
+    """What a slope's 95% CI rules out, not only its point."""
+    if lo > 0:
+        return "the CI excludes a flat or falling trend"
+    if hi < 0:
+        return "the CI excludes a flat or rising trend"
+    return (f"the CI does not exclude a flat trend; it excludes a rise steeper than "
+            f"{hi:+.1f} and a fall steeper than {lo:+.1f} pp per 10x")
+
+
+def _gate_crossing(b0: float, b1: float, level: float,
+                   smallest: float) -> tuple[bool, float | None]:
+    """(above the gate at the smallest size, where the line meets the gate or None)."""
+    above = b0 + b1 * math.log10(smallest) >= level
+    if (above and b1 >= 0) or (not above and b1 <= 0):
+        return above, None
+    exponent = (level - b0) / b1  # log10 of the size where the line meets the gate
+    return above, math.inf if exponent > 300 else 10.0 ** exponent
 
 
 def trend(points: list[tuple[float, float]]):
@@ -213,14 +240,13 @@ def main() -> int:
         lo, hi = fit.conf_int()[1]
         level = base + MARGIN
         smallest = min(p for p, _ in pts)
-        above = b0 + b1 * math.log10(smallest) >= level
-        cross = None if above or b1 <= 0 else 10 ** ((level - b0) / b1)
+        above, cross = _gate_crossing(b0, b1, level, smallest)
         trends[arm] = {"slope_per_decade": b1, "ci": [lo, hi], "crosses_gate_at": cross,
                        "above_gate_at_smallest": above}
         where = _where_gate(above, cross)
         lines.append(f"- {arm}: {b1:+.1f} pp per 10x parameters (95% CI {lo:+.1f} to "
-                     f"{hi:+.1f}); baseline + 10 pp = {level:.1f}%: {where}"
-                     + ("" if lo > 0 else "; the CI does not exclude a flat or falling trend"))
+                     f"{hi:+.1f}); baseline + 10 pp = {level:.1f}%: {where}; "
+                     + _what_ci_excludes(lo, hi))
     OUT.mkdir(parents=True, exist_ok=True)
     atomic_write_text(OUT / "ladder.md", "\n".join(lines) + "\n")
     atomic_write_text(OUT / "ladder.json", json.dumps(
