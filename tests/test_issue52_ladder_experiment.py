@@ -1,21 +1,16 @@
 """experiments/issue52_ladder.py (issue 52): how the ladder words where each trend meets the
 capability gate (the output-set baseline + 10 pp) and what its slope's CI excludes."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "issue52_ladder.py"
+from tests.support.experiments import load_experiment
 
 
 @pytest.fixture(scope="module")
 def ladder():
-    spec = importlib.util.spec_from_file_location("issue52_ladder", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("issue52_ladder")
 
 
 def test_a_rising_trend_below_the_gate_reaches_it_where_the_line_does(ladder):

@@ -1,7 +1,6 @@
 """experiments/ltm_restart.py (issue 11, part 4): LTM saved by one process and answered by
 another equals the LTM never saved, bit for bit, and the refusals happen, on a debug model."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,16 +10,12 @@ import torch
 from pmnet.config import ModelConfig
 from pmnet.model import PMNet
 from pmnet.train import MODEL_FORMAT, save_model_file
-
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "ltm_restart.py"
+from tests.support.experiments import load_experiment
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("ltm_restart", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("ltm_restart")
 
 
 def _model_file(path: Path, seed: int) -> str:

@@ -1,0 +1,18 @@
+"""Load a script of `experiments/` (kept out of the library, so not importable as a package)
+as a module, for the tests of its functions."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def load_experiment(name: str) -> ModuleType:
+    """`experiments/<name>.py`, executed once as a module named `name`."""
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
