@@ -42,3 +42,35 @@ def test_what_a_slope_ci_excludes(ladder):
     assert ladder._what_ci_excludes(-5.0, -1.0) == "the CI excludes a flat or rising trend"
     both = ladder._what_ci_excludes(-6.3, 10.2)
     assert "does not exclude a flat trend" in both and "+10.2" in both and "-6.3" in both
+
+
+def test_a_trend_line_fits_the_points_it_is_given_against_their_own_gate(ladder):
+    # ADD10 points on recall = 20 + 10 * log10(params): the fit recovers slope 10, and its
+    # gate is the family's baseline + 10 pp (60 for a 50% baseline), met at 10 ** 4
+    pts = [(p, 20.0 + 10.0 * math.log10(p) + e)
+           for p in (1e2, 1e3) for e in (-0.5, 0.5)]
+    line, summary, fit = ladder._trend_line("consolidator_only", pts, 50.0)
+    assert summary["slope_per_decade"] == pytest.approx(10.0)
+    assert summary["gate"] == 60.0 and not summary["above_gate_at_smallest"]
+    assert summary["crosses_gate_at"] == pytest.approx(1e4)
+    assert "+10.0 pp per 10x" in line and "60.0%" in line
+    # one size, or no baseline: no trend is fitted, and the line says why
+    line, summary, fit = ladder._trend_line("consolidator_only", pts[:2], 50.0)
+    assert summary is None and fit is None and "needs two" in line
+    assert ladder._trend_line("consolidator_only", pts, None)[1] is None
+
+
+def test_summarise_keeps_each_checkpoints_family_recall(ladder):
+    def trial(seed, add10, affine10):
+        val = {"updated_ltm": (add10 + affine10) / 2, "updated_ltm_add10": add10,
+               "updated_ltm_affine10": affine10, "updated_ltm_baseline": 42.0}
+        test = {**val, "forced_identity_initial": 40.0, "seg1_stm": 40.0,
+                "updated_ltm_add10_baseline": 50.0, "updated_ltm_affine10_baseline": 33.6}
+        return {"condition": "consolidator_only", "phase1_seed": seed, "val": val,
+                "test": test, "history": [{"val/updated_ltm": 1.0}]}
+    data = {"phase1": {1: {"mean_stm": 60.0}, 2: {"mean_stm": 70.0}},
+            "trials": [trial(1, 30.0, 10.0), trial(2, 70.0, 20.0), trial(2, 50.0, 20.0)]}
+    a = ladder.summarise("medium", data)["arms"]["consolidator_only"]
+    assert a["val_per_checkpoint_family"]["add10"] == {1: 30.0, 2: 60.0}
+    assert a["val_per_checkpoint_family"]["affine10"] == {1: 10.0, 2: 20.0}
+    assert a["val_per_checkpoint"] == {1: 20.0, 2: 40.0}
