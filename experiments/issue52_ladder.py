@@ -136,15 +136,20 @@ def _where_gate(above: bool, cross: float | None) -> str:
         if not math.isfinite(cross):
             return "above it at the smallest size measured, and falling too slowly to leave it"
         return (f"above it at the smallest size measured, but falling: the trend drops below "
-                f"it at {cross:,.0f} parameters")
+                f"it at {_size(cross)}")
     if cross is None:
         return "the trend never reaches it (slope <= 0)"
     if not math.isfinite(cross):
         return "the trend is too flat to reach it at any size"
-    if cross < PAPER_PARAMS:
-        return f"the trend reaches it at {cross:,.0f} parameters"
-    return (f"the trend reaches it at {cross:.2g} parameters, {cross / PAPER_PARAMS:.2g} times "
-            "the paper's size")
+    return f"the trend reaches it at {_size(cross)}"
+
+
+def _size(params: float) -> str:
+    """A parameter count in words: exact below the paper's size, else in powers of ten
+    with its multiple of the paper's."""
+    if params < PAPER_PARAMS:
+        return f"{params:,.0f} parameters"
+    return f"{params:.2g} parameters, {params / PAPER_PARAMS:.2g} times the paper's size"
 
 
 def _what_ci_excludes(lo: float, hi: float) -> str:

@@ -74,3 +74,13 @@ def test_summarise_keeps_each_checkpoints_family_recall(ladder):
     assert a["val_per_checkpoint_family"]["add10"] == {1: 30.0, 2: 60.0}
     assert a["val_per_checkpoint_family"]["affine10"] == {1: 10.0, 2: 20.0}
     assert a["val_per_checkpoint"] == {1: 20.0, 2: 40.0}
+
+
+def test_a_crossing_past_the_papers_size_is_written_in_powers_of_ten(ladder):
+    # a slowly falling trend above the gate leaves it far past the paper's 29.95M: the
+    # words give the size as 1.2e+20-style and its multiple of the paper's, not 21 digits
+    words = ladder._where_gate(True, 1.2e20)
+    assert "1.2e+20 parameters" in words and "times the paper's size" in words
+    assert ladder._where_gate(False, 4.4e8) == (
+        "the trend reaches it at 4.4e+08 parameters, 15 times the paper's size")
+    assert ladder._where_gate(False, 2e6) == "the trend reaches it at 2,000,000 parameters"
