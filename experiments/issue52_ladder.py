@@ -9,7 +9,8 @@ store, whose `checkpoints`/`checkpoint_channel` grids ran the same arms):
 - the Phase-2 learning curve (validation updated LTM per epoch, mean over checkpoints);
 - one figure: validation updated-LTM recall of each arm against parameters on a log axis,
   every checkpoint a point, the paper's figure (its test stream, one checkpoint) beside
-  them, and a weighted trend in log10(parameters) with its 95% band where two or more rungs
+  them, and an OLS trend in log10(parameters) (every checkpoint a point, so a rung weighs
+  as many checkpoints as it has) with its 95% band where two or more rungs
   have the arm; where the trend crosses the output-set baseline + 10 pp is printed.
 - the same trend on ADD10 alone, against that family's baseline + 10 pp: the family every
   rung's backbone learned, so its trend is not held down by an unlearned AFFINE10.
@@ -174,7 +175,7 @@ def _gate_crossing(b0: float, b1: float, level: float,
 
 def trend(points: list[tuple[float, float]]):
     """OLS of recall on log10(parameters) over checkpoint points; None with < 2 sizes.
-    Returns (fit, x where the fit reaches `level`) via statsmodels."""
+    Returns the statsmodels fit; `_gate_crossing` reads where it meets a gate."""
     if len({p for p, _ in points}) < 2:
         return None
     import numpy as np
