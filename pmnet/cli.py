@@ -164,38 +164,39 @@ def _train_cfg(args):
 
 
 def cmd_train(args) -> int:
-    from pmnet.train import run_phase1, run_phase2
+    from pmnet.train import PhasePaused, StopAtEpochEnd, run_phase1, run_phase2
 
     cfg = _train_cfg(args)
-    if args.max_wall is not None and args.phase != "phase1":
-        raise ValueError("--max-wall applies to `train phase1` only")
     if args.max_wall is not None and not (args.max_wall > 0 and math.isfinite(args.max_wall)):
         raise ValueError(f"--max-wall must be a positive number of seconds, got "
                          f"{args.max_wall!r}")
+    if args.phase == "phase2" and (args.condition is None or args.phase1 is None
+                                   or args.seed is None):
+        raise ValueError("train phase2 needs --condition, --seed and --phase1")
+    # issue 52 (Phase 1), issue 61 (Phase 2): --max-wall and SIGTERM pause at an epoch end;
+    # the same command continues
+    stop = StopAtEpochEnd(args.max_wall, sigterm=True)
     if args.phase == "phase1":
-        from pmnet.train import Phase1Paused, StopAtEpochEnd
-
-        # issue 52: --max-wall and SIGTERM pause at an epoch end; the same command continues
-        res = run_phase1(cfg, args.out, stop=StopAtEpochEnd(args.max_wall, sigterm=True))
-        if isinstance(res, Phase1Paused):
-            print(json.dumps({"paused": True, "epochs_done": res.epochs_done,
-                              "max_epochs": res.max_epochs, "reason": res.reason,
-                              "last_ckpt": res.last_ckpt,
-                              "train_time_s": round(res.train_time_s, 1),
-                              "continue": "run the same command again (same --out)"},
-                             indent=2))
-            return 0
+        res = run_phase1(cfg, args.out, stop=stop)
+    else:
+        # run_phase2 checks condition, seed and the checkpoint's sha256 before any compute
+        res = run_phase2(cfg, condition=args.condition, seed=args.seed,
+                         phase1_ckpt=args.phase1, out_dir=args.out, stop=stop)
+    if isinstance(res, PhasePaused):
+        print(json.dumps({"paused": True, "phase": res.phase, "epochs_done": res.epochs_done,
+                          "max_epochs": res.max_epochs, "reason": res.reason,
+                          "last_ckpt": res.last_ckpt,
+                          "train_time_s": round(res.train_time_s, 1),
+                          "continue": "run the same command again (same --out)"},
+                         indent=2))
+        return 0
+    if args.phase == "phase1":
         print(json.dumps({"checkpoint": res["checkpoint"], "sha256": res["sha256"],
                           "train_time_s": round(res["train_time_s"], 1),
                           "test": {k: round(v, 2) for k, v in res["metrics"].items()
                                    if k.endswith("stm") or k.endswith(("add10", "affine10"))}},
                          indent=2))
         return 0
-    if args.condition is None or args.phase1 is None or args.seed is None:
-        raise ValueError("train phase2 needs --condition, --seed and --phase1")
-    # run_phase2 checks condition, seed and the checkpoint's sha256 before any compute
-    res = run_phase2(cfg, condition=args.condition, seed=args.seed, phase1_ckpt=args.phase1,
-                     out_dir=args.out)
     keys = ("updated_ltm", "initial_ltm", "forced_identity", "fresh_ltm", "mismatched_ltm",
             "seg2_stm", "mean_stm", "updated_ltm_baseline")
     print(json.dumps({"result": str(Path(args.out) / "result.json"),
@@ -364,9 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a TrainConfig field (model.* for model fields)")
     s.add_argument("--max-wall", type=float, default=None, metavar="SECONDS",
-                   help="phase1: pause at the last epoch end that keeps within this many "
-                        "seconds (SIGTERM pauses at the next epoch end); the same command "
-                        "continues from --out/phase1_ckpt/last.ckpt")
+                   help="pause at the last epoch end that keeps within this many seconds "
+                        "(SIGTERM pauses at the next epoch end); the same command continues "
+                        "from --out/phase1_ckpt/last.ckpt (phase2: --out/ckpt/last.ckpt)")
     s.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("evaluate", help="every metric of a model file on the test stream")

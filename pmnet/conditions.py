@@ -23,7 +23,7 @@ PHASE2_ONLY_FIELDS: tuple[str, ...] = (
     "lr", "episodes_per_epoch", "max_epochs", "patience", "seeds", "conditions", "detach_ltm",
     "notes", "threads", "consolidator_init_std", "consolidator_lr",
     "consolidator_weight_decay", "initial_ltm_loss", "segments", "ltm_graph", "compile",
-    "cuda_graphs", "phase1_seeds", "test_seed")
+    "cuda_graphs", "phase1_seeds", "test_seed", "phase2_families", "lr_schedule")
 
 
 @dataclass(frozen=True)

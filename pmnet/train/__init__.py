@@ -80,7 +80,7 @@ from pmnet.train.modules import (
     Phase2Module,
     freeze_to_subset,
 )
-from pmnet.train.pause import Phase1Paused, StopAtEpochEnd
+from pmnet.train.pause import Phase1Paused, PhasePaused, StopAtEpochEnd
 from pmnet.train.phases import (
     RESULT_KEYS,
     ROUTES_FILE,
@@ -114,7 +114,7 @@ __all__ = [
     "MODEL_FORMAT", "PHASE1_FORMAT", "load_model_file", "save_model_file", "sha256_file",
     "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
     # pause.py (issue 52: a Phase 1 in pieces)
-    "Phase1Paused", "StopAtEpochEnd",
+    "Phase1Paused", "PhasePaused", "StopAtEpochEnd",
     # phases.py
     "RESULT_KEYS", "ROUTES_FILE", "device_name", "evaluation_inference_mode",
     "init_consolidator", "init_operator",

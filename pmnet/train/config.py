@@ -20,6 +20,8 @@ from pmnet.conditions import CONDITIONS, PAPER_SEEDS, get_condition, seed_proble
 from pmnet.config import ModelConfig
 from pmnet.runner import LTM_GRAPHS
 
+#: TrainConfig.lr_schedule: the Phase-2 rate after warmup
+LR_SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")
 #: The steps TrainConfig.compile can name: each phase's training step, and the evaluation
 #: passes (validation and test) of every phase
@@ -93,6 +95,15 @@ class TrainConfig:
     # weight of an auxiliary loss on the initial-mapping query after the first boundary
     # (`initial_ltm`) added to the Phase-2 objective; 0 in the paper (Eq. 10 / Eq. 11 only)
     initial_ltm_loss: float = 0.0
+    # Phase 2: the rule families of the training episodes (both in the paper). With one family
+    # the checkpoint is selected, and early stopping watches, that family's validation recall
+    # (`select_metric`); the validation and test streams keep both families, so the other
+    # family's recall is still read (docs/choices.md, "Phase 2 on one rule family")
+    phase2_families: tuple[str, ...] = task.FAMILIES
+    # Phase 2: the learning rate after warmup: "cosine" (decay to zero at the last planned
+    # step, every phase of the paper's recipe) or "constant" (the rate stays at `lr` until
+    # early stopping or max_epochs end the run: the long recipe of the decisive test)
+    lr_schedule: str = "cosine"
     notes: tuple[str, ...] = field(default=(), compare=False)  # how a preset departs
 
     def __post_init__(self):
@@ -172,6 +183,16 @@ class TrainConfig:
             raise ValueError("TrainConfig.conditions is empty")
         for c in self.conditions:
             get_condition(c)
+        fams = self.phase2_families
+        if (isinstance(fams, str) or not fams or len(set(fams)) != len(fams)
+                or any(f not in task.FAMILIES for f in fams)):
+            raise ValueError(f"TrainConfig.phase2_families must list distinct families of "
+                             f"{task.FAMILIES}, got {fams!r}")
+        object.__setattr__(self, "phase2_families",
+                           tuple(f for f in task.FAMILIES if f in fams))
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"TrainConfig.lr_schedule must be one of {LR_SCHEDULES}, got "
+                             f"{self.lr_schedule!r}")
         seg = self.segments
         if isinstance(seg, bool) or not isinstance(seg, int) or not (
                 task.MIN_SEGMENTS <= seg <= task.MAX_SEGMENTS):
@@ -190,6 +211,14 @@ class TrainConfig:
         if self.model.max_chunk < task.SEG_LEN:
             raise ValueError(f"model max_chunk {self.model.max_chunk} < segment length "
                              f"{task.SEG_LEN}")
+
+    def select_metric(self, select: str) -> str:
+        """The validation metric that selects a Phase-2 checkpoint and that early stopping
+        watches: the condition's `select`, or with one training family that family's
+        (`updated_ltm` -> `updated_ltm_add10`)."""
+        if len(self.phase2_families) == len(task.FAMILIES):
+            return select
+        return f"{select}_{self.phase2_families[0]}"
 
     @property
     def steps_per_epoch(self) -> int:
@@ -263,7 +292,8 @@ def _check_keys(cls, overrides: dict, what: str, prefix: str = "") -> None:
 
 
 #: TrainConfig fields holding lists: `--set conditions=a,b` gives ("a", "b")
-LIST_FIELDS = ("betas", "seeds", "conditions", "notes", "compile", "phase1_seeds")
+LIST_FIELDS = ("betas", "seeds", "conditions", "notes", "compile", "phase1_seeds",
+               "phase2_families")
 
 
 def parse_overrides(items: list[str] | None) -> dict:

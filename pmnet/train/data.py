@@ -49,17 +49,21 @@ def _on_gpu(trainer) -> bool:
 
 class EpisodeData(L.LightningDataModule):
     """Training stream per (seed, epoch), fixed validation and test streams, of episodes of
-    `segments` segments (Phase 1 always uses the two-segment streams)."""
+    `segments` segments (Phase 1 always uses the two-segment streams). `families`: the rule
+    families of the training episodes (Phase 2 may train on one: `phase2_families`); the
+    validation and test streams always hold both."""
 
     def __init__(self, cfg: TrainConfig, seed: int, episodes_per_epoch: int,
-                 segments: int = task.N_SEGMENTS):
+                 segments: int = task.N_SEGMENTS, families: tuple[str, ...] = task.FAMILIES):
         super().__init__()
         self.cfg, self.seed, self.n, self.segments = cfg, seed, episodes_per_epoch, segments
+        self.families = tuple(families)
 
     def train_dataloader(self):
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         return _loader(EpochBatches(task.train_episodes(self.seed, epoch, self.n,
-                                                        segments=self.segments),
+                                                        segments=self.segments,
+                                                        families=self.families),
                                     self.cfg.batch_size), pin_memory=_on_gpu(self.trainer))
 
     def val_dataloader(self):

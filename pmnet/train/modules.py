@@ -82,10 +82,13 @@ class _PhaseModule(L.LightningModule):
                                 betas=tuple(cfg.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warm = self.cfg.warmup_steps
+        constant = self.lr_schedule == "constant"
 
         def schedule(step: int) -> float:  # linear warmup, then cosine decay to zero
             if step < warm:
                 return (step + 1) / warm
+            if constant:  # the long Phase-2 recipe: early stopping ends it, not the rate
+                return 1.0
             progress = min(1.0, (step - warm) / max(1, total - warm))
             return 0.5 * (1.0 + math.cos(math.pi * progress))
 
@@ -94,6 +97,8 @@ class _PhaseModule(L.LightningModule):
 
     #: this phase's name in TrainConfig.compile (COMPILE_STEPS)
     phase: str = ""
+    #: the rate's shape after warmup (TrainConfig.LR_SCHEDULES); Phase 2 takes the config's
+    lr_schedule: str = "cosine"
 
     def step_fn(self, fn, *, train: bool):
         """`fn` as the steps run it: through `torch.compile` where `TrainConfig.compile` names
@@ -279,10 +284,56 @@ class Phase2Module(_PhaseModule):
 
     phase = "phase2"
 
-    def __init__(self, cfg: TrainConfig, model: PMNet, condition: Condition):
+    def __init__(self, cfg: TrainConfig, model: PMNet, condition: Condition,
+                 phase1_sha256: str | None = None):
         super().__init__(cfg, model, cfg.lr)
         self.condition = condition
         self.trainable = freeze_to_subset(model, condition.subset)
+        self.lr_schedule = cfg.lr_schedule
+        self.select = cfg.select_metric(condition.select)
+        if self.select not in VAL_LOGGED:
+            raise ValueError(f"condition {condition.name!r} selects on {self.select!r}, which "
+                             f"validation does not log (phase2_families="
+                             f"{','.join(cfg.phase2_families)}): train both families")
+        # a compact checkpoint (issue 61): with the Phase-1 file's sha256 known, last.ckpt and
+        # best.ckpt hold the trainable parameters only; the frozen ones are the Phase-1
+        # file's, which the trial loaded (and verified) before training. A Consolidator-only
+        # unit's progress is then ~0.2 MB, not the whole model twice, so a long Phase 2 can
+        # pause into a committed store.
+        self.phase1_sha256 = phase1_sha256
+        self.strict_loading = phase1_sha256 is None
+
+    def _frozen(self) -> set[str]:
+        return {f"model.{n}" for n, p in self.model.named_parameters() if not p.requires_grad}
+
+    def on_save_checkpoint(self, checkpoint):
+        super().on_save_checkpoint(checkpoint)
+        if self.phase1_sha256 is None:
+            return
+        frozen = self._frozen()
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
+                                    if k not in frozen}
+        checkpoint["pmnet_compact"] = {"phase1_sha256": self.phase1_sha256,
+                                       "frozen": sorted(frozen)}
+
+    def on_load_checkpoint(self, checkpoint):
+        compact = checkpoint.get("pmnet_compact")
+        if compact is not None:
+            # the frozen weights come from the Phase-1 file this module was built on: it must
+            # be the same file, and the missing keys exactly the frozen parameters
+            if compact["phase1_sha256"] != self.phase1_sha256:
+                raise ValueError(
+                    f"checkpoint holds the trainable weights of a Phase 2 trained from Phase-1 "
+                    f"file {compact['phase1_sha256'][:12]}, not this run's "
+                    f"{str(self.phase1_sha256)[:12]}: it cannot continue here")
+            held = set(checkpoint["state_dict"])
+            expected = set(self.state_dict()) - set(compact["frozen"])
+            if held != expected or set(compact["frozen"]) != self._frozen():
+                raise ValueError("compact Phase-2 checkpoint: its parameters are not this "
+                                 "condition's trainable ones (a different condition?)")
+        elif not self.strict_loading:
+            self.strict_loading = True  # a full checkpoint (an older run) loads strictly
+        super().on_load_checkpoint(checkpoint)
 
     def training_step(self, batch, batch_idx):
         losses = self.step_fn(self.objective, train=True)(batch)
@@ -308,7 +359,7 @@ class Phase2Module(_PhaseModule):
         m = self._metrics()
         keep = {f"val/{k}": m[k] for k in VAL_LOGGED if k in m}
         self.log_dict(keep)
-        self.log("val/select", m[self.condition.select], prog_bar=True, logger=False)
+        self.log("val/select", m[self.select], prog_bar=True, logger=False)
         self._record_epoch(keep)
 
     def on_test_epoch_end(self):

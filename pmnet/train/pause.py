@@ -1,6 +1,8 @@
-"""A Phase 1 in pieces (issue 52): stop at an epoch boundary, continue later, elsewhere.
+"""A phase in pieces (issue 52: Phase 1; issue 61: Phase 2 too): stop at an epoch boundary,
+continue later, elsewhere.
 
-`StopAtEpochEnd` is a Lightning callback for `run_phase1(..., stop=...)`: at the end of a
+`StopAtEpochEnd` is a Lightning callback for `run_phase1(..., stop=...)` and
+`run_phase2(..., stop=...)`: at the end of a
 training epoch, after that epoch's `last.ckpt` is written (it is a `Checkpoint` callback
 appended after `LastCheckpoint`, and Lightning runs checkpoint callbacks last, in their
 order), it stops the trainer when
@@ -49,18 +51,20 @@ REASON_REQUEST = "stop requested"
 
 
 @dataclass(frozen=True)
-class Phase1Paused:
-    """What `run_phase1` returns when it stopped at an epoch boundary before the end.
+class PhasePaused:
+    """What `run_phase1` (or `run_phase2`, `phase=2`) returns when it stopped at an epoch
+    boundary before the end.
 
     `epoch`: the 0-based epoch last.ckpt holds (Lightning's, as `checkpoint_epoch` reads it);
-    `epochs_done` = epoch + 1 of `max_epochs`. No test pass ran and no phase1.pt was
-    written."""
+    `epochs_done` = epoch + 1 of `max_epochs`. No test pass ran and no phase1.pt (Phase 2: no
+    result.json) was written."""
 
     epoch: int
     max_epochs: int
     reason: str
     last_ckpt: str
     train_time_s: float  # training so far, earlier sittings included
+    phase: int = 1
 
     @property
     def epochs_done(self) -> int:
@@ -69,6 +73,10 @@ class Phase1Paused:
     def describe(self) -> str:
         return (f"paused after epoch {self.epochs_done} of {self.max_epochs} ({self.reason}); "
                 f"its state is {self.last_ckpt}")
+
+
+#: the name Phase 1's callers know (a Phase 1 in pieces came first)
+Phase1Paused = PhasePaused
 
 
 class StopAtEpochEnd(Checkpoint):

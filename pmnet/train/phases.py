@@ -41,7 +41,7 @@ from pmnet.train.compiled_steps import fresh_compile_state, release_compiled_ste
 from pmnet.train.config import ACCELERATORS, TrainConfig
 from pmnet.train.data import CopyBatches, EpisodeData, _loader
 from pmnet.train.modules import Phase0Module, Phase1Module, Phase2Module
-from pmnet.train.pause import Phase1Paused, StopAtEpochEnd
+from pmnet.train.pause import Phase1Paused, PhasePaused, StopAtEpochEnd
 
 
 def _setup_threads(cfg: TrainConfig) -> None:
@@ -323,9 +323,16 @@ RESULT_KEYS = frozenset({
 def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str | Path,
                out_dir: str | Path, callbacks=(), loggers=(), resume_from=None,
                progress: bool | None = None, record: dict | None = None,
-               accelerator: str = "auto", gpu_share: float | None = None) -> dict:
+               accelerator: str = "auto", gpu_share: float | None = None,
+               stop: StopAtEpochEnd | None = None) -> dict | PhasePaused:
     """Train one Phase-2 trial (condition x seed) from the Phase-1 checkpoint; evaluate the
     selected checkpoint on the fixed test stream; write `result.json` and return it.
+
+    `stop` (issue 61): a deadline or stop request that ends this sitting at an epoch
+    boundary, as for Phase 1; the result is then a `PhasePaused` (phase 2; no test pass, no
+    result.json) and calling run_phase2 again on `out_dir` (or a copy of it) continues from
+    `ckpt/last.ckpt`. Its checkpoints hold the trainable parameters only (the frozen ones are
+    the verified Phase-1 file's: `Phase2Module`).
 
     `accelerator`: "cpu" or "gpu" (where the caller was given to train: a Ray trial passes
     what Ray gave it), or "auto" (Lightning's choice). result.json records the device and
@@ -355,21 +362,28 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     L.seed_everything(seed, workers=True, verbose=False)  # init order, data, dropout
     model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
     init_phase2(model, cfg, cond, seed)
-    module = Phase2Module(cfg, model, cond)
-    data = EpisodeData(cfg, seed, cfg.episodes_per_epoch, segments=cfg.segments)
+    module = Phase2Module(cfg, model, cond, phase1_sha256=digest)
+    data = EpisodeData(cfg, seed, cfg.episodes_per_epoch, segments=cfg.segments,
+                       families=cfg.phase2_families)
     cap = GpuMemoryCap(gpu_share)
     last = out_dir / "ckpt" / "last.ckpt"
     if resume_from is None and last.is_file():
         resume_from = last
     trainer, ckpt = _trainer(cfg, out_dir, max_epochs=cfg.max_epochs,
-                             monitor=f"val/{cond.select}", patience=cfg.patience,
-                             callbacks=[cap, *callbacks], loggers=loggers, progress=progress,
+                             monitor=f"val/{module.select}", patience=cfg.patience,
+                             callbacks=[cap, *callbacks, *([stop] if stop is not None else [])],
+                             loggers=loggers, progress=progress,
                              ckpt_dir=out_dir / "ckpt", accelerator=accelerator,
                              resume_from=Path(resume_from) if resume_from else None)
     # weights_only=True: a checkpoint is data, never code, whatever torch's default or
     # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says (everything saved is tensors and plain types)
     trainer.fit(module, datamodule=data, ckpt_path=str(resume_from) if resume_from else None,
                 weights_only=True)
+    if stop is not None and stop.paused_at is not None:
+        release_compiled_steps()
+        return PhasePaused(epoch=stop.paused_at, max_epochs=cfg.max_epochs,
+                           reason=str(stop.reason), last_ckpt=str(last),
+                           train_time_s=module.prior_time_s + (time.time() - t0), phase=2)
     # the last epoch's weights on the test stream too, beside the validation-selected ones
     # (issue 21: a selection that picks an early epoch is then visible); the same numbers
     # when the last epoch is the selected one
@@ -387,7 +401,8 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     best_model = out_dir / "best_model.pt"
     save_model_file(best_model, module.model, fmt=MODEL_FORMAT,
                     meta={"condition": condition, "seed": seed, "phase1_sha256": digest})
-    val_best = {k[4:]: v for k, v in (module.history[_best_index(module.history, cond)]
+    val_best = {k[4:]: v for k, v in (module.history[_best_index(module.history,
+                                                                 module.select)]
                                       if module.history else {}).items()
                 if k.startswith("val/")}
     result = {
@@ -476,8 +491,8 @@ def trained_on(trainer: L.Trainer) -> dict[str, str]:
             "precision": str(trainer.precision)}
 
 
-def _best_index(history: list[dict], cond: Condition) -> int:
-    key = f"val/{cond.select}"
+def _best_index(history: list[dict], select: str) -> int:
+    key = f"val/{select}"
     vals = [h.get(key, float("-inf")) for h in history]
     return max(range(len(vals)), key=lambda i: vals[i])
 
