@@ -296,7 +296,7 @@ def cmd_diagnose(args) -> int:
     from pmnet.diagnose import diagnose_file, format_diagnostics
     from pmnet.io import atomic_write_json
 
-    diag = diagnose_file(args.checkpoint, n=args.n)
+    diag = diagnose_file(args.checkpoint, n=args.n, condition=args.condition)
     if args.out:
         atomic_write_json(Path(args.out), diag.to_dict())
     print(json.dumps(diag.to_dict(), indent=2) if args.json else format_diagnostics(diag))
@@ -402,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=_int, default=1000, help="validation episodes (default 1000)")
     s.add_argument("--out", help="also write the diagnostics as JSON (atomically)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.add_argument("--condition", default=None,
+                   help="a phase1.pt read as the start of this Phase-2 condition (its "
+                        "Consolidator an identity until trained): the mechanism before training")
     s.set_defaults(fn=cmd_diagnose)
 
     s = sub.add_parser("report", help="rebuild a pipeline run's report from its results")

@@ -44,7 +44,23 @@ the root. These measurements, on the validation stream only, say whether they do
                          the L forced identity writes (does C's output move later writes?)
     query_reach          per block, where the final query's tokens are routed: % in a group
                          written by the last segment only, by an earlier segment only, by
-                         both, by none (does the query read what the update wrote?)
+                         both, by none (does the query read what the update wrote?);
+                         `query_reach_identity` the same under forced identity
+    seg2_path_change     per block, % of the last segment's tokens whose path down to that
+                         block (their group after its choice) differs from the first
+                         segment's token at the same position: does the LTM of the earlier
+                         segments send the update elsewhere than the memory it updates?
+                         Under the checkpoint's own consolidation and under forced identity
+                         (`seg2_path_change_identity`), over all positions and over the
+                         positions whose token is the same in both segments (the shared
+                         address: with KV and STM cleared, only L can move those)
+    consolidator_gradient  a learned Consolidator: the norm of the gradient of the condition's
+                         Phase-2 loss on its parameters, whole and through each use of L
+                         alone (`ltm_gradient`: "routing", Eq. 9's direct term, the soft
+                         write weights; "memory", M = S + L, reads and deeper routers), with
+                         their cosine, and `mixed` = whole - routing - memory: the paths that
+                         pass through both kinds of use (L1 routes segment 2's writes, whose
+                         STM the second boundary consolidates into the L the query reads)
 
 Each recall is a percentage of the same episodes; a difference of two of them is paired, so
 its noise is smaller than the +-3 pp of one 1,000-episode stream (`agreement` gives the
@@ -71,6 +87,8 @@ from pmnet.model import PMNet
 from pmnet.runner import RunOptions, persistent_state
 
 DIAGNOSE_SEED = 20_211  # the random-route draws (independent of every data stream)
+#: validation episodes the Consolidator's gradient is read on (three backward passes each)
+GRADIENT_EPISODES = 500
 
 
 @dataclass
@@ -86,6 +104,7 @@ class Probe:
     routing_u_uses_ltm: bool = True
     seed: int = DIAGNOSE_SEED
     record: bool = False
+    ltm_gradient: str | None = None  # "routing" / "memory": the one use of L with a gradient
     margins: dict[int, list[Tensor]] = field(default_factory=dict)  # top-1 minus top-2
     top: dict[int, list[Tensor]] = field(default_factory=dict)  # largest probability
 
@@ -162,6 +181,40 @@ class QueryReach:
 
 
 @dataclass(frozen=True)
+class PathChange:
+    """Per block, % of the last segment's tokens whose path to that block differs from the
+    first segment's token at the same position: over every position (`all`) and over the
+    positions whose token is the same in both segments (`same_token`)."""
+
+    all: list[float]
+    same_token: list[float]
+    same_token_share: float  # % of positions whose token is the same in both segments
+
+
+@dataclass(frozen=True)
+class GradientSplit:
+    """The gradient of a Phase-2 loss on the Consolidator's parameters (L2 norms, over
+    `episodes` validation episodes): whole; through paths whose every use of L is a routing
+    use (Eq. 9's direct term); through paths whose every use is a memory use (M = S + L);
+    `mixed`, the rest (whole - routing - memory: paths through both kinds, exactly); and the
+    cosine of the routing and memory gradients."""
+
+    total: float
+    routing: float
+    memory: float
+    mixed: float
+    cosine: float
+    episodes: int
+
+    @property
+    def routing_share(self) -> float:
+        """|routing| / (|routing| + |memory|), in %: how much of the single-kind gradient
+        comes through routing."""
+        den = self.routing + self.memory
+        return 100 * self.routing / den if den > 0 else float("nan")
+
+
+@dataclass(frozen=True)
 class RouteDiagnostics:
     checkpoint: str
     kind: str  # "phase1" or "phase2"
@@ -185,6 +238,10 @@ class RouteDiagnostics:
     order: OrderDiagnostics | None = None  # the symmetry bound (issue 44)
     seg2_route_change_learned: list[float] | None = None  # per block, learned vs identity L
     query_reach: list[QueryReach] | None = None  # per block
+    query_reach_identity: list[QueryReach] | None = None  # per block, forced identity
+    seg2_path_change: PathChange | None = None  # the checkpoint's own consolidation
+    seg2_path_change_identity: PathChange | None = None  # forced identity
+    consolidator_gradient: GradientSplit | None = None  # a learned Consolidator
 
     @property
     def random_route_drop(self) -> float:
@@ -194,6 +251,8 @@ class RouteDiagnostics:
         d = dataclasses.asdict(self)
         if self.order is not None:
             d["order"]["order_gain"] = self.order.order_gain
+        if self.consolidator_gradient is not None:
+            d["consolidator_gradient"]["routing_share"] = self.consolidator_gradient.routing_share
         return d
 
 
@@ -416,6 +475,80 @@ def query_reach(model: PMNet, stream, consolidation: str, ltm_routing: bool,
     return [QueryReach(*row) for row in tally.tolist()]
 
 
+@torch.no_grad()
+def seg2_path_change(model: PMNet, stream, consolidation: str, ltm_routing: bool,
+                     batch_size: int) -> PathChange:
+    """Per block, % of the last segment's tokens whose group after that block's choice (the
+    path from the root) differs from the first segment's token at the same position, the
+    last segment run on the LTM `consolidation` left (the model's lifecycle)."""
+    device = next(model.parameters()).device
+    nb = model.cfg.n_blocks
+    diff_all = torch.zeros(nb, dtype=torch.float64)
+    diff_same = torch.zeros(nb, dtype=torch.float64)
+    n_all = n_same = 0
+    for i in range(0, len(stream), batch_size):
+        seg = stream[i:i + batch_size].to(device).seg_tokens
+        _, first = model(seg[:, 0], model.init_state(seg.shape[0], device=device),
+                         ltm_routing=ltm_routing, logits="none")
+        state = _before_last(model, seg, consolidation, ltm_routing)
+        _, last = model(seg[:, -1], state, ltm_routing=ltm_routing, logits="none")
+        same = seg[:, 0] == seg[:, -1]  # (B, T)
+        for b in range(nb):
+            d = first.routes[b + 1] != last.routes[b + 1]
+            diff_all[b] += d.sum().item()
+            diff_same[b] += (d & same).sum().item()
+        n_all += same.numel()
+        n_same += int(same.sum().item())
+    return PathChange(all=[100 * x / n_all for x in diff_all.tolist()],
+                      same_token=[100 * x / max(1, n_same) for x in diff_same.tolist()],
+                      same_token_share=100 * n_same / n_all)
+
+
+def consolidator_gradient(model: PMNet, stream, condition: str,
+                          batch_size: int) -> GradientSplit:
+    """The gradient of `condition`'s Phase-2 loss (`runner.phase2_losses`, training mode, one
+    seed for any dropout) on the Consolidator's parameters over `stream`: whole, through
+    paths using L for routing only and for memory only (`RouteProbe.ltm_gradient`: every
+    other use detached), and the rest (`GradientSplit`)."""
+    from pmnet.conditions import get_condition
+    from pmnet.runner import phase2_losses
+
+    cond = get_condition(condition)
+    params = [p for n, p in model.named_parameters() if n.startswith("consolidator.")]
+    device = next(model.parameters()).device
+    was = model.training
+    flags = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    grads = {}
+    try:
+        model.train()
+        for path in (None, "routing", "memory"):
+            total = [torch.zeros_like(p) for p in params]
+            with probing(model, dataclasses.replace(Probe(), ltm_gradient=path)):
+                for i in range(0, len(stream), batch_size):
+                    batch = stream[i:i + batch_size].to(device)
+                    torch.manual_seed(DIAGNOSE_SEED)
+                    loss = phase2_losses(model, batch, cond)["loss"]
+                    if not loss.requires_grad:  # no use of L this path keeps is in the loss
+                        continue
+                    g = torch.autograd.grad(loss * len(batch) / len(stream), params,
+                                            allow_unused=True)
+                    total = [t + (x if x is not None else 0) for t, x in zip(total, g)]
+            grads[path] = torch.cat([t.flatten() for t in total]).double()
+    finally:
+        for p, f in zip(model.parameters(), flags):
+            p.requires_grad_(f)
+        model.train(was)
+    whole, r, m = grads[None], grads["routing"], grads["memory"]
+    norm = whole.norm().item()
+    cos = (r @ m / (r.norm() * m.norm())).item() if r.norm() > 0 and m.norm() > 0 else 0.0
+    return GradientSplit(total=norm, routing=r.norm().item(), memory=m.norm().item(),
+                         mixed=(whole - r - m).norm().item(), cosine=cos, episodes=len(stream))
+
+
 def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | None = None,
              consolidation: str = "identity", ltm_routing: bool = False,
              batch_size: int = 250) -> RouteDiagnostics:
@@ -455,9 +588,18 @@ def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | Non
                          batch_size)
     out["query_reach"] = _with(model, Probe(), query_reach, stream, consolidation,
                                ltm_routing, batch_size)
+    out["seg2_path_change"] = _with(model, Probe(), seg2_path_change, stream, consolidation,
+                                    ltm_routing, batch_size)
     if consolidation == "learned":
         out["seg2_route_change_learned"] = _with(model, Probe(), learned_route_change, stream,
                                                  ltm_routing, batch_size)
+        out["seg2_path_change_identity"] = _with(model, Probe(), seg2_path_change, stream,
+                                                 "identity", ltm_routing, batch_size)
+        out["query_reach_identity"] = _with(model, Probe(), query_reach, stream, "identity",
+                                            ltm_routing, batch_size)
+        if condition is not None:
+            out["consolidator_gradient"] = consolidator_gradient(
+                model, stream[:min(len(stream), GRADIENT_EPISODES)], condition, batch_size)
     if condition is not None:
         own = _with(model, Probe(), _updated_predictions, stream, batch_size, consolidation,
                     ltm_routing)
@@ -480,9 +622,14 @@ def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | Non
 
 
 def diagnose_file(path: str | Path, *, n: int = 1000, batch_size: int = 250,
-                  segments: int = task.N_SEGMENTS) -> RouteDiagnostics:
+                  segments: int = task.N_SEGMENTS,
+                  condition: str | None = None) -> RouteDiagnostics:
     """Load a model file (phase1.pt or a Phase-2 best_model.pt) and diagnose it on the first
-    `n` episodes of the validation stream (never the test stream)."""
+    `n` episodes of the validation stream (never the test stream).
+
+    `condition` with a phase1.pt: read it as the start of that condition's Phase 2 (the
+    Phase-1 Consolidator, an exact identity until trained: what training starts from); a
+    Phase-2 file already names its condition, and another one is refused."""
     from pmnet.conditions import get_condition
     from pmnet.model_files import load_model_file
 
@@ -491,9 +638,14 @@ def diagnose_file(path: str | Path, *, n: int = 1000, batch_size: int = 250,
                          f"got {n!r}")
     if not Path(path).is_file():
         raise ValueError(f"model file not found: {path}")
+    if condition is not None:
+        get_condition(condition)  # a clear error before the file is read
     model, payload = load_model_file(path)
     meta = payload.get("meta") or {}
     name = meta.get("condition") if isinstance(meta, dict) else None
+    if condition is not None and name is not None and condition != name:
+        raise ValueError(f"{path} is a Phase-2 model of condition {name!r}, not {condition!r}")
+    name = name or condition
     stream = task.validation_stream(n, segments=segments)
     if name is None:
         return diagnose(model, stream, checkpoint=str(path), batch_size=batch_size)
@@ -557,6 +709,24 @@ def format_diagnostics(d: RouteDiagnostics) -> str:
     if d.seg2_route_change_learned is not None:
         lines.append("last segment's routes changed by learned vs identity L, per block: "
                      + ", ".join(f"{x:.1f}%" for x in d.seg2_route_change_learned))
+    for name, pc in (("own consolidation", d.seg2_path_change),
+                     ("forced identity", d.seg2_path_change_identity)):
+        if pc is not None:
+            lines.append(f"last segment's path differs from the first segment's at the same "
+                         f"position ({name}), per block: all "
+                         + ", ".join(f"{x:.1f}%" for x in pc.all) + "; same token ("
+                         f"{pc.same_token_share:.0f}% of positions) "
+                         + ", ".join(f"{x:.1f}%" for x in pc.same_token))
+    if d.query_reach_identity is not None:
+        lines.append("final query's tokens under forced identity, same columns: " + "; ".join(
+            f"{b}: {r.last_only:.0f}/{r.earlier_only:.0f}/{r.both:.0f}/{r.neither:.0f}"
+            for b, r in enumerate(d.query_reach_identity)))
+    if d.consolidator_gradient is not None:
+        g = d.consolidator_gradient
+        lines.append(f"Consolidator gradient ({g.episodes} episodes): |whole| {g.total:.3g}, "
+                     f"through routing (Eq. 9) {g.routing:.3g}, through memory (M = S + L) "
+                     f"{g.memory:.3g}, through both {g.mixed:.3g} (routing "
+                     f"{g.routing_share:.0f}% of the single-kind two; cosine {g.cosine:+.2f})")
     if d.updated_strict_off is not None:
         lines.append(f"updated-LTM recall with no router seeing L (strict routing off, L out "
                      f"of u too): {d.updated_strict_off.recall:.1f}% "

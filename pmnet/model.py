@@ -377,7 +377,13 @@ class RouteProbe(Protocol):
         is the "strict" routing-off intervention: no router sees L, directly or through u
         (reads still see M = S + L, and through the hidden state so do later queries);
     on_write(b, delta, p): the delta block b writes (B, T, K, P), given its scores p (B, T, K);
-    choose(b, p): the child (B, T) each token descends to from block b (top-1: p.argmax(-1)).
+    choose(b, p): the child (B, T) each token descends to from block b (top-1: p.argmax(-1));
+    ltm_gradient (optional attribute, None when absent): "routing" or "memory" lets the
+        gradient reach L through one of its two uses only, the other seeing L detached (the
+        forward pass is unchanged): "routing" the direct term of Eq. 9 (the routing state a,
+        hence this block's soft write weights p and its write), "memory" M = S + L of Eq. 3
+        (the reads, and through u the deeper blocks). The two gradients sum to the whole
+        (`pmnet.diagnose.consolidator_gradient`).
     """
 
     def routing_uses_ltm(self, block: int) -> bool: ...
@@ -592,9 +598,14 @@ class PMNet(nn.Module):
                 # static slot embeddings e_{b,g,j} of each token's group: (B, T, K, P)
                 e = F.embedding(group, self.slot_emb[b].view(G, K * P)).view(B, T, K, P)
                 L_tok = _gather_groups(state.ltm[b], group)  # (B, T, K, P)  L_{b,g,j}
+                L_route = L_mem = L_tok
+                path = None if probe is None else getattr(probe, "ltm_gradient", None)
+                if path is not None:  # the gradient through one use of L (diagnostics)
+                    L_route = L_tok if path == "routing" else L_tok.detach()
+                    L_mem = L_tok if path == "memory" else L_tok.detach()
                 with_l = ltm_routing and (probe is None or probe.routing_uses_ltm(b))
                 u_r = u if u_route is None else u_route
-                a = u_r + e + L_tok if with_l else u_r + e  # routing state    Eq. 1 / Eq. 9
+                a = u_r + e + L_route if with_l else u_r + e  # routing state  Eq. 1 / Eq. 9
                 delta, p = layer.write(h, a)  # (B, T, K, P), (B, T, K)        Eq. 2
                 if probe is not None:
                     delta = probe.on_write(b, delta, p)
@@ -614,7 +625,7 @@ class PMNet(nn.Module):
                     running = torch.bmm(same.float(), flat).view(B, T, K, P)
                     total = torch.bmm(onehot.float().transpose(1, 2), flat).view(B, G, K, P)
                 S_tok = _gather_groups(stm[b], group) + running  # STM of the token's group
-                M_tok = S_tok + L_tok  # (B, T, K, P)  Eq. 3; mod 2pi is implicit: M is
+                M_tok = S_tok + L_mem  # (B, T, K, P)  Eq. 3; mod 2pi is implicit: M is
                 u = wrap(u + M_tok)  # only seen through sin/cos, u is wrapped to stay small
                 if u_route is not None:
                     u_route = wrap(u_route + S_tok)

@@ -10,6 +10,8 @@ from pmnet import task
 from pmnet.cli import main
 from pmnet.config import ModelConfig
 from pmnet.diagnose import (
+    consolidator_gradient,
+    seg2_path_change,
     Probe,
     diagnose,
     diagnose_file,
@@ -324,3 +326,62 @@ def test_diagnose_reports_the_capability_measurements(stream):
     out = d.to_dict()
     assert out["order"]["order_gain"] == pytest.approx(d.order.order_gain)
     assert diagnose(_model(), stream).seg2_route_change_learned is None  # identity: n/a
+
+
+@pytest.mark.parametrize("condition, routing_zero", [("consolidator_only", False),
+                                                     ("consolidator_only_routing_off", True)])
+def test_the_consolidator_gradient_splits_into_its_routing_and_memory_paths(
+        stream, condition, routing_zero):
+    """Without Eq. 9's direct term the routing paths carry nothing and the memory paths the
+    whole gradient, exactly; with it, both kinds carry some."""
+    model = _model()
+    with torch.no_grad():  # a Consolidator away from its identity start
+        model.consolidator.reinit(1.0, torch.Generator().manual_seed(0))
+        model.consolidator.w_d.weight.normal_(0, 0.5)
+    before = [p.requires_grad for p in model.parameters()]
+    g = consolidator_gradient(model, stream, condition, batch_size=16)
+    assert g.total > 0 and g.memory > 0
+    assert (g.routing == 0.0) is routing_zero
+    if routing_zero:
+        assert g.mixed < 1e-6 * g.total and g.memory == pytest.approx(g.total, rel=1e-6)
+    assert [p.requires_grad for p in model.parameters()] == before and not model.training
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_seg2_path_change_compares_the_last_segment_with_the_first(stream):
+    """A last segment that repeats the first token for token: every position shares its
+    token, so the two readings agree; a first reading with all paths the same as themselves
+    (one path for every token) changes nothing."""
+    import dataclasses as dc
+
+    seg = stream.seg_tokens.clone()
+    seg[:, -1] = seg[:, 0]
+    repeated = dc.replace(stream, seg_tokens=seg)
+    pc = seg2_path_change(_model(), repeated, "identity", True, batch_size=N)
+    assert pc.same_token_share == 100.0 and pc.all == pc.same_token
+    assert all(0.0 <= x <= 100.0 for x in pc.all)
+    model = _model()
+    with probing(model, Probe(one_path=True)):
+        assert seg2_path_change(model, stream, "identity", True, batch_size=N).all == [0.0, 0.0]
+    d = diagnose(_model(), stream, condition="consolidator_only", consolidation="learned",
+                 ltm_routing=True)
+    assert d.seg2_path_change == d.seg2_path_change_identity  # the identity start
+    assert d.query_reach_identity == d.query_reach
+    assert d.to_dict()["consolidator_gradient"]["routing_share"] >= 0
+
+
+def test_cli_diagnose_reads_a_phase1_file_as_a_conditions_start(tmp_path, capsys):
+    path = tmp_path / "phase1.pt"
+    save_model_file(path, _model(), fmt=PHASE1_FORMAT, meta={})
+    out = tmp_path / "d.json"
+    assert main(["diagnose", str(path), "--n", "8", "--condition", "consolidator_only",
+                 "--out", str(out)]) == 0
+    assert "Consolidator gradient" in capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert d["condition"] == "consolidator_only" and d["kind"] == "phase2"
+    assert d["seg2_route_change_learned"] == [0.0, 0.0]  # the start: an exact identity
+    assert main(["diagnose", str(path), "--condition", "no_such_condition"]) == 2
+    p2 = tmp_path / "best_model.pt"
+    save_model_file(p2, _model(), fmt=MODEL_FORMAT, meta={"condition": "consolidator_only"})
+    assert main(["diagnose", str(p2), "--n", "8", "--condition", "identity_full"]) == 2
+    assert "not 'identity_full'" in capsys.readouterr().err

@@ -930,3 +930,30 @@ def test_baseline_condition_trains_and_reloads(phase1, condition, tmp_path):
                 assert torch.equal(p, old[n]), n  # the backbone stayed frozen
     else:
         assert len(new.baselines) == 0 and res["trainable_params"] == res["total_params"]
+
+
+@pytest.mark.parametrize("fams, lr_schedule, msg", [
+    (("add10", "add10"), "cosine", "phase2_families"),
+    (("mul",), "cosine", "phase2_families"),
+    ((), "cosine", "phase2_families"),
+    (("add10",), "linear", "lr_schedule"),
+])
+def test_phase2_families_and_schedule_are_checked(fams, lr_schedule, msg):
+    with pytest.raises(ValueError, match=msg):
+        TrainConfig.from_name("debug", phase2_families=fams, lr_schedule=lr_schedule)
+
+
+def test_one_training_family_selects_on_that_familys_recall():
+    from pmnet.conditions import get_condition
+    from pmnet.model import PMNet
+    from pmnet.train.modules import Phase2Module
+
+    both = TrainConfig.from_name("debug")
+    one = TrainConfig.from_name("debug", phase2_families=("affine10",))
+    assert both.phase2_families == ("add10", "affine10")
+    assert (both.select_metric("updated_ltm"), one.select_metric("updated_ltm")) == (
+        "updated_ltm", "updated_ltm_affine10")
+    # the order given does not matter; a dual-objective condition has no per-family metric
+    assert TrainConfig.from_name("debug", phase2_families=("affine10", "add10")) == both
+    with pytest.raises(ValueError, match="train both families"):
+        Phase2Module(one, PMNet(one.model), get_condition("learned_full_dual"))

@@ -153,3 +153,98 @@ def test_a_stop_file_is_read_and_a_bad_deadline_refused(tmp_path):
     assert stop.requested()
     with pytest.raises(ValueError, match="deadline_s"):
         StopAtEpochEnd(deadline_s=float("nan"))
+
+
+# --- Phase 2 in pieces (issue 61): the long Phase-2 recipe pauses and continues -------------
+
+#: debug preset's Phase 2 on ADD10 only at a constant rate, 4 epochs that do not stop early
+P2 = dict(max_epochs=4, patience=4, episodes_per_epoch=32, val_episodes=16, test_episodes=16,
+          eval_batch_size=16, batch_size=16, phase2_families=("add10",),
+          lr_schedule="constant", consolidator_init_std=0.18)
+
+
+@pytest.fixture(scope="module")
+def phase1_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("p1")
+    return Path(run_phase1(_cfg(), out, progress=False)["checkpoint"])
+
+
+def _p2(phase1_file, out, **kw):
+    from pmnet.train import run_phase2
+
+    return run_phase2(TrainConfig.from_name("debug", **P2), condition="consolidator_only",
+                      seed=42, phase1_ckpt=phase1_file, out_dir=out, progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def whole2(phase1_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole2")
+    return _p2(phase1_file, out), out
+
+
+def test_a_phase2_stopped_after_epoch_2_and_continued_elsewhere_equals_one_run(
+        phase1_file, whole2, tmp_path):
+    from pmnet.train import PhasePaused, sha256_file
+
+    stop = StopAtEpochEnd()
+    res = _p2(phase1_file, tmp_path / "a", stop=stop,
+              callbacks=[_At(1, stop.request)])
+    assert isinstance(res, PhasePaused) and (res.phase, res.epoch) == (2, 1), res
+    assert not (tmp_path / "a" / "result.json").exists()
+    (tmp_path / "b").mkdir()
+    shutil.copytree(tmp_path / "a" / "ckpt", tmp_path / "b" / "ckpt")
+    done = _p2(phase1_file, tmp_path / "b")
+    ref, ref_dir = whole2
+    assert done["history"] == ref["history"] and done["test"] == ref["test"]
+    assert done["best_epoch"] == ref["best_epoch"]
+    assert sha256_file(tmp_path / "b" / "best_model.pt") == sha256_file(ref_dir / "best_model.pt")
+
+
+def test_a_phase2_checkpoint_holds_the_trainable_parameters_only(phase1_file, whole2):
+    import torch
+
+    from pmnet.train import sha256_file
+
+    _, out = whole2
+    ck = torch.load(out / "ckpt" / "last.ckpt", weights_only=True, map_location="cpu")
+    held = set(ck["state_dict"])
+    assert held and all(k.startswith("model.consolidator.") for k in held), sorted(held)[:5]
+    assert ck["pmnet_compact"]["phase1_sha256"] == sha256_file(phase1_file)
+    assert not any(k.startswith("model.consolidator.") for k in ck["pmnet_compact"]["frozen"])
+    # a few hundred KB at most for the Consolidator alone, whatever the backbone's size
+    assert (out / "ckpt" / "last.ckpt").stat().st_size < 200_000
+
+
+def test_a_compact_checkpoint_does_not_continue_on_another_phase1_file(phase1_file, tmp_path):
+    cfg = TrainConfig.from_name("debug", **{**CFG, "phase1_seed": 1})
+    other = Path(run_phase1(cfg, tmp_path / "p1b", progress=False)["checkpoint"])
+    stop = StopAtEpochEnd()
+    _p2(phase1_file, tmp_path / "a", stop=stop, callbacks=[_At(0, stop.request)])
+    with pytest.raises(ValueError, match="Phase-1 file"):
+        _p2(other, tmp_path / "a")
+
+
+def test_phase2_on_add10_selects_on_add10_and_still_reads_both_families(whole2):
+    res, _ = whole2
+    assert res["config"]["phase2_families"] == "add10"
+    vals = [h["val/updated_ltm_add10"] for h in res["history"]]
+    assert res["best_epoch"] == res["history"][vals.index(max(vals))]["epoch"]
+    assert res["val"]["updated_ltm_add10"] == max(vals)
+    assert all("val/updated_ltm_affine10" in h for h in res["history"])
+    assert "updated_ltm_affine10" in res["test"]
+
+
+@pytest.mark.parametrize("schedule, at_end", [("constant", 1.0), ("cosine", 0.0)])
+def test_the_phase2_rate_after_warmup_is_constant_or_cosine(schedule, at_end):
+    from types import SimpleNamespace
+
+    from pmnet.conditions import get_condition
+    from pmnet.model import PMNet
+    from pmnet.train.modules import Phase2Module
+
+    cfg = TrainConfig.from_name("debug", lr_schedule=schedule, warmup_steps=2)
+    m = Phase2Module(cfg, PMNet(cfg.model), get_condition("consolidator_only"))
+    m._trainer = SimpleNamespace(estimated_stepping_batches=8)  # what the schedule reads
+    lam = m.configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0]
+    assert [lam(0), lam(1), lam(2)] == [0.5, 1.0, 1.0]
+    assert lam(8) == pytest.approx(at_end, abs=1e-9)
