@@ -955,5 +955,6 @@ def test_one_training_family_selects_on_that_familys_recall():
         "updated_ltm", "updated_ltm_affine10")
     # the order given does not matter; a dual-objective condition has no per-family metric
     assert TrainConfig.from_name("debug", phase2_families=("affine10", "add10")) == both
+    assert TrainConfig.from_name("debug", phase2_families="affine10") == one
     with pytest.raises(ValueError, match="train both families"):
         Phase2Module(one, PMNet(one.model), get_condition("learned_full_dual"))

@@ -399,3 +399,22 @@ def test_checkpoint_channel_grid_is_every_routing_pair_under_five_checkpoints():
             assert {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == on} \
                 == {(t.phase1_seed, t.seed) for t in sp.trials if t.condition == off}
     assert get_space("checkpoint_channel") is checkpoint_channel
+
+
+def test_the_add10_long_grid_is_both_consolidator_arms_in_one_valid_long_variant():
+    from pmnet.train import TrainConfig
+    from tune_spaces.grids import ADD10_LONG_RECIPE, add10_long
+
+    cfg = TrainConfig.from_name("cpu")
+    space = add10_long(cfg)
+    assert space.conditions == ("consolidator_only", "consolidator_only_routing_off")
+    assert space.seeds == (42,) and space.variant_names == ["add10-long"]
+    assert set(space.diagnose) == set(space.conditions)
+    import dataclasses
+
+    trial_cfg = dataclasses.replace(cfg, **dict(space.variant("add10-long").overrides))
+    assert trial_cfg.phase2_families == ("add10",)
+    assert trial_cfg.select_metric("updated_ltm") == "updated_ltm_add10"
+    # 640,000 episodes at most, validated every 500 steps of the preset's batch
+    assert trial_cfg.episodes_per_epoch * trial_cfg.max_epochs == 640_000
+    assert trial_cfg.steps_per_epoch == 500 and ADD10_LONG_RECIPE["patience"] == 6

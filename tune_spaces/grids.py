@@ -81,6 +81,17 @@ LADDER_CONDITIONS: tuple[str, ...] = ("consolidator_only", "consolidator_only_ro
                                       "memory_consolidator", "operator_gru_routing_off")
 LADDER_PHASE1_SEEDS: tuple[int, ...] = (1, 2)
 
+# the decisive test at the paper's Phase-2 budget (issue 61): both Consolidator-only arms
+# trained on ADD10 episodes only (the family every backbone reads near 100%, where the
+# paper's routing-off arm sits at the either-rule level, 52.5%, and routing on at 99.0%), at
+# a constant rate after warmup, validated every 500 steps of batch 64 (32,000 episodes),
+# early stopped on validation ADD10 with the paper's patience (6), up to 640,000 episodes
+# (10x the `cpu` recipe's 64,000; the paper: up to 6M)
+ADD10_LONG_CONDITIONS: tuple[str, ...] = CHECKPOINT_STUDY_CONDITIONS
+ADD10_LONG_RECIPE: dict[str, Any] = {
+    "phase2_families": "add10", "lr_schedule": "constant", "episodes_per_epoch": 32_000,
+    "max_epochs": 20, "patience": 6}
+
 #: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
 #: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions,
 #: seeds and Phase-1 checkpoints, the trial's threads) and the preset's notes
@@ -610,10 +621,22 @@ def ladder(cfg, *, gpu: bool = False) -> Space:
         phase1_seeds=LADDER_PHASE1_SEEDS)
 
 
+def add10_long(cfg, *, gpu: bool = False) -> Space:
+    """The decisive test (issue 61): ADD10_LONG_CONDITIONS x the preset's first seed in one
+    variant, `add10-long` (ADD10_LONG_RECIPE), under the preset's Phase-1 checkpoints
+    (`--phase1-seeds` picks them: `cpu` ran 0, 1, 3, `medium` 2, each with validation ADD10
+    STM >= 99%). Both arms' best models are diagnosed (the mechanism: `pmnet diagnose`). On
+    `cpu`: 3 Phase-1 trainings and 6 trials of up to 10,000 steps."""
+    return default(cfg, gpu=gpu).derive(
+        name="add10_long", conditions=ADD10_LONG_CONDITIONS, seeds=tuple(cfg.seeds)[:1],
+        variants=(Variant("add10-long", ADD10_LONG_RECIPE),), diagnose=ADD10_LONG_CONDITIONS)
+
+
 SPACES: dict[str, Callable[..., Space]] = {
     "default": default, "paper": paper, "tiny": tiny, "core": core, "operators": operators,
     "segments": segments, "phase1_variance": phase1_variance, "baselines": baselines,
     "checkpoints": checkpoints, "checkpoint_channel": checkpoint_channel, "ladder": ladder,
+    "add10_long": add10_long,
 }
 
 

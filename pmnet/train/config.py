@@ -184,7 +184,9 @@ class TrainConfig:
         for c in self.conditions:
             get_condition(c)
         fams = self.phase2_families
-        if (isinstance(fams, str) or not fams or len(set(fams)) != len(fams)
+        if isinstance(fams, str):  # one family given alone (a grid variant's scalar value)
+            fams = (fams,)
+        if (not isinstance(fams, (tuple, list)) or not fams or len(set(fams)) != len(fams)
                 or any(f not in task.FAMILIES for f in fams)):
             raise ValueError(f"TrainConfig.phase2_families must list distinct families of "
                              f"{task.FAMILIES}, got {fams!r}")
