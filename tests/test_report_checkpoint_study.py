@@ -104,7 +104,8 @@ def test_a_store_report_has_the_whole_checkpoint_section(tmp_path):
     assert inter[3] == "-9.10 ± 1.06" and inter[1:3] == ["5", "10"]
     assert channel["routing on - off (operator_gru)"][-1] == "< 0"  # capable arms: a verdict
     mech = md_rows(tables / "tab-checkpoint-mechanism.md")[1:]
-    assert len(mech) == 5 * 6 and mech[0][-1] == "12.5 / 30.0"
+    assert len(mech) == 5 * 6 and mech[0][-3] == "12.5 / 30.0"
+    assert mech[0][-2:] == ["", ""]  # diagnostics made before the mechanism's two readings
     strict = {r[0]: r for r in md_rows(tables / "tab-checkpoint-strict.md")[1:]}
     # routing on - strict off: 20 + 3 - 2k + 0.2i - 22.5, over k and i
     assert strict["routing on - strict off (consolidator_only)"][3] == "-3.40 ± 1.41"

@@ -169,7 +169,13 @@ def test_load_diagnostics_reads_a_store_directory_and_refuses_a_stray_file(tmp_p
     assert got.to_dict("records")[0] | {"l_route_change": None} == {
         "condition": ON, "seed": 42, "variant": "", "phase1_seed": 3, "updated_ltm": 24.7,
         "routing_off_cost": None, "root_l_removed_cost": None, "strict_off_cost": 2.9,
-        "l_route_change": None}
+        "l_route_change": None, "seg2_path_change": [], "routing_grad_share": None}
+    # a diagnosis made since issue 61 carries the mechanism's two readings
+    (tmp_path / "consolidator_only-p4-s42.json").write_text(json.dumps(
+        {"seg2_path_change": {"all": [1.0, 9.0], "same_token": [0.0, 12.5]},
+         "consolidator_gradient": {"routing_share": 37.5}}))
+    row = stats.load_diagnostics(tmp_path).to_dict("records")[1]
+    assert (row["seg2_path_change"], row["routing_grad_share"]) == ([0.0, 12.5], 37.5)
     assert stats.load_diagnostics(tmp_path / "absent").empty
     (tmp_path / "notes.json").write_text("{}")
     with pytest.raises(ValueError, match="notes.json"):

@@ -93,7 +93,9 @@ def diagnostics_row(trial: TrialId, h: Mapping[str, Any]) -> dict[str, Any]:
     read: its updated-LTM recall (a routing-off model has no "updated_ltm" entry: its recall
     is the strict-off recall plus what strict off cost it), the recall (pp) it loses with
     routing switched off at inference (the paper's off), with L out of the root's routing
-    only, and under strict routing off (L out of u too), and its L route change per block."""
+    only, and under strict routing off (L out of u too), its L route change per block, and
+    (diagnostics since issue 61) its last segment's path change on shared tokens per block and
+    its Consolidator gradient's routing share."""
     wo = h.get("updated_without_ltm_route") or []
     strict = h.get("updated_strict_off") or {}
     own = (h.get("updated_ltm") or {}).get("recall")
@@ -104,7 +106,13 @@ def diagnostics_row(trial: TrialId, h: Mapping[str, Any]) -> dict[str, Any]:
             "routing_off_cost": (h.get("updated_routing_off") or {}).get("drop"),
             "root_l_removed_cost": wo[0]["drop"] if wo else None,
             "strict_off_cost": strict.get("drop"),
-            "l_route_change": [float(x) for x in h.get("ltm_route_change") or []]}
+            "l_route_change": [float(x) for x in h.get("ltm_route_change") or []],
+            # the mechanism (issue 61; absent from older diagnostics): per block, % of the
+            # last segment's shared-token positions routed off the first segment's path, and
+            # the Consolidator gradient's routing share (%)
+            "seg2_path_change": [float(x) for x in
+                                 (h.get("seg2_path_change") or {}).get("same_token") or []],
+            "routing_grad_share": (h.get("consolidator_gradient") or {}).get("routing_share")}
 
 
 DIAGNOSTICS_COLUMNS: tuple[str, ...] = tuple(diagnostics_row(TrialId("x", 0), {}))

@@ -446,6 +446,10 @@ def _cost(x: Any) -> Cell:
     return NA if x is None or not finite(x) else Cell("num", float(x), signed=True)
 
 
+def _share(x: Any) -> Cell:
+    return NA if x is None or not finite(x) else Cell("num", float(x))
+
+
 def _route_change(values: Any) -> Cell:
     return text_cell(" / ".join(f"{v:.1f}" for v in values)) if values else NA
 
@@ -454,7 +458,9 @@ def table_mechanism(mech: pd.DataFrame) -> Table:
     """Do the trained models use L's routes? Each diagnosed model's costs (issue 39)."""
     rows = [[text_cell(str(r.phase1_seed)), text_cell(r.condition), _cost(r.updated_ltm),
              _cost(r.routing_off_cost), _cost(r.root_l_removed_cost),
-             _cost(r.strict_off_cost), _route_change(r.l_route_change)]
+             _cost(r.strict_off_cost), _route_change(r.l_route_change),
+             _route_change(getattr(r, "seg2_path_change", None)),
+             _share(getattr(r, "routing_grad_share", None))]
             for r in mech.itertuples()]
     return Table(
         "tab:checkpoint-mechanism",
@@ -462,12 +468,16 @@ def table_mechanism(mech: pd.DataFrame) -> Table:
         "channel-arm model (validation stream): its updated-LTM recall (%), the recall (pp) "
         "it loses with routing switched off at inference (the paper's off), with L out of "
         "the root's routing only, and under strict routing off (L out of u too), and the % "
-        "of routes L changes per block.",
+        "of routes L changes per block; then the % of the last segment's tokens that share "
+        "the first segment's token at their position but not its path, per block, and the "
+        "share (%) of the Consolidator's single-kind gradient that comes through L's "
+        "routing term (issue 61; '-' for diagnostics made before).",
         ["Phase-1 seed", "Model", "Updated LTM", "Cost: routing off", "Cost: L out of the "
-         "root's routing", "Cost: strict off", "L route change per block (%)"],
+         "root's routing", "Cost: strict off", "L route change per block (%)",
+         "Segment 2 off segment 1's path (%)", "Gradient via routing (%)"],
         rows,
         labels=2,
-        align=["l", "l", "r", "r", "r", "r", "l"],
+        align=["l", "l", "r", "r", "r", "r", "l", "l", "r"],
     )
 
 
