@@ -10,9 +10,8 @@ from pmnet import task
 from pmnet.cli import main
 from pmnet.config import ModelConfig
 from pmnet.diagnose import (
-    consolidator_gradient,
-    seg2_path_change,
     Probe,
+    consolidator_gradient,
     diagnose,
     diagnose_file,
     learned_route_change,
@@ -21,6 +20,7 @@ from pmnet.diagnose import (
     probing,
     query_reach,
     route_concentration,
+    seg2_path_change,
     stm_recall,
     swap_last_segments,
 )
