@@ -82,13 +82,24 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def _stm_baseline(metrics: dict, fam: str) -> float | None:
+    """The output-set baseline of `mean_stm_<fam>`: its own key where the metrics have it,
+    else the mean of the segments' baselines."""
+    if metrics.get(f"mean_stm_{fam}_baseline") is not None:
+        return metrics[f"mean_stm_{fam}_baseline"]
+    segs = [metrics.get(f"seg{t}_stm_{fam}_baseline") for t in (1, 2)]
+    return None if None in segs else sum(segs) / 2
+
+
 def summarise(rung: str, data: dict) -> dict:
     p1 = data["phase1"]
     out = {"rung": rung, "checkpoints": sorted(p1), "phase1": {}, "arms": {}}
     for fam in FAMILIES:
         out["phase1"][fam] = {
             "stm": _mean(t.get(f"mean_stm_{fam}") for t in p1.values()),
-            "baseline": _mean(t.get(f"seg1_stm_{fam}_baseline") for t in p1.values()),
+            # the two segments' mean baseline, as `mean_stm_<fam>` is the two segments' mean
+            # STM (it read segment 1's alone until issue 61 corrected it)
+            "baseline": _mean(_stm_baseline(t, fam) for t in p1.values()),
             "per_checkpoint": {k: t.get(f"mean_stm_{fam}") for k, t in p1.items()}}
     out["phase1"]["mean"] = _mean(t.get("mean_stm") for t in p1.values())
     by_arm = defaultdict(list)

@@ -84,3 +84,12 @@ def test_a_crossing_past_the_papers_size_is_written_in_powers_of_ten(ladder):
     assert ladder._where_gate(False, 4.4e8) == (
         "the trend reaches it at 4.4e+08 parameters, 15 times the paper's size")
     assert ladder._where_gate(False, 2e6) == "the trend reaches it at 2,000,000 parameters"
+
+
+def test_the_phase1_stm_baseline_is_the_two_segments_mean(ladder):
+    """mean_stm_<fam> averages the two segments, so its baseline does too (the ladder printed
+    segment 1's alone)."""
+    m = {"seg1_stm_affine10_baseline": 34.0, "seg2_stm_affine10_baseline": 35.0}
+    assert ladder._stm_baseline(m, "affine10") == 34.5
+    assert ladder._stm_baseline({**m, "mean_stm_affine10_baseline": 33.0}, "affine10") == 33.0
+    assert ladder._stm_baseline({"seg1_stm_add10_baseline": 50.0}, "add10") is None
