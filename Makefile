@@ -36,6 +36,11 @@ ALLOW_CPU_PAPER ?=
 STORE ?=
 PHASE1_SEEDS ?=
 MAX_WALL ?=
+SET ?=
+CPUS_PER_TRIAL ?=
+GPUS_PER_TRIAL ?=
+MAX_FAILURES ?=
+MAX_CONCURRENT ?=
 RUNS ?= $(CURDIR)/runs
 HOST ?=
 PORT ?=
@@ -77,10 +82,10 @@ gpu-check: $(GPU_CHECK_DEPS) ## run first on a new GPU: the GPU path's predictio
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py
 
-pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug|small|medium, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints|checkpoint_channel|ladder, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run PRESET=paper without a GPU; STORE=dir fills a durable store as well (and rebuilds its report), PHASE1_SEEDS=3,4 sets the grid's Phase-1 checkpoints, MAX_WALL=seconds stops between waves of checkpoints and pauses a Phase 1 at an epoch end)
-	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(CONDITIONS),--conditions $(CONDITIONS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(NAME),--name $(NAME)) $(if $(PHASE1),--phase1-from $(PHASE1)) $(if $(GPU_MEM),--gpu-mem $(GPU_MEM)) $(if $(ALLOW_CPU_PAPER),--allow-cpu-paper) $(if $(STORE),--store $(STORE)) $(if $(PHASE1_SEEDS),--phase1-seeds $(PHASE1_SEEDS)) $(if $(MAX_WALL),--max-wall $(MAX_WALL)) --root $(RUNS)
+pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug|small|medium, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints|checkpoint_channel|ladder|add10_long, SET='compile=off lr=1e-3' TrainConfig overrides, space-separated (each a --set), CPUS_PER_TRIAL=, GPUS_PER_TRIAL= (a fraction of one GPU), MAX_FAILURES=, MAX_CONCURRENT= per-trial resources and retries, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run PRESET=paper without a GPU; STORE=dir fills a durable store as well (and rebuilds its report), PHASE1_SEEDS=3,4 sets the grid's Phase-1 checkpoints, MAX_WALL=seconds stops between waves of checkpoints and pauses a Phase 1 at an epoch end)
+	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(CONDITIONS),--conditions $(CONDITIONS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(NAME),--name $(NAME)) $(if $(PHASE1),--phase1-from $(PHASE1)) $(if $(GPU_MEM),--gpu-mem $(GPU_MEM)) $(if $(ALLOW_CPU_PAPER),--allow-cpu-paper) $(if $(STORE),--store $(STORE)) $(if $(PHASE1_SEEDS),--phase1-seeds $(PHASE1_SEEDS)) $(if $(MAX_WALL),--max-wall $(MAX_WALL)) $(foreach s,$(SET),--set '$(s)') $(if $(CPUS_PER_TRIAL),--cpus-per-trial $(CPUS_PER_TRIAL)) $(if $(GPUS_PER_TRIAL),--gpus-per-trial $(GPUS_PER_TRIAL)) $(if $(MAX_FAILURES),--max-failures $(MAX_FAILURES)) $(if $(MAX_CONCURRENT),--max-concurrent $(MAX_CONCURRENT)) --root $(RUNS)
 
-resume: install ## resume the last (or NAME=...) pipeline (MAX_WALL=seconds: stop between waves of checkpoints)
+resume: install ## resume the last (or NAME=...) pipeline on the Ray address it last ran on (RAY_ADDRESS=local: on local Ray; MAX_WALL=seconds: stop between waves of checkpoints)
 	$(PY) -m pipelines.run resume $(if $(NAME),--name $(NAME)) $(if $(MAX_WALL),--max-wall $(MAX_WALL)) --root $(RUNS)
 
 status: install ## table of trials of the last (or NAME=...) pipeline, read from disk
@@ -93,8 +98,8 @@ verify: install ## STORE=dir: read back every unit of a durable store (whole, pa
 	$(if $(STORE),,$(error make verify needs STORE=dir, the durable store to check))
 	$(PY) -m pmnet.cli store verify $(STORE)
 
-ui: install ## start the MLflow UI for the local store (prints the last pipeline's runs address; HOST=0.0.0.0 serves beyond 127.0.0.1, unauthenticated: a warning says so; PORT=, ALLOWED_HOSTS=)
-	$(PY) -m pipelines.run ui $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS)) --root $(RUNS)
+ui: install ## the MLflow UI of the last (or NAME=...) pipeline's tracking store (the embedded SQLite, or its database; for a tracking server it prints the server's address); look first at the parent run named after the pipeline: its claims/* metrics and tags hold each claim's effect, CI and verdict (prints the runs address; HOST=0.0.0.0 serves beyond 127.0.0.1, unauthenticated: a warning says so; PORT=, ALLOWED_HOSTS=)
+	$(PY) -m pipelines.run ui $(if $(NAME),--name $(NAME)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS)) --root $(RUNS)
 
 clean: ## remove caches (keeps the venv and runs/)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info

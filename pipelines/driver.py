@@ -57,6 +57,7 @@ def _execute(plan: Plan) -> int:
     say.log_path = lay.logs_dir / "driver.log"
     write_meta(plan, status="running", max_wall_s=plan.max_wall_s,
                store=str(plan.store.root) if plan.store is not None else None,
+               ray_address=plan.ray_address,  # a later resume runs there again
                driver={"pid": os.getpid(), "host": socket.gethostname(),
                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     lay.last_file.write_text(plan.name + "\n")
@@ -83,6 +84,9 @@ def _execute(plan: Plan) -> int:
         ray = init_ray(plan.ray_address, plan.num_cpus, plan.cluster)
         cluster = check_cluster(plan, ray)
         where = f"Ray cluster {plan.ray_address}" if plan.ray_address else "local Ray"
+        if plan.ray_address_recorded:
+            where += (" (the address this run recorded; --ray-address local / "
+                      "RAY_ADDRESS=local runs it here)")
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
         return execute_waves(plan, ray, cluster, t_start)
     except BaseException:

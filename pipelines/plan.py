@@ -41,6 +41,9 @@ class Plan:
     overrides: dict = field(default_factory=dict)
     tracking_uri: str | None = None  # None: the embedded store
     ray_address: str | None = None
+    # a resume on the Ray address the run recorded (pipeline.json `ray_address`), not one
+    # given with --ray-address / RAY_ADDRESS
+    ray_address_recorded: bool = False
     num_cpus: int | None = None
     stage1_cpus: float | None = None  # None: every CPU of the largest node
     resumed: bool = False
@@ -448,7 +451,8 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     if uri:
         check_tracking_uri(uri)
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus)
-    ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
+    ray_address, recorded = resume_ray_address(ray_address, meta, lay,
+                                               use_recorded=check_resources)
     on_cluster = bool(ray_address) and cluster is None and check_resources
     if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
@@ -460,7 +464,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         store = open_store(meta.store)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.preset_reason or "",
                 overrides=meta.overrides, tracking_uri=uri,
-                ray_address=ray_address, num_cpus=num_cpus,
+                ray_address=ray_address, ray_address_recorded=recorded, num_cpus=num_cpus,
                 stage1_cpus=stage1_cpus, resumed=True, cluster=cluster, store=store,
                 max_wall_s=max_wall_s)
     problem = resource_problem(plan, cluster) if check_resources else None
@@ -476,6 +480,27 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     if on_cluster:  # last: every input is valid, and nothing was written yet
         plan.storage_nodes = planned_storage_check(plan.layout.root)
     return plan
+
+
+def resume_ray_address(given: str | None, meta: PipelineRecord, lay: Layout, *,
+                       use_recorded: bool = True) -> tuple[str | None, bool]:
+    """(the Ray address a resume runs on, whether it is the recorded one): `given`
+    (--ray-address), else RAY_ADDRESS, else, when `use_recorded`, the address the run last
+    ran on (pipeline.json `ray_address`), so that a cluster run resumes on its cluster.
+    `local` (--ray-address local, RAY_ADDRESS=local) runs it on local Ray. Checked like a
+    given one: a recorded cluster that no longer answers is refused with how to go on."""
+    requested = given or os.environ.get("RAY_ADDRESS")
+    recorded = meta.ray_address if use_recorded else None
+    if requested or not recorded:
+        return check_ray_address(requested), False
+    try:
+        return check_ray_address(recorded), True
+    except PipelineError as e:
+        raise PipelineError(
+            f"pipeline {lay.name!r} last ran on the Ray cluster {recorded} (recorded in "
+            f"{lay.pipeline_json}), which a resume uses again: {e}. To continue it on local "
+            "Ray pass --ray-address local (RAY_ADDRESS=local), or give the cluster's new "
+            "address with --ray-address / RAY_ADDRESS") from e
 
 
 def _check_resources(plan: Plan) -> Plan:

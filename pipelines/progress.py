@@ -83,6 +83,19 @@ def describe(progress: Progress | None, waited_s: float, label: str = "") -> str
     eta = progress.eta_s
     eta_s = (f", ~{eta / 60:.1f} min left at most (early stopping may end it sooner)"
              if isinstance(eta, (int, float)) else "")
-    return (f"[stage 1/3]{tag} Phase 1 epoch {progress.epoch + 1}/"
+    if progress.done:
+        eta_s = "; training done, writing the checkpoint"
+    return (f"[stage 1/3]{tag} Phase 1 epoch {epoch_shown(progress)}/"
             f"{progress.max_epochs or '?'}, step {step}/{total or '?'}{frac}{val_s}; "
             f"{waited_s / 60:.1f} min so far{eta_s}")
+
+
+def epoch_shown(progress: Progress) -> int:
+    """The epoch a progress line names, 1-based: the one in progress while Phase 1 trains
+    (Lightning's `current_epoch` + 1); once it is done, the epochs it ran (Lightning counts
+    the last epoch as completed, so `current_epoch` is then their number: the last line
+    said "epoch 41/40"). Never above `max_epochs`."""
+    shown = progress.epoch if progress.done else progress.epoch + 1
+    if progress.max_epochs:
+        shown = min(shown, int(progress.max_epochs))
+    return max(shown, 1)

@@ -162,7 +162,8 @@ class PipelineRecord(Record):
     trials; `space`: the whole `tune_spaces.Space` with its resources), the `--set`
     `overrides`, where it lives, the tracking store, the code's commit and package versions,
     a durable `store` it fills (with its `pieces`: Phase-1 seeds, and `max_wall_s`); then
-    `status` (running, finished, failed, interrupted), the `driver`, the Phase-1
+    `status` (running, finished, failed, interrupted), the `driver`, the `ray_address` it
+    ran on (each start and resume records it; a resume without one uses it), the Phase-1
     sha256 (`phase1_sha256s` by Phase-1 seed with several) and `phase1_from` (an import)."""
 
     name: str | None = None
@@ -189,6 +190,9 @@ class PipelineRecord(Record):
     store: str | None = None
     pieces: list | None = None
     max_wall_s: float | None = None
+    # the Ray cluster the run last ran on (`--ray-address` / RAY_ADDRESS; None: local Ray),
+    # which `resume` uses again unless given another (`plan.plan_resume`)
+    ray_address: str | None = None
 
 
 @dataclass

@@ -4,7 +4,7 @@
     python -m pipelines.run resume [--name N] [--root DIR]
     python -m pipelines.run status [--name N] [--root DIR]
     python -m pipelines.run report [--name N] [--root DIR]  |  report --store DIR
-    python -m pipelines.run ui     [--root DIR] [--port 5000]
+    python -m pipelines.run ui     [--name N] [--root DIR] [--port 5000]
 
 Exit codes (`Exit`): 0 every trial finished; 1 the pipeline ran but some trials did not
 finish (`resume` continues them); 2 bad input, refused before any compute and before
@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
@@ -72,16 +73,38 @@ def _compute(p: argparse.ArgumentParser) -> None:
                         "the largest node)")
 
 
+#: in a help text, replaced by the names of `pmnet.train.config.TRAIN_PRESETS` when the help
+#: is shown (the registry imports torch: read only for --help, not for every command)
+PRESETS_PLACEHOLDER = "{presets}"
+
+
+class RegistryHelp(argparse.HelpFormatter):
+    """Help texts that list a registry's names as the code has them (`--preset`)."""
+
+    def _get_help_string(self, action):
+        text = super()._get_help_string(action) or ""
+        if PRESETS_PLACEHOLDER in text:
+            text = text.replace(PRESETS_PLACEHOLDER, " | ".join(preset_names()))
+        return text
+
+
+def preset_names() -> list[str]:
+    from pmnet.train.config import TRAIN_PRESETS
+
+    return list(TRAIN_PRESETS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("start", help="run a new pipeline (or continue one with the same name "
-                                     "and configuration)")
+                                     "and configuration)", formatter_class=RegistryHelp)
     _common(p)
     p.add_argument("--preset", default=None,
-                   help="paper | cpu | debug (default: paper with a CUDA GPU, cpu otherwise)")
+                   help=f"{PRESETS_PLACEHOLDER} (default: paper with a CUDA GPU, cpu "
+                        "otherwise)")
     from tune_spaces import SPACES  # light: no torch, Ray or MLflow
 
     p.add_argument("--grid", default="default",
@@ -140,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=None, metavar="DIR",
                    help="build the report of a durable store instead (into DIR/report/)")
 
-    p = sub.add_parser("ui", help="MLflow UI for the embedded store on 127.0.0.1")
-    _common(p, name=False)
+    p = sub.add_parser("ui", help="MLflow UI of the last (or --name) pipeline's tracking store "
+                                  "on 127.0.0.1 (a tracking server: its address)")
+    _common(p)
     p.add_argument("--port", type=int, default=int(os.environ.get("MLFLOW_UI_PORT", 5000)))
     p.add_argument("--host", default="127.0.0.1",
                    help="address to serve on (0.0.0.0: every interface, e.g. from a "
@@ -280,39 +304,109 @@ def report_store(path: str) -> int:
     return Exit.DONE
 
 
+@dataclass
+class UiPlan:
+    """What `make ui` does for a pipeline's tracking store (`ui_plan`): `args`, the options
+    of the `mlflow server` to exec (None: the store is a tracking server with its own UI,
+    nothing to start); `lines`, what it prints first; `uri`, the store (its password hidden when
+    printed); `base`, where a browser opens the UI."""
+
+    args: list[str] | None
+    lines: list[str]
+    uri: str
+    base: str
+
+
+def ui_source(root: Path, name: str | None = None):
+    """(pipeline name or None, its TrackingRecord) of `name` or of the last pipeline under
+    `root`; the record's `tracking_uri` is the store the run logged to (tracking.json, else
+    pipeline.json's `tracking`; None: no pipeline, the embedded store)."""
+    from pipelines.layout import Layout, check_name, last_pipeline
+    from pipelines.records import PipelineRecord, TrackingRecord
+
+    if name is None:
+        try:
+            name = last_pipeline(root)
+        except PipelineError:
+            return None, TrackingRecord()
+    lay = Layout(root, check_name(name))
+    if not lay.pipeline_json.is_file():
+        raise PipelineError(f"no pipeline {name!r} under {root}")
+    record = TrackingRecord.read(lay.tracking_json)
+    if record.tracking_uri is None:
+        record.tracking_uri = PipelineRecord.read(lay.pipeline_json).tracking
+    return name, record
+
+
+def ui_plan(root: Path, host: str, port: int, allowed_hosts: str | None = None,
+            name: str | None = None) -> UiPlan:
+    """The UI of the store the pipeline (`name`, else the last one) logged to, as its
+    `tracking.json` records it: the embedded `<root>/mlflow.db` or another `sqlite:` file,
+    or a database (`postgresql://...`), each served by `mlflow server --backend-store-uri`;
+    a tracking server (http/https) has its own UI, whose address is printed instead. Reads
+    only."""
+    from pipelines.addresses import hide_password
+    from pipelines.tracking_uri import EMBEDDED, run_address, sqlite_path, store_uri, ui_address
+
+    name, record = ui_source(root, name)
+    uri = store_uri(root, record.tracking_uri)
+    exp, parent = record.experiment_id, record.parent_run_id
+    remote = uri.lower().startswith(("http://", "https://"))
+    if remote:
+        base = uri.rstrip("/")
+    else:
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::", "localhost") else \
+            f"[{host}]" if ":" in host else host  # an address a browser here can open
+        base = f"http://{shown}:{port}"
+    lines = []
+    if name is not None and exp and parent:
+        lines.append(f"look first at the pipeline's parent run '{name}' "
+                     f"({hide_password(run_address(base, exp, parent))}): its claims/* metrics "
+                     "and tags hold each claim's effect, 95% CI and verdict (the report is "
+                     "its artifact); the stages and trials are its child runs")
+    if remote:
+        where = f"; pipeline {name}'s training runs: " \
+            f"{hide_password(ui_address(base, exp))}" if exp else ""
+        lines.insert(0, f"pipeline {name} logged to the MLflow tracking server "
+                        f"{hide_password(uri)}: its UI is the server's own, {hide_password(base)}"
+                        f"{where} (no UI started here)")
+        return UiPlan(None, lines, uri, base)
+    db = sqlite_path(uri)
+    artifacts = (db.parent if db is not None else root) / "mlartifacts"
+    where = f"; pipeline {name}'s training runs: {ui_address(base, exp)}" if exp else ""
+    what = "the embedded store " if record.tracking_uri in (None, EMBEDDED) else ""
+    lines.insert(0, f"MLflow UI for {what}{hide_password(uri)}: {base}{where}  (Ctrl-C to "
+                    "stop)")
+    args = ["--backend-store-uri", uri, "--artifacts-destination", str(artifacts),
+            "--host", host, "--port", str(port), "--workers", "1"]
+    if allowed_hosts:
+        args += ["--allowed-hosts", allowed_hosts]
+    return UiPlan(args, lines, uri, base)
+
+
 def cmd_ui(a) -> int:
-    """`mlflow server` on the embedded store; prints the address of the last pipeline's
-    training runs (`tracking_uri.ui_address`)."""
+    """`mlflow server` on the store the last (or --name) pipeline logged to (`ui_plan`),
+    or, for a tracking server, its address; prints the address of the pipeline's parent
+    run and training runs."""
     from pipelines.addresses import ui_bind
-    from pipelines.layout import Layout, last_pipeline
-    from pipelines.records import TrackingRecord
-    from pipelines.tracking_uri import store_uri, ui_address
+    from pipelines.tracking_uri import sqlite_path
 
     root = Path(a.root).expanduser().absolute()
+    ui = ui_plan(root, a.host, a.port, a.allowed_hosts, a.name)
+    if ui.args is None:  # a tracking server: its own UI
+        print("\n".join(ui.lines), flush=True)
+        return Exit.DONE
     warning = ui_bind(a.host, a.port)  # before anything is written: exit 2 if it cannot
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    if not (root / "mlflow.db").is_file():
-        print(f"note: no MLflow store at {root / 'mlflow.db'} yet; the UI starts empty",
-              file=sys.stderr)
+    db = sqlite_path(ui.uri)
+    if db is not None and not db.is_file():
+        print(f"note: no MLflow store at {db} yet; the UI starts empty", file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
-    shown = "127.0.0.1" if a.host in ("0.0.0.0", "::", "localhost") else \
-        f"[{a.host}]" if ":" in a.host else a.host  # an address a browser here can open
-    base = f"http://{shown}:{a.port}"
-    try:
-        name = last_pipeline(root)
-        exp = TrackingRecord.read(Layout(root, name).tracking_json).experiment_id
-    except PipelineError:
-        name, exp = None, None
-    where = f"; pipeline {name}'s training runs: {ui_address(base, exp)}" if exp else ""
-    print(f"MLflow UI for {root / 'mlflow.db'}: {base}{where}  (Ctrl-C to stop)", flush=True)
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-           store_uri(root, None), "--artifacts-destination", str(root / "mlartifacts"),
-           "--host", a.host, "--port", str(a.port), "--workers", "1"]
-    if a.allowed_hosts:
-        cmd += ["--allowed-hosts", a.allowed_hosts]
+    print("\n".join(ui.lines), flush=True)
     os.environ["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner needed
     os.chdir(root)
+    cmd = [sys.executable, "-m", "mlflow", "server", *ui.args]
     os.execv(cmd[0], cmd)
     return 0  # not reached
 

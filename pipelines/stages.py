@@ -47,7 +47,7 @@ from pipelines.records import (
     TrialState,
     canon,
 )
-from pipelines.tracking import Runs, TrialRuns, stage_run
+from pipelines.tracking import Runs, TrialRuns, log_claims, stage_run
 from pipelines.tracking_uri import EMBEDDED
 from pmnet.trial_id import TrialId
 
@@ -792,6 +792,11 @@ def stage3(plan: Plan, runs: Runs) -> bool:
     if runs.parent and lay.report_dir.is_dir():
         runs.safe("report artifacts", runs.tracker.log_artifacts, runs.parent, lay.report_dir,
                   "report")
+    from pmnet.report.build import CLAIMS_FILE
+
+    if n_claims := log_claims(runs, (written or {}).get(CLAIMS_FILE)):  # the answer, in MLflow
+        say(f"[stage 3/3] {n_claims} claims (effect, 95% CI, verdict) on the parent run "
+            f"{runs.parent}: its claims/* metrics and tags")
     if rid:
         runs.safe("stage3 finish", runs.tracker.finish, rid)
     return True

@@ -20,6 +20,9 @@ COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test 
            "mlflow run")
 #: with named variants the table gains a `variant` column after `condition`
 VARIANT_COLUMNS = ("condition", "variant", *COLUMNS[1:])
+#: with several Phase-1 checkpoints (`Space.phase1_seeds`) a `phase1` column before `seed`:
+#: the checkpoint the trial starts from, `p1s<k>` (its directory `phase1-p1s<k>`)
+PHASE1_COLUMN = "phase1"
 
 
 def pipeline_state(layout: Layout, meta: PipelineRecord) -> str:
@@ -58,6 +61,7 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
         pending = run is not None and state == "FINISHED" and not run.finished
         rows.append({
             "condition": cond, "variant": trial.variant, "seed": trial.seed,
+            PHASE1_COLUMN: None if trial.phase1_seed is None else f"p1s{trial.phase1_seed}",
             "trial": trial.name, "state": state, "failures": info.failures,
             "best val (select)": _num(best), "select": select,
             "test updated_ltm": _num(test),
@@ -83,8 +87,11 @@ def _num(v) -> float | None:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """The status table; a `variant` column only when some trial has a named variant."""
-    columns = VARIANT_COLUMNS if any(r.get("variant") for r in rows) else COLUMNS
+    """The status table; a `variant` column only when some trial has a named variant, a
+    `phase1` column only when the trials start from several Phase-1 checkpoints."""
+    columns = list(VARIANT_COLUMNS if any(r.get("variant") for r in rows) else COLUMNS)
+    if any(r.get(PHASE1_COLUMN) for r in rows):
+        columns.insert(columns.index("seed"), PHASE1_COLUMN)
 
     def cell(row, col):
         v = row[col]
@@ -120,6 +127,10 @@ def status_text(layout: Layout) -> str:
     ]
     if meta.phase1_sha256:
         head.append(f"phase1 sha256: {meta.phase1_sha256}")
+    if meta.phase1_sha256s:
+        head.append("phase1 sha256s: " + ", ".join(
+            f"p1s{k} {str(v)[:12]}" for k, v in sorted(
+                meta.phase1_sha256s.items(), key=lambda kv: (len(str(kv[0])), str(kv[0])))))
     if tracking.experiment_id:
         head.append(f"mlflow: experiment '{tracking.experiment_name}' "
                     f"(id {tracking.experiment_id}), parent run {tracking.parent_run_id}, "

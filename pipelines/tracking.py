@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -357,6 +359,7 @@ def open_tracking(plan: Plan) -> Runs:
 def _open_tracking(plan: Plan) -> Runs:
     lay = plan.layout
     uri = store_uri(lay.root, plan.tracking_uri)
+    t_open_ms = int(time.time() * 1000) - 1000  # a store made from here on is this run's
     tracker = Tracker(uri)
     exp_id = tracker.experiment(experiment_name(plan),
                                 tags={"pipeline": plan.name, "storage_root": str(lay.root)},
@@ -377,6 +380,7 @@ def _open_tracking(plan: Plan) -> Runs:
         **plan.cfg.flat(), **grid_params,
         "resources.cpus_per_trial": sp.cpus_per_trial,
         "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
+    drop_empty_default(tracker, own_store=plan.tracking_uri is None, since_ms=t_open_ms)
     same_store = known.experiment_id == exp_id
     record = TrackingRecord(tracking_uri=plan.tracking_uri or EMBEDDED,
                             experiment_name=experiment_name(plan), experiment_id=exp_id,
@@ -384,11 +388,105 @@ def _open_tracking(plan: Plan) -> Runs:
                             trials=known.trials if same_store else {})
     runs = Runs(tracker=tracker, layout=lay, record=record)
     runs.save()
-    where = (f"the embedded store {lay.mlflow_db}" if plan.tracking_uri is None
-             else hide_password(uri))
-    say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent} "
-        f"in {where}")
+    where = hide_password(uri) + (" (the embedded store)" if plan.tracking_uri is None else "")
+    say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent}; "
+        f"tracking URI {where}")
     return runs
+
+
+DEFAULT_EXPERIMENT_ID = "0"
+
+
+def drop_empty_default(tracker: Tracker, *, own_store: bool, since_ms: int) -> bool:
+    """Delete (restorably) the empty experiment "Default" (id 0) that MLflow's SQL store
+    makes in every new database, where the pipeline never logs, so that the UI lists the
+    pipeline's experiments only. Only where the pipeline owns it: the embedded store, or a
+    database this call's run created (its "Default" made at or after `since_ms`); a
+    tracking server's is the server's, and a Default holding any run is kept. True when
+    deleted."""
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+
+    if tracker.uri.lower().startswith(("http://", "https://")):
+        return False
+    try:
+        exp = tracker.client.get_experiment(DEFAULT_EXPERIMENT_ID)
+    except MlflowException:
+        return False
+    if exp is None or exp.name != "Default" or exp.lifecycle_stage != "active":
+        return False
+    if not own_store and (exp.creation_time or 0) < since_ms:
+        return False  # a database that was there before: its Default is not ours
+    if tracker.client.search_runs([DEFAULT_EXPERIMENT_ID], run_view_type=ViewType.ALL,
+                                  max_results=1):
+        return False
+    tracker.client.delete_experiment(DEFAULT_EXPERIMENT_ID)
+    return True
+
+
+# -- the answer on the parent run ------------------------------------------------------------
+
+#: the prefix of the parent run's claim metrics and tags: `claims/<key>/estimate`, ...
+CLAIMS_PREFIX = "claims/"
+NOTE_TAG = "mlflow.note.content"  # a run's description in the MLflow UI
+
+
+def claim_key(claim: str) -> str:
+    """A claim's text as a part of an MLflow key (letters, digits and '_' only): lower case,
+    each run of other characters one '_' ("Routing on > off (updated LTM, pp)" ->
+    "routing_on_off_updated_ltm_pp")."""
+    return re.sub(r"[^a-z0-9]+", "_", claim.lower()).strip("_")[:180] or "claim"
+
+
+def claim_entries(records: list[dict]) -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, tags) of the claims (`pmnet.report.build.claim_records`) on the parent run:
+    per claim `claims/<key>/estimate`, `ci_low`, `ci_high`, `p`, `n` and `reproduces` (1 or
+    0; absent without a verdict either way) as metrics, its `verdict` and `claim` text as
+    tags; and the run's description (`mlflow.note.content`), a table of them all."""
+    metrics: dict[str, float] = {}
+    tags: dict[str, str] = {}
+    rows = ["| claim | ours | 95% CI | p | verdict |", "|---|---:|---:|---:|---|"]
+    seen: set[str] = set()
+    for rec in records:
+        key = claim_key(str(rec.get("claim") or ""))
+        base, i = key, 2
+        while key in seen:
+            key, i = f"{base}_{i}", i + 1
+        seen.add(key)
+        at = f"{CLAIMS_PREFIX}{key}/"
+        for field_ in ("estimate", "ci_low", "ci_high", "p", "n"):
+            v = as_float(rec.get(field_))
+            if v is not None and math.isfinite(v):
+                metrics[at + field_] = v
+        verdict = str(rec.get("verdict") or "")
+        if verdict.startswith(("reproduces", "does not reproduce")):
+            metrics[at + "reproduces"] = float(verdict.startswith("reproduces"))
+        tags[at + "claim"] = str(rec.get("claim") or "")[:TAG_MAX]
+        tags[at + "verdict"] = verdict[:TAG_MAX]
+        est, lo, hi, p = (as_float(rec.get(k)) for k in ("estimate", "ci_low", "ci_high", "p"))
+        rows.append(f"| {rec.get('claim')} | {_fmt2(est)} | "
+                    f"{f'[{_fmt2(lo)}, {_fmt2(hi)}]' if lo is not None else ''} | "
+                    f"{'' if p is None else f'{p:.3g}'} | {verdict} |")
+    tags[NOTE_TAG] = ("Which claims reproduce (the report's tab:claims; the whole report is "
+                      "this run's artifact report/report.html):\n\n" + "\n".join(rows))[:TAG_MAX]
+    return metrics, tags
+
+
+def _fmt2(v: float | None) -> str:
+    return "" if v is None or not math.isfinite(v) else f"{v:+.2f}"
+
+
+def log_claims(runs: Runs, claims_file: str | os.PathLike | None) -> int:
+    """Log the report's claims (its `data/claims.json`) to the pipeline's parent run:
+    bounded and non-fatal like every call; returns how many claims were logged."""
+    records = read_json(claims_file) if claims_file else None
+    if runs.parent is None or not isinstance(records, list) or not records:
+        return 0
+    metrics, tags = claim_entries(records)
+    ok, _ = runs.guard.call("logging the claims", lambda: (
+        runs.tracker.log_metrics(runs.parent, metrics),
+        runs.tracker.set_tags(runs.parent, tags)))
+    return len(records) if ok else 0
 
 
 def stage_run(plan: Plan, runs: Runs, stage: str) -> str | None:

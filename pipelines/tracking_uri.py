@@ -149,3 +149,8 @@ def ui_address(ui: str, experiment_id: str) -> str:
     localStorage; mlflow issue 24498). `/runs` opens the runs table and `workflowType` sets
     the toggle; checked with headless Chromium on MLflow 3.17 (docs/pipeline.md, "The UI")."""
     return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def run_address(ui: str, experiment_id: str, run_id: str) -> str:
+    """The page of one run (the pipeline's parent run: its claims and report)."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"

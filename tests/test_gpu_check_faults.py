@@ -413,14 +413,14 @@ def _pip_dry_run(constraints, *, no_index: bool):
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation",
            "--disable-pip-version-check", *(["--no-index"] if no_index else []),
-           "-c", str(constraints), "-e", ".[dev]"]
+           "-c", str(constraints), "-e", ".[dev,postgres]"]  # docker/Dockerfile's
     return subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
 
 
 def test_the_images_pip_step_resolves_under_its_constraints(tmp_path):
-    """docker/Dockerfile's project step, `pip install -c docker/constraints.txt -e .[dev]`,
-    as a dry run: it resolves (offline from this environment when it holds the tested
-    versions, else from the index; skipped without a network). A pin with an extra, as
+    """docker/Dockerfile's project step, `pip install -c docker/constraints.txt -e
+    .[dev,postgres]`, as a dry run: it resolves (offline from this environment when it holds
+    the tested versions, else from the index; skipped without a network). A pin with an extra, as
     `ray[tune]==...` was, stops it ("Constraints cannot have extras")."""
     from pathlib import Path
 

@@ -118,6 +118,12 @@ CONCERN = {
     "progress_unit": STORE,
     # a store that verifies what it holds (issue 53): the unit locks' staleness and the
     # quarantine pre-pass moved to pmnet/store_lock.py and pmnet/store_repair.py
+    # what a person reads and runs first (issue 64): help texts from the registries, `make
+    # ui` on the run's own store, the Ray address kept for resume, the answer in MLflow
+    "RegistryHelp": ORCH, "preset_names": ORCH, "UiPlan": TRACK, "ui_source": TRACK,
+    "ui_plan": TRACK, "run_address": TRACK, "resume_ray_address": CLUSTER,
+    "epoch_shown": VIEW, "drop_empty_default": TRACK, "claim_key": TRACK,
+    "claim_entries": TRACK, "_fmt2": TRACK, "log_claims": TRACK,
 }
 
 

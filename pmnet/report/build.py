@@ -15,6 +15,7 @@ import pandas as pd
 
 from pmnet import stats
 from pmnet.io import atomic_write_text
+from pmnet.report.cells import Cell, finite
 from pmnet.report.context import grids_phrase, not_run_line, row_names
 from pmnet.report.facts import (
     _grid_from_meta,
@@ -39,6 +40,31 @@ from pmnet.store_layout import PHASE1_SEED_UNIT, StoreLayout, phase1_seed_of, re
 
 #: list-valued columns of the comparison and Phase-1 frames, written to CSV as "s1 s2 ..."
 LIST_COLUMNS = ("seeds", "missing_seeds", "phase1_seeds", "pairs_per_checkpoint")
+#: ``data/claims.json``: the claims table (``tab:claims``) as data, one record per claim
+#: (:func:`claim_records`); the pipeline logs it to its parent MLflow run
+CLAIMS_FILE = "claims.json"
+
+
+def claim_records(table: Table) -> list[dict[str, Any]]:
+    """The rows of the claims table as data: ``claim`` (the row's text), ``estimate`` (ours:
+    a paired effect in pp, or a mean recall in %), ``n`` (its seeds or checkpoints),
+    ``ci_low`` / ``ci_high`` (its 95% CI), ``p`` and ``verdict``; what a row does not have
+    is None."""
+    col = {name: j for j, name in enumerate(table.columns)}
+
+    def value(cell: Cell, attr: str = "value") -> float | None:
+        v = getattr(cell, attr)
+        return None if cell.is_missing or cell.kind in ("na", "text") or not finite(v) \
+            else float(v)
+
+    out = []
+    for row in table.rows:
+        ours, ci, p = row[col["Ours"]], row[col["95% CI"]], row[col["p"]]
+        out.append({"claim": row[0].text, "estimate": value(ours),
+                    "n": ours.n if value(ours) is not None else None,
+                    "ci_low": value(ci), "ci_high": value(ci, "hi"), "p": value(p),
+                    "verdict": row[col["Verdict"]].text or None})
+    return out
 
 
 def printed(tables: Sequence[Table]) -> tuple[list[Table], list[str]]:
@@ -123,7 +149,8 @@ def build_report(
     Written (atomically): ``report.html`` (self-contained), ``report.md`` (figures linked),
     ``tables/<id>.md|.tex`` and ``tables/all_tables.tex``, ``figures/<id>.png|.pdf``,
     ``data/trials.csv|.parquet`` (every trial), ``data/summary.csv`` (per arm: a named variant
-    is its own row), ``data/comparisons.csv`` (the paper's family) and each study's data files
+    is its own row), ``data/comparisons.csv`` (the paper's family), ``data/claims.json`` (the
+    claims table as data, :func:`claim_records`) and each study's data files
     (``operator_comparisons.csv``, ``phase1_variance.csv``, ...).
 
     The paper's tables, figures and comparisons read the trials :class:`Trials` scopes for
@@ -163,6 +190,12 @@ def build_report(
     data = {"summary.csv": stats.summarize(stats.by_arm(trials.derived)), **families}
     data.update({name: frame for found in findings for name, frame in found.data.items()})
     paths.update(_write_data(df, data, meta, out / "data"))
+    claims = next((t for t in tables if t.id == "tab:claims"), None)
+    if claims is not None:
+        paths[CLAIMS_FILE] = atomic_write_text(out / "data" / CLAIMS_FILE, json.dumps(
+            claim_records(claims), indent=1))
+    else:  # an earlier build's claims are not this one's
+        (out / "data" / CLAIMS_FILE).unlink(missing_ok=True)
     facts = _pipeline_facts(meta) + _run_facts(df)
     figure_files = {f.id: f"figures/{f.id}.png" for f in figures if f.figure is not None}
     figure_png = {f.id: paths[f"{f.id}.png"].read_bytes() for f in figures
