@@ -52,8 +52,8 @@ the root. These measurements, on the validation stream only, say whether they do
                          segments send the update elsewhere than the memory it updates?
                          Under the checkpoint's own consolidation and under forced identity
                          (`seg2_path_change_identity`), over all positions and over the
-                         positions whose token is the same in both segments (the shared
-                         address: with KV and STM cleared, only L can move those)
+                         positions whose whole prefix is the same in both segments (the
+                         shared address: with KV and STM cleared, only L can move those)
     consolidator_gradient  a learned Consolidator: the norm of the gradient of the condition's
                          Phase-2 loss on its parameters, whole and through each use of L
                          alone (`ltm_gradient`: "routing", Eq. 9's direct term, the soft
@@ -184,11 +184,11 @@ class QueryReach:
 class PathChange:
     """Per block, % of the last segment's tokens whose path to that block differs from the
     first segment's token at the same position: over every position (`all`) and over the
-    positions whose token is the same in both segments (`same_token`)."""
+    positions whose whole prefix is the same in both segments (`shared_prefix`)."""
 
     all: list[float]
-    same_token: list[float]
-    same_token_share: float  # % of positions whose token is the same in both segments
+    shared_prefix: list[float]
+    shared_prefix_share: float  # % of positions whose prefix is the same in both segments
 
 
 @dataclass(frozen=True)
@@ -492,7 +492,9 @@ def seg2_path_change(model: PMNet, stream, consolidation: str, ltm_routing: bool
                          ltm_routing=ltm_routing, logits="none")
         state = _before_last(model, seg, consolidation, ltm_routing)
         _, last = model(seg[:, -1], state, ltm_routing=ltm_routing, logits="none")
-        same = seg[:, 0] == seg[:, -1]  # (B, T)
+        # (B, T) the positions whose whole prefix is the same in both segments (the shared
+        # address): with KV and STM cleared at the boundary, only L can move their paths
+        same = (seg[:, 0] == seg[:, -1]).long().cumprod(1).bool()
         for b in range(nb):
             d = first.routes[b + 1] != last.routes[b + 1]
             diff_all[b] += d.sum().item()
@@ -500,8 +502,8 @@ def seg2_path_change(model: PMNet, stream, consolidation: str, ltm_routing: bool
         n_all += same.numel()
         n_same += int(same.sum().item())
     return PathChange(all=[100 * x / n_all for x in diff_all.tolist()],
-                      same_token=[100 * x / max(1, n_same) for x in diff_same.tolist()],
-                      same_token_share=100 * n_same / n_all)
+                      shared_prefix=[100 * x / max(1, n_same) for x in diff_same.tolist()],
+                      shared_prefix_share=100 * n_same / n_all)
 
 
 def consolidator_gradient(model: PMNet, stream, condition: str,
@@ -714,9 +716,9 @@ def format_diagnostics(d: RouteDiagnostics) -> str:
         if pc is not None:
             lines.append(f"last segment's path differs from the first segment's at the same "
                          f"position ({name}), per block: all "
-                         + ", ".join(f"{x:.1f}%" for x in pc.all) + "; same token ("
-                         f"{pc.same_token_share:.0f}% of positions) "
-                         + ", ".join(f"{x:.1f}%" for x in pc.same_token))
+                         + ", ".join(f"{x:.1f}%" for x in pc.all) + "; shared prefix ("
+                         f"{pc.shared_prefix_share:.0f}% of positions) "
+                         + ", ".join(f"{x:.1f}%" for x in pc.shared_prefix))
     if d.query_reach_identity is not None:
         lines.append("final query's tokens under forced identity, same columns: " + "; ".join(
             f"{b}: {r.last_only:.0f}/{r.earlier_only:.0f}/{r.both:.0f}/{r.neither:.0f}"

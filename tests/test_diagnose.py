@@ -350,15 +350,17 @@ def test_the_consolidator_gradient_splits_into_its_routing_and_memory_paths(
 
 def test_seg2_path_change_compares_the_last_segment_with_the_first(stream):
     """A last segment that repeats the first token for token: every position shares its
-    token, so the two readings agree; a first reading with all paths the same as themselves
-    (one path for every token) changes nothing."""
+    prefix, so the two readings agree; with one path for every token nothing changes."""
     import dataclasses as dc
 
     seg = stream.seg_tokens.clone()
     seg[:, -1] = seg[:, 0]
     repeated = dc.replace(stream, seg_tokens=seg)
     pc = seg2_path_change(_model(), repeated, "identity", True, batch_size=N)
-    assert pc.same_token_share == 100.0 and pc.all == pc.same_token
+    assert pc.shared_prefix_share == 100.0 and pc.all == pc.shared_prefix
+    # the real stream: segments share their address only (a prefix of each segment)
+    real = seg2_path_change(_model(), stream, "identity", True, batch_size=N)
+    assert 0.0 < real.shared_prefix_share < 50.0
     assert all(0.0 <= x <= 100.0 for x in pc.all)
     model = _model()
     with probing(model, Probe(one_path=True)):

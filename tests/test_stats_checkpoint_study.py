@@ -172,7 +172,7 @@ def test_load_diagnostics_reads_a_store_directory_and_refuses_a_stray_file(tmp_p
         "l_route_change": None, "seg2_path_change": [], "routing_grad_share": None}
     # a diagnosis made since issue 61 carries the mechanism's two readings
     (tmp_path / "consolidator_only-p4-s42.json").write_text(json.dumps(
-        {"seg2_path_change": {"all": [1.0, 9.0], "same_token": [0.0, 12.5]},
+        {"seg2_path_change": {"all": [1.0, 9.0], "shared_prefix": [0.0, 12.5]},
          "consolidator_gradient": {"routing_share": 37.5}}))
     row = stats.load_diagnostics(tmp_path).to_dict("records")[1]
     assert (row["seg2_path_change"], row["routing_grad_share"]) == ([0.0, 12.5], 37.5)

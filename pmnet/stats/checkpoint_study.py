@@ -108,10 +108,10 @@ def diagnostics_row(trial: TrialId, h: Mapping[str, Any]) -> dict[str, Any]:
             "strict_off_cost": strict.get("drop"),
             "l_route_change": [float(x) for x in h.get("ltm_route_change") or []],
             # the mechanism (issue 61; absent from older diagnostics): per block, % of the
-            # last segment's shared-token positions routed off the first segment's path, and
+            # last segment's shared-prefix positions routed off the first segment's path, and
             # the Consolidator gradient's routing share (%)
             "seg2_path_change": [float(x) for x in
-                                 (h.get("seg2_path_change") or {}).get("same_token") or []],
+                                 (h.get("seg2_path_change") or {}).get("shared_prefix") or []],
             "routing_grad_share": (h.get("consolidator_gradient") or {}).get("routing_share")}
 
 

@@ -468,8 +468,8 @@ def table_mechanism(mech: pd.DataFrame) -> Table:
         "channel-arm model (validation stream): its updated-LTM recall (%), the recall (pp) "
         "it loses with routing switched off at inference (the paper's off), with L out of "
         "the root's routing only, and under strict routing off (L out of u too), and the % "
-        "of routes L changes per block; then the % of the last segment's tokens that share "
-        "the first segment's token at their position but not its path, per block, and the "
+        "of routes L changes per block; then the % of the last segment's tokens whose prefix "
+        "is the first segment's (the shared address) but not their path, per block, and the "
         "share (%) of the Consolidator's single-kind gradient that comes through L's "
         "routing term (issue 61; '-' for diagnostics made before).",
         ["Phase-1 seed", "Model", "Updated LTM", "Cost: routing off", "Cost: L out of the "
