@@ -87,9 +87,10 @@ class Record:
 class TrialState(Record):
     """`trials/<trial>/trial.json`: the trial's own account of itself, kept across its
     attempts. Its identity (`TrialId.to_config()`'s keys; a named variant also its
-    `variant_overrides`) and `trial_key`; `state` RUNNING, ERROR or FINISHED; `failures`
-    (crashed attempts); the last reported `epoch` and `best_select`; the last `error`
-    (`config_error` when its configuration cannot run: not retried); the `result` file."""
+    `variant_overrides`) and `trial_key`; `state` RUNNING, ERROR, NOT LEARNING (stopped by
+    the watchdog, issue 62: not retried) or FINISHED; `failures` (crashed attempts); the
+    last reported `epoch` and `best_select`; the last `error` (`config_error` when its
+    configuration cannot run: not retried; the watchdog's message); the `result` file."""
 
     condition: str | None = None
     seed: int | None = None

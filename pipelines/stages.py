@@ -166,8 +166,15 @@ def _wait_phase1(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
             try:
                 record(job, ray.get(ref))
             except Exception as e:  # noqa: BLE001 - the others still finish and are kept
-                say(f"[stage 1/3] {job.slot.label} failed: {type(e).__name__}: "
-                    f"{str(e).splitlines()[0][:300] if str(e) else ''}")
+                from pmnet.train import not_learning
+
+                stopped = not_learning(e)  # the watchdog (issue 62): not retried by Ray
+                if stopped is not None:
+                    e = PipelineError(f"{job.slot.label} is {stopped}")
+                say(f"[stage 1/3] {job.slot.label} "
+                    + (f"stopped: {stopped}" if stopped is not None else
+                       f"failed: {type(e).__name__}: "
+                       f"{str(e).splitlines()[0][:300] if str(e) else ''}"))
                 if job.rid:
                     runs.safe("stage1 finish", runs.tracker.finish, job.rid, "FAILED")
                 error = error or e
@@ -466,13 +473,17 @@ class ConsoleProgress(tune.Callback):
         say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        from pipelines.trial import CONFIG_ERROR
+        from pipelines.trial import CONFIG_ERROR, NOT_LEARNING
 
         done = {t.trial_id for t in trials if t.status == "TERMINATED"} | {trial.trial_id}
         r = trial.last_result or {}
         if r.get(CONFIG_ERROR):
             say(f"[stage 2/3] {_tname(trial)} failed, not retried (its configuration "
                 f"cannot run): {str(r[CONFIG_ERROR]).splitlines()[0][:300]}")
+            return
+        if r.get(NOT_LEARNING):  # the watchdog stopped it (issue 62): not finished
+            say(f"[stage 2/3] {_tname(trial)} stopped, not retried: "
+                f"{str(r[NOT_LEARNING]).splitlines()[0][:400]}")
             return
         v, sel = r.get("test/updated_ltm"), r.get("best/select")
         best = self._best(list(trials), trial) or (trial, v)
@@ -723,7 +734,9 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     Stage2Record(phase1_sha256=digest).write(lay.stage2_json)
     grid = tuner.fit()
     wall = time.time() - t0
-    finished = errored = 0
+    from pipelines.trial import NOT_LEARNING
+
+    finished = errored = stopped = 0
     train_times = []
     for r in grid:
         try:
@@ -735,12 +748,15 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
             t = (read_json(path, {}) or {}).get("train_time_s")
             if isinstance(t, (int, float)):
                 train_times.append(float(t))
+        elif r.error is None and (r.metrics or {}).get(NOT_LEARNING):
+            stopped += 1  # the watchdog stopped it (issue 62): neither finished nor a crash
         else:
             errored += 1
-    out = {"wall_s": wall, "finished": finished, "errored": errored,
-           "sum_trial_train_s": sum(train_times), "n_trials": sp.n_trials,
-           "compile_warm_s": warm_s}
-    say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored in {wall:.1f} s")
+    out = {"wall_s": wall, "finished": finished, "errored": errored + stopped,
+           "not_learning": stopped, "sum_trial_train_s": sum(train_times),
+           "n_trials": sp.n_trials, "compile_warm_s": warm_s}
+    say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored"
+        + (f", {stopped} not learning" if stopped else "") + f" in {wall:.1f} s")
     if rid:
         runs.safe("stage2 metrics", runs.tracker.log_metrics, rid,
                   {"trials_finished": finished, "trials_errored": errored, "wall_s": wall,

@@ -67,7 +67,8 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
             "test updated_ltm": _num(test),
             "mlflow run": (run.run_id if run and run.run_id else "-")
             + (" (pending)" if pending else ""),
-            "error": info.error if state == "ERROR" else None,
+            # a trial the watchdog stopped (state NOT LEARNING, issue 62) says why, as an error
+            "error": info.error if state in ("ERROR", "NOT LEARNING") else None,
             "epoch": info.epoch,
         })
     return rows

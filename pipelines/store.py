@@ -29,6 +29,7 @@ from pipelines.phase1 import (
 )
 from pipelines.provenance import device_kind, git_commit, package_version
 from pipelines.records import Provenance, Stage1Record, canon
+from pmnet.conditions import WATCHDOG_FIELDS
 from pmnet.io import atomic_copy
 from pmnet.store_layout import (
     StoreError,
@@ -45,9 +46,10 @@ from tune_spaces.grids import GRID_DECIDED_FIELDS
 
 #: TrainConfig fields left out of a unit's configuration and its hash: those the grid
 #: decides (its conditions, seeds and Phase-1 seeds: the unit's identity, its name), how a
-#: unit runs (its torch threads: the CPUs a machine gives a trial) and the preset's prose;
-#: not what it computes (docs/choices.md, "What a unit's config hash covers")
-UNHASHED_FIELDS: tuple[str, ...] = GRID_DECIDED_FIELDS
+#: unit runs (its torch threads: the CPUs a machine gives a trial; the watchdog's settings,
+#: WATCHDOG_FIELDS: whether it is stopped) and the preset's prose; not what it computes
+#: (docs/choices.md, "What a unit's config hash covers")
+UNHASHED_FIELDS: tuple[str, ...] = (*GRID_DECIDED_FIELDS, *WATCHDOG_FIELDS)
 
 # -- planning (reads only) ------------------------------------------------------------------
 

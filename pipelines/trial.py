@@ -307,7 +307,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     from ray import tune
 
     quiet_training_logs()
-    from pmnet.train import get_condition, use_compile_cache
+    from pmnet.train import NotLearningError, get_condition, use_compile_cache
 
     use_compile_cache(ctx.layout.compile_cache)  # the graphs Stage 2 compiled beforehand
 
@@ -355,6 +355,11 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     except (TrialConfigError, Phase1Refused) as e:  # deterministic: once, not retried
         _refuse(trial, info_path, e, trial_info)
         return
+    except NotLearningError as e:  # the watchdog (issue 62): deterministic, not retried
+        log.error("trial %s %s", trial.name, e)
+        TrialState.update(info_path, **trial_info, state=NOT_LEARNING, error=str(e)[:2000])
+        tune.report({NOT_LEARNING: str(e)[:2000], "finished": 0} | trial.to_config())
+        return
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
         TrialState.update(info_path, **trial_info, state="ERROR", error=error[:2000],
@@ -380,6 +385,10 @@ def _diagnose(tdir: Path, out: Path) -> None:
 
 #: The key of a trial's last Tune report when it was refused for its configuration.
 CONFIG_ERROR = "config_error"
+#: A trial the watchdog stopped (issue 62): its trial.json `state` and the key of its last
+#: Tune report. The trial ends without raising, so Tune does not retry it (the same run would
+#: stop again); its last.ckpt stays, it has no result, and a resume leaves it as it is.
+NOT_LEARNING = "NOT LEARNING"
 
 
 def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> None:

@@ -164,7 +164,14 @@ def _train_cfg(args):
 
 
 def cmd_train(args) -> int:
-    from pmnet.train import PhasePaused, StopAtEpochEnd, run_phase1, run_phase2
+    from pmnet.train import (
+        NOT_LEARNING_EXIT,
+        NotLearningError,
+        PhasePaused,
+        StopAtEpochEnd,
+        run_phase1,
+        run_phase2,
+    )
 
     cfg = _train_cfg(args)
     if args.max_wall is not None and not (args.max_wall > 0 and math.isfinite(args.max_wall)):
@@ -176,12 +183,16 @@ def cmd_train(args) -> int:
     # issue 52 (Phase 1), issue 61 (Phase 2): --max-wall and SIGTERM pause at an epoch end;
     # the same command continues
     stop = StopAtEpochEnd(args.max_wall, sigterm=True)
-    if args.phase == "phase1":
-        res = run_phase1(cfg, args.out, stop=stop)
-    else:
-        # run_phase2 checks condition, seed and the checkpoint's sha256 before any compute
-        res = run_phase2(cfg, condition=args.condition, seed=args.seed,
-                         phase1_ckpt=args.phase1, out_dir=args.out, stop=stop)
+    try:
+        if args.phase == "phase1":
+            res = run_phase1(cfg, args.out, stop=stop)
+        else:
+            # run_phase2 checks condition, seed and the checkpoint's sha256 before any compute
+            res = run_phase2(cfg, condition=args.condition, seed=args.seed,
+                             phase1_ckpt=args.phase1, out_dir=args.out, stop=stop)
+    except NotLearningError as e:  # issue 62: the watchdog stopped it (one line, own code)
+        print(f"pmnet: {e}", file=sys.stderr)
+        return NOT_LEARNING_EXIT
     if isinstance(res, PhasePaused):
         print(json.dumps({"paused": True, "phase": res.phase, "epochs_done": res.epochs_done,
                           "max_epochs": res.max_epochs, "reason": res.reason,
@@ -368,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pause at the last epoch end that keeps within this many seconds "
                         "(SIGTERM pauses at the next epoch end); the same command continues "
                         "from --out/phase1_ckpt/last.ckpt (phase2: --out/ckpt/last.ckpt)")
+    s.epilog = ("exit codes: 0 finished (or paused: --max-wall, SIGTERM); 2 bad input; 5 not "
+                "learning: the watchdog stopped the run, its training loss still at chance "
+                "(Phase 2: at its start) once TrainConfig.watchdog_share of its steps were "
+                "spent; the last finished epoch's last.ckpt is kept; --set watchdog=false "
+                "turns the watchdog off (docs/choices.md, \"The watchdog\")")
     s.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("evaluate", help="every metric of a model file on the test stream")

@@ -13,17 +13,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The watchdog's fields of `pmnet.train.TrainConfig` (issue 62): they decide whether a run is
+#: stopped, not what it computes, so no checkpoint file and no unit's config hash holds them
+#: (a unit trained before they existed keeps its hash), as `threads`.
+WATCHDOG_FIELDS: tuple[str, ...] = ("watchdog", "watchdog_share", "watchdog_margin")
+
 #: Phase-2-only fields of `pmnet.train.TrainConfig`: changing them does not change the Phase-1
 #: checkpoint (nor do the speed settings threads, compile and cuda_graphs: they move only fp32
-#: rounding; nor does test_seed, which picks the stream the final figures are read on), so
-#: they are left out of the Phase-1 config hash, and a grid's variants may set them. A fact
-#: about TrainConfig kept here, in a module with no heavy imports, so that the grids
-#: (`tune_spaces`) and the pipeline read it without importing torch or each other.
+#: rounding; nor does test_seed, which picks the stream the final figures are read on; nor do
+#: the watchdog's, WATCHDOG_FIELDS), so they are left out of the Phase-1 config hash, and a
+#: grid's variants may set them. A fact about TrainConfig kept here, in a module with no heavy
+#: imports, so that the grids (`tune_spaces`) and the pipeline read it without importing
+#: torch or each other.
 PHASE2_ONLY_FIELDS: tuple[str, ...] = (
     "lr", "episodes_per_epoch", "max_epochs", "patience", "seeds", "conditions", "detach_ltm",
     "notes", "threads", "consolidator_init_std", "consolidator_lr",
     "consolidator_weight_decay", "initial_ltm_loss", "segments", "ltm_graph", "compile",
-    "cuda_graphs", "phase1_seeds", "test_seed", "phase2_families", "lr_schedule")
+    "cuda_graphs", "phase1_seeds", "test_seed", "phase2_families", "lr_schedule",
+    *WATCHDOG_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def test_episodes_writes_json_lines(tmp_path, capsys):
         (["train", "phase1", "--preset", "debug", "--out", "x", "--max-wall", "-1"],
          "--max-wall must be a positive number of seconds"),
         (["train", "phase2", "--preset", "debug", "--out", "x", "--max-wall", "60"],
-         "--max-wall applies to `train phase1` only"),
+         "train phase2 needs --condition, --seed and --phase1"),
     ],
 )
 def test_bad_input_exits_with_a_named_error(argv, message, capsys):

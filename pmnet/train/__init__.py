@@ -23,6 +23,7 @@ Where each part lives:
     modules.py         the LightningModules: `Phase0Module`, `Phase1Module`, `Phase2Module`
     checkpoints.py     Lightning's best / last checkpoints, written atomically
     pause.py           stopping Phase 1 at an epoch boundary (deadline, SIGTERM)
+    watchdog.py        stopping a phase that is not learning (`NotLearningError`, issue 62)
     phases.py          `run_phase1`, `run_phase2`, `warm_compile` and the trainer they share
 
 Choices the paper leaves open (see docs/choices.md):
@@ -96,6 +97,12 @@ from pmnet.train.phases import (
     trained_on,
     warm_compile,
 )
+from pmnet.train.watchdog import (
+    NOT_LEARNING_EXIT,
+    NotLearning,
+    NotLearningError,
+    not_learning,
+)
 
 __all__ = [
     # the conditions and the model, as training uses them
@@ -115,6 +122,8 @@ __all__ = [
     "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
     # pause.py (issue 52: a Phase 1 in pieces)
     "Phase1Paused", "PhasePaused", "StopAtEpochEnd",
+    # watchdog.py (issue 62: a phase that is not learning stops)
+    "NOT_LEARNING_EXIT", "NotLearning", "NotLearningError", "not_learning",
     # phases.py
     "RESULT_KEYS", "ROUTES_FILE", "device_name", "evaluation_inference_mode",
     "init_consolidator", "init_operator",

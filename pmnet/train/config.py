@@ -104,6 +104,15 @@ class TrainConfig:
     # step, every phase of the paper's recipe) or "constant" (the rate stays at `lr` until
     # early stopping or max_epochs end the run: the long recipe of the decisive test)
     lr_schedule: str = "cosine"
+    # the watchdog (issue 62, `pmnet.train.watchdog`): every phase stops with
+    # NotLearningError once `watchdog_share` of its planned steps is spent and a 50-step
+    # window of its training loss is not below its line (chance; Phase 2: its own start)
+    # minus `watchdog_margin` nats. It decides whether a run stops, not what it computes:
+    # out of the checkpoint file and every config hash, as `threads` (WATCHDOG_FIELDS).
+    # Why 0.15 and 0.05 (measured): docs/choices.md, "The watchdog"
+    watchdog: bool = True
+    watchdog_share: float = 0.15
+    watchdog_margin: float = 0.05
     notes: tuple[str, ...] = field(default=(), compare=False)  # how a preset departs
 
     def __post_init__(self):
@@ -128,11 +137,13 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
-        for name in ("lr", "phase1_lr", "grad_clip"):
+        for name in ("lr", "grad_clip"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("weight_decay", "phase1_aux_demo_loss", "consolidator_init_std",
-                     "consolidator_lr", "initial_ltm_loss"):  # numbers, checked above
+        # phase1_lr may be 0 (Phases 0 and 1 then update nothing): the watchdog's own check
+        for name in ("phase1_lr", "weight_decay", "phase1_aux_demo_loss",
+                     "consolidator_init_std", "consolidator_lr",
+                     "initial_ltm_loss"):  # numbers, checked above
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         cwd = self.consolidator_weight_decay
@@ -151,6 +162,19 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.compile must list steps of {COMPILE_STEPS} (or be "
                              f"'off'), each once, got {self.compile!r}")
         object.__setattr__(self, "compile", tuple(self.compile))
+        if not isinstance(self.watchdog, bool):
+            raise ValueError(f"TrainConfig.watchdog must be true or false, got "
+                             f"{self.watchdog!r}")
+        for name, v in (("watchdog_share", self.watchdog_share),
+                        ("watchdog_margin", self.watchdog_margin)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"TrainConfig.{name} must be a number, got {v!r}")
+        if not 0 < self.watchdog_share <= 1:
+            raise ValueError(f"TrainConfig.watchdog_share must be in (0, 1] (a share of the "
+                             f"phase's planned steps), got {self.watchdog_share!r}")
+        if self.watchdog_margin < 0:
+            raise ValueError(f"TrainConfig.watchdog_margin must be >= 0 (nats), got "
+                             f"{self.watchdog_margin!r}")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"TrainConfig.cuda_graphs must be true or false, got "
                              f"{self.cuda_graphs!r}")

@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from pmnet import task
 from pmnet.baselines import BASELINE_MODES, add_baseline, reset_baseline
-from pmnet.conditions import Condition, get_condition, seed_problem
+from pmnet.conditions import WATCHDOG_FIELDS, Condition, get_condition, seed_problem
 from pmnet.gpu.cap import GpuMemoryCap
 from pmnet.io import atomic_write_json
 from pmnet.model import PMNet
@@ -42,6 +42,7 @@ from pmnet.train.config import ACCELERATORS, TrainConfig
 from pmnet.train.data import CopyBatches, EpisodeData, _loader
 from pmnet.train.modules import Phase0Module, Phase1Module, Phase2Module
 from pmnet.train.pause import Phase1Paused, PhasePaused, StopAtEpochEnd
+from pmnet.train.watchdog import NotLearning
 
 
 def _setup_threads(cfg: TrainConfig) -> None:
@@ -125,7 +126,9 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
     metric improves), last.ckpt (every epoch, see LastCheckpoint) and early stopping, all
     acting at train-epoch end in this order; the caller's callbacks come after them, so the
     selecting ModelCheckpoint is the trainer's `checkpoint_callback` ("best"). A phase
-    resumed from `resume_from` keeps its CSV log's earlier rows (`kept_metrics`)."""
+    resumed from `resume_from` keeps its CSV log's earlier rows (`kept_metrics`). With
+    `cfg.watchdog` every phase's trainer carries the watchdog (`NotLearning`, issue 62): a
+    phase not learning ends its fit with `NotLearningError`."""
     cbs = []
     ckpt = None
     if monitor is not None:
@@ -135,6 +138,8 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
         cbs += [EarlyStopping(monitor=monitor, mode="max", patience=patience,
                               check_on_train_epoch_end=True),
                 ckpt, LastCheckpoint(ckpt, ckpt_dir)]
+    if cfg.watchdog:
+        cbs.append(NotLearning(cfg.watchdog_share, cfg.watchdog_margin, ckpt_dir=ckpt_dir))
     cbs += list(callbacks)
     kept_rows = None if resume_from is None else kept_metrics(out_dir / name, resume_from)
     if progress is None:
@@ -166,7 +171,11 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
     sitting at an epoch boundary; the result is then a `Phase1Paused` (no test pass, no
     phase1.pt, no phase1_metrics.json), and calling run_phase1 again on `out_dir` (or a
     copy of it) continues from `phase1_ckpt/last.ckpt`. Without `stop` the result is
-    always the finished run's dict."""
+    always the finished run's dict.
+
+    With `cfg.watchdog` (issue 62) a Phase 0 or Phase 1 that is not learning raises
+    `NotLearningError` (`pmnet.train.watchdog`): no phase1.pt, phase1_metrics.json or
+    phase0_metrics.json is written; `phase1_ckpt/last.ckpt` keeps the last finished epoch."""
     _check_accelerator(accelerator)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -245,8 +254,9 @@ WALL_CLOCK_FIELDS = frozenset({"train_time_s"})
 #: TrainConfig fields kept out of the checkpoint file's `train_config` (they are in
 #: phase1_metrics.json, and a store unit's provenance): how a run scheduled the training, not
 #: what it computed. Threads: 2 for a checkpoint trained alone on 2 cores, 1 in a wave of
-#: two, the same weights (issue 53)
-RUN_ONLY_CONFIG_FIELDS = frozenset({"threads"})
+#: two, the same weights (issue 53); the watchdog's settings (issue 62): whether a run is
+#: stopped, so a checkpoint file written before they existed keeps its bytes
+RUN_ONLY_CONFIG_FIELDS = frozenset({"threads", *WATCHDOG_FIELDS})
 
 
 def phase1_route_diagnostics(cfg: TrainConfig, model: PMNet, out_dir: Path) -> dict | None:
@@ -333,6 +343,10 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     result.json) and calling run_phase2 again on `out_dir` (or a copy of it) continues from
     `ckpt/last.ckpt`. Its checkpoints hold the trainable parameters only (the frozen ones are
     the verified Phase-1 file's: `Phase2Module`).
+
+    With `cfg.watchdog` (issue 62) a Phase 2 that is not learning raises `NotLearningError`
+    (`pmnet.train.watchdog`): no result.json is written; `ckpt/last.ckpt` keeps the last
+    finished epoch.
 
     `accelerator`: "cpu" or "gpu" (where the caller was given to train: a Ray trial passes
     what Ray gave it), or "auto" (Lightning's choice). result.json records the device and
