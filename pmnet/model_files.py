@@ -108,3 +108,30 @@ def load_model_file(path: str | Path, *, expect_config: ModelConfig | None = Non
     model.routing_u_uses_ltm = strict  # False: a strict-off model's routers read u without L
     return model, payload
 
+
+
+def load_phase2_progress(phase1_path: str | Path, ckpt_path: str | Path) -> PMNet:
+    """The model a Phase-2 training checkpoint holds (`ckpt/last.ckpt` or `best.ckpt` of a
+    running or paused unit): its Phase-1 file's weights with the checkpoint's trainable ones
+    on top. A compact checkpoint (`pmnet_compact`: the trainable parameters only) must name
+    this Phase-1 file's sha256; a full one replaces every weight. Conditions that add
+    modules (operators, baselines) are refused: their modules are made by training."""
+    payload = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or "state_dict" not in payload:
+        raise ValueError(f"{ckpt_path} is not a Lightning checkpoint")
+    state = {k[len("model."):]: v for k, v in payload["state_dict"].items()
+             if k.startswith("model.")}
+    if any(k.startswith(("operators.", "baselines.")) for k in state):
+        raise ValueError(f"{ckpt_path}: an operator or baseline unit; not supported here")
+    compact = payload.get("pmnet_compact")
+    if compact is not None:
+        digest = sha256_file(phase1_path)
+        if compact.get("phase1_sha256") != digest:
+            raise ValueError(f"{ckpt_path} continues Phase-1 file "
+                             f"{str(compact.get('phase1_sha256'))[:12]}, not {phase1_path} "
+                             f"({digest[:12]})")
+    model, _ = load_model_file(phase1_path)
+    missing, unexpected = model.load_state_dict(state, strict=compact is None)
+    if unexpected:
+        raise ValueError(f"{ckpt_path}: weights this model does not have: {unexpected[:3]}")
+    return model

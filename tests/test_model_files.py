@@ -4,6 +4,7 @@ an untrained model's, written by `save_model_file` as `run_phase1` writes a chec
 these tests check the files, not training (tests/test_train.py trains and reloads)."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,3 +92,37 @@ def test_model_files_load_strictly_with_or_without_an_operator(phase1, tmp_path)
         torch.save(bad, tmp_path / "bad.pt")
         with pytest.raises((RuntimeError, ValueError), match=match):
             load_model_file(tmp_path / "bad.pt")
+
+
+def test_a_paused_phase2_units_model_is_its_phase1_file_plus_its_trainable_weights(tmp_path):
+    """`load_phase2_progress` on a compact checkpoint gives the weights the unit trained: the
+    frozen ones the Phase-1 file's, the Consolidator the checkpoint's; another Phase-1 file is
+    refused."""
+    import torch
+
+    from pmnet.model_files import load_phase2_progress
+    from pmnet.train import StopAtEpochEnd, TrainConfig, run_phase1, run_phase2
+
+    small = dict(phase1_max_epochs=1, phase1_episodes_per_epoch=32, val_episodes=16,
+                 test_episodes=16, eval_batch_size=16, batch_size=16, episodes_per_epoch=32,
+                 max_epochs=2, patience=2, consolidator_init_std=0.18)
+    cfg = TrainConfig.from_name("debug", **small)
+    p1 = Path(run_phase1(cfg, tmp_path / "p1", progress=False)["checkpoint"])
+    stop = StopAtEpochEnd()
+    stop.request()
+    run_phase2(cfg, condition="consolidator_only", seed=42, phase1_ckpt=p1,
+               out_dir=tmp_path / "p2", progress=False, stop=stop)
+    ckpt = tmp_path / "p2" / "ckpt" / "last.ckpt"
+    model = load_phase2_progress(p1, ckpt)
+    base, _ = load_model_file(p1)
+    held = torch.load(ckpt, weights_only=True)["state_dict"]
+    for name, p in model.named_parameters():
+        want = held[f"model.{name}"] if f"model.{name}" in held else dict(
+            base.named_parameters())[name]
+        assert torch.equal(p, want), name
+    assert any(not torch.equal(p, dict(base.named_parameters())[n])
+               for n, p in model.named_parameters() if n.startswith("consolidator."))
+    other = TrainConfig.from_name("debug", **{**small, "phase1_seed": 1})
+    p1b = Path(run_phase1(other, tmp_path / "p1b", progress=False)["checkpoint"])
+    with pytest.raises(ValueError, match="continues Phase-1 file"):
+        load_phase2_progress(p1b, ckpt)
