@@ -29,7 +29,7 @@ from pipelines.phase1 import (
 )
 from pipelines.provenance import device_kind, git_commit, package_version
 from pipelines.records import Provenance, Stage1Record, canon
-from pmnet.conditions import WATCHDOG_FIELDS
+from pmnet.conditions import LATE_FIELD_DEFAULTS, WATCHDOG_FIELDS
 from pmnet.io import atomic_copy
 from pmnet.store_layout import (
     StoreError,
@@ -86,9 +86,12 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def unit_config(config: dict) -> dict[str, Any]:
-    """A configuration as a unit records it: flat keys, JSON values, UNHASHED_FIELDS out."""
+    """A configuration as a unit records it: flat keys, JSON values, UNHASHED_FIELDS out,
+    and a field added since stores existed out while it holds its default
+    (`LATE_FIELD_DEFAULTS`: old units keep their hash)."""
     return {k: v for k, v in canon(flatten(config)).items()
-            if k.split(".")[0] not in UNHASHED_FIELDS}
+            if k.split(".")[0] not in UNHASHED_FIELDS
+            and not (k in LATE_FIELD_DEFAULTS and v == LATE_FIELD_DEFAULTS[k])}
 
 
 def config_hash(config: dict) -> str:

@@ -32,6 +32,13 @@ PHASE2_ONLY_FIELDS: tuple[str, ...] = (
     "cuda_graphs", "phase1_seeds", "test_seed", "phase2_families", "lr_schedule",
     *WATCHDOG_FIELDS)
 
+#: TrainConfig fields added after stores were first written, with their default as a unit's
+#: flat configuration spells it (`TrainConfig.flat`): a unit records such a field only when
+#: it differs from that default, so every stored unit (which never had it) keeps its
+#: configuration and hash, and compares equal to a run that leaves it at the default
+LATE_FIELD_DEFAULTS: dict[str, object] = {"phase2_families": "add10,affine10",
+                                          "lr_schedule": "cosine"}
+
 
 @dataclass(frozen=True)
 class Condition:
