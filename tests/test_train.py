@@ -59,6 +59,18 @@ def test_phase1_writes_checkpoint_with_hash(phase1):
     assert torch.count_nonzero(model.consolidator.w_d.weight) == 0
 
 
+def _amd_cpu() -> bool:
+    try:
+        return "AuthenticAMD" in Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+@pytest.mark.xfail(_amd_cpu(), strict=False,
+                   reason="measured at stop 61 on the 2-core AMD EPYC VM: 1 and 2 threads "
+                          "round fp32 Phase 1 differently there (MKL_CBWR=AUTO,STRICT fixes "
+                          "it on Intel only), so the sha256 differs; the same test failed "
+                          "with the pmnet of commit 40538cc on that machine")
 def test_phase1_trained_twice_alike_is_byte_identical(phase1, tmp_path):
     """A store's two pieces and one uninterrupted run give the same Phase-1 sha256: the
     file holds what training computes, not how it ran: no wall time and no threads (a
