@@ -636,9 +636,9 @@ def test_a_store_filled_in_two_pieces_leaves_one_finished_run_per_unit_on_one_se
 def test_a_field_added_since_a_store_was_written_keeps_its_units_hash_at_its_default():
     """A unit written before `phase2_families` / `lr_schedule` existed compares equal (and
     hashes the same) to today's run at their defaults; a run that sets one differs."""
+    from pipelines.store import config_hash, unit_config
     from pmnet.conditions import LATE_FIELD_DEFAULTS
     from pmnet.train import TrainConfig
-    from pipelines.store import config_hash, unit_config
 
     now = TrainConfig.from_name("cpu").flat()
     before = {k: v for k, v in now.items() if k not in LATE_FIELD_DEFAULTS}
