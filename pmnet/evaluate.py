@@ -43,6 +43,10 @@ baseline on the same episodes: a rule-free guesser that knows which outputs were
 not which input produced each; ~50% on bijective rules) and M_in_unshown (fraction of
 answers inside the set of outputs the demonstrations did not show). Recall above
 M_baseline, not above 10%, is what shows rule use.
+
+Phase 0's copy task has its own measure, `copy_accuracy`: per payload position, the
+fraction of held-out examples whose byte is predicted (argmax over the 26 letters; chance
+`COPY_CHANCE` = 1/26), read by `make gpu-check`'s learning gate (issue 62).
 """
 
 from __future__ import annotations
@@ -153,6 +157,49 @@ def episode_outcomes(model: PMNet, batch, *, consolidation: str, ltm_routing: bo
             out[f"{kind}/forced_identity"] = out[f"{kind}/{src}"]
             out[f"{kind}/forced_identity_initial"] = out[f"{kind}/{src_init}"]
     return out
+
+
+#: chance of one payload position of the copy task (`copy_accuracy`): the prediction is the
+#: argmax over the 26 payload letters, drawn uniformly
+COPY_CHANCE = 1.0 / len(task.PAYLOAD_TOKENS)
+# the payload letters are one contiguous range of ids, sliced like the digits
+_PAYLOAD = slice(task.PAYLOAD_TOKENS[0], task.PAYLOAD_TOKENS[-1] + 1)
+assert tuple(range(_PAYLOAD.start, _PAYLOAD.stop)) == task.PAYLOAD_TOKENS
+
+
+def copy_logits(model: PMNet, batch: task.CopyBatch) -> Tensor:
+    """Phase 0's forward (`Phase0Module.copy_loss`, whose loss is the cross-entropy of these
+    logits against `batch.labels`): the context `[#, payload]`, the KV cache cleared, the
+    same text again -> (N, L + 1, V) logits, position i predicting payload byte i (the last
+    position predicts nothing). Only the routed memory carries the payload across."""
+    state = model.init_state(batch.context.shape[0], device=batch.context.device)
+    _, state = model(batch.context, state, ltm_routing=False, logits="none")
+    logits, _ = model(batch.prompt, state.clear_kv(), ltm_routing=False)
+    return logits
+
+
+@torch.no_grad()
+def copy_accuracy(model: PMNet, batch: task.CopyBatch,
+                  autocast_dtype: torch.dtype | None = None) -> Tensor:
+    """Per-position copy accuracy on `batch` (held out: a seed training never drew): (L,)
+    float, entry i the fraction of examples whose payload byte i is predicted, the argmax
+    over the 26 payload letters (chance `COPY_CHANCE` = 1/26 at every position, whatever
+    the model does with the other ids). The success test of a copy warm start (Phase 0):
+    the loss alone cannot tell a model that carries the payload through memory from one
+    that does not (docs/choices.md, "The success test"). The model runs in eval mode (no
+    dropout; its mode is restored), on its device, under `autocast_dtype` if given."""
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            logits = copy_logits(model, batch)
+    finally:
+        model.train(was_training)
+    pred = logits[:, :-1, _PAYLOAD].float().argmax(-1) + _PAYLOAD.start  # (N, L) token ids
+    return (pred == batch.labels[:, :-1]).float().mean(0)
 
 
 def _pct(hit: Tensor, mask: Tensor) -> float:

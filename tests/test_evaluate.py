@@ -164,3 +164,60 @@ def test_per_segment_metrics_score_oracles_that_follow_one_rule(T):
         assert first["updated_ltm"] > 0
     else:  # for T = 2 it always does
         assert first["updated_ltm"] == 0
+
+
+# -- Phase 0's copy task: per-position accuracy (issue 62) -----------------------------------
+
+
+def test_copy_logits_are_phase0s_forward():
+    """`copy_logits` is the forward `Phase0Module.copy_loss` trains: the loss of its logits
+    is that loss, bit for bit (the accuracy reads what Phase 0 trains)."""
+    import torch.nn.functional as F
+
+    from pmnet import train as T
+    from pmnet.evaluate import copy_logits
+
+    cfg = T.TrainConfig.from_name("debug")
+    torch.manual_seed(0)
+    module = T.Phase0Module(cfg, PMNet(cfg.model), cfg.phase1_lr)
+    batch = task.make_copy_batch(6, 5, 3)
+    logits = copy_logits(module.model, batch)
+    assert logits.shape == (6, 6, cfg.model.vocab_size)
+    want = module.copy_loss(batch)
+    got = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(),
+                          ignore_index=task.IGNORE_INDEX)
+    assert torch.equal(got, want)
+
+
+def test_copy_accuracy_is_per_position_over_the_payload_letters(monkeypatch):
+    """(L,) accuracies, one per payload byte: an oracle scores 1 at every position even
+    where a non-letter id has the largest logit (the argmax is over the 26 letters: chance
+    is 1/26 whatever the model does elsewhere), a model wrong at one position scores 0
+    there; an untrained model sits near chance; the model's training mode is restored."""
+    import pmnet.evaluate as E
+
+    batch = task.make_copy_batch(400, 4, 11)
+    V = 256
+
+    def oracle(model, b, wrong_at=None):
+        logits = torch.zeros(*b.labels.shape, V)
+        logits[..., 0] = 10.0  # a non-letter id above every letter
+        for i in range(b.labels.shape[1] - 1):
+            target = b.labels[:, i] if i != wrong_at else (b.labels[:, i] - 97 + 1) % 26 + 97
+            logits[torch.arange(len(target)), i, target] = 5.0
+        return logits
+
+    torch.manual_seed(0)
+    model = PMNet(ModelConfig.from_name("debug"))
+    model.train()
+    monkeypatch.setattr(E, "copy_logits", oracle)
+    assert E.copy_accuracy(model, batch).tolist() == [1.0] * 4
+    monkeypatch.setattr(E, "copy_logits", lambda m, b: oracle(m, b, wrong_at=2))
+    assert E.copy_accuracy(model, batch).tolist() == [1.0, 1.0, 0.0, 1.0]
+    monkeypatch.undo()
+    acc = E.copy_accuracy(model, task.make_copy_batch(2048, 4, 12))
+    assert acc.shape == (4,) and model.training
+    assert abs(float(acc.mean()) - E.COPY_CHANCE) < 0.015  # 8192 predictions, SE 0.2 pp
+    assert E.COPY_CHANCE == 1 / 26
+    bf16 = E.copy_accuracy(model, batch, autocast_dtype=torch.bfloat16)
+    assert bf16.shape == (4,)

@@ -175,7 +175,7 @@ def test_self_test_runs_the_tables_code_paths_on_the_cpu(tmp_path):
                 env=_blocked_env(tmp_path))  # as a venv without Ray, MLflow, pandas
     # every gate held; the other pieces are still to run (exit 3, the next one named)
     assert proc.returncode == G.EXIT_TIMED_OUT, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "--kinds phase1" in proc.stdout
+    assert "--kinds learning" in proc.stdout
     out = proc.stdout
     assert "| env: torch" in out and G.NA_CPU in out
     lines = {ln.split("|")[1].strip(): ln for ln in out.splitlines() if ln.startswith("| ")}
@@ -193,3 +193,127 @@ def test_self_test_with_compiled_steps(tmp_path):
     proc = _run("--self-test", "--steps", "2", "--cache-dir", str(tmp_path), timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("| graph breaks ") == len(G.KINDS)
+
+
+# -- the learning gate (issue 62): Phase 0 on a ladder of settings ---------------------------
+
+
+def _rung(setting: str, label: str, accuracy=(0.09, 0.08, 0.085, 0.1), end=2.8,
+          batch=32) -> dict:
+    """A rung that learned: 100 steps falling from 5.5 to the plateau, then to `end`."""
+    losses = [5.5 - 2.2 * i / 20 for i in range(20)] + [3.26] * 20 + [
+        3.26 - (3.26 - end) * i / 59 for i in range(60)]
+    return {"setting": setting, "label": label, "batch": batch, "losses": losses,
+            "accuracy": list(accuracy)}
+
+
+def _learning(**change) -> dict:
+    rungs = [_rung("reference", "eager, fp32, batch 32"), _rung("bf16", "eager, bf16, batch 32"),
+             _rung("compile", "compiled, bf16, batch 32"),
+             _rung("cuda graphs", "compiled, CUDA graphs, bf16, batch 32"),
+             _rung("batch", "compiled, CUDA graphs, bf16, batch 256", batch=256, end=2.7)]
+    for setting, over in change.items():
+        i = next(i for i, r in enumerate(rungs) if r["setting"] == setting.replace("_", " "))
+        rungs[i] = {**rungs[i], **over}
+    return {"kind": "learning", "rungs": rungs, "skipped": {}}
+
+
+def _failed(rows) -> list[str]:
+    return [f"{r.item} ({r.trial})" for r in rows if r.ok is False]
+
+
+def test_the_learning_gate_passes_a_ladder_that_learns_alike_and_comes_first():
+    rows = G.table_rows(_env(), _pred(), {}, {}, _learning())
+    assert G.exit_code(rows) == G.EXIT_OK, G.render(rows)
+    learning = [r for r in rows if r.item.startswith("phase 0 learns the copy")]
+    assert len(learning) == 5 + 4  # an accuracy row per rung, a comparison per later rung
+    first = next(i for i, r in enumerate(rows) if not r.item.startswith("env: "))
+    assert rows[first] is learning[0]  # right after the environment
+
+
+@pytest.mark.parametrize("setting, over, why", [
+    # CUDA graphs: stuck on the plateau (the H200's Phase 0), at chance
+    ("cuda_graphs", {"losses": [5.5 - 2.2 * i / 20 for i in range(20)] + [3.26] * 80,
+                     "accuracy": [0.04, 0.037, 0.036, 0.039]}, "held-out accuracy"),
+    # compile: learns, but its curve departs from bf16 eager's by more than CURVE_TOL
+    ("compile", _rung("compile", "compiled", end=2.2), "loss curve"),
+    # the preset's batch: ends above the rung before
+    ("batch", _rung("batch", "batch 256", batch=256, end=3.05), "last loss"),
+])
+def test_the_learning_gate_names_the_phase_and_the_setting_that_differs(setting, over, why):
+    over = {k: v for k, v in over.items() if k in ("losses", "accuracy")}
+    rows = G.table_rows(_env(), _pred(), {}, {}, _learning(**{setting: over}))
+    assert G.exit_code(rows) == G.EXIT_FAILED
+    failed = _failed(rows)
+    name = setting.replace("_", " ")
+    assert failed and all(f"(phase 0: {name} added)" in f for f in failed), failed
+    assert any(why in f for f in failed), failed
+    order = [r["setting"] for r in _learning()["rungs"]]
+    later = order[order.index(name) + 1:]  # reported, not judged: one setting is named
+    after = [r for r in rows if any(r.trial == f"phase 0: {s} added" for s in later)]
+    assert all(r.ok is None and "not judged" in r.tolerance for r in after)
+    assert len(after) == 2 * len(later)
+
+
+def test_a_reference_that_does_not_learn_fails_the_reference_and_a_crash_is_an_error():
+    stuck = {"accuracy": [0.04] * 4}
+    rows = G.table_rows(_env(), _pred(), {}, {}, _learning(reference=stuck))
+    assert _failed(rows) == ["phase 0 learns the copy: held-out accuracy (eager, fp32, "
+                             "batch 32) (phase 0: reference)"]
+    crashed = G.table_rows(_env(), _pred(), {}, {}, {"error": "exit 1: RuntimeError: ..."})
+    assert [r.verdict for r in crashed if r.error] == ["FAIL"]
+    assert G.exit_code(crashed) == G.EXIT_ERROR
+
+
+def test_a_loss_curve_is_compared_over_its_second_half():
+    a = [5.0] * 50 + [3.0] * 50
+    b = [4.0] * 50 + [3.1] * 50  # far apart in the first half only
+    assert G.loss_curve(a) == [5.0] * 5 + [3.0] * 5
+    assert G.curve_gap(G.loss_curve(a), G.loss_curve(b)) == pytest.approx(0.1)
+
+
+@pytest.mark.slow
+def test_self_test_runs_the_learning_gate_and_the_cpu_learns_the_copy(tmp_path):
+    """The learning gate's CPU self-test: Phase 0 at the gate's shape, eager and compiled
+    fp32 (dynamo's eager backend), 600 steps each: both learn the copy (held-out accuracy at
+    least 1.5x chance) and their curves agree; the other pieces remain (exit 3)."""
+    proc = _run("--self-test", "--kinds", "learning", "--cache-dir", str(tmp_path),
+                env=_blocked_env(tmp_path), timeout=1800)
+    assert proc.returncode == G.EXIT_TIMED_OUT, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| phase 0 learns")]
+    assert sum("| ok " in ln for ln in rows) == 3, "\n".join(rows)  # 2 accuracies, 1 curve
+    assert "all checks passed" in proc.stdout
+
+
+def test_the_learning_gates_self_test_fails_naming_the_phase_when_it_cannot_learn(tmp_path):
+    """The gate through the real command, on the CPU, with too few steps to leave the ln-26
+    plateau (30): it fails (exit 1 once the other pieces are stored; here exit 3, as they
+    remain), the FAIL row names Phase 0 and the rung, the one reference rung here."""
+    proc = _run("--self-test", "--kinds", "learning", "--learn-steps", "30", "--cache-dir",
+                str(tmp_path), timeout=900)
+    assert proc.returncode == G.EXIT_TIMED_OUT, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED: phase 0 learns the copy: held-out accuracy (eager, fp32, batch 32) " \
+           "(phase 0: reference): FAIL" in proc.stdout
+    # the compiled rung is reported, not judged: the first failed rung names the setting
+    assert "(phase 0: compile added): FAIL" not in proc.stdout
+    assert "not judged (after the failed reference rung)" in proc.stdout
+    assert "not run (the preset trains in fp32 on a CPU)" in proc.stdout
+
+
+def test_the_ladder_adds_the_presets_phase0_settings_one_at_a_time():
+    from pmnet.gpu_check.learning import LEARN_BATCH, ladder
+
+    rungs, skipped = ladder(True, "bf16-mixed", True, True, 256)  # the paper preset, a card
+    assert [r.setting for r in rungs] == ["reference", "bf16", "compile", "cuda graphs",
+                                          "batch"] and skipped == {}
+    for a, b in zip(rungs, rungs[1:]):  # each rung differs from the one before in one field
+        diff = [f for f in ("precision", "compiled", "cuda_graphs", "batch")
+                if getattr(a, f) != getattr(b, f)]
+        assert len(diff) == 1, (a, b)
+    assert rungs[0].label == f"eager, fp32, batch {LEARN_BATCH}"
+    assert rungs[-1].label == "compiled, CUDA graphs, bf16, batch 256"
+    cpu, skipped = ladder(False, "32-true", True, True, 16)  # the self-test
+    assert [r.setting for r in cpu] == ["reference", "compile"]
+    assert set(skipped) == {"bf16", "cuda graphs", "batch"}
+    eager, skipped = ladder(True, "32-true", False, True, LEARN_BATCH)
+    assert [r.setting for r in eager] == ["reference"] and len(skipped) == 4

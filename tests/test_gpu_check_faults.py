@@ -312,20 +312,23 @@ def test_pieces_are_stored_and_the_table_names_the_next_one(tmp_path):
     G = _G()
     results = tmp_path / "r"
     results.mkdir()
-    assert R.next_piece({}) == "phase1"
+    assert R.next_piece({}) == "learning"  # the learning gate first (issue 62)
+    (results / "learning.json").write_text('{"kind": "learning", "rungs": []}')
+    assert R.next_piece(R.stored_results(results)) == "phase1"
     (results / "phase1.json").write_text('{"kind": "phase1"}')
     (results / "full.json").write_text('{"error": "timed out after 480 s", "timed_out": true}')
     stored = R.stored_results(results)
     assert R.next_piece(stored) == "full"  # timed out: run it again (its cache is warm)
     row = R.next_row(stored, "python -m pmnet.gpu_check")
     assert "python -m pmnet.gpu_check --kinds full" in row.measured
-    assert "again" in row.measured and row.trial == f"1 of {len(G.PIECES)} measured"
+    assert "again" in row.measured and row.trial == f"2 of {len(G.PIECES)} measured"
     assert G.exit_code([row]) == G.EXIT_TIMED_OUT  # not finished: run the next piece
     done = {p: {} for p in G.PIECES}
     assert R.next_piece(done) is None
     assert "none" in R.next_row(done, "x").measured
     assert G.exit_code([R.next_row(done, "x")]) == G.EXIT_OK
-    assert G.PIECES[-1] == "two_trials" and set(G.KINDS) < set(G.PIECES)
+    assert G.PIECES[0] == "learning" and G.PIECES[-1] == "two_trials"
+    assert set(G.KINDS) < set(G.PIECES)
 
 
 # -- the Makefile: an interpreter as it is, the tested torch ---------------------------------

@@ -10,7 +10,13 @@ Needs torch, Lightning and this repository only (no Ray, MLflow, pandas, statsmo
 network, nothing installed). Exit codes (`EXIT_*`): 0 ok, 1 a gate failed, 2 no CUDA GPU,
 3 a piece timed out, 4 the check itself failed, 5 a usage error.
 
-What runs: for Phase 1 and each kind of Phase-2 condition of the preset (`KINDS`: the
+What runs first: the learning gate (`--kinds learning`, issue 62, `learning.py`): Phase 0
+(the copy task) at a small shape for a few hundred steps on a ladder of settings, eager fp32,
+then bf16, compile, CUDA graphs and the preset's batch, each added to the rung before; every
+rung must learn the copy (held-out per-position accuracy above chance) and agree with the rung
+before it, or the table's FAIL row names the phase and the setting that differs.
+
+Then, for Phase 1 and each kind of Phase-2 condition of the preset (`KINDS`: the
 paper's six conditions are four kinds of step and memory), a short real trial in a fresh
 process (`--trial KIND`), its allocator capped at the kind's planned share (`GpuMemoryCap`):
 train, validate, train, validate, test, with the preset's compiled steps (CUDA graphs on a
@@ -32,6 +38,7 @@ cap that training and planning use):
     table.py   the table: exit codes, tolerances, `Row`, `table_rows` (pure: no torch)
     trials.py  on the card: the environment, one trial (`run_trial`), two trials in a row,
                the predictions (`pmnet.gpu.footprint`)
+    learning.py  the learning gate: Phase 0 on the ladder of settings (`run_learning`)
     run.py     the pieces (each a fresh process, its result stored), `run_check`, `main`
 
 This package's `__init__` imports nothing, so `python -m pmnet.gpu_check` loads only torch,

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pmnet.gpu_check as _package
+from pmnet.gpu_check.learning import run_learning
 from pmnet.gpu_check.table import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -69,7 +70,7 @@ def default_cache_dir() -> Path:
 
 
 def run_key(preset: str, overrides: dict, batch: int | None, steps: int,
-            self_test: bool) -> str:
+            self_test: bool, learn_steps: int | None = None) -> str:
     """The stored results a run may reuse: same preset, batch, steps, overrides, torch and
     pmnet sources (a code change measures afresh)."""
     import hashlib
@@ -77,7 +78,8 @@ def run_key(preset: str, overrides: dict, batch: int | None, steps: int,
     import torch
 
     h = hashlib.sha256(json.dumps([preset, overrides, batch, steps, self_test,
-                                   torch.__version__], sort_keys=True, default=str).encode())
+                                   torch.__version__, learn_steps], sort_keys=True,
+                                  default=str).encode())
     for f in sorted(Path(__file__).resolve().parents[1].rglob("*.py")):
         h.update(f.read_bytes())
     return f"{preset}-{'cpu' if self_test else 'gpu'}-{h.hexdigest()[:12]}"
@@ -111,8 +113,8 @@ def next_row(stored: dict[str, dict], command: str) -> Row:
 
 def run_check(preset: str, overrides: dict, batch: int | None, steps: int,
               pieces: list[str], timeout: float, self_test: bool, cache_dir: Path,
-              budget: float | None = None, command: str = "python -m pmnet.gpu_check"
-              ) -> list[Row]:
+              budget: float | None = None, command: str = "python -m pmnet.gpu_check",
+              learn_steps: int | None = None) -> list[Row]:
     """Run `pieces` (each in a fresh process, within `timeout` and what is left of
     `budget`), store each result under `cache_dir`, and make the table of every piece
     stored for this run key (the pieces of earlier commands included)."""
@@ -123,7 +125,8 @@ def run_check(preset: str, overrides: dict, batch: int | None, steps: int,
     env = environment(device)
     pred = predictions(preset, overrides, batch, env)
     cache_dir = Path(cache_dir).resolve()
-    results_dir = cache_dir / "results" / run_key(preset, overrides, batch, steps, self_test)
+    results_dir = cache_dir / "results" / run_key(preset, overrides, batch, steps, self_test,
+                                                  learn_steps)
     results_dir.mkdir(parents=True, exist_ok=True)
     proc_env = dict(os.environ)
     proc_env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as Ray's
@@ -152,7 +155,10 @@ def run_check(preset: str, overrides: dict, batch: int | None, steps: int,
                 break
             limit = min(timeout, left)
         share = pred["share"].get(piece)
-        args = (["--trial", piece, *common] if piece in KINDS else ["--two-trials", *common])
+        args = (["--trial", piece, *common] if piece in KINDS else
+                ["--learning", *common] if piece == "learning" else ["--two-trials", *common])
+        if piece == "learning" and learn_steps:
+            args += ["--learn-steps", str(learn_steps)]
         if share is not None and piece in KINDS:
             args += ["--share", repr(share)]
         t = time.time()
@@ -162,7 +168,7 @@ def run_check(preset: str, overrides: dict, batch: int | None, steps: int,
               file=sys.stderr, flush=True)
     stored = stored_results(results_dir)
     trials = {k: stored[k] for k in KINDS if k in stored}
-    rows = table_rows(env, pred, trials, stored.get("two_trials", {}))
+    rows = table_rows(env, pred, trials, stored.get("two_trials", {}), stored.get("learning"))
     rows.append(next_row(stored, command))
     return rows
 
@@ -186,6 +192,9 @@ def main(argv=None) -> int:
     p.add_argument("--kinds", default=None,
                    help=f"pieces to run, comma-separated, of {','.join(PIECES)} (default: "
                         "every piece not yet stored for this run)")
+    p.add_argument("--learn-steps", type=int, default=None,
+                   help="Phase-0 steps per rung of the learning gate (default: 800 on a GPU, "
+                        "600 in the self-test; fewer may not learn the copy: the gate fails)")
     p.add_argument("--no-two-trials", action="store_true",
                    help="leave the two_trials piece out of the default pieces")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -205,6 +214,7 @@ def main(argv=None) -> int:
                    help="run nothing: the table of the stored pieces")
     p.add_argument("--trial", choices=list(KINDS), help=argparse.SUPPRESS)
     p.add_argument("--two-trials", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--learning", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--share", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--backend", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help=argparse.SUPPRESS)
@@ -226,14 +236,18 @@ def _main(a) -> int:
     from pmnet.train.config import parse_overrides
 
     overrides = parse_overrides(a.set)
-    if a.trial or a.two_trials:  # a child process
+    if a.trial or a.two_trials or a.learning:  # a child process
         if a.backend:
             from pmnet.train import compiled_steps
 
             compiled_steps.COMPILE_BACKEND = a.backend
         preset, steps = a.preset or "paper", a.steps or 20
-        out = (run_trial(a.trial, preset, overrides, a.batch, steps, share=a.share)
-               if a.trial else run_two_trials(preset, overrides, a.batch, steps))
+        if a.learning:  # the learning gate: its own steps (LEARN_STEPS), not --steps
+            out = run_learning(preset, overrides, a.batch, a.learn_steps)
+        elif a.trial:
+            out = run_trial(a.trial, preset, overrides, a.batch, steps, share=a.share)
+        else:
+            out = run_two_trials(preset, overrides, a.batch, steps)
         Path(a.json).write_text(json.dumps(out))
         return EXIT_OK
     if not a.self_test and not torch.cuda.is_available():
@@ -254,7 +268,7 @@ def _main(a) -> int:
         overrides.setdefault("phase1_curriculum", False)
     cache_dir = a.cache_dir or default_cache_dir()
     results_dir = cache_dir / "results" / run_key(preset, overrides, a.batch, steps,
-                                                  a.self_test)
+                                                  a.self_test, a.learn_steps)
     if a.fresh and results_dir.is_dir():
         for f in results_dir.glob("*.json"):
             f.unlink()
@@ -277,10 +291,11 @@ def _main(a) -> int:
           f"{' (self-test on the CPU)' if a.self_test else ''}", file=sys.stderr)
     command = "python -m pmnet.gpu_check" + (" --self-test" if a.self_test else "") + "".join(
         f" {o} {v}" for o, v in (("--preset", a.preset), ("--batch", a.batch),
-                                 ("--steps", a.steps), ("--cache-dir", a.cache_dir)) if v)
+                                 ("--steps", a.steps), ("--learn-steps", a.learn_steps),
+                                 ("--cache-dir", a.cache_dir)) if v)
     command += "".join(f" --set {s}" for s in a.set)
     rows = run_check(preset, overrides, a.batch, steps, pieces, a.timeout, a.self_test,
-                     cache_dir, a.budget, command)
+                     cache_dir, a.budget, command, a.learn_steps)
     print(render(rows))
     code = exit_code(rows)
     failed = [f"{r.item} ({r.trial}): {r.verdict}" for r in rows if r.ok is False]

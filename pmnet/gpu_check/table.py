@@ -26,9 +26,11 @@ KINDS = {"phase1": None, "full": "learned_full", "consolidator_only": "consolida
          "memory_consolidator": "memory_consolidator", "dual": "learned_full_dual"}
 #: the two arms the two-trials-in-a-row process runs (different arms: a reused actor's case)
 TWO_TRIALS = ("consolidator_only", "consolidator_only_routing_off")
-#: the pieces of a check, one process each, each meant to fit a 10-minute command: a trial
-#: per kind, then the two trials in a row (`--kinds` picks some; see `next_piece`)
-PIECES = (*KINDS, "two_trials")
+#: the pieces of a check, one process each, each meant to fit a 10-minute command: first the
+#: learning gate (does Phase 0 learn the copy as the preset trains it? issue 62,
+#: `pmnet.gpu_check.learning`), a trial per kind, then the two trials in a row (`--kinds`
+#: picks some; see `next_piece`)
+PIECES = ("learning", *KINDS, "two_trials")
 
 #: Tolerances: (low, high) bounds of measured / predicted, or an absolute bound; see
 #: docs/gpu-check.md for why each is what it is.
@@ -170,12 +172,16 @@ def _error_row(item: str, trial: str, r: dict) -> Row:
                error="timed out" if r.get("timed_out") else "error")
 
 
-def table_rows(env: dict, pred: dict, trials: dict[str, dict], two: dict) -> list[Row]:
+def table_rows(env: dict, pred: dict, trials: dict[str, dict], two: dict,
+               learning: dict | None = None) -> list[Row]:
     """The table from the environment, the predictions and what the trials measured (the
-    pure part: `tests/test_gpu_check.py` feeds it synthetic measurements)."""
+    pure part: `tests/test_gpu_check.py` feeds it synthetic measurements); the learning
+    gate's rows first (`learning_rows`)."""
     from pmnet.gpu.footprint import usable_bytes
 
     rows = environment_rows(env)
+    if learning:
+        rows += learning_rows(learning)
     cuda = env.get("device") == "cuda"
     tflops = pred.get("card_tflops")
     for kind, r in trials.items():
@@ -251,6 +257,85 @@ def table_rows(env: dict, pred: dict, trials: dict[str, dict], two: dict) -> lis
                         f"{n} (planned)", f"{n} x {gib(footprint)} = {gib(n * footprint)} "
                         f"of {gib(usable)} usable", "n x measured <= usable",
                         n * footprint <= usable))
+    return rows
+
+
+#: the learning gate's bounds (`pmnet.gpu_check.learning`, whose docstring gives the
+#: measurements behind them): a rung's mean per-position held-out copy accuracy at least
+#: acc_min (1.5x chance, 1/26: 5.8%; at 2048 x 4 = 8192 predictions chance's standard error
+#: is 0.2 pp, and runs that stayed on the plateau read 3.1-4.4%, runs that left it 7.3-10.9%);
+#: its loss curve within curve_tol nats of the rung before it (the largest gap between
+#: windowed means over the second half of training: two eager fp32 runs that differ in
+#: seed, and so in when they leave the plateau, differ by up to 0.08-0.1; a run that stays
+#: on the plateau while the other learns, by 0.35-0.45); the batch rung's last window at
+#: most batch_slack nats above the rung before it (a larger batch learned no slower)
+LEARNING = {"acc_min": 1.5 / 26, "curve_tol": 0.25, "batch_slack": 0.1, "windows": 10}
+
+
+def loss_curve(losses: list[float], windows: int = LEARNING["windows"]) -> list[float]:
+    """A loss curve as the means of `windows` consecutive windows of equal length."""
+    n = max(1, len(losses) // windows)
+    return [sum(losses[i:i + n]) / len(losses[i:i + n]) for i in range(0, n * windows, n)
+            if losses[i:i + n]]
+
+
+def curve_gap(a: list[float], b: list[float]) -> float:
+    """The largest gap (nats) between two windowed loss curves (`loss_curve`) over the
+    second half of training (why not the first: `pmnet.gpu_check.learning`)."""
+    half = len(a) // 2
+    return max((abs(x - y) for x, y in zip(a[half:], b[half:])), default=0.0)
+
+
+def learning_rows(r: dict) -> list[Row]:
+    """The learning gate (issue 62): for each rung of Phase 0's ladder (eager fp32, then
+    bf16, compile, CUDA graphs, the preset's batch, each adding one setting), whether it
+    learns the copy (held-out per-position accuracy) and whether its loss curve agrees with
+    the rung before it. A failed row names the phase and the setting its rung added; the
+    rungs after the first failed one are reported, not judged (each carries the failed
+    setting too, so only the first names the setting that differs)."""
+    item = "phase 0 learns the copy"
+    if "error" in r:
+        return [_error_row(f"{item} (learning gate)", "learning", r)]
+    chance = 1 / 26
+    acc_min, tol = LEARNING["acc_min"], LEARNING["curve_tol"]
+    rows: list[Row] = []
+    previous, failed = None, None
+    for rung in r["rungs"]:
+        trial = f"phase 0: {rung['setting']}" + (
+            "" if rung["setting"] == "reference" else " added")
+        mine: list[Row] = []  # this rung's rows
+        add = mine.append
+        acc = rung["accuracy"]
+        mean = sum(acc) / len(acc) if acc else 0.0
+        curve = loss_curve(rung["losses"])
+        add(Row(f"{item}: held-out accuracy ({rung['label']})", trial,
+                f">= {acc_min:.1%} (1.5x chance {chance:.1%})",
+                f"{mean:.1%} (per position {', '.join(f'{a:.1%}' for a in acc)}); "
+                f"loss {curve[0]:.3f} -> {curve[-1]:.3f}"
+                + (f"; {rung['steps']} steps, {rung['wall_s']:.0f} s" if "wall_s" in rung else ""),
+                f">= {acc_min:.1%}",
+                mean >= acc_min))
+        if previous is not None:
+            before = loss_curve(previous["losses"])
+            if rung["setting"] == "batch":
+                slack = LEARNING["batch_slack"]
+                add(Row(f"{item}: last loss vs {previous['label']}", trial,
+                        f"<= {before[-1]:.3f} + {slack:g}", f"{curve[-1]:.3f}",
+                        f"<= +{slack:g} nats", curve[-1] <= before[-1] + slack))
+            else:
+                gap = curve_gap(curve, before)
+                add(Row(f"{item}: loss curve vs {previous['label']}", trial,
+                        f"gap <= {tol:g} nats", f"gap {gap:.3f} (last {curve[-1]:.3f} vs "
+                        f"{before[-1]:.3f})", f"<= {tol:g} nats", gap <= tol))
+        if failed is not None:  # after a failed rung: information
+            for row in mine:
+                row.ok, row.tolerance = None, f"not judged (after {failed})"
+        elif any(row.ok is False for row in mine):
+            failed = f"the failed {rung['setting']} rung"
+        rows += mine
+        previous = rung
+    for setting, why in r.get("skipped", {}).items():
+        rows.append(Row(f"{item}: {setting}", "phase 0", measured=f"not run ({why})"))
     return rows
 
 
