@@ -361,8 +361,9 @@ def test_report_html_has_every_table_and_figure(built):
     for table_id in ALL_TABLES:
         assert table_id in doc.tables, table_id
         assert doc.tables[table_id]["body"], table_id
-    expected_figs = {"fig-ltm-routing", "fig-consolidator-update", "fig-consolidator-content",
-                     "fig-dual-objective", "fig-training-phase1", "fig-training-phase2"}
+    expected_figs = {"fig-recall", "fig-ltm-routing", "fig-consolidator-update",
+                     "fig-consolidator-content", "fig-dual-objective", "fig-training-phase1",
+                     "fig-training-phase2"}
     assert set(doc.figures) == expected_figs
     for fig_id, srcs in doc.figures.items():
         assert len(srcs) == 1 and srcs[0].startswith("data:image/png;base64,"), fig_id
@@ -390,6 +391,90 @@ def test_report_html_has_every_table_and_figure(built):
     records = json.loads((run / "report" / "data" / "run_records.json").read_text())
     assert records["hardware"] == "2 CPU cores" and records["grid"]["seeds"] == [42, 43, 44]
     assert "descriptive" in text
+
+
+class _Body(HTMLParser):
+    """The body's elements in order, as (tag, id), and the text of each body paragraph."""
+
+    VOID = {"img", "br", "hr", "meta", "wbr", "input", "link"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.children: list[tuple[str, str | None]] = []
+        self.text: dict[str, str] = {}
+        self._depth = -1  # -1: outside <body>; 0: in it, between its children
+        self._p: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "body":
+            self._depth = 0
+            return
+        if self._depth < 0:
+            return
+        if self._depth == 0:
+            self.children.append((tag, a.get("id")))
+            if tag == "p" and a.get("id"):
+                self._p = a["id"]
+                self.text[self._p] = ""
+        if tag not in self.VOID:
+            self._depth += 1
+
+    def handle_endtag(self, tag):
+        if self._depth > 0 and tag not in self.VOID:
+            self._depth -= 1
+            if self._depth == 0:
+                self._p = None
+
+    def handle_data(self, data):
+        if self._p is not None:
+            self.text[self._p] += data
+
+
+def body_children(text: str) -> list[tuple[str, str | None]]:
+    parser = _Body()
+    parser.feed(text)
+    return parser.children
+
+
+def test_the_page_opens_with_the_recall_figure_then_a_three_sentence_verdict(built):
+    """Issue 64, what a person reads first: right under the title the figure of our recall
+    beside the paper's and the output-set baseline (inline PNG), then the verdict in three
+    sentences, then the notes and the tables; the figure is not repeated below."""
+    run, paths = built
+    text = paths["html"].read_text(encoding="utf-8")
+    parser = _Body()
+    parser.feed(text)
+    children = parser.children
+    assert children[0] == ("h1", None)
+    assert children[1] == ("figure", "fig-recall"), children[:4]
+    assert children[2] == ("p", "verdict"), children[:4]
+    assert children.index(("table", "tab:headline")) > 2
+    doc = parse_html(text)
+    src = doc.figures["fig-recall"]
+    assert len(src) == 1 and base64.b64decode(src[0].split(",", 1)[1])[:4] == b"\x89PNG"
+    assert text.count('id="fig-recall"') == 1 and paths["fig-recall.png"].is_file()
+    sentences = re.split(r"(?<=\.) (?=[A-Z0-9])", parser.text["verdict"])
+    assert len(sentences) == 3 and all(s.endswith(".") for s in sentences), sentences
+    # its numbers are the headline's: Consolidator only's recall, the paper's, the baseline
+    paper = " against the paper's 87.02%" if paper_or_none() is not None else ""
+    assert sentences[0].startswith("Consolidator only, the paper's capability arm, recalls "
+                                   f"87.3% of updated mappings over 3 trials{paper}, 46.8 pp "
+                                   "above the 40.5%")
+    headline = _md_rows(paths["tab-headline.md"].read_text())
+    claims = _md_rows(paths["tab-claims.md"].read_text())[2:]
+    assert headline[2][1].startswith("87.30") and headline[2][4] == "87.3 vs 40.5"
+    reproduce = sum(r[-1].startswith("reproduces") for r in claims)
+    assert sentences[1] == f"Of the {reproduce} claims in tab:claims, {reproduce} reproduce."
+    # what the figure shows: each arm's mean, the paper's mean, the baseline
+    from pmnet.report import front
+
+    trials = report.Trials.build(stats.load_results(run / "results"), seeds=[42, 43, 44],
+                                 paper=paper_or_none())
+    on = {a.condition: a for a in front.arms(front.front_frame(trials), trials.paper,
+                                             "updated_ltm")}["consolidator_only"]
+    assert (round(on.mean, 2), round(on.baseline, 2), on.n) == (87.3, 40.5, 3)
+    assert on.paper == (87.02 if trials.paper is not None else None)
 
 
 def test_report_lists_missing_results(built):
@@ -451,10 +536,12 @@ def test_report_from_empty_results_dir(tmp_path):
     paths = report.main_report(tmp_path)
     text = paths["html"].read_text(encoding="utf-8")
     doc = parse_html(text)
-    assert not [t for t in doc.tables if t.startswith("tab:")] and not doc.figures
+    assert not [t for t in doc.tables if t.startswith("tab:")]
+    assert doc.figures == {"fig-recall": []}  # issue 64: it opens with its figure, saying why
+    assert body_children(text)[1] == ("figure", "fig-recall")
     # nothing ran: no table of results; one line names them all and the grids that run them
     assert all(t in text[text.index("Not run here, so not printed"):] for t in ALL_TABLES)
-    assert text.count("Figure skipped") == 5
+    assert text.count("Figure skipped") == 6
     assert "no result: consolidator_only seeds 42, 43, 44, 45, 46" in text
 
 
@@ -1611,6 +1698,23 @@ def test_a_family_phase1_did_not_learn_is_marked_and_gives_no_verdict(tmp_path, 
                                                      ("1", "learned", "learned")]
     assert claims["Routing on: updated LTM above the output-set baseline, ADD10 (pp)"] \
         .startswith("reproduces")
+    # issue 64: the page's verdict counts those claims and names the family not learned
+    verdict = page_verdict(paths["html"])
+    family = sum(v.startswith("no verdict: ") and "not learned" in v for v in claims.values())
+    assert verdict[1].endswith(f" and {family} get no verdict because they read a rule family "
+                               "Phase 1 did not learn."), verdict
+    status = "not learned" if len(affine10_stm) == 1 else "not learned on 1 of 2 checkpoints (0)"
+    assert verdict[2].startswith("Phase 1 learned ADD10 (STM 100.0% against its 50.0% "
+                                 "output-set baseline), but AFFINE10 (STM "), verdict
+    assert verdict[2].endswith(f"output-set baseline) is {status}, so no claim is read off a "
+                               "family it did not learn."), verdict
+
+
+def page_verdict(html_path: Path) -> list[str]:
+    """The sentences of a report page's verdict (issue 64)."""
+    parser = _Body()
+    parser.feed(html_path.read_text(encoding="utf-8"))
+    return re.split(r"(?<=\.) (?=[A-Z0-9])", parser.text["verdict"])
 
 
 def test_both_families_learned_leave_every_claim_its_verdict(tmp_path):
@@ -1630,3 +1734,10 @@ def test_both_families_learned_leave_every_claim_its_verdict(tmp_path):
         .startswith("learned")
     # across checkpoints, each per-family effect is the mixed model's, like the paper's claims
     assert all(claims[c].endswith("over 2 checkpoints") for c in paired), claims
+    verdict = page_verdict(paths["html"])  # issue 64
+    assert len(verdict) == 3 and "no verdict" not in verdict[1]
+    assert verdict[0].startswith("Consolidator only, the paper's capability arm, recalls "
+                                 "82.0% of updated mappings over 10 trials on 2 Phase-1 "
+                                 "checkpoints")
+    assert "(ADD10 87.0% vs 50.0%, AFFINE10 77.0% vs 34.5%)" in verdict[0]
+    assert verdict[2].startswith("Phase 1 learned every rule family: ADD10 (STM 100.0%")

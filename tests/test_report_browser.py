@@ -1,22 +1,28 @@
 """The report a person sees first, in a real browser (issue 35): the committed issue-21 and
 issue-23 runs' report.html, rebuilt from their records, laid out by headless Chromium in a
 1,280-pixel window: nothing wider than the window, and every table row with a value of ours.
+Issue 64: every table of the reports built from the test fixtures (the paper's six
+conditions; the synthetic checkpoint store, the most columns) fits that window, and no cell is
+cut or reaches outside its table.
 
 Needs a ``chromium`` executable (``make test`` installs Debian's package when it can); the
 tests skip, saying why, without one."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from pmnet import report
+from pmnet import report, stats
 from pmnet.report.page import html_page
 from tests.support.browser_check import WIDTH, chromium, measure
+from tests.support.checkpoint_store import synthetic_store
 
 RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "results"
 #: committed runs and the records beside results/ their report reads
 RUNS = {
     "issue21/pipeline-cpu-20261124": ("pipeline.json", "timing.json", "phase1-p1s0",
@@ -62,6 +68,46 @@ def test_the_committed_reports_fit_a_1280_pixel_window(tmp_path, name):
     assert problems(verdict) == []
 
 
+def table_problems(verdict: dict) -> list[str]:
+    """Each table wider than the window, and each cell cut by its table (issue 64)."""
+    out = []
+    for t in verdict["table_sizes"]:
+        width = max(t["width"], t["scrollWidth"])
+        if width > WIDTH:
+            out.append(f"{t['table']}: {width} px wide in a {WIDTH} px window")
+        out += [f"{t['table']}: cell cut or outside the table: {c!r}" for c in t["cut"]]
+    return out
+
+
+def paper_fixture_report(into: Path) -> Path:
+    """tests/test_report.py's `built` run: the fixture results of the paper's six
+    conditions, with a Phase-1 curve and a pipeline record."""
+    run = into / "run"
+    shutil.copytree(FIXTURES, run / "results")
+    (run / "phase1").mkdir()
+    (run / "phase1" / "metrics.csv").write_text("epoch,step,train/loss\n0,1,2.5\n1,3,1.5\n")
+    (run / "pipeline.json").write_text(json.dumps({
+        "preset": "debug", "git_commit": "0123abc", "hardware": "2 CPU cores",
+        "grid": {"conditions": list(stats.CONDITIONS), "seeds": [42, 43, 44]}}))
+    return report.main_report(run)["html"]
+
+
+def checkpoint_store_report(into: Path) -> Path:
+    """tests/test_report_checkpoint_study.py's synthetic store: five Phase-1 checkpoints,
+    eight arms, every checkpoint table (the widest: one column per effect)."""
+    return report.main_report(synthetic_store(into / "store").root)["html"]
+
+
+@pytest.mark.parametrize("build", [paper_fixture_report, checkpoint_store_report],
+                         ids=["paper-fixture", "checkpoint-store"])
+def test_every_table_fits_a_1280_pixel_window_without_a_cut_column(tmp_path, build):
+    verdict = measure(build(tmp_path).read_text(encoding="utf-8"))
+    assert verdict["innerWidth"] == WIDTH
+    assert len(verdict["table_sizes"]) >= 10  # the page was laid out, tables and all
+    assert table_problems(verdict) == []
+    assert problems(verdict) == []
+
+
 def _table(rows: list[list[str]], caption: str = "") -> str:
     body = "".join("<tr><th>r</th>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
                    for row in rows)
@@ -87,3 +133,16 @@ def test_the_check_catches_a_row_without_a_value_of_ours():
                                    + "</body>"))
     assert [r["table"] for r in verdict["empty_rows"]] == ["tab:x"]
     assert problems(verdict) == [f"row without a value of ours: {verdict['empty_rows'][0]}"]
+
+
+def test_the_table_check_catches_a_wide_table_and_a_cut_cell():
+    page = html_page({}, [], [], [], {}, [], [])
+    wide = measure(page.replace("</body>", _table([["9" * 400, "1.0"]]) + "</body>"))
+    assert any("tab:x" in p and "px wide" in p for p in table_problems(wide)), wide
+    fixed = _table([["9" * 60, "1.0"]]).replace(
+        '<table id="tab:x">', '<table id="tab:x" style="table-layout:fixed;width:300px">')
+    cut = measure(page.replace("</body>", fixed + "</body>"))
+    assert [p for p in table_problems(cut) if "cut" in p] == [
+        f"tab:x: cell cut or outside the table: {'9' * 60!r}"], cut["table_sizes"]
+    assert table_problems(measure(page.replace("</body>", _table([["12.3", "1.0"]])
+                                               + "</body>"))) == []

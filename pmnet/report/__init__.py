@@ -10,10 +10,12 @@ as "—" and the table's footnote names it; a cell over fewer seeds than expecte
 Figures use matplotlib's object-oriented API on the Agg canvas (no pyplot, no display), and
 a figure whose data is missing is skipped with a note instead of failing.
 
-:func:`build_report` writes one self-contained HTML page (inline CSS, figures as base64 PNG)
-and a Markdown twin (figures linked as files) plus the tables (.md/.tex), the figures
-(.png/.pdf) and the tidy data (.csv/.parquet); :func:`main_report` does it for a pipeline run
-directory (``RUN_DIR/results/*.json`` -> ``RUN_DIR/report/``).
+:func:`build_report` writes one self-contained HTML page (inline CSS, figures as base64 PNG;
+it opens with a figure of our recall beside the paper's and the output-set baseline, then a
+verdict in three sentences, then the tables) and a Markdown twin (figures linked as files,
+without that opening) plus the tables (.md/.tex), the figures (.png/.pdf) and the tidy data
+(.csv/.parquet); :func:`main_report` does it for a pipeline run directory
+(``RUN_DIR/results/*.json`` -> ``RUN_DIR/report/``).
 
 Modules (each imports only those above it):
 
@@ -26,6 +28,7 @@ Modules (each imports only those above it):
 ``facts``         "What ran" and "Missing results"
 ``page``          the HTML page and its Markdown twin
 ``trials``        :class:`Trials`: the trials of a report, scoped for the paper's tables
+``front``         what the page opens with: the recall figure and the three-sentence verdict
 ``studies``       the studies beyond the paper, one module each behind one interface
 ``build``         :func:`build_report`, :func:`main_report`
 ================  ========================================================================

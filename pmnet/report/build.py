@@ -30,6 +30,7 @@ from pmnet.report.figures import (
     paper_figures,
     save_figure,
 )
+from pmnet.report.front import front_matter
 from pmnet.report.page import RAW_RECORDS, html_page, markdown_page
 from pmnet.report.paper_tables import paper_tables
 from pmnet.report.studies import STUDIES, Findings
@@ -146,7 +147,9 @@ def build_report(
     it is absent; ``None`` leaves them out. ``diagnostics``: the trials' ``pmnet diagnose``
     records (:func:`stats.load_diagnostics`), read by the studies that use them.
 
-    Written (atomically): ``report.html`` (self-contained), ``report.md`` (figures linked),
+    Written (atomically): ``report.html`` (self-contained; it opens with
+    :func:`pmnet.report.front.figure_recall` and a three-sentence verdict, then the tables),
+    ``report.md`` (figures linked),
     ``tables/<id>.md|.tex`` and ``tables/all_tables.tex``, ``figures/<id>.png|.pdf``,
     ``data/trials.csv|.parquet`` (every trial), ``data/summary.csv`` (per arm: a named variant
     is its own row), ``data/comparisons.csv`` (the paper's family), ``data/claims.json`` (the
@@ -185,7 +188,8 @@ def build_report(
     missing = _missing(trials, list(expected_conditions or grid_conditions or CONDITIONS),
                        list(families.values())) + [m for f in findings for m in f.missing]
 
-    paths = _write_figures(figures, out / "figures")
+    front, verdict = front_matter(trials, tables)  # what a person reads first (issue 64)
+    paths = _write_figures([front, *figures], out / "figures")
     paths.update(_write_tables(tables, out / "tables"))
     data = {"summary.csv": stats.summarize(stats.by_arm(trials.derived)), **families}
     data.update({name: frame for found in findings for name, frame in found.data.items()})
@@ -202,9 +206,12 @@ def build_report(
                   if f.figure is not None}
     paths["markdown"] = atomic_write_text(out / "report.md", markdown_page(
         meta, facts, tables, figures, figure_files, missing, trials.notes, not_printed))
+    if front.figure is not None:
+        figure_png[front.id] = paths[f"{front.id}.png"].read_bytes()
     paths["html"] = atomic_write_text(out / "report.html", html_page(
-        meta, facts, tables, figures, figure_png, missing, trials.notes, not_printed))
-    for fig in figures:
+        meta, facts, tables, figures, figure_png, missing, trials.notes, not_printed,
+        front=front, verdict=verdict))
+    for fig in [front, *figures]:
         if fig.figure is not None:
             fig.figure.clear()
     return paths

@@ -70,6 +70,7 @@ th,td{border-top:1px solid #ddd;border-bottom:1px solid #ddd;padding:.25em .6em;
 white-space:nowrap}
 thead th{border-bottom:2px solid #444;text-align:center;white-space:normal;vertical-align:bottom}
 tbody th{text-align:left;font-weight:normal;white-space:normal;min-width:6em}
+td.text{white-space:normal}
 td.pair{white-space:normal}.ours,.paper{white-space:nowrap}
 td.aside{color:#444}sup.fn{color:#555}p.fn sup{font-weight:600}
 tr.rule{border-top:2px solid #888}
@@ -80,6 +81,7 @@ td.wrap,th.wrap{white-space:normal;min-width:12em}
 .skipped{color:#a40;font-style:italic}
 figure{margin:1.5em 0}figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.85em;color:#444}
+p.verdict{font-size:1.05em;margin:1em 0 1.5em}
 code{background:#f4f4f4;padding:0 .2em}
 dl.meta dt{font-weight:600}dl.meta dd{margin:0 0 .4em 1.2em;font-family:monospace;
 overflow-wrap:anywhere}
@@ -89,6 +91,26 @@ table.facts td{text-align:left;white-space:normal;overflow-wrap:anywhere}
 
 
 FRONT_TABLES = ("tab:headline", "tab:claims")
+
+
+def _figure_html(fig: FigureResult, figure_data: Mapping[str, bytes], front: bool = False
+                 ) -> str:
+    """A figure as an inline PNG with its caption; a skipped one as a line that says why (the
+    ``front`` figure: as a figure that says why, so that the page still opens with it)."""
+    esc = html.escape
+    if fig.id not in figure_data:
+        if front:
+            return (f'<figure id="{esc(fig.id)}" class="skipped"><figcaption>Figure skipped: '
+                    f"{esc(fig.title)} ({esc(fig.skipped or 'no data')}).</figcaption>"
+                    "</figure>")
+        return (f'<p class="skipped" id="{esc(fig.id)}">Figure skipped: '
+                f"{esc(fig.title)} ({esc(fig.skipped or 'no data')}).</p>")
+    data = base64.b64encode(figure_data[fig.id]).decode("ascii")
+    caption = fig.caption + ("" if not fig.notes else " " + "; ".join(fig.notes) + ".")
+    return "\n".join([
+        f'<figure id="{esc(fig.id)}">',
+        f'<img src="data:image/png;base64,{data}" alt="{esc(fig.title)}">',
+        f"<figcaption><strong>{esc(fig.title)}.</strong> {esc(caption)}</figcaption></figure>"])
 
 
 #: The pipeline's raw records (pipeline.json, timing, Stage 1), under the report's data/.
@@ -104,7 +126,13 @@ def html_page(
     missing: Sequence[str],
     notes: Sequence[str],
     not_printed: Sequence[str] = (),
+    *,
+    front: FigureResult | None = None,
+    verdict: Sequence[str] = (),
 ) -> str:
+    """The page. ``front`` (with its PNG in ``figure_data``) and ``verdict``: what a person
+    reads first (issue 64), the figure right under the title, the verdict's sentences under
+    it, then the notes and the tables."""
     esc = html.escape
     by_id = {t.id: t for t in tables}
     out = [
@@ -113,8 +141,13 @@ def html_page(
         "<title>PMNet Consolidator reproduction report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>PMNet Consolidator: reproduction report</h1>",
-        f'<p class="note">Generated {esc(_dt.datetime.now().isoformat(timespec="seconds"))}.</p>',
     ]
+    if front is not None:
+        out.append(_figure_html(front, figure_data, front=True))
+    if verdict:
+        out.append(f'<p id="verdict" class="verdict">{esc(" ".join(verdict))}</p>')
+    out.append(f'<p class="note">Generated '
+               f'{esc(_dt.datetime.now().isoformat(timespec="seconds"))}.</p>')
     for note in notes:
         out.append(f'<p class="note">{esc(note)}</p>')
     if "tab:headline" in by_id:
@@ -137,16 +170,7 @@ def html_page(
             out.append(table.to_html())
     out.append('<h2 id="figures">Figures</h2>')
     for fig in figures:
-        if fig.id in figure_data:
-            data = base64.b64encode(figure_data[fig.id]).decode("ascii")
-            out.append(f'<figure id="{esc(fig.id)}">')
-            out.append(f'<img src="data:image/png;base64,{data}" alt="{esc(fig.title)}">')
-            caption = fig.caption + ("" if not fig.notes else " " + "; ".join(fig.notes) + ".")
-            out.append(f"<figcaption><strong>{esc(fig.title)}.</strong> {esc(caption)}"
-                       "</figcaption></figure>")
-        else:
-            out.append(f'<p class="skipped" id="{esc(fig.id)}">Figure skipped: '
-                       f"{esc(fig.title)} ({esc(fig.skipped or 'no data')}).</p>")
+        out.append(_figure_html(fig, figure_data))
     out.append('<h2 id="missing-results">Missing results</h2>')
     if missing:
         out.append("<ul>" + "".join(f"<li>{esc(m)}</li>" for m in missing) + "</ul>")

@@ -9,6 +9,7 @@ the table (:data:`FOOTNOTE_CHARS`)."""
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass, field
 
 from pmnet.report.cells import MISSING, Cell, escape, format_cell, tex_escape, text_cell
@@ -16,6 +17,20 @@ from pmnet.report.cells import MISSING, Cell, escape, format_cell, tex_escape, t
 #: A text cell longer than this, outside the label columns and the columns that wrap
 #: (``p{...}``), becomes a numbered footnote, so that no table is wider than the page.
 FOOTNOTE_CHARS = 40
+
+
+#: an identifier of at least this many characters (``consolidator_only_routing_off``) may
+#: wrap after its underscores on the page
+LONG_NAME = re.compile(r"\b\w*_\w*\b")
+LONG_NAME_CHARS = 16
+
+
+def breakable(markup: str) -> str:
+    """HTML text with a line-break opportunity (``<wbr>``) after each underscore of a long
+    identifier, so that a header, a row label or a text cell that names one can wrap where
+    its column is narrower than the name; it reads the same."""
+    return LONG_NAME.sub(lambda m: m.group(0).replace("_", "_<wbr>")
+                         if len(m.group(0)) >= LONG_NAME_CHARS else m.group(0), markup)
 
 
 @dataclass
@@ -168,7 +183,8 @@ class Table:
             f"<caption><code>{html.escape(self.id)}</code> {html.escape(self.caption)}</caption>"
         )
         out.append(
-            "<thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+            "<thead><tr>" + "".join(f"<th>{breakable(html.escape(c))}</th>"
+                                    for c in self.columns)
             + "</tr></thead>"
         )
         out.append("<tbody>")
@@ -181,11 +197,17 @@ class Table:
                 classes = " ".join(c for c, on in (
                     ("missing", cell.is_missing and cell.kind != "na"),
                     ("wrap", (self.align or [])[j].startswith("p")),
+                    # text may wrap at its spaces where the table is wider than the page;
+                    # numbers keep to one line
+                    ("text", cell.kind == "text" and j >= self.labels
+                     and not (self.align or [])[j].startswith("p")),
                     ("aside", j in self.asides and j >= self.labels),
                     ("pair", cell.paper is not None and not cell.paper.is_missing)) if on)
                 attr = f' class="{classes}"' if classes else ""
                 body = (f'<sup class="fn">{marks[(i, j)]}</sup>' if (i, j) in marks
                         else format_cell(cell, "html"))
+                if cell.kind == "text" and cell.paper is None:
+                    body = breakable(body)
                 cells.append(f"<{tag}{attr}>{body}</{tag}>")
             out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
         out.append("</tbody></table>")

@@ -27,7 +27,9 @@ WIDTH = 1280
 #: Appended to the page: measures after layout, writes the verdict as JSON into
 #: <pre id="width-verdict">. A row "has a value of ours" when one of its <td> that is not an
 #: aside (the paper's value, a verdict, a note) shows text other than the missing mark, once
-#: the paper's parenthesised values and footnote markers are taken out.
+#: the paper's parenthesised values and footnote markers are taken out. ``table_sizes``: each
+#: table's laid-out width and scrollWidth, and its cells whose content overflows them or that
+#: reach outside the table (issue 64: a cut column).
 SCRIPT = r"""
 <script>
 (function () {
@@ -60,12 +62,24 @@ SCRIPT = r"""
                              row: tr.textContent.trim().slice(0, 80)});
     }
   }
+  const sizes = [];
+  for (const t of document.querySelectorAll('table')) {
+    const r = t.getBoundingClientRect();
+    const cut = [];
+    for (const c of t.querySelectorAll('th, td')) {
+      const cr = c.getBoundingClientRect();
+      if (c.scrollWidth > c.clientWidth + 1 || cr.right > r.right + 0.5
+          || cr.left < r.left - 0.5) cut.push((c.textContent || '').trim().slice(0, 60));
+    }
+    sizes.push({table: t.id || t.className || 'table', width: Math.round(r.width),
+                scrollWidth: t.scrollWidth, cut: cut.slice(0, 10)});
+  }
   const pre = document.createElement('pre');
   pre.id = 'width-verdict';
   pre.textContent = JSON.stringify({
     innerWidth: vw, scrollWidth: document.documentElement.scrollWidth,
     tables: document.querySelectorAll('table').length, wide: wide.slice(0, 50),
-    n_wide: wide.length, empty_rows: empty});
+    n_wide: wide.length, empty_rows: empty, table_sizes: sizes});
   document.body.appendChild(pre);
 })();
 </script>
