@@ -46,8 +46,13 @@ HOST ?=
 PORT ?=
 ALLOWED_HOSTS ?=
 
+# `make help` fills {presets} in with the names of the one preset registry (pmnet/config.py's
+# PRESETS; it imports no torch, so the venv's Python or a bare python3 reads it)
+HELP_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
+	@presets=$$($(HELP_PY) -c 'from pmnet.config import PRESETS; print("|".join(PRESETS))' 2>/dev/null || echo "a preset of pmnet/config.py"); \
+	grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed "s#{presets}#$$presets#g" | awk 'BEGIN{FS=":.*?## "}{printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -82,7 +87,7 @@ gpu-check: $(GPU_CHECK_DEPS) ## run first on a new GPU: the GPU path's predictio
 bench: install ## speed benchmark of the model (writes benchmarks/results/*.json)
 	$(PY) benchmarks/bench_model.py
 
-pipeline: install ## run the whole pipeline (PRESET=paper|cpu|debug|small|medium, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints|checkpoint_channel|ladder|add10_long, SET='compile=off lr=1e-3' TrainConfig overrides, space-separated (each a --set), CPUS_PER_TRIAL=, GPUS_PER_TRIAL= (a fraction of one GPU), MAX_FAILURES=, MAX_CONCURRENT= per-trial resources and retries, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run PRESET=paper without a GPU; STORE=dir fills a durable store as well (and rebuilds its report), PHASE1_SEEDS=3,4 sets the grid's Phase-1 checkpoints, MAX_WALL=seconds stops between waves of checkpoints and pauses a Phase 1 at an epoch end)
+pipeline: install ## run the whole pipeline (PRESET={presets}, GRID=default|paper|core|tiny|operators|segments|phase1_variance|baselines|checkpoints|checkpoint_channel|ladder|add10_long, SET='compile=off lr=1e-3' TrainConfig overrides, space-separated (each a --set), CPUS_PER_TRIAL=, GPUS_PER_TRIAL= (a fraction of one GPU), MAX_FAILURES=, MAX_CONCURRENT= per-trial resources and retries, VARIANTS=T2-full,... CONDITIONS=a,b SEEDS=42,43 to narrow the grid, NAME=run name, PHASE1=reuse a Phase-1 checkpoint, GPU_MEM=GiB per GPU, ALLOW_CPU_PAPER=1 to run a preset built for a GPU without one; STORE=dir fills a durable store as well (and rebuilds its report), PHASE1_SEEDS=3,4 sets the grid's Phase-1 checkpoints, MAX_WALL=seconds stops between waves of checkpoints and pauses a Phase 1 at an epoch end)
 	$(PY) -m pipelines.run start $(if $(PRESET),--preset $(PRESET)) $(if $(GRID),--grid $(GRID)) $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(CONDITIONS),--conditions $(CONDITIONS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(NAME),--name $(NAME)) $(if $(PHASE1),--phase1-from $(PHASE1)) $(if $(GPU_MEM),--gpu-mem $(GPU_MEM)) $(if $(ALLOW_CPU_PAPER),--allow-cpu-paper) $(if $(STORE),--store $(STORE)) $(if $(PHASE1_SEEDS),--phase1-seeds $(PHASE1_SEEDS)) $(if $(MAX_WALL),--max-wall $(MAX_WALL)) $(foreach s,$(SET),--set '$(s)') $(if $(CPUS_PER_TRIAL),--cpus-per-trial $(CPUS_PER_TRIAL)) $(if $(GPUS_PER_TRIAL),--gpus-per-trial $(GPUS_PER_TRIAL)) $(if $(MAX_FAILURES),--max-failures $(MAX_FAILURES)) $(if $(MAX_CONCURRENT),--max-concurrent $(MAX_CONCURRENT)) --root $(RUNS)
 
 resume: install ## resume the last (or NAME=...) pipeline on the Ray address it last ran on (RAY_ADDRESS=local: on local Ray; MAX_WALL=seconds: stop between waves of checkpoints)

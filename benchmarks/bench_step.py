@@ -346,11 +346,11 @@ def main(argv=None) -> int:
     args.presets = [p for p in args.presets.split(",") if p]
     if args.presets:  # every preset must exist before any worker starts
         sys.path.insert(0, str(REPO))
-        from pmnet.train.config import TRAIN_PRESETS
+        from pmnet.config import PRESETS
 
-        unknown = [p for p in args.presets if p not in TRAIN_PRESETS]
+        unknown = [p for p in args.presets if p not in PRESETS]
         if unknown or len(set(args.presets)) != len(args.presets):
-            ap.error(f"--presets must name distinct presets of {', '.join(TRAIN_PRESETS)}; "
+            ap.error(f"--presets must name distinct presets of {', '.join(PRESETS)}; "
                      f"got {','.join(args.presets)}")
         args.variants = ["eager"]
 

@@ -1,6 +1,7 @@
 """How long a pipeline of the `paper` preset would run on CPUs: one measured figure, kept here.
 
-`make pipeline PRESET=paper` where the chosen nodes have no GPU is refused before anything is
+`make pipeline PRESET=paper` (a preset built for a GPU: `needs_gpu` in its entry of
+`pmnet.config.PRESETS`) where the chosen nodes have no GPU is refused before anything is
 written (`pipelines.plan`, exit 2) with this estimate, unless `--allow-cpu-paper` asks for it.
 
 The figure: one training step of the paper model (29.95M parameters) on one two-segment

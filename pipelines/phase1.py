@@ -19,7 +19,7 @@ from typing import Any
 from pipelines.console import say
 from pipelines.layout import PipelineError, read_json
 from pipelines.records import Stage1Record, canon, normalized_config
-from pmnet.conditions import PHASE2_ONLY_FIELDS
+from pmnet.conditions import LATE_FIELD_DEFAULTS, PHASE2_ONLY_FIELDS
 from pmnet.store_layout import config_digest, unit_name
 
 
@@ -132,8 +132,11 @@ def existing_phase1(slot: Phase1Slot, *, repair: bool = False) -> str | None:
 
 
 def phase1_part(cfg_d: dict) -> dict:
-    """The Phase-1 part of a TrainConfig dict (what the Phase-1 checkpoint depends on)."""
-    return {k: v for k, v in canon(cfg_d).items() if k not in PHASE2_ONLY_FIELDS}
+    """The Phase-1 part of a TrainConfig dict (what the Phase-1 checkpoint depends on); a field
+    added since stores were written is left out while at its default (`LATE_FIELD_DEFAULTS`:
+    stored Phase-1 units keep their hash)."""
+    return {k: v for k, v in canon(cfg_d).items() if k not in PHASE2_ONLY_FIELDS
+            and not (k in LATE_FIELD_DEFAULTS and v == LATE_FIELD_DEFAULTS[k])}
 
 
 def phase1_config_hash(cfg) -> str:

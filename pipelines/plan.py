@@ -75,13 +75,17 @@ class Plan:
 
 
 def choose_preset(preset: str | None, cluster: ClusterInfo) -> tuple[str, str]:
-    """(preset, why): an explicit preset wins; else `paper` when a node of the cluster has a
-    GPU (Ray's resources, not the driver's own torch), `cpu` when none has."""
+    """(preset, why): an explicit preset wins; else the registry's default on GPU nodes when a
+    node of the cluster has a GPU (Ray's resources, not the driver's own torch), its default
+    on CPU nodes when none has (`pmnet.config.default_preset`: a preset's `default_on`)."""
+    from pmnet.config import default_preset
+
     if preset:
         return preset, "given with --preset / PRESET="
     if cluster.has_gpu:
-        return "paper", (f"{len(cluster.gpu_nodes)} node(s) of {cluster.where} have a GPU")
-    return "cpu", f"no node of {cluster.where} has a GPU"
+        return default_preset("gpu"), (f"{len(cluster.gpu_nodes)} node(s) of {cluster.where} "
+                                       "have a GPU")
+    return default_preset("cpu"), f"no node of {cluster.where} has a GPU"
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
@@ -165,7 +169,8 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     `cluster`: the nodes to plan for (default: `describe_cluster`: this machine without
     starting Ray, or the running cluster at the Ray address). `gpu_mem_gib`: the memory of
     each GPU in GiB, instead of what `nvidia-smi` reports on the GPU nodes.
-    `allow_cpu_paper`: run the paper preset even where the chosen nodes have no GPU."""
+    `allow_cpu_paper`: run a preset built for a GPU (`TrainConfig.needs_gpu`) even where the
+    chosen nodes have no GPU."""
     from pmnet.train import TrainConfig
 
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib)
@@ -309,14 +314,17 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
         raise PipelineError(
             f"--stage1-cpus {plan.stage1_cpus:g}: Stage 1 runs on one {kind} and the largest "
             f"of {where} has {largest:g} CPUs ({cluster.describe()})")
-    if cfg.preset == "paper" and not gpu and not allow_cpu_paper:
+    if cfg.needs_gpu and not gpu and not allow_cpu_paper:
+        from pmnet.config import default_preset
+
         total = sum(n.cpus for n in cluster.nodes)
         est = estimate(cfg, n_trials=sp.n_trials, cpus=total)
+        on_cpu = default_preset("cpu")
         raise PipelineError(
-            f"the paper preset is built for a GPU, and its trials would train on CPUs here "
-            f"(no GPU on the chosen nodes of {where}): the whole pipeline would take "
-            f"{est.describe()}. Run it where a GPU is, or choose the cpu preset (PRESET=cpu), "
-            "or pass --allow-cpu-paper if you mean it")
+            f"the {cfg.preset} preset is built for a GPU, and its trials would train on CPUs "
+            f"here (no GPU on the chosen nodes of {where}): the whole pipeline would take "
+            f"{est.describe()}. Run it where a GPU is, or choose the {on_cpu} preset "
+            f"(PRESET={on_cpu}), or pass --allow-cpu-paper if you mean it")
     if not gpu:
         return plan
     card = int(gpu_mem_gib * 2**30) if gpu_mem_gib is not None else cluster.card_bytes

@@ -73,38 +73,20 @@ def _compute(p: argparse.ArgumentParser) -> None:
                         "the largest node)")
 
 
-#: in a help text, replaced by the names of `pmnet.train.config.TRAIN_PRESETS` when the help
-#: is shown (the registry imports torch: read only for --help, not for every command)
-PRESETS_PLACEHOLDER = "{presets}"
-
-
-class RegistryHelp(argparse.HelpFormatter):
-    """Help texts that list a registry's names as the code has them (`--preset`)."""
-
-    def _get_help_string(self, action):
-        text = super()._get_help_string(action) or ""
-        if PRESETS_PLACEHOLDER in text:
-            text = text.replace(PRESETS_PLACEHOLDER, " | ".join(preset_names()))
-        return text
-
-
-def preset_names() -> list[str]:
-    from pmnet.train.config import TRAIN_PRESETS
-
-    return list(TRAIN_PRESETS)
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("start", help="run a new pipeline (or continue one with the same name "
-                                     "and configuration)", formatter_class=RegistryHelp)
+                                     "and configuration)")
     _common(p)
+    # the presets as the registry has them (light: pmnet.config imports no torch)
+    from pmnet.config import PRESETS, default_preset
+
     p.add_argument("--preset", default=None,
-                   help=f"{PRESETS_PLACEHOLDER} (default: paper with a CUDA GPU, cpu "
-                        "otherwise)")
+                   help=f"{' | '.join(PRESETS)} (default: {default_preset('gpu')} when a node "
+                        f"has a GPU, {default_preset('cpu')} otherwise)")
     from tune_spaces import SPACES  # light: no torch, Ray or MLflow
 
     p.add_argument("--grid", default="default",
@@ -137,9 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-mem", type=float, default=None, metavar="GIB",
                    help="memory of each GPU in GiB (default: what nvidia-smi reports on the "
                         "GPU nodes); each condition's GPU share is chosen to fit it")
+    gpu_presets = ", ".join(n for n, pr in PRESETS.items() if pr.needs_gpu) or "none"
     p.add_argument("--allow-cpu-paper", action="store_true",
-                   help="run the paper preset even where the chosen nodes have no GPU "
-                        "(refused otherwise, with the estimated time: days to years)")
+                   help=f"run a preset built for a GPU ({gpu_presets}) even where the chosen "
+                        "nodes have no GPU (refused otherwise, with the estimated time: days "
+                        "to years)")
     p.add_argument("--phase1-from", default=None, metavar="PATH",
                    help="reuse a finished Phase-1 checkpoint (a phase1.pt or its directory, "
                         "e.g. another pipeline's <run>/phase1) instead of training one; it "

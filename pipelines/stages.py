@@ -47,7 +47,7 @@ from pipelines.records import (
     TrialState,
     canon,
 )
-from pipelines.tracking import Runs, TrialRuns, log_claims, stage_run
+from pipelines.tracking import Runs, TrialRuns, log_claims, model_as_artifact, stage_run
 from pipelines.tracking_uri import EMBEDDED
 from pmnet.trial_id import TrialId
 
@@ -442,7 +442,7 @@ def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
         if res.get("routes"):
             drop = res["routes"]["stm_random_routes"]["drop"]
             runs.safe("stage1 metrics", tr.log_metrics, rid, {"val/random_route_drop": drop})
-        if plan.cfg.preset in ("debug", "cpu"):
+        if model_as_artifact(slot.ckpt):
             runs.safe("stage1 artifact", tr.log_artifact, rid, slot.ckpt, "checkpoint")
             runs.safe("stage1 artifact", tr.log_artifact, rid, slot.sidecar, "checkpoint")
         runs.safe("stage1 finish", tr.finish, rid)

@@ -42,7 +42,20 @@ log = logging.getLogger("pipelines.tracking")
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN = 6000
-SMALL_PRESETS = ("debug", "cpu")  # their selected checkpoint goes into MLflow as an artifact
+#: A model file at most this large goes into MLflow as an artifact (Stage 1's checkpoint, a
+#: trial's selected one): the `debug` and `cpu` presets' (about 1.1 MB for `cpu`); `small`'s
+#: (3.8 MB), `medium`'s (29 MB) and `paper`'s (120 MB) stay on disk, their path a tag. A size,
+#: not a list of presets: a new preset needs no entry here.
+ARTIFACT_MODEL_MAX_BYTES = 2 * 2**20
+
+
+def model_as_artifact(path: str | os.PathLike) -> bool:
+    """Whether the model file at `path` goes into MLflow as an artifact: a file no larger than
+    ARTIFACT_MODEL_MAX_BYTES."""
+    p = Path(path)
+    return p.is_file() and p.stat().st_size <= ARTIFACT_MODEL_MAX_BYTES
+
+
 # "database is locked": another driver holds the SQLite file's write lock (measured in
 # docs/pipeline.md, "MLflow layout"); retried this many times, 1 s apart
 SQLITE_LOCK_RETRIES = 10
@@ -536,7 +549,8 @@ def record_result(tracker: Tracker, run_id: str, result: dict,
                   result_path: str | os.PathLike) -> None:
     """Log a finished trial completely from its result file and finish its run: params, the
     epochs the run lacks (from the result's history, with the running best at `best/select`),
-    the test metrics, the result file (and the selected checkpoint for small presets) as
+    the test metrics, the result file (and the selected checkpoint when small:
+    `model_as_artifact`) as
     artifacts. Idempotent: params and epochs already logged are not sent again."""
     trial, select = TrialId.from_result(result), result["select"]
     tracker.log_params_once(run_id, trial_params(result.get("config") or {}, trial,
@@ -563,7 +577,7 @@ def record_result(tracker: Tracker, run_id: str, result: dict,
         tracker.set_tags(run_id, trained_on)
     best_model = result.get("best_model")
     if best_model and Path(best_model).is_file():
-        if result.get("preset") in SMALL_PRESETS:
+        if model_as_artifact(best_model):
             tracker.log_artifact(run_id, best_model, "checkpoint")
         tracker.set_tags(run_id, {"best_model_path": best_model})
     tracker.finish(run_id, "FINISHED")

@@ -34,12 +34,11 @@ def cmd_info(args) -> int:
     import torch
 
     from pmnet.baselines import baseline_parameter_counts
-    from pmnet.config import ModelConfig
+    from pmnet.config import PRESETS, ModelConfig
     from pmnet.model import PMNet
     from pmnet.operators import operator_parameter_counts
 
     cfg = ModelConfig.from_name(args.preset)
-    from pmnet.train import TRAIN_PRESETS
 
     with torch.device("meta"):  # counts only: no memory, no init cost
         counts = PMNet(cfg).parameter_counts()
@@ -47,8 +46,8 @@ def cmd_info(args) -> int:
     counts["operators"] = operator_parameter_counts(cfg) if cfg.use_memory else {}
     # what each baseline's carried memory would add (issue 23; created at Phase 2)
     counts["baselines"] = baseline_parameter_counts(cfg) if cfg.use_memory else {}
-    # how the preset's training departs from the paper (a model-only preset has no notes)
-    notes = list(TRAIN_PRESETS[args.preset]().notes) if args.preset in TRAIN_PRESETS else []
+    # how the preset's training departs from the paper
+    notes = list(PRESETS[args.preset].notes)
     memory = _memory_table(args) if (args.memory or args.gpu_mem is not None) else None
     if args.json:
         print(json.dumps({"preset": args.preset, "config": cfg.to_dict(), **counts,
@@ -90,11 +89,9 @@ def _memory_table(args) -> dict:
     batch in the precision it trains in on a GPU; with --gpu-mem, how many share a card."""
     from pmnet.conditions import CONDITIONS, get_condition
     from pmnet.gpu.footprint import GiB, StepSpec, gpu_share, trial_memory, usable_bytes
-    from pmnet.train import TRAIN_PRESETS
+    from pmnet.train import TrainConfig
 
-    tcfg = TRAIN_PRESETS[args.preset]() if args.preset in TRAIN_PRESETS else None
-    if tcfg is None:
-        raise ValueError(f"--memory needs a training preset ({', '.join(TRAIN_PRESETS)})")
+    tcfg = TrainConfig.from_name(args.preset)
     batch = args.batch_size or tcfg.batch_size
     precision = args.precision or tcfg.resolved_precision("gpu")
     names = [c.strip() for c in args.conditions.split(",")] if args.conditions \
@@ -337,11 +334,14 @@ def _add_test_seed(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pmnet.config import PRESETS  # light: the registry imports no torch
+
+    presets = f"one of {', '.join(PRESETS)} (pmnet.config.PRESETS)"
     p = argparse.ArgumentParser(prog="pmnet", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("info", help="a preset's config and parameter counts")
-    s.add_argument("--preset", default="paper")
+    s.add_argument("--preset", default="paper", help=f"{presets}; default: %(default)s")
     s.add_argument("--json", action="store_true")
     s.add_argument("--memory", action="store_true",
                    help="measure each condition's GPU memory per trial (pmnet/gpu/footprint.py; "
@@ -368,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("train", help="run Phase 1 (with Phase 0 if the preset has it) or "
                                      "one Phase-2 trial")
     s.add_argument("phase", choices=("phase1", "phase2"))
-    s.add_argument("--preset", default="cpu")
+    s.add_argument("--preset", default="cpu", help=f"{presets}; default: %(default)s")
     s.add_argument("--out", required=True)
     s.add_argument("--condition")
     s.add_argument("--seed", type=_int)

@@ -37,7 +37,8 @@ PHASE2_ONLY_FIELDS: tuple[str, ...] = (
 #: it differs from that default, so every stored unit (which never had it) keeps its
 #: configuration and hash, and compares equal to a run that leaves it at the default
 LATE_FIELD_DEFAULTS: dict[str, object] = {"phase2_families": "add10,affine10",
-                                          "lr_schedule": "cosine"}
+                                          "lr_schedule": "cosine", "phase0_lr": 0.0,
+                                          "phase0_lr_schedule": "cosine"}
 
 
 @dataclass(frozen=True)

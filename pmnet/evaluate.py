@@ -162,6 +162,9 @@ def episode_outcomes(model: PMNet, batch, *, consolidation: str, ltm_routing: bo
 #: chance of one payload position of the copy task (`copy_accuracy`): the prediction is the
 #: argmax over the 26 payload letters, drawn uniformly
 COPY_CHANCE = 1.0 / len(task.PAYLOAD_TOKENS)
+#: the seed of held-out copy examples (Phase 0's probe, the gpu-check learning gate): a seed
+#: training never draws (training batch i of Phase-1 seed k is seed k * 1_000_003 + i)
+COPY_HELDOUT_SEED = 987_654_321
 # the payload letters are one contiguous range of ids, sliced like the digits
 _PAYLOAD = slice(task.PAYLOAD_TOKENS[0], task.PAYLOAD_TOKENS[-1] + 1)
 assert tuple(range(_PAYLOAD.start, _PAYLOAD.stop)) == task.PAYLOAD_TOKENS

@@ -100,6 +100,147 @@ def test_preset_choice_follows_the_gpu():
     assert planning.choose_preset("debug", with_gpu) == ("debug", "given with --preset / PRESET=")
 
 
+def test_the_preset_choice_and_the_gpu_refusal_read_the_registry(monkeypatch, tmp_path,
+                                                                capsys):
+    """Issue 63: which preset the pipeline takes without --preset, and which one it refuses to
+    train on CPUs, are fields of the preset's entry (`default_on`, `needs_gpu`), not names in
+    the pipeline: moved to other entries, the pipeline follows them."""
+    from pipelines.cluster import ClusterInfo, NodeInfo
+    from pmnet.config import PRESETS
+
+    cpu_only = ClusterInfo((NodeInfo("head", 64),), where="the Ray cluster")
+    for name in PRESETS:
+        monkeypatch.setitem(PRESETS, name, dataclasses.replace(
+            PRESETS[name], default_on=None, needs_gpu=False))
+    monkeypatch.setitem(PRESETS, "debug", dataclasses.replace(
+        PRESETS["debug"], default_on="cpu", needs_gpu=True))
+    assert planning.choose_preset(None, cpu_only)[0] == "debug"
+    with pytest.raises(PipelineError, match=r"the debug preset is built for a GPU.*choose the "
+                                            r"debug preset \(PRESET=debug\)"):
+        _plan(tmp_path, cluster=cpu_only)
+    assert _plan(tmp_path, cluster=cpu_only, allow_cpu_paper=True).cfg.preset == "debug"
+    # the help lists the registry's names and defaults as they are now
+    monkeypatch.setitem(PRESETS, "paper", dataclasses.replace(PRESETS["paper"], default_on="gpu"))
+    with pytest.raises(SystemExit):
+        run.main(["start", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert " | ".join(PRESETS) in help_text
+    assert "default: paper when a node has a GPU, debug otherwise" in help_text
+    assert "built for a GPU (debug)" in help_text
+
+
+# -- no pipeline code names a preset (issue 63) ----------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: "cpu" is a preset's name and also an accelerator's (`pmnet.config.ACCELERATORS`) and Tune's
+#: resource key. These are the places of pipelines/ that spell it, as that word: (module,
+#: function) -> (how many times, why). Any other occurrence fails: a new place spelling it
+#: adds its line here with the reason, and a place that means the preset reads the preset's
+#: entry instead (`pmnet.config.PRESETS`, `TrainConfig.needs_gpu`, `default_preset`).
+ACCELERATOR_WORDS: dict[tuple[str, str], tuple[int, str]] = {
+    ("driver.py", "execute_waves"): (1, "the units' accelerator: 'gpu' if the grid uses one"),
+    ("plan.py", "choose_preset"): (1, "default_preset('cpu'): the default on GPU-less nodes"),
+    ("plan.py", "fit_to_cluster"): (1, "default_preset('cpu'), named in the GPU refusal"),
+    ("provenance.py", "device_kind"): (1, "the default of its `accelerator` argument"),
+    ("run.py", "build_parser"): (1, "default_preset('cpu') in the --preset help"),
+    ("stages.py", "warm_compile_cache"): (1, "Tune's resource key: res['cpu']"),
+    ("store.py", "start_provenance"): (1, "the default of its `accelerator` argument"),
+    ("trial.py", "assigned_device"): (2, "the device Ray gave a trial: 'gpu', else 'cpu'"),
+}
+
+
+def _string_constants(path: Path, words: set[str]) -> list[tuple[str, int, str]]:
+    """(innermost enclosing function or class, line, word) of every string constant of
+    `path` that is one of `words` (docstrings and other prose are whole strings: not words)."""
+    import ast
+
+    out = []
+
+    def visit(node, where):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, child.name)
+                continue
+            if isinstance(child, ast.Constant) and child.value in words:
+                out.append((where, child.lineno, child.value))
+            visit(child, where)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "<module>")
+    return out
+
+
+def _preset_comparisons(path: Path) -> list[str]:
+    """`line: source` of every comparison in `path` between something that names a preset
+    (`cfg.preset`, a `preset` variable, `result["preset"]`, `.get("preset")`) and a string
+    constant or a collection of them: behaviour keyed on a preset's name."""
+    import ast
+
+    text = path.read_text(encoding="utf-8")
+
+    def names_preset(node) -> bool:
+        return any((isinstance(n, ast.Attribute) and n.attr == "preset")
+                   or (isinstance(n, ast.Name) and n.id == "preset")
+                   or (isinstance(n, ast.Constant) and n.value == "preset")
+                   for n in ast.walk(node))
+
+    def constant_strings(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str)
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(names_preset(a) for a in sides) and any(constant_strings(a) for a in sides):
+                found.append(f"{node.lineno}: {ast.get_source_segment(text, node)}")
+    return found
+
+
+def test_no_pipeline_code_names_a_preset(tmp_path):
+    """Issue 63: the pipeline keys nothing on a preset's name. (1) No preset name is a string
+    constant anywhere in pipelines/, except "cpu" where it is the accelerator's word, in the
+    exact places ACCELERATOR_WORDS lists with their reasons; (2) nowhere in pipelines/,
+    tune_spaces/ or pmnet/report/ is a preset compared with a name (`cfg.preset == ...`,
+    `result["preset"] in (...)`), which (1) alone would let through for "cpu"."""
+    from pmnet.config import ACCELERATORS, PRESETS
+
+    names = set(PRESETS)
+    words = names & set(ACCELERATORS)  # preset names that are ordinary words here too
+    assert words == {"cpu"}, "a new preset named like an accelerator: list its places here"
+    named, seen = [], {}
+    for path in sorted((REPO / "pipelines").rglob("*.py")):
+        for where, line, word in _string_constants(path, names):
+            key = (str(path.relative_to(REPO / "pipelines")), where)
+            if word in words:
+                seen[key] = seen.get(key, 0) + 1
+            else:
+                named.append(f"pipelines/{key[0]}:{line} ({where}): {word!r}")
+    assert named == [], "a preset named in pipelines/ (read its entry instead):\n" + \
+        "\n".join(named)
+    allowed = {k: n for k, (n, _) in ACCELERATOR_WORDS.items()}
+    assert seen == allowed, (
+        "'cpu' spelled in pipelines/ where ACCELERATOR_WORDS does not list it (or not as "
+        f"often): {sorted(set(seen.items()) ^ set(allowed.items()))}")
+    compared = [f"{path.relative_to(REPO)}:{hit}"
+                for d in ("pipelines", "tune_spaces", "pmnet/report")
+                for path in sorted((REPO / d).rglob("*.py"))
+                for hit in _preset_comparisons(path)]
+    assert compared == [], "behaviour keyed on a preset's name:\n" + "\n".join(compared)
+    # not vacuous: what the pipeline had before issue 63 is found by each rule
+    old = tmp_path / "old.py"
+    old.write_text('SMALL_PRESETS = ("debug", "cpu")\n'
+                   "def fit(cfg, result):\n"
+                   '    if cfg.preset == "paper":\n'
+                   "        pass\n"
+                   '    return result.get("preset") in ("debug", "cpu")\n')
+    assert [w for _, _, w in _string_constants(old, names)] == [
+        "debug", "cpu", "paper", "debug", "cpu"]
+    assert [h.split(":")[0] for h in _preset_comparisons(old)] == ["3", "5"]
+
+
 def test_overrides_and_lists_are_parsed():
     assert planning.parse_overrides(["max_epochs=3", "model.hidden=32", "precision=32-true",
                                    "betas=[0.9, 0.99]"]) == {

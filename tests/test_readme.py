@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pmnet.train.config import TRAIN_PRESETS
+from pmnet.config import PRESETS
 from tune_spaces import SPACES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_one_row_per_grid():
 def test_one_row_per_preset():
     presets = _table_after(README, "| preset |")
     named = {re.match(r"`(\w+)`", row[0]).group(1) for row in presets}
-    assert named == set(TRAIN_PRESETS)
+    assert named == set(PRESETS)
 
 
 def test_every_file_the_readme_points_to_exists():
@@ -168,7 +168,7 @@ def test_every_wall_time_says_measured_where_or_estimated_from_what():
     estimated (and under which assumption), never a bare figure."""
     cells = _wall_cells()
     machines = len(_table_after(README, "| your machine |"))
-    assert len(cells) == machines + len(TRAIN_PRESETS) + len(SPACES)
+    assert len(cells) == machines + len(PRESETS) + len(SPACES)
     for cell in cells:
         assert re.match(r"(measured|estimated)\b", cell), f"neither measured nor estimated: {cell}"
         for part in re.split(r"; (?=estimated)", cell):

@@ -156,3 +156,19 @@ def test_no_console_line_shows_a_database_password(tmp_path):
     assert "hunter2" not in hint and "hunter2" not in text
     assert hint.startswith("`mlflow ui --backend-store-uri postgresql://mlflow:***@db"), hint
     assert "#/experiments/7/runs" in hint
+
+
+def test_a_model_file_goes_into_mlflow_by_its_size_not_its_presets_name(tmp_path):
+    """Issue 63: Stage 1's checkpoint and a trial's selected model go into MLflow as artifacts
+    when the file is small (the `debug` and `cpu` presets' ~1 MB; not `small`'s 3.8 MB and
+    up): a size, where a list of preset names stood."""
+    from pipelines.tracking import ARTIFACT_MODEL_MAX_BYTES, model_as_artifact
+
+    small, large = tmp_path / "small.pt", tmp_path / "large.pt"
+    small.write_bytes(b"\0" * 1_116_763)  # a committed `cpu` phase1.pt's size
+    large.write_bytes(b"\0" * 3_812_635)  # a committed `small` phase1.pt's size
+    assert model_as_artifact(small) and not model_as_artifact(large)
+    assert not model_as_artifact(tmp_path / "missing.pt")
+    edge = tmp_path / "edge.pt"
+    edge.write_bytes(b"\0" * ARTIFACT_MODEL_MAX_BYTES)
+    assert model_as_artifact(edge)

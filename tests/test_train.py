@@ -531,6 +531,88 @@ def test_the_ladder_rungs_lie_between_cpu_and_paper_with_the_cpu_recipe(name, ca
             assert word in text, word
 
 
+def _dict_literals_keyed_by_presets(root: Path, names: set[str]) -> list[str]:
+    """`file:line` of every dict literal under `root` with two or more keys that are preset
+    names: a second registry (`{"paper": _paper, "cpu": _cpu}`) or a table keyed by preset."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict) and sum(
+                    isinstance(k, ast.Constant) and k.value in names for k in node.keys) >= 2:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_one_preset_registry_gives_the_model_and_the_training_config(monkeypatch, tmp_path):
+    """Issue 63: a preset is one entry of one registry (`pmnet.config.PRESETS`) that gives its
+    model and its training settings; `ModelConfig.from_name` and `TrainConfig.from_name` are
+    both lookups into that same object, so they know the same names, and an entry added to
+    it (or taken out) is known (or unknown) to both at once."""
+    import pmnet.config as model_config
+    import pmnet.train.config as train_config
+    from pmnet.config import PRESETS, Preset, default_preset
+
+    assert train_config.PRESETS is model_config.PRESETS  # one object, not a copy
+    assert not hasattr(train_config, "TRAIN_PRESETS")
+    assert all(isinstance(p, Preset) and p.name == name for name, p in PRESETS.items())
+    for name, preset in PRESETS.items():  # both lookups give the entry's own model
+        model, cfg = ModelConfig.from_name(name), TrainConfig.from_name(name)
+        assert model is preset.model is cfg.model and cfg.preset == model.name == name
+        assert cfg.notes == preset.notes and cfg.needs_gpu == preset.needs_gpu
+        assert {k: getattr(cfg, k) for k in preset.train} == dict(preset.train)
+    # the names each lookup accepts: exactly the registry's keys, for both
+    probe = sorted(PRESETS) + ["huge", "Paper", "cpu ", ""]
+
+    def accepted(lookup) -> set[str]:
+        out = set()
+        for name in probe:
+            try:
+                lookup(name)
+            except ValueError:
+                continue
+            out.add(name)
+        return out
+
+    assert accepted(ModelConfig.from_name) == accepted(TrainConfig.from_name) == set(PRESETS)
+    # the same object behind both: a new entry is one place, and both see it
+    extra = Preset("extra", dataclasses.replace(PRESETS["debug"].model, name="extra"),
+                   train={**PRESETS["debug"].train, "lr": 1e-3})
+    monkeypatch.setitem(PRESETS, "extra", extra)
+    assert ModelConfig.from_name("extra") is extra.model
+    assert TrainConfig.from_name("extra").lr == 1e-3
+    monkeypatch.delitem(PRESETS, "extra")
+    monkeypatch.delitem(PRESETS, "small")
+    for lookup in (ModelConfig.from_name, TrainConfig.from_name):
+        with pytest.raises(ValueError, match="unknown (model )?preset"):
+            lookup("small")
+    monkeypatch.undo()
+    # what the pipeline reads of a preset is in its entry: one default per accelerator
+    assert [default_preset(a) for a in ("gpu", "cpu")] == ["paper", "cpu"]
+    assert [n for n, p in PRESETS.items() if p.needs_gpu] == ["paper"]
+    # an entry is checked when made: its model is named after it, its train part cannot
+    # set the preset or the model
+    with pytest.raises(ValueError, match="named after it"):
+        Preset("other", PRESETS["debug"].model)
+    with pytest.raises(ValueError, match="train sets model"):
+        Preset("debug", PRESETS["debug"].model, train={"model": None})
+    with pytest.raises(ValueError, match="default_on"):
+        Preset("debug", PRESETS["debug"].model, default_on="tpu")
+    with pytest.raises(TypeError):  # read-only: an entry changes where it is written
+        PRESETS["cpu"].train["lr"] = 1.0
+    # no second registry (nor a table keyed by preset names) anywhere in the code
+    repo = Path(__file__).resolve().parents[1]
+    names = set(PRESETS)
+    assert [hit for d in ("pmnet", "pipelines", "tune_spaces")
+            for hit in _dict_literals_keyed_by_presets(repo / d, names)] == []
+    # not vacuous: the old second registry would have been found
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "m.py").write_text('TRAIN_PRESETS = {"paper": _paper, "cpu": _cpu}\n')
+    assert _dict_literals_keyed_by_presets(old, names) == ["old/m.py:1"]
+
+
 def test_the_test_seed_picks_the_test_stream_and_nothing_else(phase1, tmp_path):
     """`test_seed` changes the stream the final figures are read on (recorded in the result),
     not the Phase-1 checkpoint's identity, and can never be the validation stream's seed."""

@@ -26,6 +26,7 @@ from pmnet.train.watchdog import (
     LN10,
     LN26,
     NOT_LEARNING_EXIT,
+    PHASE0_MIN_STEPS,
     WINDOW_STEPS,
     NotLearning,
     NotLearningError,
@@ -87,6 +88,10 @@ def test_chance_levels_follow_each_phases_loss():
 def test_the_share_point_and_the_phases_too_short_to_judge():
     assert check_point(8000, 0.15, "phase1") == 1200  # the cpu preset's Phase 1
     assert check_point(4000, 0.15, "phase0") == 600  # the paper preset's Phase 0
+    # Phase 0 no earlier than its plateau allows (PHASE0_MIN_STEPS), or at its last step
+    assert check_point(800, 0.15, "phase0") == PHASE0_MIN_STEPS == 500
+    assert check_point(120, 0.5, "phase0") == 120
+    assert check_point(40, 0.5, "phase0") is None  # shorter than one window
     assert check_point(1000, 0.15, "phase2") == 150  # the cpu preset's Phase 2
     assert check_point(64, 0.15, "phase1") is None  # the debug preset: never judged
     assert check_point(600, 0.15, "phase2") is None  # 90 < two windows (its first: the line)
@@ -272,7 +277,8 @@ def test_an_lr_0_phase0_stops_before_phase1(tmp_path, one_thread):
     with pytest.raises(NotLearningError) as info:
         run_phase1(cfg, tmp_path, progress=False)
     e = info.value
-    assert (e.phase, e.step, e.line_kind) == (0, 60, "chance") and e.mean > LN26
+    # judged at its last step: 120 < PHASE0_MIN_STEPS
+    assert (e.phase, e.step, e.line_kind) == (0, 120, "chance") and e.mean > LN26
     assert "ln 26 per payload letter" in str(e) and "no checkpoint is kept" in str(e)
     assert not (tmp_path / "phase0_metrics.json").exists()
     assert not (tmp_path / "phase1_ckpt").exists()

@@ -81,6 +81,7 @@ CONCERN = {
     "Tracker": TRACK, "Runs": TRACK, "experiment_name": TRACK, "open_tracking": TRACK,
     "_open_tracking": TRACK, "stage_run": TRACK, "trial_run_tags": TRACK,
     "trial_params": TRACK, "epoch_metrics": TRACK, "record_result": TRACK, "TrialRuns": TRACK,
+    "model_as_artifact": TRACK,
     "_finished_runs": TRACK, "_backfill_one": TRACK, "backfill_results": TRACK,
     "sqlite_path": TRACK, "absolute_sqlite_uri": TRACK, "store_uri": TRACK,
     "artifact_location": TRACK, "requested_tracking_uri": TRACK, "check_tracking_uri": VALID,
@@ -120,7 +121,7 @@ CONCERN = {
     # quarantine pre-pass moved to pmnet/store_lock.py and pmnet/store_repair.py
     # what a person reads and runs first (issue 64): help texts from the registries, `make
     # ui` on the run's own store, the Ray address kept for resume, the answer in MLflow
-    "RegistryHelp": ORCH, "preset_names": ORCH, "UiPlan": TRACK, "ui_source": TRACK,
+    "UiPlan": TRACK, "ui_source": TRACK,
     "ui_plan": TRACK, "run_address": TRACK, "resume_ray_address": CLUSTER,
     "epoch_shown": VIEW, "drop_empty_default": TRACK, "claim_key": TRACK,
     "claim_entries": TRACK, "_fmt2": TRACK, "log_claims": TRACK,

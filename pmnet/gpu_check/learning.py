@@ -65,7 +65,6 @@ LEARN_STEPS_CPU = 600
 #: the seed of the rungs' model and training batches, and of the held-out copy batch (a
 #: seed training never draws: its batches are seeds LEARN_SEED * 1_000_003 + step)
 LEARN_SEED = 0
-HELDOUT_SEED = 987_654_321
 HELDOUT_N = 2048
 
 
@@ -178,7 +177,7 @@ def train_rung(preset_cfg, rung: Rung, steps: int, seed: int = LEARN_SEED) -> di
     from torch._dynamo.utils import counters
 
     from pmnet import task
-    from pmnet.evaluate import copy_accuracy
+    from pmnet.evaluate import COPY_HELDOUT_SEED, copy_accuracy
     from pmnet.model import PMNet
     from pmnet.train import Phase0Module
     from pmnet.train.compiled_steps import fresh_compile_state
@@ -200,7 +199,7 @@ def train_rung(preset_cfg, rung: Rung, steps: int, seed: int = LEARN_SEED) -> di
                  grad_clip=cfg.grad_clip)
     wall = time.time() - t0
     half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(rung.precision)
-    held_out = task.make_copy_batch(HELDOUT_N, cfg.phase0_copy_len, HELDOUT_SEED)
+    held_out = task.make_copy_batch(HELDOUT_N, cfg.phase0_copy_len, COPY_HELDOUT_SEED)
     acc = copy_accuracy(module.model, held_out, autocast_dtype=half)
     return {"setting": rung.setting, "label": rung.label, "batch": rung.batch,
             "precision": rung.precision, "compiled": rung.compiled,

@@ -17,14 +17,16 @@ checkpointing and early stopping are Lightning's. Metrics are named `train/...`,
 `val/...`, `test/...`.
 
 Where each part lives:
-    config.py          TrainConfig, its presets (`TRAIN_PRESETS`) and `--set` overrides
+    config.py          TrainConfig, built from a preset of `pmnet.config.PRESETS`, and
+                       `--set` overrides
     data.py            the episode streams as Lightning data (`EpisodeData`, `CopyBatches`)
     compiled_steps.py  `compile_step` (torch.compile, CUDA graphs), the shared compile cache
     modules.py         the LightningModules: `Phase0Module`, `Phase1Module`, `Phase2Module`
     checkpoints.py     Lightning's best / last checkpoints, written atomically
     pause.py           stopping Phase 1 at an epoch boundary (deadline, SIGTERM)
     watchdog.py        stopping a phase that is not learning (`NotLearningError`, issue 62)
-    phases.py          `run_phase1`, `run_phase2`, `warm_compile` and the trainer they share
+    phases.py          `run_phase0` (with copy_probe.py), `run_phase1`, `run_phase2`,
+                       `warm_compile` and the trainer they share
 
 Choices the paper leaves open (see docs/choices.md):
 - weight decay applies to matrices and embeddings (dim >= 2), not to biases, norms, the
@@ -69,7 +71,6 @@ from pmnet.train.config import (
     COMPILE_STEPS,
     LIST_FIELDS,
     PRECISIONS,
-    TRAIN_PRESETS,
     TrainConfig,
     parse_overrides,
 )
@@ -92,6 +93,7 @@ from pmnet.train.phases import (
     init_operator,
     init_phase2,
     phase1_route_diagnostics,
+    run_phase0,
     run_phase1,
     run_phase2,
     trained_on,
@@ -109,8 +111,8 @@ __all__ = [
     "ALL_CONDITIONS", "CONDITIONS", "OPERATOR_CONDITIONS", "PAPER_SEEDS", "Condition",
     "get_condition", "seed_problem", "OPERATORS", "PMNet",
     # config.py
-    "ACCELERATORS", "COMPILE_STEPS", "LIST_FIELDS", "PRECISIONS", "TRAIN_PRESETS",
-    "TrainConfig", "parse_overrides",
+    "ACCELERATORS", "COMPILE_STEPS", "LIST_FIELDS", "PRECISIONS", "TrainConfig",
+    "parse_overrides",
     # data.py, compiled_steps.py, modules.py
     "CopyBatches", "EpisodeData", "EpochBatches", "compile_step", "use_compile_cache",
     "fresh_compile_state", "release_compiled_steps",
@@ -128,5 +130,6 @@ __all__ = [
     "RESULT_KEYS", "ROUTES_FILE", "device_name", "evaluation_inference_mode",
     "init_consolidator", "init_operator",
     "init_baseline", "init_phase2",
-    "phase1_route_diagnostics", "run_phase1", "run_phase2", "trained_on", "warm_compile",
+    "phase1_route_diagnostics", "run_phase0", "run_phase1", "run_phase2", "trained_on",
+    "warm_compile",
 ]

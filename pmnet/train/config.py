@@ -1,5 +1,5 @@
-"""`TrainConfig`: every training setting, checked when made, with the named presets
-(`paper`, `cpu`, `debug`, and the scale ladder's `small` and `medium`) and the CLIs' `--set
+"""`TrainConfig`: every training setting, checked when made, built from a named preset of the
+one registry (`pmnet.config.PRESETS`: `TrainConfig.from_name`), and the CLIs' `--set
 KEY=VALUE` overrides (`parse_overrides`).
 
 The paper's Table "Model, optimization, and hardware settings" is the `paper` preset; how the
@@ -17,18 +17,21 @@ import torch
 
 from pmnet import task
 from pmnet.conditions import CONDITIONS, PAPER_SEEDS, get_condition, seed_problem
-from pmnet.config import ModelConfig
+from pmnet.config import (  # noqa: F401 - CPU_TEST_SEED, LADDER_TEST_SEEDS: re-exported
+    ACCELERATORS,
+    CPU_TEST_SEED,
+    LADDER_TEST_SEEDS,
+    PRESETS,
+    ModelConfig,
+)
 from pmnet.runner import LTM_GRAPHS
 
-#: TrainConfig.lr_schedule: the Phase-2 rate after warmup
+#: TrainConfig.lr_schedule (Phase 2) and phase0_lr_schedule: the rate after warmup
 LR_SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")
 #: The steps TrainConfig.compile can name: each phase's training step, and the evaluation
 #: passes (validation and test) of every phase
 COMPILE_STEPS = ("phase0", "phase1", "phase2", "eval")
-#: Where a phase trains (Lightning's accelerator names): a caller that knows which device it
-#: was given says so (a Ray trial: "gpu" when Ray gave it one); "auto" is Lightning's guess.
-ACCELERATORS = ("cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,11 @@ class TrainConfig:
     # Phase 0: copy-task warm start (0 steps = off) ---------------------------------------
     phase0_steps: int = 0
     phase0_copy_len: int = 16
+    # Phase 0's rate (0: phase1_lr) and its shape after warmup (LR_SCHEDULES): "cosine" decays
+    # it to zero over phase0_steps; "constant" keeps it (the recipe that leaves the copy
+    # task's ln-26 plateau: docs/choices.md, "The Phase-0 recipe")
+    phase0_lr: float = 0.0
+    phase0_lr_schedule: str = "cosine"
     # Phase 1: STM pretraining --------------------------------------------------------------
     phase1_seed: int = 0
     phase1_lr: float = 5e-4
@@ -117,7 +125,8 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("lr", "phase1_lr", "grad_clip", "weight_decay", "phase1_aux_demo_loss",
-                     "consolidator_init_std", "consolidator_lr", "initial_ltm_loss"):
+                     "consolidator_init_std", "consolidator_lr", "initial_ltm_loss",
+                     "phase0_lr"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"TrainConfig.{name} must be a number, got {v!r}")
@@ -216,6 +225,12 @@ class TrainConfig:
                              f"{task.FAMILIES}, got {fams!r}")
         object.__setattr__(self, "phase2_families",
                            tuple(f for f in task.FAMILIES if f in fams))
+        if self.phase0_lr < 0:
+            raise ValueError(f"TrainConfig.phase0_lr must be >= 0 (0: phase1_lr), got "
+                             f"{self.phase0_lr!r}")
+        if self.phase0_lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"TrainConfig.phase0_lr_schedule must be one of {LR_SCHEDULES}, "
+                             f"got {self.phase0_lr_schedule!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"TrainConfig.lr_schedule must be one of {LR_SCHEDULES}, got "
                              f"{self.lr_schedule!r}")
@@ -262,11 +277,21 @@ class TrainConfig:
             raise ValueError(f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
         return "bf16-mixed" if accelerator == "gpu" else "32-true"
 
+    @property
+    def needs_gpu(self) -> bool:
+        """Whether its preset is built for a GPU (`pmnet.config.Preset.needs_gpu`: the pipeline
+        refuses to train it on CPUs unless asked); False for a preset the registry no longer
+        holds (a config read back from an old file)."""
+        preset = PRESETS.get(self.preset)
+        return preset is not None and preset.needs_gpu
+
     @classmethod
     def from_name(cls, name: str, **overrides) -> TrainConfig:
-        if name not in TRAIN_PRESETS:
+        """The preset `name` of `pmnet.config.PRESETS` (its model and its training settings),
+        with `overrides` (TrainConfig fields; `model.FIELD` for a field of its model)."""
+        if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; known presets: "
-                             f"{', '.join(sorted(TRAIN_PRESETS))}")
+                             f"{', '.join(sorted(PRESETS))}")
         if "preset" in overrides:
             raise ValueError("'preset' cannot be overridden: choose the preset by name "
                              "(--preset) and change single fields (KEY=VALUE, model.FIELD=...)")
@@ -277,7 +302,8 @@ class TrainConfig:
                       if k.startswith("model.")}
         rest = {k: v for k, v in overrides.items() if not k.startswith("model.")}
         _check_keys(cls, rest, "TrainConfig")
-        cfg = TRAIN_PRESETS[name]()
+        preset = PRESETS[name]
+        cfg = cls(preset=name, model=preset.model, **preset.train)
         if model_over:
             _check_keys(ModelConfig, model_over, "ModelConfig", prefix="model.")
             rest["model"] = dataclasses.replace(cfg.model, **model_over)
@@ -346,136 +372,9 @@ def parse_overrides(items: list[str] | None) -> dict:
     return out
 
 
-def _paper() -> TrainConfig:
-    # "Backbone initialization: PMNet copy-task checkpoint, followed by ... Phase 1": that
-    # checkpoint cannot be downloaded, so Phase 0 trains our own copy warm start first
-    # (4,000 steps of batch 256, 16-byte payloads; why this budget: docs/choices.md).
-    # Compiled training and evaluation (on a GPU a step of thousands of small kernels is
-    # launch-bound: docs/results.md, "Speed").
-    return TrainConfig(preset="paper", model=ModelConfig.from_name("paper"),
-                       phase0_steps=4_000, phase0_copy_len=16)
-
-
-def _debug() -> TrainConfig:
-    return TrainConfig(
-        preset="debug", model=ModelConfig.from_name("debug"), lr=3e-3, warmup_steps=2,
-        batch_size=16, episodes_per_epoch=64, max_epochs=2, patience=2, val_episodes=48,
-        test_episodes=48, eval_batch_size=48, phase0_steps=2, phase0_copy_len=8,
-        phase1_lr=3e-3, phase1_max_epochs=2, phase1_episodes_per_epoch=64,
-        phase1_patience=2, phase1_curriculum=True, seeds=(42, 43), compile=(),
-        notes=("tiny model and budgets for tests (eager: compiling would cost more than it "
-               "saves)",),
-    )
-
-
-#: The `cpu` preset's test stream: a seed no earlier run of this project used (its recipe
-#: and model were chosen after earlier runs had read the streams of RETIRED_TEST_SEEDS).
-CPU_TEST_SEED = 6_000_029
 #: Test streams whose figures earlier `cpu` recipes were read against: `task.TEST_SEED` (every
 #: run before issue 21), 3,000,017 (the issue-21 preset with a 20-epoch Phase 1 and the
 #: issue-23 baselines), 4,000,037 (the issue-21 search's scratch stream, never read),
 #: 5,000,011 (the issue-21 preset with a 40-epoch Phase 1 and every block writing all dims),
 #: 7,000,003 (the scratch stream of the session-6 Phase-2 rate check, never read).
 RETIRED_TEST_SEEDS = (task.TEST_SEED, 3_000_017, 4_000_037, 5_000_011, 7_000_003)
-
-
-def _cpu() -> TrainConfig:
-    """A small-scale reproduction on a 2-core CPU with the Phase-1 checkpoint as the unit of
-    analysis (issue 21): three Phase-1 checkpoints (~40 min for the three, trained at once)
-    and, from each, the two Consolidator-only arms x two seeds (3.3-3.8 min per trial, two
-    at a time; measured in docs/results.md).
-    How each departure was chosen (validation stream only): docs/results.md."""
-    return TrainConfig(
-        preset="cpu", model=ModelConfig.from_name("cpu"), lr=1e-3, warmup_steps=50,
-        batch_size=64, episodes_per_epoch=12_800, max_epochs=5, patience=5,
-        val_episodes=1000, test_episodes=2000, test_seed=CPU_TEST_SEED, eval_batch_size=500,
-        threads=0, phase1_lr=1e-3, phase1_max_epochs=40, phase1_episodes_per_epoch=12_800,
-        phase1_patience=20, phase1_curriculum=True, phase1_aux_demo_loss=1.0,
-        consolidator_init_std=0.18, consolidator_lr=3e-3, consolidator_weight_decay=0.0,
-        # compiled: the Phase-2 step only (on 2 cores the compiles of Phase 1 and of the
-        # evaluation passes cost more than they save: docs/choices.md, "Speed")
-        seeds=PAPER_SEEDS[:2], compile=("phase2",), phase1_seeds=(0, 1, 2),
-        conditions=("consolidator_only", "consolidator_only_routing_off"),
-        notes=(
-            "small model (hidden 64, 4 layers, a write every layer, phase dim 8; 0.26M): "
-            "phase dim 8 so that the routed blocks hold what the root group cannot (issue 21)",
-            "route gain 4: the write scores are multiplied by 4 before the phase softmax "
-            "(paper: 1), so that routes are decided rather than near-ties (issue 21)",
-            "blocks 0 and 1 write 1 of their 8 phase dims (paper: all), so that what is "
-            "remembered must be stored in the routed blocks below them (issue 21)",
-            "Phase 1 curriculum: demonstrations per batch drawn from 1..8 (evaluation at 8)",
-            "Phase 1 auxiliary loss (weight 1) on the answers of demonstrations 2..k",
-            "Phase 1: 8,000 steps of batch 64 (40 epochs x 12.8K episodes), lr 1e-3: at 20 "
-            "epochs random routes cost 3-7 pp on two of three checkpoints (issue 21)",
-            "three Phase-1 checkpoints (Phase-1 seeds 0, 1, 2; the paper: one), each a "
-            "random factor of the analysis",
-            "Phase 2: 1,000 steps of batch 64 (5 epochs x 12.8K episodes), no early stop",
-            "Consolidator: W_g/W_u ~ N(0, 0.18) drawn from the Phase-2 seed (W_d = 0 keeps the "
-            "identity start), lr 3e-3, no weight decay (paper: N(0, 0.02), lr 5e-4, decay 0.1)",
-            "default grid: 3 Phase-1 checkpoints x the two Consolidator-only arms x seeds "
-            "42, 43 (GRID=paper runs all six conditions)",
-            f"test stream of 2,000 episodes (paper: 1,000) drawn from seed {CPU_TEST_SEED:,} "
-            "(paper: 2,000,003), used by no earlier run",
-        ),
-    )
-
-
-#: The test streams of the scale ladder's rungs (issue 52), one fresh seed each, used by no
-#: earlier run: the rungs' shapes were set after issue 39's `cpu` figures on CPU_TEST_SEED had
-#: been read (docs/choices.md, "The scale ladder").
-LADDER_TEST_SEEDS = {"small": 8_000_009, "medium": 9_000_011}
-
-
-def _rung(name: str, model_notes: tuple[str, ...], phase1_note: str | None = None,
-          **overrides) -> TrainConfig:
-    """A rung of the scale ladder: the `cpu` preset's recipe (Phase 1, Phase 2, grid,
-    Phase-1 checkpoints) on the rung's model and its own test stream; `model_notes` replace
-    the `cpu` model's notes (the first three), the rest are the `cpu` recipe's, with
-    `phase1_note` in place of its Phase-1 budget's where `overrides` change that budget."""
-    cpu = _cpu()
-    seed = LADDER_TEST_SEEDS[name]
-    recipe = tuple((phase1_note or n) if n.startswith("Phase 1: ") else n
-                   for n in cpu.notes[3:] if not n.startswith("test stream"))
-    return dataclasses.replace(
-        cpu, preset=name, model=ModelConfig.from_name(name), test_seed=seed,
-        notes=(*model_notes, *recipe,
-               f"test stream of 2,000 episodes (paper: 1,000) drawn from seed {seed:,} "
-               "(paper: 2,000,003), used by no earlier run"),
-        **overrides)
-
-
-def _small() -> TrainConfig:
-    """The ladder's first rung (0.94M): the `cpu` model twice as wide and a 1.5x Phase-1
-    schedule, everything else as `cpu`. The schedule was chosen on the validation curve of
-    one run of this shape and recipe at Phase-1 seed 0 (issue 52's W128: AFFINE10 still
-    rising at 8K steps, where the `cpu` schedule ends)."""
-    return _rung("small", (
-        "small model (hidden 128, SwiGLU 384, 4 heads of 32, 4 layers, a write every layer, "
-        "phase dim 8; 0.94M): the `cpu` model twice as wide, the first rung of the scale "
-        "ladder (issue 52)",
-        "route gain 4 (paper: 1) and blocks 0 and 1 writing 1 of their 8 phase dims (paper: "
-        "all), as `cpu` (issue 21)",
-    ), phase1_note=(
-        "Phase 1: 12,000 steps of batch 64 (60 epochs x 12.8K episodes, cosine to 0 at the "
-        "end, no early stop), lr 1e-3: at the `cpu` preset's 8,000 steps this shape's "
-        "validation AFFINE10 recall was still rising from its output-set baseline (issue 52)"),
-        phase1_max_epochs=60, phase1_patience=60)
-
-
-def _medium() -> TrainConfig:
-    """The ladder's second rung (7.16M), toward the paper's shape."""
-    return _rung("medium", (
-        "medium model (hidden 256, SwiGLU 688, 8 heads of 32, 8 layers, a write every 2 "
-        "layers: 4 blocks of branch 4; 7.16M; paper: hidden 384, 12 layers, a write every 3)",
-        "the paper's phase dim 32 and Consolidator hidden 64 (12,352 Consolidator parameters, "
-        "the paper's)",
-        "the paper's route gain 1 and every block writing all 32 phase dims, not the `cpu` "
-        "preset's gain 4 and write dims 1, 1, 8, 8: issue 21 found the gain slowed Phase 1 "
-        "and the write limit cost 9-16 pp of Phase-1 STM and most of what Phase 2 learned "
-        "(docs/results.md, \"Routes (issue 21)\"); a rung toward the paper keeps the paper's",
-        "window 64, no attention dropout (paper: 128, 0.1), as `cpu`",
-    ))
-
-
-TRAIN_PRESETS = {"paper": _paper, "cpu": _cpu, "debug": _debug, "small": _small,
-                 "medium": _medium}

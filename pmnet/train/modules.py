@@ -178,6 +178,10 @@ class Phase0Module(_PhaseModule):
 
     phase = "phase0"
 
+    def __init__(self, cfg: TrainConfig, model: PMNet, lr: float):
+        super().__init__(cfg, model, lr)
+        self.lr_schedule = cfg.phase0_lr_schedule
+
     def copy_loss(self, batch):
         state = self.model.init_state(batch.context.shape[0], device=batch.context.device)
         _, state = self.model(batch.context, state, ltm_routing=False, logits="none")

@@ -39,6 +39,7 @@ from pmnet.train.checkpoints import (
 )
 from pmnet.train.compiled_steps import fresh_compile_state, release_compiled_steps
 from pmnet.train.config import ACCELERATORS, TrainConfig
+from pmnet.train.copy_probe import CopyProbe
 from pmnet.train.data import CopyBatches, EpisodeData, _loader
 from pmnet.train.modules import Phase0Module, Phase1Module, Phase2Module
 from pmnet.train.pause import Phase1Paused, PhasePaused, StopAtEpochEnd
@@ -159,6 +160,30 @@ def _trainer(cfg: TrainConfig, out_dir: Path, *, max_epochs: int, monitor: str |
     return trainer, ckpt
 
 
+def run_phase0(cfg: TrainConfig, model: PMNet, out_dir: str | Path, *, loggers=(),
+               progress: bool | None = None, accelerator: str = "auto") -> dict:
+    """Phase 0, the copy warm start, on `model` in place: `cfg.phase0_steps` steps of the copy
+    task (batch `batch_size`, `phase0_copy_len`-byte payloads, rate `phase0_lr` or
+    `phase1_lr`, `phase0_lr_schedule` after `warmup_steps`), logged in `phase0_logs/`, its
+    success test read as it trains (`CopyProbe`: held-out per-position copy accuracy).
+    Writes and returns `phase0_metrics.json`'s record: the last training loss and the copy
+    accuracy's curve and last reading (docs/choices.md, "The Phase-0 recipe")."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    m0 = Phase0Module(cfg, model, cfg.phase0_lr or cfg.phase1_lr)
+    probe = CopyProbe(cfg.phase0_copy_len, cfg.phase0_steps)
+    tr, _ = _trainer(cfg, out_dir, max_epochs=1, monitor=None, patience=1,
+                     callbacks=(probe,), loggers=loggers, progress=progress, ckpt_dir=None,
+                     name="phase0_logs", accelerator=accelerator)
+    data = _loader(CopyBatches(cfg.phase0_steps, cfg.batch_size, cfg.phase0_copy_len,
+                               cfg.phase1_seed))
+    tr.fit(m0, train_dataloaders=data)
+    phase0 = {"phase0/final_loss": float(tr.callback_metrics.get("train/loss", float("nan"))),
+              **probe.metrics()}
+    atomic_write_json(out_dir / "phase0_metrics.json", _jsonable(phase0))
+    return phase0
+
+
 def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(),
                progress: bool | None = None, accelerator: str = "auto",
                stop: StopAtEpochEnd | None = None) -> dict | Phase1Paused:
@@ -193,15 +218,8 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
         # would produce, so Phase 0 is not run again; its recorded metrics are kept
         phase0 = json.loads(phase0_file.read_text()) if phase0_file.is_file() else {}
     elif cfg.phase0_steps > 0:
-        m0 = Phase0Module(cfg, model, cfg.phase1_lr)
-        tr, _ = _trainer(cfg, out_dir, max_epochs=1, monitor=None, patience=1,
-                         callbacks=(), loggers=loggers, progress=progress, ckpt_dir=None,
-                         name="phase0_logs", accelerator=accelerator)
-        data = _loader(CopyBatches(cfg.phase0_steps, cfg.batch_size, cfg.phase0_copy_len,
-                                   cfg.phase1_seed))
-        tr.fit(m0, train_dataloaders=data)
-        phase0 = {"phase0/final_loss": float(tr.callback_metrics.get("train/loss", float("nan")))}
-        atomic_write_json(phase0_file, _jsonable(phase0))
+        phase0 = run_phase0(cfg, model, out_dir, loggers=loggers, progress=progress,
+                            accelerator=accelerator)
     module = Phase1Module(cfg, model, cfg.phase1_lr)
     data = EpisodeData(cfg, cfg.phase1_seed + 1_000_000, cfg.phase1_episodes_per_epoch)
     # the stop callback is a Checkpoint callback after LastCheckpoint: it acts once the

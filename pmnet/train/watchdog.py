@@ -47,6 +47,12 @@ from pmnet import task
 #: the steps a window averages (one read back from the device per window)
 WINDOW_STEPS = 50
 LN10 = math.log(10)
+#: Phase 0 is judged no earlier than this step (or its last, if it is shorter): the copy
+#: task's loss sits on its ln-26 plateau until routed memory starts to carry the payload,
+#: which took 200-420 steps at the shapes measured on a CPU (`cpu`, 4-byte payloads: about
+#: step 220; docs/choices.md, "The watchdog"), so 15% of a short Phase 0 (120 of 800 steps)
+#: would stop a run that learns
+PHASE0_MIN_STEPS = 500
 #: Phase 0's line: a payload letter is one of 26 (`task.PAYLOAD_TOKENS`)
 LN26 = math.log(len(task.PAYLOAD_TOKENS))
 #: `pmnet train`'s exit code for a run the watchdog stopped (`pmnet.cli`)
@@ -110,9 +116,12 @@ def chance_loss(module) -> float:
 
 def check_point(planned: int, share: float, phase: str, window: int = WINDOW_STEPS) -> int | None:
     """The step at which a phase of `planned` steps is first judged: the share point
-    ceil(share x planned); None when the phase is not judged (the share point comes before
-    its first full window, Phase 2 before its second: its first is its line)."""
+    ceil(share x planned), for Phase 0 no earlier than PHASE0_MIN_STEPS (or its last step);
+    None when the phase is not judged (the share point comes before its first full window,
+    Phase 2 before its second: its first is its line)."""
     point = math.ceil(share * planned - 1e-9)
+    if phase == "phase0":
+        point = min(max(point, PHASE0_MIN_STEPS), planned)
     needed = 2 * window if phase == "phase2" else window
     if planned <= 0 or point < needed or point > planned:
         return None

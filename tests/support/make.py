@@ -19,10 +19,16 @@ PARENT_MAKE_VARS = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
 def make_dry_run(*args: str, drop: tuple[str, ...] = ()) -> str:
     """stdout of `make -n ARGS` in the repository (skip without make); `drop` names
     environment variables to leave out besides a parent make's."""
+    return make_output("-n", *args, drop=drop)
+
+
+def make_output(*args: str, drop: tuple[str, ...] = ()) -> str:
+    """stdout of `make ARGS` in the repository (skip without make): for targets that only
+    print (`help`); `make_dry_run` for the rest."""
     if shutil.which("make") is None:
         pytest.skip("no make")
     env = {k: v for k, v in os.environ.items() if k not in (*PARENT_MAKE_VARS, *drop)}
-    out = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=REPO, env=env,
+    out = subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout
