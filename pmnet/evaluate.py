@@ -162,6 +162,10 @@ def episode_outcomes(model: PMNet, batch, *, consolidation: str, ltm_routing: bo
 #: chance of one payload position of the copy task (`copy_accuracy`): the prediction is the
 #: argmax over the 26 payload letters, drawn uniformly
 COPY_CHANCE = 1.0 / len(task.PAYLOAD_TOKENS)
+#: Phase 0's success test: held-out copy accuracy at least this many times chance (the
+#: gpu-check learning gate's bar, `pmnet.gpu_check.table.LEARNING["acc_min"]`; the watchdog's
+#: end-of-Phase-0 test, `pmnet.train.run_phase0`)
+COPY_LEARNED_X_CHANCE = 1.5
 #: the seed of held-out copy examples (Phase 0's probe, the gpu-check learning gate): a seed
 #: training never draws (training batch i of Phase-1 seed k is seed k * 1_000_003 + i)
 COPY_HELDOUT_SEED = 987_654_321

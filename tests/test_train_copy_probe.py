@@ -120,3 +120,30 @@ def test_phase0_recipe_fields_keep_stored_phase1_hashes_at_their_default():
     assert "phase0_lr_schedule" not in phase1_part(cpu.to_dict())
     warm = dataclasses.replace(cpu, phase0_lr_schedule="constant")
     assert phase1_config_hash(warm) != phase1_config_hash(cpu)
+
+
+def test_a_phase0_that_ends_below_its_success_test_stops_as_not_learning(tmp_path, monkeypatch):
+    """The end-of-Phase-0 success test (the watchdog's, `run_phase0`): a Phase 0 long enough
+    to be judged whose held-out copy accuracy ends below 1.5x chance raises NotLearningError
+    and writes no phase0_metrics.json; with the watchdog off it writes its record."""
+    from pmnet.train.watchdog import NotLearning, NotLearningError
+
+    # the loss watchdog off, so that only the success test can stop the run
+    monkeypatch.setattr(NotLearning, "on_train_batch_end", lambda *a, **k: None)
+    cfg = _cfg(phase0_steps=60, phase0_lr=1e-9)  # 60 steps: judged; a rate that learns nothing
+    with pytest.raises(NotLearningError) as info:
+        run_phase0(cfg, PMNet(cfg.model), tmp_path / "on", progress=False)
+    e = info.value
+    assert (e.phase, e.line_kind) == (0, "copy accuracy") and e.mean < e.threshold
+    assert "success test" in str(e) and "1.5x chance" in str(e)
+    assert not (tmp_path / "on" / "phase0_metrics.json").exists()
+    off = dataclasses.replace(cfg, watchdog=False)
+    m = run_phase0(off, PMNet(off.model), tmp_path / "off", progress=False)
+    assert m["phase0/copy_acc"] < 1.5 / 26 and (tmp_path / "off" / "phase0_metrics.json").is_file()
+
+
+def test_the_success_test_and_the_learning_gate_share_their_bar():
+    from pmnet.evaluate import COPY_LEARNED_X_CHANCE
+    from pmnet.gpu_check.table import LEARNING
+
+    assert LEARNING["acc_min"] == pytest.approx(COPY_LEARNED_X_CHANCE * COPY_CHANCE)

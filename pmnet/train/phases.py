@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import CSVLogger
 from pmnet import task
 from pmnet.baselines import BASELINE_MODES, add_baseline, reset_baseline
 from pmnet.conditions import WATCHDOG_FIELDS, Condition, get_condition, seed_problem
+from pmnet.evaluate import COPY_CHANCE, COPY_LEARNED_X_CHANCE
 from pmnet.gpu.cap import GpuMemoryCap
 from pmnet.io import atomic_write_json
 from pmnet.model import PMNet
@@ -43,7 +44,7 @@ from pmnet.train.copy_probe import CopyProbe
 from pmnet.train.data import CopyBatches, EpisodeData, _loader
 from pmnet.train.modules import Phase0Module, Phase1Module, Phase2Module
 from pmnet.train.pause import Phase1Paused, PhasePaused, StopAtEpochEnd
-from pmnet.train.watchdog import NotLearning
+from pmnet.train.watchdog import NotLearning, NotLearningError, check_point
 
 
 def _setup_threads(cfg: TrainConfig) -> None:
@@ -180,7 +181,22 @@ def run_phase0(cfg: TrainConfig, model: PMNet, out_dir: str | Path, *, loggers=(
     tr.fit(m0, train_dataloaders=data)
     phase0 = {"phase0/final_loss": float(tr.callback_metrics.get("train/loss", float("nan"))),
               **probe.metrics()}
-    atomic_write_json(out_dir / "phase0_metrics.json", _jsonable(phase0))
+    if cfg.watchdog and probe.curve and check_point(
+            cfg.phase0_steps, cfg.watchdog_share, "phase0") is not None:
+        acc, bar = probe.curve[-1]["acc"], COPY_LEARNED_X_CHANCE * COPY_CHANCE
+        if not acc >= bar:  # the success test (docs/choices.md, "The Phase-0 recipe")
+            raise NotLearningError(
+                f"not learning: Phase 0 ended at step {cfg.phase0_steps} with held-out copy "
+                f"accuracy {100 * acc:.1f}% (chance {100 * COPY_CHANCE:.1f}%; its success "
+                f"test: at least {COPY_LEARNED_X_CHANCE:g}x chance, {100 * bar:.1f}%), so it "
+                "is no warm start; no checkpoint is kept. `--set watchdog=false` turns the "
+                "watchdog off", phase=0, step=cfg.phase0_steps, planned=cfg.phase0_steps,
+                mean=acc, line=COPY_CHANCE, threshold=bar, line_kind="copy accuracy")
+    # the record as phase0_metrics.json holds it (keys sorted): a Phase 1 continued from
+    # its last.ckpt reads it back from there, and the checkpoint file it writes must have the
+    # bytes of one uninterrupted run's
+    phase0 = json.loads(json.dumps(_jsonable(phase0), sort_keys=True))
+    atomic_write_json(out_dir / "phase0_metrics.json", phase0)
     return phase0
 
 
