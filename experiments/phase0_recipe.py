@@ -44,9 +44,6 @@ OUT = ROOT / "experiments" / "results" / "phase0-recipe"
 #: the scratch partner of a warm Phase 1: the committed checkpoint of the same preset and
 #: Phase-1 seed, trained without Phase 0 (AMD EPYC, one thread; its provenance.json)
 SCRATCH = {"cpu": ROOT / "experiments" / "results" / "issue39" / "store" / "phase1-p1s{k}"}
-#: "learned the copy": the mean held-out accuracy at least this many times chance (1/26),
-#: Phase 0's success test
-LEARNED_X_CHANCE = COPY_LEARNED_X_CHANCE
 
 
 def run_name(a) -> str:
@@ -96,11 +93,11 @@ def phase0_rows() -> list[dict]:
         run = json.loads((d.parent / "run.json").read_text())
         curve = m.get("phase0/copy_curve", [])
         chance = m["phase0/copy_chance"]
-        left = next((c["step"] for c in curve if c["acc"] >= LEARNED_X_CHANCE * chance), None)
+        left = next((c["step"] for c in curve if c["acc"] >= COPY_LEARNED_X_CHANCE * chance), None)
         rows.append({**run, "name": d.parent.name, "final_loss": m["phase0/final_loss"],
                      "copy_acc": m["phase0/copy_acc"], "chance": chance,
                      "by_position": m["phase0/copy_acc_by_position"], "curve": curve,
-                     "learned": m["phase0/copy_acc"] >= LEARNED_X_CHANCE * chance,
+                     "learned": m["phase0/copy_acc"] >= COPY_LEARNED_X_CHANCE * chance,
                      "first_learned_step": left})
     return rows
 
@@ -166,7 +163,7 @@ def cmd_summary(a) -> None:
     lines = ["# A copy warm start that learns (validation and held-out copy examples)", "",
              "Written by `experiments/phase0_recipe.py summary`. Phase 0 is judged by held-out "
              "per-position copy accuracy (chance 1/26 = 3.8%; learned: at least "
-             f"{LEARNED_X_CHANCE}x chance).", "",
+             f"{COPY_LEARNED_X_CHANCE}x chance).", "",
              "## Phase 0 recipes", "",
              "| shape | payload | lr, schedule | batch | steps | seed | last loss | held-out "
              "accuracy | by position | first step >= 1.5x chance | learned | CPU, wall |",

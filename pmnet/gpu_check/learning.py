@@ -29,9 +29,9 @@ payload; when it leaves is a symmetry breaking, sensitive to everything:
   8.8-10.9%. Runs that stay on the plateau read 3.1-4.4%. At batch 128 and 256 the 2-layer
   model left the plateau earlier (about step 250 and 220) than at 32;
 - with Phase 0's cosine decay over 400 steps it had barely left it (3.19, 6.4%): the gate
-  keeps the rate constant after its warmup (`Phase0Module.lr_schedule` set to "constant" on
-  its module, as Phase 2's long recipe does), the rate is still scheduled by Lightning
-  outside the compiled step.
+  keeps the rate constant after its warmup (`phase0_lr_schedule="constant"`, the `paper`
+  preset's Phase-0 recipe), the rate is still scheduled by Lightning outside the compiled
+  step.
 So a rung runs LEARN_STEPS (800) on a card, LEARN_STEPS_CPU (600, about a minute a rung on
 one idle core) in the self-test, which runs two rungs: eager and compiled fp32 (the CPU
 trains fp32, and has no CUDA graphs; the preset's batch runs on a card only). The gate's
@@ -54,7 +54,7 @@ from pmnet.gpu_check.table import NA_CPU
 LEARN_MODEL = {"n_layer": 4}
 #: payload bytes of the gate's copy task (Phase 0's `phase0_copy_len`)
 LEARN_COPY_LEN = 4
-#: the gate's rate (Phase 0's `phase1_lr`; constant after the warmup), warmup steps and
+#: the gate's rate (Phase 0's `phase0_lr`; constant after the warmup), warmup steps and
 #: batch (every rung but `batch`)
 LEARN_LR = 1e-3
 LEARN_WARMUP = 20
@@ -162,7 +162,8 @@ def gate_config(preset_cfg, rung: Rung, steps: int):
     model = dataclasses.replace(ModelConfig.from_name("debug"), **LEARN_MODEL,
                                 attn_dropout=preset_cfg.model.attn_dropout)
     return dataclasses.replace(
-        preset_cfg, model=model, phase1_lr=LEARN_LR, warmup_steps=LEARN_WARMUP,
+        preset_cfg, model=model, phase0_lr=LEARN_LR, phase0_lr_schedule="constant",
+        warmup_steps=LEARN_WARMUP,
         batch_size=rung.batch, episodes_per_epoch=max(rung.batch, preset_cfg.batch_size),
         phase1_episodes_per_epoch=max(rung.batch, preset_cfg.batch_size),
         phase0_steps=steps, phase0_copy_len=LEARN_COPY_LEN,
@@ -191,8 +192,7 @@ def train_rung(preset_cfg, rung: Rung, steps: int, seed: int = LEARN_SEED) -> di
     model = PMNet(cfg.model)
     for n, p in model.named_parameters():  # as run_phase1: the Consolidator frozen
         p.requires_grad_(not n.startswith("consolidator."))
-    module = Phase0Module(cfg, model, cfg.phase1_lr)
-    module.lr_schedule = "constant"  # after the warmup (why: the module's docstring)
+    module = Phase0Module(cfg, model, cfg.phase0_lr)
     data = _loader(CopyBatches(steps, rung.batch, cfg.phase0_copy_len, seed), pin_memory=cuda)
     t0 = time.time()
     losses = fit(module, data, precision=rung.precision, accelerator="gpu" if cuda else "cpu",

@@ -36,8 +36,7 @@ class CopyProbe(Callback):
         self.curve: list[dict] = []
 
     def read(self, model, step: int) -> None:
-        device = next(model.parameters()).device
-        acc = copy_accuracy(model, self.batch.to(device)).cpu()
+        acc = copy_accuracy(model, self.batch).cpu()  # on the model's device
         self.curve.append({"step": int(step), "acc": float(acc.mean()),
                            "by_position": [round(float(a), 6) for a in acc]})
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from pmnet import task
 from pmnet.conditions import Condition
-from pmnet.evaluate import episode_outcomes, summarize
+from pmnet.evaluate import copy_logits, episode_outcomes, summarize
 from pmnet.model import PMNet
 from pmnet.runner import phase2_losses
 from pmnet.train.compiled_steps import compile_step
@@ -183,9 +183,7 @@ class Phase0Module(_PhaseModule):
         self.lr_schedule = cfg.phase0_lr_schedule
 
     def copy_loss(self, batch):
-        state = self.model.init_state(batch.context.shape[0], device=batch.context.device)
-        _, state = self.model(batch.context, state, ltm_routing=False, logits="none")
-        logits, _ = self.model(batch.prompt, state.clear_kv(), ltm_routing=False)
+        logits = copy_logits(self.model, batch)  # the forward copy_accuracy reads
         return F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(),
                                ignore_index=task.IGNORE_INDEX)
 
