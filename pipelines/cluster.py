@@ -204,21 +204,20 @@ def on_each_node(ray, nodes: list[dict], fn, *args, timeout: float) -> dict[str,
     NodeAffinitySchedulingStrategy and no CPU taken, so busy nodes answer too. Returns
     {NodeID: (True, its value) or (False, why not)}: the task failed there (node gone,
     runtime environment failed), or gave no answer within `timeout` seconds."""
+    from ray.exceptions import GetTimeoutError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0, max_retries=0)(fn)
     refs = {n["NodeID"]: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
         n["NodeID"], soft=False)).remote(*args) for n in nodes}
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout) \
-        if refs else ([], [])
+    deadline = time.monotonic() + timeout  # one bound for all: the tasks run side by side
     out = {}
     for node_id, ref in refs.items():
-        if ref not in ready:
+        try:
+            out[node_id] = (True, ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+        except GetTimeoutError:
             ray.cancel(ref, force=True)
             out[node_id] = (False, f"no answer within {timeout:.0f} s")
-            continue
-        try:
-            out[node_id] = (True, ray.get(ref))
         except Exception as e:  # noqa: BLE001 - said for that node
             out[node_id] = (False, f"the check could not run there: {type(e).__name__}: "
                                    f"{str(e)[:300]}")

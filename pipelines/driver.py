@@ -22,11 +22,10 @@ from pipelines import store as st
 from pipelines.cluster import ClusterInfo, check_storage, describe_ray, init_ray
 from pipelines.console import say
 from pipelines.faults import kill_point
-from pipelines.layout import EXPERIMENT_DIRNAME, Layout, PipelineError, read_json
+from pipelines.layout import EXPERIMENT_DIRNAME, PipelineError, read_json
 from pipelines.lock import RunLock
 from pipelines.plan import Plan, resource_problem, uses_gpu
 from pipelines.stages import (
-    record_phase1,
     stage1_finish,
     stage1_start,
     stage2,
@@ -56,7 +55,7 @@ def _execute(plan: Plan) -> int:
     lay.logs_dir.mkdir(parents=True, exist_ok=True)
     say.log_path = lay.logs_dir / "driver.log"
     write_meta(plan, status="running", max_wall_s=plan.max_wall_s,
-               store=str(plan.store.root) if plan.store is not None else None,
+               store=str(lay.store),
                ray_address=plan.ray_address,  # a later resume runs there again
                driver={"pid": os.getpid(), "host": socket.gethostname(),
                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
@@ -71,11 +70,11 @@ def _execute(plan: Plan) -> int:
         say("[pipeline] GPU memory per trial (memory model, pmnet/gpu/footprint.py): "
             + ", ".join(f"{c}{'-' + v if v else ''} {b / 2**30:.1f} GiB"
                         for (c, v), b in plan.memory.items()))
-    if plan.store is not None:
+    if lay.store_elsewhere:  # a shared store is repaired, a run's own units refused (plan)
         from pmnet.store_repair import quarantine_damaged
 
-        init_store(plan.store)
-        quarantine_damaged(plan.store, say)  # adoption below sees whole units only (issue 53)
+        init_store(lay.units)
+        quarantine_damaged(lay.units, say)  # the waves below see whole units only (issue 53)
     if _past_deadline(plan, t_start):
         return _stop_at_deadline(plan)
     ray = None
@@ -155,22 +154,17 @@ def wave_plan(plan: Plan, wave: list) -> Plan:
     tag = EXPERIMENT_DIRNAME + "-p1s" + "-".join(map(str, keys))
     return dataclasses.replace(
         plan, space=plan.space.derive(phase1_seeds=tuple(keys)),
-        layout=Layout(plan.layout.root, plan.layout.name, experiment=tag))
+        layout=dataclasses.replace(plan.layout, experiment=tag))
 
 
 def _past_deadline(plan: Plan, t_start: float) -> bool:
     return plan.max_wall_s is not None and time.time() - t_start >= plan.max_wall_s
 
 
-def _done(plan: Plan):
-    """Where a unit of this run counts as done: the store, else the run's own units."""
-    return plan.store if plan.store is not None else plan.layout.units
-
-
 def _stop_at_deadline(plan: Plan, why: str | None = None) -> int:
     """One line: what of this run is not done, and how to continue (`why`: "by SIGTERM";
     by default --max-wall's)."""
-    done = _done(plan)
+    done = plan.layout.units
     p1, tr = st.units_left(done, plan.phase1_slots, plan.space.trials)
     left = [s.seed for s in plan.phase1_slots if not done.stage1_json(s.seed).is_file()
             or any(not done.result(t).is_file() for t in plan.space.trials
@@ -183,56 +177,52 @@ def _stop_at_deadline(plan: Plan, why: str | None = None) -> int:
         f"unit(s) of this run not done in {done.root}; continue with `make resume "
         f"NAME={plan.name} RUNS={plan.layout.root}` (python -m pipelines.run resume --name "
         f"{plan.name} --root {plan.layout.root})"
-        + (f", or on another machine `make pipeline STORE={plan.store.root} "
-           f"PHASE1_SEEDS={seeds} ...`" if seeds and plan.store is not None else ""))
+        + (f", or on another machine `make pipeline STORE={done.root} "
+           f"PHASE1_SEEDS={seeds} ...`" if seeds and plan.layout.store_elsewhere else ""))
     return 0
 
 
-def _publish_paused(plan: Plan, wave: list, paused: dict) -> None:
+def _pause(plan: Plan, wave: list, paused: dict) -> None:
     """A wave's Phase 1 stopped at an epoch end (`paused`: Phase-1 seed -> Phase1Paused) or
-    the driver got a SIGTERM (issue 52): say what paused where, and publish each paused
-    unit's progress to the store (without one it stays in the run's unit, where `make
-    resume` continues it). The run then ends as a stop at --max-wall does."""
+    the driver got a SIGTERM (issue 52): say what paused where, and put each paused unit's
+    progress into the store, where the next run of the unit (`make resume`, or another
+    machine's run on the store) continues it. The run then ends as a stop at --max-wall
+    does."""
     from pmnet.store_progress import publish_progress
     from pmnet.train import checkpoint_epoch
 
-    labels = {s.seed: s.label for s in wave}
     for k, p in paused.items():
-        if plan.store is not None:
-            publish_progress(plan.store, st.progress_unit(next(s for s in wave if s.seed == k)),
-                             p.reason, checkpoint_epoch, p.train_time_s, say)
-        say(f"[pipeline] {labels[k]}: Phase 1 paused after epoch {p.epochs_done} of "
-            f"{p.max_epochs} ({p.reason})"
-            + ("; its progress is in the store" if plan.store is not None else ""))
+        slot = next(s for s in wave if s.seed == k)
+        publish_progress(plan.layout.units, st.progress_unit(slot), p.reason,
+                         checkpoint_epoch, p.train_time_s, say)
+        say(f"[pipeline] {slot.label}: Phase 1 paused after epoch {p.epochs_done} of "
+            f"{p.max_epochs} ({p.reason}); its progress is in the store")
     if not paused:
         say("[pipeline] SIGTERM before Stage 2")
 
 
 def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
-    """Every run: its Phase-1 checkpoints in waves of `wave_size`; each wave adopts what the
-    store has (`store.adopt_phase1`, `store.adopt_trials`), trains its missing checkpoints
-    (each published to the store as it lands), then the trials of those checkpoints (each
-    trial publishes itself) before the next wave starts, so a run stopped between waves
-    (`--max-wall`) leaves whole checkpoints. Then Stage 3 (`finish`). Returns 0 when every
-    unit of the run is done (or the deadline stopped it), else 1."""
+    """Every run: its Phase-1 checkpoints in waves of `wave_size`; each wave trains the
+    checkpoints its store lacks (each lands in the store as its task returns), then the
+    trials of those checkpoints that the store lacks (each lands itself) before the next
+    wave starts, so a run stopped between waves (`--max-wall`) leaves whole units. MLflow
+    mirrors the store's units of the run after each wave. Then Stage 3 (`finish`). Returns
+    0 when every unit of the run is done (or the deadline stopped it), else 1."""
     from pipelines import phase1_progress as pp
     from pmnet.store_progress import drop_progress, restore_progress
     from pmnet.train import checkpoint_epoch
 
-    slots = plan.phase1_slots
+    slots, units = plan.phase1_slots, plan.layout.units
     size = wave_size(plan, cluster)
     waves = [slots[i:i + size] for i in range(0, len(slots), size)]
-    if plan.store is not None or len(waves) > 1:
+    if len(waves) > 1 or plan.layout.store_elsewhere:
         say(f"[pipeline] {len(slots)} Phase-1 checkpoint(s) in {len(waves)} wave(s) of up to "
-            f"{size}; the trials of each follow it"
-            + (f"; store {plan.store.root}" if plan.store is not None else ""))
+            f"{size}; the trials of each follow it; store {units.root}")
     runs = Runs()
     totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
               "compile_warm_s": 0.0}
     p1_train = stage1_wall = 0.0
     stopped = False
-    publish = None if plan.store is None else (
-        lambda job, res: st.publish_phase1(plan.store, job.slot))
     accelerator = "gpu" if uses_gpu(plan) else "cpu"
     stop_file = pp.stop_file(plan.layout.run_dir)  # issue 52: a SIGTERM writes it
     stop_file.unlink(missing_ok=True)
@@ -243,55 +233,39 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
                 break
             wplan = wave_plan(plan, wave)
             trials = wplan.space.trials
-            for slot in wave:
-                st.adopt_phase1(wplan, slot)
+            for slot in wave:  # issue 52: a unit's progress in the store, where it resumes
                 st.start_phase1(wplan, slot, accelerator)
-            if n := st.adopt_trials(wplan, trials):
-                say(f"[store] adopted {n} stored trial unit(s) of this wave")
-            if plan.store is not None:  # issue 52: a unit's stored progress, where it resumes
-                for slot in wave:
-                    restore_progress(plan.store, st.progress_unit(slot), checkpoint_epoch, say)
+                restore_progress(units, st.progress_unit(slot), checkpoint_epoch, say)
             t1 = time.time()
             left = None if plan.max_wall_s is None else plan.max_wall_s - (time.time() - t_start)
             # issue 52: from submission to the last Phase-1 result, SIGTERM pauses Phase 1
-            with pp.sigterm_writes_stop_file(stop_file, plan.store is not None):
+            with pp.sigterm_writes_stop_file(stop_file):
                 jobs = stage1_start(wplan, ray, cluster, deadline_s=left,
                                     stop_file=str(stop_file))
                 kill_point("stage1-submitted")
                 if runs.tracker is None:
                     runs = open_tracking(plan)
-                p1 = stage1_finish(wplan, ray, jobs, runs, on_recorded=publish)
+                p1 = stage1_finish(wplan, ray, jobs, runs)
             stage1_wall += time.time() - t1
             p1_train += p1.train_time_s
-            for slot in wave:  # trained before a kill, or adopted: the store has it either way
-                if slot.seed in p1.paused or plan.store is None:
-                    continue
-                if not plan.store.stage1_json(slot.seed).is_file():
-                    st.publish_phase1(plan.store, slot)
-                drop_progress(plan.store, slot.seed)  # issue 52: the unit landed
+            for slot in wave:
+                if slot.seed not in p1.paused:
+                    drop_progress(units, slot.seed)  # issue 52: the unit landed
             if p1.paused or stop_file.exists():  # issue 52: --max-wall or SIGTERM in Phase 1
-                _publish_paused(plan, wave, p1.paused)
+                _pause(plan, wave, p1.paused)
                 stopped = "by SIGTERM" if stop_file.exists() else True
                 break
-            theirs = {s.seed: d for s in wave  # another writer's, where it landed first
-                      if (d := st.adopt_phase1(wplan, s)) and d != p1.digests[s.seed]}
-            if theirs:
-                p1.digests.update(theirs)
-                record_phase1(wplan, theirs)
-            if any((read_json(wplan.layout.result_path(t)) or {}).get("phase1_sha256")
+            if any((read_json(units.result(t)) or {}).get("phase1_sha256")
                    != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
                 s2 = stage2(wplan, runs, p1)
             else:
                 say(f"[stage 2/3] every trial of {', '.join(s.label for s in wave)} has its "
-                    "result from its checkpoint")
+                    "result from its checkpoint in the store")
                 s2 = {"finished": len(trials)}
             for k in totals:
                 totals[k] += s2.get(k, 0.0)
             kill_point("stage2-done")
-            for t in trials if plan.store is not None else ():  # what a trial could not
-                if wplan.layout.result_path(t).is_file() and not plan.store.result(t).is_file():
-                    say(f"[store] {t.name}: "
-                        f"{st.publish_trial(plan.store, plan.layout.units, t)}")
+            backfill_results(plan.layout, runs, plan.space.trials)  # MLflow mirrors the store
         return finish(plan, runs, t_start, totals, p1_train, stage1_wall, stopped)
     except BaseException:
         if runs.parent:
@@ -305,8 +279,8 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
     included), the records, the report (the run's, and the store's), the timing logged to
     the parent run, and the closing lines."""
     lay, sp = plan.layout, plan.space
-    backfill_results(lay, runs)  # what trials could not log to MLflow, from their results
-    p1_left, tr_left = st.units_left(_done(plan), plan.phase1_slots, sp.trials)
+    backfill_results(lay, runs, sp.trials)  # MLflow mirrors the store's units of the run
+    p1_left, tr_left = st.units_left(lay.units, plan.phase1_slots, sp.trials)
     status = "stopped" if stopped else (
         "finished" if p1_left == tr_left == 0 and not totals["errored"] else "failed")
     totals["n_trials"] = sp.n_trials
@@ -324,9 +298,7 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
     say(f"[pipeline] {status}: {done}/{sp.n_trials} trials finished, {totals['errored']} "
         f"errored; wall {timing.wall_s:.1f} s (trials' own training "
         f"{timing.sum_trial_train_s:.1f} s)")
-    say(f"[pipeline] results: {lay.results_dir}   report: {lay.report_dir}"
-        + (f"   store: {plan.store.root} (report: {plan.store.root / 'report'})"
-           if plan.store is not None else ""))
+    say(f"[pipeline] results: {lay.results_dir}   report: {lay.report_dir}")
     if stopped:
         _stop_at_deadline(plan, stopped if isinstance(stopped, str) else None)
     elif status != "finished":

@@ -1,10 +1,12 @@
 """A run directory's paths (`Layout`), pipeline names and the small JSON helpers.
 
-A run directory is its own store plus scratch: its units (Phase-1 checkpoints, trials) are
-laid out by `pmnet.store_layout.StoreLayout` exactly as in a durable store (`Layout.units`),
-the rest (logs, `trials/<trial>/`, Tune's `stage2*/`, the run's records) is its own;
-docs/pipeline.md, "Storage layout", draws the whole tree. `<trial>` is a `TrialId`'s name
-(pmnet.trial_id).
+A run has one store (`Layout.units`): the `--store DIR` it was given, or by default its own
+directory. Its units (Phase-1 checkpoints, trials) land there once, laid out by
+`pmnet.store_layout.StoreLayout`; everything else is the run's scratch in its own directory
+(logs, Phase 1's training directory `phase1[-p1s<k>]/`, `trials/<trial>/`, Tune's
+`stage2*/`, the run's records). Without a store a Phase-1 unit and its training directory
+are one directory. docs/pipeline.md, "Storage layout", draws the whole tree. `<trial>` is a
+`TrialId`'s name (pmnet.trial_id).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from pmnet.conditions import PHASE2_ONLY_FIELDS  # noqa: F401  (re-exported)
 from pmnet.io import atomic_write_json, read_json  # noqa: F401  (read_json re-exported)
-from pmnet.store_layout import StoreLayout
+from pmnet.store_layout import StoreLayout, unit_name
 from pmnet.trial_id import TrialId
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -49,9 +51,13 @@ class Layout:
     # when the run's checkpoints train in several waves (`stage2-p1s<k>[-<k'>...]`,
     # `pipelines.driver.wave_plan`)
     experiment: str = EXPERIMENT_DIRNAME
+    # the run's one store: `--store DIR`, by default (None) the run's own directory
+    store: Path | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "root", Path(self.root).expanduser().absolute())
+        object.__setattr__(self, "store", Path(self.store or self.run_dir).expanduser()
+                           .absolute())
         check_name(self.name)
 
     # per root --------------------------------------------------------------------------
@@ -96,8 +102,21 @@ class Layout:
 
     @property
     def units(self) -> StoreLayout:
-        """The run's units, laid out as in a durable store (pmnet.store_layout)."""
-        return StoreLayout(self.run_dir)
+        """The run's one store, where its units land (pmnet.store_layout): `--store`, else
+        the run directory."""
+        return StoreLayout(self.store)
+
+    @property
+    def store_elsewhere(self) -> bool:
+        """Whether the run's store is a `--store` of its own, not the run directory (it then
+        has its own report of every unit it holds)."""
+        return self.store != self.run_dir
+
+    def phase1_scratch(self, phase1_seed: int | None) -> Path:
+        """Where Phase 1 of a checkpoint trains (Lightning's `phase1_ckpt/`, its logs, the
+        files the unit lands from): `<run>/phase1[-p1s<k>]/`, the unit's own directory when
+        the run is its own store."""
+        return self.run_dir / unit_name(phase1_seed)
 
     @property
     def phase1_dir(self) -> Path:
@@ -147,6 +166,14 @@ class Layout:
     @property
     def logs_dir(self) -> Path:
         return self.run_dir / "logs"
+
+
+def run_layout(root: str | os.PathLike, name: str) -> Layout:
+    """The layout of an existing run: its store is the one its pipeline.json records (none
+    recorded: the run directory)."""
+    meta = read_json(Layout(root, name).pipeline_json)
+    return Layout(root, name, store=(meta or {}).get("store") if isinstance(meta, dict)
+                  else None)
 
 
 def list_pipelines(root: str | os.PathLike) -> list[str]:

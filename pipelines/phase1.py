@@ -35,7 +35,14 @@ class Phase1Slot:
 
     seed: int | None
     cfg: Any  # the TrainConfig this checkpoint is trained with
-    dir: Path
+    dir: Path  # the unit in the run's store
+    scratch: Path | None = None  # where it trains (`Layout.phase1_scratch`); None: `dir`
+
+    @property
+    def work(self) -> Path:
+        """Phase 1's training directory: Lightning's `phase1_ckpt/`, `started.json`,
+        `progress.json`, and the files the unit lands from."""
+        return self.scratch or self.dir
 
     @property
     def ckpt(self) -> Path:
@@ -205,9 +212,9 @@ def check_phase1_source(path: str | os.PathLike, slots: list[Phase1Slot]) -> Pha
 
 
 def install_phase1(slot: Phase1Slot, src: Phase1Source) -> str:
-    """Copy a checked Phase-1 checkpoint (`--phase1-from`, or a store's unit:
-    `pipelines.store.adopt_phase1`) and its metrics into the slot's unit, each file
-    atomically, then write its stage1.json (the commit record) last; return its sha256."""
+    """Copy a checked Phase-1 checkpoint (`--phase1-from`) and its metrics into the slot's
+    unit, each file atomically, then write its stage1.json (the commit record) last; return
+    its sha256."""
     import stat
 
     from pmnet.io import atomic_write_bytes, atomic_write_json

@@ -25,7 +25,7 @@ def stop_file(run_dir: Path) -> Path:
 
 
 @contextmanager
-def sigterm_writes_stop_file(path: Path, store: bool = True) -> Iterator[None]:
+def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
     """While the driver waits for its Phase-1 tasks: the first SIGTERM writes the run's stop
     file (each task stops at its next epoch end, `StopAtEpochEnd(stop_file=...)`) and
     restores the previous handler, so a second SIGTERM ends the driver as before. Outside
@@ -43,8 +43,7 @@ def sigterm_writes_stop_file(path: Path, store: bool = True) -> Iterator[None]:
         Path(path).touch()
         signal.signal(signal.SIGTERM, previous)
         say("[pipeline] SIGTERM: Phase 1 stops at its next epoch end and its progress "
-            + ("goes into the store" if store else "stays in the run's unit")
-            + " (a second SIGTERM ends the driver now)")
+            "goes into the store (a second SIGTERM ends the driver now)")
 
     signal.signal(signal.SIGTERM, handler)
     try:

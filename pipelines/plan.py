@@ -25,6 +25,7 @@ from pipelines.layout import (
     check_name,
     check_writable,
     read_json,
+    run_layout,
 )
 from pipelines.phase1 import Phase1Slot, Phase1Source, check_phase1_source, existing_phase1
 from pipelines.records import PipelineRecord, canon, normalized_config
@@ -56,9 +57,8 @@ class Plan:
     memory: dict = field(default_factory=dict)
     # the Ray nodes (NodeIDs) that saw the storage root when planning checked it (a cluster)
     storage_nodes: frozenset = frozenset()
-    # a durable store the run publishes its units to and adopts from (`--store`,
-    # pipelines.store), and the run's wall-time bound (`--max-wall`: stop between waves)
-    store: Any = None  # pmnet.store_layout.StoreLayout
+    # the run's wall-time bound (`--max-wall`: stop between waves); the run's one store is
+    # its layout's (`Layout.units`: `--store`, else the run directory)
     max_wall_s: float | None = None
 
     @property
@@ -70,8 +70,8 @@ class Plan:
         """The Phase-1 checkpoints Stage 1 provides: one, or one per Phase-1 seed of the
         grid (`Space.phase1_seeds`)."""
         return [Phase1Slot(k, self.cfg if k is None else dataclasses.replace(
-            self.cfg, phase1_seed=k), self.layout.phase1_dir_for(k))
-            for k in self.space.phase1_keys]
+            self.cfg, phase1_seed=k), self.layout.phase1_dir_for(k),
+            self.layout.phase1_scratch(k)) for k in self.space.phase1_keys]
 
 
 def choose_preset(preset: str | None, cluster: ClusterInfo) -> tuple[str, str]:
@@ -176,11 +176,10 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib)
     check_max_wall(max_wall_s)
     root = check_writable(storage_root(root))  # before Ray is asked: a bad root costs nothing
-    store_layout = None
     if store is not None:
         from pipelines.store import open_store
 
-        store_layout = open_store(store)
+        store = open_store(store).root
     ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
     on_cluster = bool(ray_address) and cluster is None  # a running cluster, asked here
     if cluster is None:
@@ -201,10 +200,10 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     uri = requested_tracking_uri(tracking_uri)
     if uri and check_tracking:
         check_tracking_uri(uri)
-    plan = Plan(layout=Layout(root, name), cfg=cfg, space=space, preset_reason=reason,
-                overrides=overrides, tracking_uri=uri, ray_address=ray_address,
-                num_cpus=num_cpus, stage1_cpus=stage1_cpus,
-                cluster=cluster, store=store_layout, max_wall_s=max_wall_s)
+    plan = Plan(layout=Layout(root, name, store=store), cfg=cfg, space=space,
+                preset_reason=reason, overrides=overrides, tracking_uri=uri,
+                ray_address=ray_address, num_cpus=num_cpus, stage1_cpus=stage1_cpus,
+                cluster=cluster, max_wall_s=max_wall_s)
     fit_to_cluster(plan, explicit_gpus=gpus_per_trial is not None, gpu_mem_gib=gpu_mem_gib,
                    allow_cpu_paper=allow_cpu_paper)
     if phase1_from is not None:
@@ -227,16 +226,15 @@ def check_max_wall(max_wall_s) -> None:
 
 
 def _check_store(plan: Plan) -> None:
-    """The stored units this run would reuse were made with its configuration (reads)."""
-    if plan.store is None:
-        return
+    """The units of the run's store that this run would reuse were made with its
+    configuration (reads)."""
     from pipelines.store import check_store_units, progress_unit
     from pmnet.store_progress import check_progress
 
-    check_store_units(plan.store, plan.cfg, plan.space, plan.phase1_slots,
-                      plan.space.trials)
+    units = plan.layout.units
+    check_store_units(units, plan.cfg, plan.space, plan.phase1_slots, plan.space.trials)
     for slot in plan.phase1_slots:  # issue 52: a paused unit's progress, of this config, whole
-        check_progress(plan.store, progress_unit(slot))
+        check_progress(units, progress_unit(slot))
 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None) -> None:
@@ -427,7 +425,7 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
 
     root = storage_root(root)
     name = check_name(name) if name else last_pipeline(root)
-    lay = Layout(root, name)
+    lay = run_layout(root, name)
     meta, cfg_d = read_json(lay.pipeline_json), read_json(lay.config_json)
     if not lay.pipeline_json.is_file():
         raise PipelineError(f"no pipeline {name!r} under {root} (no {lay.pipeline_json})")
@@ -465,21 +463,20 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
     check_max_wall(max_wall_s)
-    store = None
-    if meta.store and check_resources:  # `report` reads the run, not the store
+    if lay.store_elsewhere and check_resources:  # `report` reads it without this check
         from pipelines.store import open_store
 
-        store = open_store(meta.store)
+        open_store(lay.store)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.preset_reason or "",
                 overrides=meta.overrides, tracking_uri=uri,
                 ray_address=ray_address, ray_address_recorded=recorded, num_cpus=num_cpus,
-                stage1_cpus=stage1_cpus, resumed=True, cluster=cluster, store=store,
+                stage1_cpus=stage1_cpus, resumed=True, cluster=cluster,
                 max_wall_s=max_wall_s)
     problem = resource_problem(plan, cluster) if check_resources else None
     if problem:
         raise PipelineError(f"pipeline {name!r} cannot continue here: {problem}")
     src = meta.phase1_from
-    if isinstance(src, dict) and not lay.units.phase1_ckpt(src.get("slot_seed")).is_file():
+    if isinstance(src, dict) and not plan.layout.units.phase1_ckpt(src.get("slot_seed")).is_file():
         # imported, then removed: import it again (checked again)
         plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), plan.phase1_slots)
     plan = _check_resources(plan)
@@ -512,8 +509,14 @@ def resume_ray_address(given: str | None, meta: PipelineRecord, lay: Layout, *,
 
 
 def _check_resources(plan: Plan) -> Plan:
-    """A Phase-1 checkpoint already on disk (the CPU counts and the Ray address are checked
-    first, `check_compute_flags`). Reads only; nothing is started or written."""
+    """A Phase-1 checkpoint already in the run's directory (the CPU counts and the Ray
+    address are checked first, `check_compute_flags`): a damaged one is refused (exit 2,
+    naming what to delete). A `--store`'s units are not judged here: the driver's
+    quarantine pre-pass moves its damaged ones aside and they train again, so that one
+    machine's damage does not stop every machine that shares the store
+    (`pmnet.store_repair`). Reads only; nothing is started or written."""
+    if plan.layout.store_elsewhere:
+        return plan
     for slot in plan.phase1_slots:
         digest = existing_phase1(slot)
         src = plan.phase1_from

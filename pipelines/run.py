@@ -224,12 +224,12 @@ def _save_traceback(path: Path) -> str:
 
 
 def cmd_status(a) -> int:
-    from pipelines.layout import Layout, last_pipeline
+    from pipelines.layout import last_pipeline, run_layout
     from pipelines.status import status_text
 
     root = Path(a.root).expanduser().absolute()
     name = a.name or last_pipeline(root)
-    layout = Layout(root, name)
+    layout = run_layout(root, name)
     if not layout.pipeline_json.is_file():
         raise PipelineError(f"no pipeline {name!r} under {root}")
     print(status_text(layout))

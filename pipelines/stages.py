@@ -157,7 +157,7 @@ def _wait_phase1(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
                 "--stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
         for job in list(pending.values()):
             _note_retry(job, len(jobs) > 1)
-            info = Progress.read(job.slot.dir / PROGRESS_FILE)
+            info = Progress.read(job.slot.work / PROGRESS_FILE)
             job.progress = info if info.time >= job.t0 else None  # else: an earlier attempt's
             if job.rid and job.progress is not None:
                 _log_epochs(runs, job.rid, job.progress.history, job.logged)
@@ -190,11 +190,11 @@ def _note_retry(job: Stage1Job, tag: bool) -> None:
     """Say so when the job's task started again: Ray retries a Phase-1 task whose worker or
     node was lost (`max_retries=1`), and the retry rewrites started.json. It continues from
     the last epoch checkpoint of Phase 1 in the slot's directory, when one was written."""
-    st = Started.read(job.slot.dir / STARTED_FILE)
+    st = Started.read(job.slot.work / STARTED_FILE)
     if st.time is None or st.time == job.started_time:
         return
     if job.started_time is not None:
-        last = job.slot.dir / "phase1_ckpt" / "last.ckpt"
+        last = job.slot.work / "phase1_ckpt" / "last.ckpt"
         say(f"[stage 1/3]{' ' + job.slot.label + ':' if tag else ''} the Phase-1 task "
             f"started again on node {str(st.node_id)[:12]} (pid {st.pid}): Ray retried it "
             "after its worker or node was lost; it continues from "
@@ -208,7 +208,7 @@ def _started(job: Stage1Job) -> bool:
     with nothing to run counts as started."""
     if job.ref is None:
         return True
-    return (job.slot.dir / STARTED_FILE).is_file()  # removed before the task was submitted
+    return (job.slot.work / STARTED_FILE).is_file()  # removed before the task was submitted
 
 
 def _log_epochs(runs: Runs, rid: str, history: list[dict], logged: set[int]) -> None:
@@ -332,24 +332,22 @@ def stage1_start(plan: Plan, ray, cluster, *, deadline_s: float | None = None,
     task = ray.remote(num_cpus=res.cpus, num_gpus=res.gpus, max_retries=1)(_phase1_task)
     for slot in todo:
         say(f"[stage 1/3] {phases} as a Ray task ({res.cpus:.3g} CPU, {res.gpus} GPU) -> "
-            f"{slot.dir}")
-        for p in (slot.ckpt, slot.sidecar):  # a retrain replaces them
-            if p.exists():
+            f"{slot.work}")
+        for p in (slot.work / "phase1.pt", slot.work / "phase1.pt.sha256"):  # a retrain
+            if p.exists():  # replaces them
                 p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
-        slot.dir.mkdir(parents=True, exist_ok=True)
-        (slot.dir / STARTED_FILE).unlink(missing_ok=True)  # the task writes it as it starts
+        slot.work.mkdir(parents=True, exist_ok=True)
+        (slot.work / STARTED_FILE).unlink(missing_ok=True)  # the task writes it as it starts
         jobs.append(Stage1Job(slot=slot, t0=time.time(), cpus=res.cpus, gpus=res.gpus,
                               cluster=cluster.describe(), ref=task.remote(
-                                  slot.cfg.to_dict(), str(slot.dir), int(res.cpus),
+                                  slot.cfg.to_dict(), str(slot.work), int(res.cpus),
                                   str(plan.layout.compile_cache), deadline_s, stop_file)))
     return jobs
 
 
-def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
-                  on_recorded: Callable[[Stage1Job, dict], None] | None = None
-                  ) -> Stage1Result:
-    """Wait for the Phase-1 tasks, record each checkpoint's hash, log Stage 1 to MLflow;
-    `on_recorded(job, task result)` as soon as each is recorded (a store publishes it)."""
+def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs) -> Stage1Result:
+    """Wait for the Phase-1 tasks, land each checkpoint in the store as its task returns,
+    log Stage 1 to MLflow."""
 
     def record(job: Stage1Job, res: dict) -> None:
         if not isinstance(res, dict):  # paused at an epoch end (issue 52): not finished
@@ -359,8 +357,6 @@ def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
                 runs.safe("stage1 finish", runs.tracker.finish, job.rid, "KILLED")
             return
         _record(plan, job, res, runs)
-        if on_recorded is not None:
-            on_recorded(job, res)
 
     for job in jobs:
         job.rid = stage_run(plan, runs, f"stage1-{job.slot.label}")
@@ -401,23 +397,19 @@ def record_phase1(plan: Plan, digests: dict) -> None:
 
 
 def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
-    """A Phase-1 task returned: make its checkpoint read-only, write its stage1.json, log
-    its run."""
+    """A Phase-1 task returned: land its unit in the store (`store.land_phase1`: the
+    checkpoint, read-only, its provenance, its stage1.json last), log its run."""
     from pipelines.store import land_phase1
 
     slot = job.slot
-    digest = res["sha256"]
-    for p in (slot.ckpt, slot.sidecar):  # read-only from now on
-        p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     wall = time.time() - job.t0
-    # before the commit record
-    land_phase1(slot, digest, res.get("device_kind"), res.get("threads"))
-    Stage1Record(config_hash=phase1_config_hash(slot.cfg), sha256=digest,
-                 checkpoint=str(slot.ckpt), phase1_seed=slot.cfg.phase1_seed,
-                 train_time_s=res.get("train_time_s"), wall_s=wall,
-                 metrics=canon(res.get("metrics", {})),
-                 routes=canon(res["routes"]) if res.get("routes") else None
-                 ).write(slot.stage1_json)
+    digest = land_phase1(slot, Stage1Record(
+        config_hash=phase1_config_hash(slot.cfg), sha256=res["sha256"],
+        checkpoint=str(slot.ckpt), phase1_seed=slot.cfg.phase1_seed,
+        train_time_s=res.get("train_time_s"), wall_s=wall,
+        metrics=canon(res.get("metrics", {})),
+        routes=canon(res["routes"]) if res.get("routes") else None),
+        res.get("device_kind"), res.get("threads"))
     job.digest, job.train_time_s = digest, float(res.get("train_time_s") or 0.0)
     kill_point("stage1-recorded")
     tag = f" {slot.label}" if slot.seed is not None else ""
@@ -544,7 +536,7 @@ def trial_context(plan: Plan, p1: Stage1Result | str):
                         space=plan.space, phase1_sha256=p1.digest,
                         phase1_sha256s={str(k): v for k, v in p1.digests.items()
                                         if k is not None},
-                        store=str(plan.store.root) if plan.store is not None else None)
+                        store=str(plan.layout.store))
 
 
 @dataclass(frozen=True)
@@ -770,13 +762,14 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
 
 
 def stage3(plan: Plan, runs: Runs) -> bool:
-    """The report of the run's units into `<run>/report/`, and of the store's into
-    `<store>/report/` for a run with a store; a failure is logged, the units are kept."""
+    """The report of the run's units (read where they landed, the run's store) into
+    `<run>/report/`; a run with a `--store` also rebuilds the store's report (every unit of
+    the store) in `<store>/report/`. A failure is logged, the units are kept."""
     lay = plan.layout
+    units = lay.units
     rid = stage_run(plan, runs, "stage3-report")
-    n = len(list(lay.results_dir.glob("*.json"))) if lay.results_dir.is_dir() else 0
-    stored = plan.store is not None and any(plan.store.results_dir.glob("*.json"))
-    if not n and not stored:  # e.g. a Phase 1 paused in the first wave (issue 52)
+    n = sum(units.result(t).is_file() for t in plan.space.trials)
+    if not n:  # e.g. a Phase 1 paused in the first wave (issue 52)
         say("[stage 3/3] no result file yet: no report")
         if rid:
             runs.safe("stage3 finish", runs.tracker.finish, rid)
@@ -787,11 +780,11 @@ def stage3(plan: Plan, runs: Runs) -> bool:
     try:
         from pmnet.report import main_report
 
-        if n:
-            written = main_report(lay.run_dir)
-        if stored:
-            main_report(plan.store.root)
-            say(f"[stage 3/3] the store's report -> {plan.store.root / 'report'}")
+        written = main_report(lay.run_dir, units=units.root,
+                              trials=[t.name for t in plan.space.trials])
+        if lay.store_elsewhere:
+            main_report(units.root)
+            say(f"[stage 3/3] the store's report -> {units.root / 'report'}")
     except Exception as e:
         msg = f"{type(e).__name__}: {e}"
         lay.logs_dir.mkdir(parents=True, exist_ok=True)

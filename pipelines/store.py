@@ -1,9 +1,11 @@
-"""The durable store a pipeline run fills (issue 45): plan against it (`open_store`,
-`check_store_units`: reads only, exit 2), adopt its units before a wave trains
-(`adopt_phase1`, `adopt_trials`), publish each unit as it lands (`publish_phase1`,
-`publish_trial`: the commit record last, under `pmnet.store_lock.UnitLock`, never over a
-unit already there), and each unit's provenance from its start to its landing. The layout
-is `pmnet.store_layout`; docs/pipeline.md, "The store", has the rules.
+"""The write side of a run's one store (`Layout.units`: `--store DIR`, else the run's own
+directory): plan against it (`open_store`, `check_store_units`: reads only, exit 2), each
+unit's provenance from its start (`start_phase1`, `start_trial`) to its landing, and the
+landing itself (`land_phase1`, `land_trial`): the one function per unit kind that takes the
+unit's lock (`pmnet.store_lock.UnitLock`), writes its files and writes its commit record
+last, never over a unit already there. A unit the store holds is not trained again: the
+run reads it where it is. The layout is `pmnet.store_layout`; docs/pipeline.md, "The
+store", has the rules.
 """
 
 from __future__ import annotations
@@ -20,9 +22,6 @@ from pipelines.console import say
 from pipelines.layout import PipelineError, check_writable, read_json
 from pipelines.phase1 import (
     Phase1Slot,
-    check_phase1_source,
-    existing_phase1,
-    install_phase1,
     phase1_config_hash,
     phase1_part,
     trained_phase1_part,
@@ -105,7 +104,7 @@ def phase1_unit_config(slot: Phase1Slot) -> tuple[dict, str]:
 
 def progress_unit(slot: Phase1Slot) -> Phase1Unit:
     """The slot as its stored progress is checked and copied (`pmnet.store_progress`)."""
-    return Phase1Unit(slot.seed, slot.dir, *phase1_unit_config(slot),
+    return Phase1Unit(slot.seed, slot.work, *phase1_unit_config(slot),
                       int(slot.cfg.phase1_max_epochs))
 
 
@@ -171,17 +170,16 @@ def start_provenance(*, unit: str, kind: str, config: dict, digest: str, run: st
                       started=time.time(), phase1_sha256=phase1_sha256)
 
 
-def write_started(run: Path, prov: Provenance, store: StoreLayout | None = None,
-                  stored: Path | None = None, commit_record: Path | None = None) -> None:
-    """A unit starts: its provenance into the run's unit (`run`; kept from the first attempt)
-    and, with a store that does not hold the unit (no `commit_record`), into the store's
-    (`stored`)."""
-    if not run.is_file() or Provenance.read(run).config_hash != prov.config_hash:
-        prov.write(run)
-    if store is not None and not commit_record.is_file():
-        with UnitLock(store, prov.unit):
-            if not commit_record.is_file():
-                Provenance.read(run).write(stored)
+def write_started(units: StoreLayout, path: Path, prov: Provenance,
+                  commit_record: Path) -> None:
+    """A unit starts: its provenance into the store (`path`), under the unit's lock, unless
+    the unit has landed (`commit_record`) or its start is recorded already under this
+    configuration (kept from the first attempt or writer)."""
+    with UnitLock(units, prov.unit):
+        if commit_record.is_file():
+            return
+        if not path.is_file() or Provenance.read(path).config_hash != prov.config_hash:
+            prov.write(path)
 
 
 def landed(scratch: Path, prov_now: Provenance) -> Provenance:
@@ -194,7 +192,7 @@ def landed(scratch: Path, prov_now: Provenance) -> Provenance:
         diff = config_difference(*(unit_config(p.config or {}) for p in (start, prov_now)))
         raise StoreError(f"unit {prov_now.unit} started with config hash "
                          f"{start.config_hash[:12]}... and lands with "
-                         f"{prov_now.config_hash[:12]}...; not published ({diff})")
+                         f"{prov_now.config_hash[:12]}...; not landed ({diff})")
     return replace(start, landed=time.time(), device=prov_now.device or start.device,
                    landed_git_commit=prov_now.git_commit,
                    phase1_sha256=prov_now.phase1_sha256 or start.phase1_sha256,
@@ -202,35 +200,73 @@ def landed(scratch: Path, prov_now: Provenance) -> Provenance:
 
 
 def start_phase1(plan, slot: Phase1Slot, accelerator: str) -> None:
-    """A Phase-1 unit the run does not hold starts: its provenance into the run's unit and
-    the store's (unless the store holds the unit)."""
-    units, store = plan.layout.units, plan.store
+    """A Phase-1 unit the store does not hold starts: its provenance into the store."""
+    units = plan.layout.units
     if units.stage1_json(slot.seed).is_file():
         return
     config, digest = phase1_unit_config(slot)
     prov = start_provenance(unit=slot.label, kind="phase1", config=config, digest=digest,
                             run=str(plan.layout.run_dir), accelerator=accelerator)
-    write_started(units.phase1_provenance(slot.seed), prov, store, *(() if store is None else (
-        store.phase1_provenance(slot.seed), store.stage1_json(slot.seed))))
+    write_started(units, units.phase1_provenance(slot.seed), prov,
+                  units.stage1_json(slot.seed))
 
 
-def land_phase1(slot: Phase1Slot, sha256: str, device: str | None,
-                threads: int | None = None) -> None:
-    """A Phase-1 task returned: the run's unit's provenance completed (before its
-    stage1.json, the commit record, is written); `threads`, how it ran, goes there and not
-    into its checkpoint file (issue 53)."""
-    path = slot.dir / "provenance.json"
-    config, digest = phase1_unit_config(slot)
-    now = Provenance(unit=slot.label, kind="phase1", config_hash=digest, config=config,
-                     git_commit=git_commit()["git_commit"], device=device,
-                     phase1_sha256=sha256, threads=threads)
-    landed(path, now).write(path)
+def _move(src: Path, dst: Path) -> None:
+    """`src` to `dst` atomically: renamed on one file system, else copied (atomically) and
+    removed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(src, dst)
+    except OSError:
+        atomic_copy(src, dst)
+        src.unlink()
+
+
+#: the files a Phase-1 unit lands from its training directory, in the order they land
+PHASE1_LANDED_FILES = ("phase1.pt", "phase1.pt.sha256", "phase1_metrics.json")
+
+
+def land_phase1(slot: Phase1Slot, record: Stage1Record, device: str | None,
+                threads: int | None = None) -> str:
+    """A Phase-1 task returned: its unit lands in the store, the one place it does. Under
+    the unit's lock: the checkpoint and its metrics move from the training directory into
+    the unit (nothing moves when the run is its own store), read-only; the provenance is
+    completed (`threads`, how it ran, goes there and not into its checkpoint file, issue
+    53); then `record`, the commit record `stage1.json`, is written last. A unit another
+    writer landed first is kept, and this run's checkpoint stays in its training
+    directory. Returns the sha256 of the store's checkpoint, the one its trials train
+    from."""
+    import stat
+
+    units = StoreLayout(slot.dir.parent)
+    with UnitLock(units, slot.label):
+        there = Stage1Record.read(slot.stage1_json)
+        if there.sha256:
+            if there.sha256 != record.sha256:
+                say(f"[store] {slot.label}: the store holds checkpoint {there.sha256[:12]}"
+                    f"..., this run trained {record.sha256[:12]}... (kept in {slot.work}); "
+                    "the trials start from the store's")
+            return there.sha256
+        if slot.work != slot.dir:
+            for name in PHASE1_LANDED_FILES:
+                if (slot.work / name).is_file():
+                    _move(slot.work / name, slot.dir / name)
+        for p in (slot.ckpt, slot.sidecar):  # read-only from now on
+            p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        path = slot.dir / "provenance.json"
+        config, digest = phase1_unit_config(slot)
+        now = Provenance(unit=slot.label, kind="phase1", config_hash=digest, config=config,
+                         git_commit=git_commit()["git_commit"], device=device,
+                         phase1_sha256=record.sha256, threads=threads)
+        landed(path, now).write(path)
+        record.write(slot.stage1_json)
+    return record.sha256
 
 
 def start_trial(ctx, trial: TrialId, cfg, digest: str, accelerator: str) -> Provenance:
-    """A trial starts: its provenance into the run's unit, and the store's unless the store
-    holds the unit. A unit the run holds from this checkpoint (adopted, or finished before
-    a driver died: it is reused, not trained) keeps its own."""
+    """A trial starts: its provenance into the store unless the store holds the unit. A
+    unit the store holds from this checkpoint (another writer's, or finished before a
+    driver died: it is reused, not trained) keeps its own."""
     units = ctx.layout.units
     held = read_json(units.result(trial))
     if isinstance(held, dict) and held.get("phase1_sha256") == digest:
@@ -239,128 +275,38 @@ def start_trial(ctx, trial: TrialId, cfg, digest: str, accelerator: str) -> Prov
     prov = start_provenance(unit=trial.name, kind="trial", config=config,
                             digest=config_hash(config), run=f"{ctx.root}/{ctx.name}",
                             accelerator=accelerator, phase1_sha256=digest)
-    store = StoreLayout(Path(ctx.store)) if ctx.store else None
-    write_started(units.provenance(trial), prov, store, *(() if store is None else (
-        store.provenance(trial), store.result(trial))))
+    write_started(units, units.provenance(trial), prov, units.result(trial))
     return prov
 
 
-def land_trial(units: StoreLayout, trial: TrialId, trial_dir: Path, prov: Provenance) -> None:
-    """A trial trained: its unit in the run, its provenance completed, then its result (the
-    commit record) last; its diagnostics, where its grid declares them, were written
-    before."""
-    landed(units.provenance(trial), prov).write(units.provenance(trial))
-    atomic_copy(trial_dir / "result.json", units.result(trial))
+#: a trial's diagnostics in its training directory, before its unit lands
+TRIAL_DIAGNOSTICS = "diagnostics.json"
 
 
-# -- adopt ----------------------------------------------------------------------------------
-
-
-def copy_unit(files_from: list[Path], files_to: list[Path]) -> None:
-    """Copy a unit's files that exist, each atomically, in the layout's order (the commit
-    record last)."""
-    for src, dst in zip(files_from, files_to):
-        if src.is_file():
-            atomic_copy(src, dst)
-
-
-def adopt_phase1(plan, slot: Phase1Slot) -> str | None:
-    """The store's checkpoint of `slot` into the run, through Stage 1's import-and-verify
-    path (sha256 sidecar, Phase-1 configuration, loadable; `phase1.install_phase1`), unless
-    the run has that one; its sha256, or None when the store has none (or there is no
-    store). A checkpoint of the same unit that this run trained too (another writer landed
-    first) is moved aside to `<slot>-not-stored-<sha>/`: the store's is the unit, and the
-    trials start from it. The one place a Phase-1 unit is adopted."""
-    store = plan.store
-    if store is None:
-        return None
-    rec = Stage1Record.read(store.stage1_json(slot.seed))
-    if not rec.sha256:
-        return None
-    have = existing_phase1(slot, repair=True)
-    if have == rec.sha256:
-        return have
-    if have is not None:
-        aside = slot.dir.with_name(f"{slot.dir.name}-not-stored-{have[:12]}")
-        slot.dir.rename(aside)
-        say(f"[store] {slot.label}: the store holds checkpoint {rec.sha256[:12]}..., this run "
-            f"trained {have[:12]}... (moved to {aside.name}); the trials start from the "
-            "store's")
-    src = check_phase1_source(store.phase1_dir(slot.seed), [slot])
-    if src.sha256 != rec.sha256:
-        raise StoreError(f"store unit {unit_name(slot.seed)}: phase1.pt has sha256 "
-                         f"{src.sha256[:12]}... but its stage1.json records "
-                         f"{rec.sha256[:12]}...; the unit is damaged")
-    units = plan.layout.units
-    copy_unit([store.phase1_provenance(slot.seed), store.phase1_diagnose(slot.seed)],
-              [units.phase1_provenance(slot.seed), units.phase1_diagnose(slot.seed)])
-    return install_phase1(slot, src)
-
-
-def adopt_trials(plan, trials: list[TrialId]) -> int:
-    """Copy the store's units of `trials` into the run (where the run has none): each trial
-    then reuses its own result when it matches. Returns how many were copied. The one place
-    a trial unit is adopted."""
-    n = 0
-    store, units = plan.store, plan.layout.units
-    for trial in trials if store is not None else ():
-        if store.result(trial).is_file() and not units.result(trial).is_file():
-            copy_unit(store.trial_files(trial), units.trial_files(trial))
-            n += 1
-    return n
-
-
-# -- publish --------------------------------------------------------------------------------
-
-
-def publish_phase1(store: StoreLayout, slot: Phase1Slot) -> bool:
-    """A Phase-1 checkpoint landed in the run: copy its unit into the store (its files in
-    the layout's order, `stage1.json` last), unless the store has it. True when published.
-    The one place a Phase-1 unit is published."""
-    rec = Stage1Record.read(slot.stage1_json)
-    unit = unit_name(slot.seed)
-    if not rec.sha256:
-        raise StoreError(f"unit {unit}: no stage1.json in {slot.dir} to publish")
-    with UnitLock(store, unit):
-        there = Stage1Record.read(store.stage1_json(slot.seed))
-        if there.sha256:
-            if there.sha256 != rec.sha256:
-                say(f"[store] {unit}: the store holds checkpoint {there.sha256[:12]}..., this "
-                    f"run trained {rec.sha256[:12]}...; the store's is kept")
-            return False
-        prov = Provenance.read(slot.dir / "provenance.json")
-        if prov.config_hash is not None and prov.config_hash != rec.config_hash:
-            raise StoreError(f"unit {unit}: stage1.json's config hash is not the one its "
-                             "provenance started with; not published")
-        mine = StoreLayout(slot.dir.parent)
-        copy_unit(mine.phase1_files(slot.seed)[:-1], store.phase1_files(slot.seed)[:-1])
-        replace(rec, checkpoint=str(store.phase1_ckpt(slot.seed))).write(
-            store.stage1_json(slot.seed))
-    say(f"[store] published {unit} (sha256 {rec.sha256[:12]}...) -> {store.root}")
-    return True
-
-
-def publish_trial(store: StoreLayout, units: StoreLayout, trial: TrialId) -> str:
-    """A trial's unit landed in the run (`units`): copy it into the store (its files in the
-    layout's order, `results/<trial>.json` last), unless the store has it, or its Phase-1
-    checkpoint is not the store's. Returns what was done, in words ("published", "in the
-    store already", or why not). The one place a trial unit is published."""
-    res = read_json(units.result(trial))
+def land_trial(units: StoreLayout, trial: TrialId, trial_dir: Path, prov: Provenance) -> str:
+    """A trial trained: its unit lands in the store, the one place it does. Under the
+    unit's lock, unless the store holds the unit already or its Phase-1 checkpoint is not
+    the store's: its diagnostics (where its grid declares them, from the training
+    directory), its provenance completed, then its result (the commit record) last.
+    Returns what was done, in words ("landed", "in the store already", or why not)."""
+    res = read_json(trial_dir / "result.json")
     if not isinstance(res, dict):
-        raise StoreError(f"trial {trial.name}: no result at {units.result(trial)} to publish")
-    prov = Provenance.read(units.provenance(trial))
-    with UnitLock(store, trial.name):
-        if store.result(trial).is_file():  # never replaced; said when it is not the same
-            theirs = Provenance.read(store.provenance(trial)).config_hash
+        raise StoreError(f"trial {trial.name}: no result.json in {trial_dir} to land")
+    with UnitLock(units, trial.name):
+        if units.result(trial).is_file():  # never replaced; said when it is not the same
+            theirs = Provenance.read(units.provenance(trial)).config_hash
             if theirs and prov.config_hash and theirs != prov.config_hash:
                 return "in the store already, from another configuration (kept, not replaced)"
             return "in the store already"
-        p1 = Stage1Record.read(store.stage1_json(trial.phase1_seed)).sha256
+        p1 = Stage1Record.read(units.stage1_json(trial.phase1_seed)).sha256
         if p1 != res.get("phase1_sha256"):
-            return (f"not published: trained from Phase-1 {str(res.get('phase1_sha256'))[:12]}"
+            return (f"not landed: trained from Phase-1 {str(res.get('phase1_sha256'))[:12]}"
                     f"..., the store's checkpoint is {str(p1)[:12]}...")
-        copy_unit(units.trial_files(trial), store.trial_files(trial))
-    return "published"
+        if (trial_dir / TRIAL_DIAGNOSTICS).is_file():
+            atomic_copy(trial_dir / TRIAL_DIAGNOSTICS, units.diagnostics(trial))
+        landed(units.provenance(trial), prov).write(units.provenance(trial))
+        atomic_copy(trial_dir / "result.json", units.result(trial))
+    return "landed"
 
 
 # -- what is left ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -706,17 +706,19 @@ def _backfill_one(runs: Runs, pipeline: str, trial: TrialId, result: dict, path:
     return rid
 
 
-def backfill_results(layout: Layout, runs: Runs) -> dict[str, int]:
-    """Log to MLflow what the callback could not: every `results/<trial>.json` whose run is
-    not FINISHED is attached (by run id or trial_key; created if missing) and logged
-    completely by `record_result`. Bounded and non-fatal: when MLflow fails the rest stays
-    for the next driver. Returns {"logged": n, "pending": m}."""
+def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId]) -> dict[str, int]:
+    """MLflow as a mirror of the store: each unit of `trials` (the run's) that the run's
+    store holds and whose run is not FINISHED (trained by another writer, or logged only in
+    part) is attached (by run id or trial_key; created if missing) and logged completely by
+    `record_result`. Idempotent: a FINISHED run is left as it is. Bounded and non-fatal:
+    when MLflow fails the rest stays for the next call. Returns {"logged": n, "pending": m}."""
     out = {"logged": 0, "pending": 0}
-    if runs.tracker is None or not layout.results_dir.is_dir():
+    paths = [p for t in trials if (p := layout.units.result(t)).is_file()]
+    if runs.tracker is None or not paths:
         return out
     ok, finished = runs.guard.call("listing the finished runs", _finished_runs, runs,
                                    layout.name)
-    for path in sorted(layout.results_dir.glob("*.json")):
+    for path in paths:
         result = read_json(path)
         try:
             trial = TrialId.from_result(result)

@@ -2,7 +2,7 @@
 it verifies the shared Phase-1 checkpoint first, trains with `pmnet.train.run_phase2`
 (continuing from its `ckpt/last.ckpt`; each epoch reported to Tune with a checkpoint that
 holds only `meta.json`), reuses a result that already exists instead of training again,
-and lands its unit (`pipelines.store.land_trial`) and publishes it to a store. It never
+and lands its unit in the run's store (`pipelines.store.land_trial`), once. It never
 opens MLflow. docs/pipeline.md, "Stages" (step 2) and "Tests" (`PMNET_TEST_FAULT_ONCE`),
 has the details.
 """
@@ -44,7 +44,8 @@ class TrialContext:
     phase1_sha256s: with K Phase-1 checkpoints ({str(phase1_seed): sha256}), the hash of each;
         a trial with `phase1_seed` k loads `phase1-p1s<k>/phase1.pt` and checks it against
         this one (`phase1_sha256` then names the set).
-    store: a durable store the trial publishes its unit to (`pipelines.store`), or None.
+    store: the run's `--store` (where its units land, `Layout.units`), or None: the run
+        is its own store.
     """
 
     root: str
@@ -78,7 +79,7 @@ class TrialContext:
             from pmnet.train import TrainConfig
             from tune_spaces import Space
 
-            lay = Layout(state["root"], state["name"])
+            lay = Layout(state["root"], state["name"])  # (the run's records only)
             state = {"root": state["root"], "name": state["name"],
                      "cfg": TrainConfig.from_dict(state["train_config"]),
                      "space": Space.from_dict(read_json(lay.pipeline_json, {})["space"]),
@@ -89,7 +90,7 @@ class TrialContext:
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.root, self.name)
+        return Layout(self.root, self.name, store=self.store)
 
     @property
     def threads(self) -> int:
@@ -341,17 +342,17 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         from pipelines import store as st
 
         prov = st.start_trial(ctx, trial, cfg, digest, assigned_device())
-        # 2. + 3. train (or reuse a finished result) and record: the unit in the run, its
-        # diagnostics and provenance, then its result last (the commit record)
+        # 2. + 3. train (or reuse the store's result of this checkpoint), then land the unit
+        # in the store: its diagnostics and provenance, then its result last (the commit
+        # record)
         final, trained = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
                                            result_path, setup)
         if trained:
             if ctx.space.diagnosed(trial) and (tdir / "best_model.pt").is_file():
-                _diagnose(tdir, layout.units.diagnostics(trial))
-            st.land_trial(layout.units, trial, tdir, prov)
-        if ctx.store is not None:
-            what = st.publish_trial(st.StoreLayout(Path(ctx.store)), layout.units, trial)
-            log.warning("trial %s: store unit %s", trial.name, what)
+                _diagnose(tdir, tdir / st.TRIAL_DIAGNOSTICS)
+            what = st.land_trial(layout.units, trial, tdir, prov)
+            if what != "landed":
+                log.warning("trial %s: unit %s", trial.name, what)
     except (TrialConfigError, Phase1Refused) as e:  # deterministic: once, not retried
         _refuse(trial, info_path, e, trial_info)
         return

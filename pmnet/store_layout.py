@@ -1,11 +1,12 @@
 """The unit layout: the one format a study's finished units are kept in, by a pipeline run
 and by a durable store alike (issues 45, 51), read by the report.
 
-A *unit* is one Phase-1 checkpoint or one Phase-2 trial. A run directory is its own store
-plus scratch (`pipelines.layout.Layout`: logs, `trials/<trial>/` with Lightning's files,
-Ray Tune's `stage2*/`); a durable store (`--store DIR`) holds the same units, published
-there as they land, and nothing else. So the report reads a store exactly as it reads a
-run (`pmnet.report.main_report`), and this class is the only place a unit's path is spelled:
+A *unit* is one Phase-1 checkpoint or one Phase-2 trial. A run has one store: a durable
+store (`--store DIR`), which holds units and nothing else, or by default the run directory,
+which holds its units beside its scratch (`pipelines.layout.Layout`: logs, `trials/<trial>/`
+with Lightning's files, Ray Tune's `stage2*/`). Each unit lands there once, as it finishes.
+So the report reads a store exactly as it reads a run (`pmnet.report.main_report`), and
+this class is the only place a unit's path is spelled:
 
     <store or run>/
       store.json                  StoreRecord (a store only): format version and the
@@ -16,8 +17,8 @@ run (`pmnet.report.main_report`), and this class is the only place a unit's path
                                   its files in the order they are written (`phase1_files`):
           phase1.pt  phase1.pt.sha256
           phase1_metrics.json     Phase 1's metrics, history and train_config (what a run
-                                  adopting the unit checks it against,
-                                  `pipelines.store.adopt_phase1`; a migrated unit keeps its
+                                  reusing the unit checks it against,
+                                  `pipelines.store.check_store_units`; a migrated unit keeps its
                                   study's file)
           provenance.json         Provenance, written when the unit starts, completed when
                                   it lands
@@ -44,8 +45,8 @@ so a crash leaves either a whole unit or none.
 
 This module names paths, reads the small records and makes a new store (`init_store`);
 the unit lock is `pmnet.store_lock`, the quarantine pre-pass `pmnet.store_repair`, a paused
-Phase-1 unit's progress `pmnet.store_progress`; adopting and publishing units is the
-pipeline's (`pipelines.store`). It imports nothing heavy.
+Phase-1 unit's progress `pmnet.store_progress`; landing units is the pipeline's
+(`pipelines.store`). It imports nothing heavy.
 """
 
 from __future__ import annotations

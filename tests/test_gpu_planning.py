@@ -141,7 +141,12 @@ class FakeRay:
         time.sleep(timeout or 0)  # as Ray does while nothing is ready
         return [], list(refs)
 
-    def get(self, ref):
+    def get(self, ref, timeout=None):
+        if not self.ready:  # as Ray does while the task gives no answer
+            from ray.exceptions import GetTimeoutError
+
+            time.sleep(timeout or 0)
+            raise GetTimeoutError(f"no answer within {timeout} s")
         return self.answers[ref[0]]
 
     def cancel(self, ref, force=False):

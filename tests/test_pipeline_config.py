@@ -825,11 +825,12 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
     from pipelines.tracking import Runs, backfill_results
 
     lay = trials_here["lay"]
+    HERE_IDS = [TrialId(c, s) for c, s in HERE_TRIALS]  # noqa: N806
     # a dead server: bounded, non-fatal, everything stays pending
     dead = Runs(tracker=Tracker(f"http://127.0.0.1:{free_port()}"), layout=lay,
                 record=TrackingRecord(experiment_id="1"))
     t0 = time.time()
-    assert backfill_results(lay, dead) == {"logged": 0, "pending": 2}
+    assert backfill_results(lay, dead, HERE_IDS) == {"logged": 0, "pending": 2}
     assert time.time() - t0 < 20
 
     # a real store; one trial already has a RUNNING run with epoch 0 logged (the driver
@@ -841,7 +842,7 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
                                   run_name=TrialId(c1, s1).name, parent_run_id=parent)
     tracker.log_metrics(early, {"epoch": 0, "val/updated_ltm": 1.0}, step=0)
     runs = Runs.reopen(lay)
-    assert backfill_results(lay, runs) == {"logged": 2, "pending": 0}
+    assert backfill_results(lay, runs, HERE_IDS) == {"logged": 2, "pending": 0}
     client = tracker.client
     record = TrackingRecord.read(lay.tracking_json)
     for c, s in HERE_TRIALS:
@@ -863,7 +864,7 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
     assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c1, s1))}'")[
         0].info.run_id == early
     # nothing left: a second pass logs nothing and duplicates nothing
-    assert backfill_results(lay, Runs.reopen(lay)) == {"logged": 0, "pending": 0}
+    assert backfill_results(lay, Runs.reopen(lay), HERE_IDS) == {"logged": 0, "pending": 0}
     assert len(client.get_metric_history(early, "epoch")) == len(
         read_json(lay.result_path(TrialId(c1, s1)))["history"])
 

@@ -2,7 +2,7 @@
 
 Fast: bad input refused with exit 2 before anything is written; a stored unit of another
 configuration refused naming the first key that differs; per-unit locks (two processes
-publishing one store lose no unit, never overwrite one; the lock itself:
+landing units in one store lose no unit, never overwrite one; the lock itself:
 tests/test_store_lock.py);
 `--max-wall` stopping a run before its first wave; the grid's diagnostics declaration.
 Slow: a `debug` grid filled in two pieces (the second SIGKILLed, then resumed) equals one
@@ -28,7 +28,6 @@ from pipelines.store import (
     config_hash,
     land_trial,
     phase1_unit_config,
-    publish_trial,
     unit_config,
 )
 from pmnet.store_layout import StoreError, StoreLayout, config_difference
@@ -204,35 +203,33 @@ def test_cli_refuses_a_stored_unit_of_another_config_with_exit_2(tmp_path):
 # -- locks and publishing -------------------------------------------------------------------
 
 
-def _fake_trial(base: Path, trial: TrialId, tag: str) -> tuple[StoreLayout, Path]:
-    """A run (`base/tag`) whose trial trained: its trial directory's result.json."""
-    units = StoreLayout(base / tag)
-    tdir = units.root / "trials" / trial.name
+def _fake_trial(base: Path, trial: TrialId, tag: str) -> Path:
+    """A run's (`base/tag`) trained trial: its training directory's result.json."""
+    tdir = base / tag / "trials" / trial.name
     tdir.mkdir(parents=True)
     (tdir / "result.json").write_text(json.dumps({"phase1_sha256": "d" * 64, "writer": tag}))
-    return units, tdir
+    return tdir
 
 
-def _publisher(store_root: str, base: str, tag: str, trials: list, out) -> None:
+def _lander(store_root: str, base: str, tag: str, trials: list, out) -> None:
     store = StoreLayout(Path(store_root))
     got = {}
     for name in trials:
         trial = TrialId(name, 42, phase1_seed=0)
-        units, tdir = _fake_trial(Path(base), trial, tag)
-        land_trial(units, trial, tdir, Provenance(unit=trial.name, kind="trial",
-                                                  config_hash="e" * 64, config={}))
-        got[trial.name] = publish_trial(store, units, trial)
+        tdir = _fake_trial(Path(base), trial, tag)
+        got[trial.name] = land_trial(store, trial, tdir, Provenance(
+            unit=trial.name, kind="trial", config_hash="e" * 64, config={}))
     out.put((tag, got))
 
 
-def test_two_writers_filling_one_store_lose_no_unit_and_overwrite_none(tmp_path):
+def test_two_writers_landing_in_one_store_lose_no_unit_and_overwrite_none(tmp_path):
     store = StoreLayout(tmp_path / "store")
     Stage1Record(config_hash="f" * 64, sha256="d" * 64).write(store.stage1_json(0))
     names = [f"c{i}" for i in range(40)]
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_publisher, args=(str(store.root), str(tmp_path / "w"), tag,
-                                                  names, out)) for tag in ("A", "B")]
+    procs = [ctx.Process(target=_lander, args=(str(store.root), str(tmp_path / "w"), tag,
+                                               names, out)) for tag in ("A", "B")]
     for p in procs:
         p.start()
     got = dict(out.get(timeout=120) for _ in procs)
@@ -243,53 +240,56 @@ def test_two_writers_filling_one_store_lose_no_unit_and_overwrite_none(tmp_path)
         trial = TrialId(name, 42, phase1_seed=0)
         res = read_json(store.result(trial))
         assert res["writer"] in ("A", "B")  # a whole unit, from one of them
-        winners = sorted(t for t in ("A", "B") if got[t][trial.name] == "published")
+        winners = sorted(t for t in ("A", "B") if got[t][trial.name] == "landed")
         assert winners == [res["writer"]], (name, got["A"][trial.name], got["B"][trial.name])
+        loser = ({"A", "B"} - set(winners)).pop()
+        assert got[loser][trial.name] == "in the store already"
         assert Provenance.read(store.provenance(trial)).landed is not None
     assert not list((store.root / "locks").iterdir())  # every lock released
 
 
-def test_a_trial_unit_lands_with_its_diagnostics_and_provenance_last_but_one(tmp_path):
-    """In the run and in the store alike: diagnostics, provenance, then the result."""
+def test_a_trial_unit_lands_once_with_its_diagnostics_and_provenance_last_but_one(tmp_path):
+    """The unit lands in the store from the trial's training directory: diagnostics,
+    provenance (started, then completed), the result last; nothing of the unit is written
+    anywhere else."""
     store = StoreLayout(tmp_path / "store")
     Stage1Record(config_hash="f" * 64, sha256="d" * 64).write(store.stage1_json(0))
     trial = TrialId("c", 42, phase1_seed=0)
-    units, tdir = _fake_trial(tmp_path, trial, "A")
-    units.diagnostics(trial).parent.mkdir(parents=True)
-    units.diagnostics(trial).write_text(json.dumps({"checkpoint": "best_model.pt"}))
+    tdir = _fake_trial(tmp_path, trial, "A")
+    (tdir / "diagnostics.json").write_text(json.dumps({"checkpoint": "best_model.pt"}))
     start = Provenance(unit=trial.name, kind="trial", config_hash="e" * 64, config={"lr": 1},
                        git_commit="old", started=1.0)
-    start.write(units.provenance(trial))  # written when the trial started
+    start.write(store.provenance(trial))  # written when the trial started
     now = Provenance(unit=trial.name, kind="trial", config_hash="e" * 64, config={"lr": 1},
                      git_commit="new", device="some CPU", phase1_sha256="d" * 64)
-    land_trial(units, trial, tdir, now)
-    assert publish_trial(store, units, trial) == "published"
+    assert land_trial(store, trial, tdir, now) == "landed"
     assert read_json(store.diagnostics(trial)) == {"checkpoint": "best_model.pt"}
     prov = Provenance.read(store.provenance(trial))
     assert (prov.started, prov.git_commit, prov.landed_git_commit) == (1.0, "old", "new")
     assert prov.device == "some CPU" and prov.phase1_sha256 == "d" * 64 and prov.landed
-    for lay in (units, store):
-        times = [p.stat().st_mtime_ns for p in lay.trial_files(trial)]
-        assert times == sorted(times)  # the result, the unit's commit record, last
-    # a unit that started under another configuration does not land (nor is published)
+    times = [p.stat().st_mtime_ns for p in store.trial_files(trial)]
+    assert times == sorted(times)  # the result, the unit's commit record, last
+    assert land_trial(store, trial, tdir, now) == "in the store already"  # never twice
+    assert not (tmp_path / "A" / "results").exists()  # one record: the store's
+    # a unit that started under another configuration does not land
     other = TrialId("c", 43, phase1_seed=0)
-    units, tdir = _fake_trial(tmp_path, other, "B")
+    tdir = _fake_trial(tmp_path, other, "B")
     Provenance(unit=other.name, config_hash="1" * 64, config={"lr": 2}).write(
-        units.provenance(other))
+        store.provenance(other))
     with pytest.raises(StoreError, match=r"started with config hash 111111111111\.\.\. and "
-                       r"lands with eeeeeeeeeeee\.\.\.; not published \(lr: 2"):
-        land_trial(units, other, tdir, now)
-    assert not units.result(other).exists() and not store.result(other).exists()
+                       r"lands with eeeeeeeeeeee\.\.\.; not landed \(lr: 2"):
+        land_trial(store, other, tdir, now)
+    assert not store.result(other).exists()
+    assert not list((store.root / "locks").iterdir())
 
 
-def test_a_result_from_another_checkpoint_is_not_published(tmp_path):
+def test_a_result_from_another_checkpoint_does_not_land(tmp_path):
     store = StoreLayout(tmp_path / "store")
     Stage1Record(config_hash="f" * 64, sha256="9" * 64).write(store.stage1_json(0))
     trial = TrialId("c", 42, phase1_seed=0)
-    units, tdir = _fake_trial(tmp_path, trial, "A")
-    land_trial(units, trial, tdir, Provenance(unit=trial.name, config_hash="e" * 64))
-    what = publish_trial(store, units, trial)
-    assert what.startswith("not published") and not store.result(trial).exists()
+    tdir = _fake_trial(tmp_path, trial, "A")
+    what = land_trial(store, trial, tdir, Provenance(unit=trial.name, config_hash="e" * 64))
+    assert what.startswith("not landed") and not store.result(trial).exists()
 
 
 # -- the deadline, before any wave ----------------------------------------------------------
@@ -428,10 +428,11 @@ def _unit_files(root: Path, units: list) -> dict[str, list[str]]:
 def test_a_store_run_ends_with_its_report_and_every_unit_finished_in_mlflow(tmp_path):
     """Issue 51's bars. `phase1_variance` at `debug` (consolidator_only x seed 42 under the
     grid's 3 Phase-1 seeds): piece `a` (seed 0) into store S, then the whole grid `b` into
-    S (it adopts a's units, trains the other two checkpoints). `b` ends with S's report in
-    S/report/ (no second command) and its own, and its MLflow experiment holds exactly one
-    FINISHED run per unit, the adopted ones included. A run without --store (`c`) lays its
-    units out as S does."""
+    S (it reads a's units where they are, trains the other two checkpoints). `b` ends with
+    S's report in S/report/ (no second command) and its own, and its MLflow experiment holds
+    exactly one FINISHED run per unit, a's included. Each unit is written once, in S: the
+    run directories hold none of them. A run without --store (`c`) is its own store, laid
+    out as S is."""
     from pipelines.layout import Layout
     from tests.support.pipeline import cli, mlflow_runs
 
@@ -452,17 +453,19 @@ def test_a_store_run_ends_with_its_report_and_every_unit_finished_in_mlflow(tmp_
     for k in (0, 1, 2):
         assert keys.count(f"b/stage1-phase1-p1s{k}") == 1, keys
     for t in trials:
-        assert keys.count(f"b/{t.name}") == 1, keys  # adopted (p0) and trained alike
+        assert keys.count(f"b/{t.name}") == 1, keys  # a's (p0) and b's own alike
     assert len([r for r in runs if r.data.tags.get("run_key", "").startswith("b/")
                 and r.data.tags.get("stage") in ("phase2",)]) == 3  # no duplicates
     parent = next(r for r in runs if r.data.tags.get("run_key") == "b")
     assert parent.info.status == "FINISHED" and "pipeline/wall_s" in parent.data.metrics
-    # one layout: the run directories and the store hold the same files per unit
+    # one store: every unit is written once, in S; the run directories hold none of them
     units = [0, 1, 2, *trials]
     want = _unit_files(store, units)
     assert all(want[str(t)] == [f"provenance/{t.name}.json", f"results/{t.name}.json"]
                for t in trials), want
-    assert _unit_files(Layout(root, "b").run_dir, units) == want
+    assert all(want[str(k)][-1] == f"phase1-p1s{k}/stage1.json" for k in (0, 1, 2)), want
+    for name in ("a", "b"):
+        assert not any(_unit_files(Layout(root, name).run_dir, units).values())
     rc, out = cli(*base, "--phase1-seeds", "0", "--root", str(root), "--name", "c")
     assert rc == 0 and "[stage 3/3]" in out, out[-4000:]
     assert _unit_files(root / "c", [0, trials[0]]) == {k: want[k] for k in ("0", str(trials[0]))}
@@ -473,7 +476,8 @@ def test_a_store_run_ends_with_its_report_and_every_unit_finished_in_mlflow(tmp_
 def test_two_runs_filling_one_store_at_once_lose_no_unit(tmp_path):
     """Two pipelines started together into one store, with overlapping pieces (Phase-1
     seeds 0 and 0,1): both train checkpoint 0, the first to land it keeps the unit, the
-    other sets its own aside and trains its trials from the store's; every unit lands once,
+    other keeps its own in its training directory and trains its trials from the store's;
+    every unit lands once,
     each trial from its stored checkpoint, and no lock is left."""
     from tests.support.pipeline import kill_group, spawn
 

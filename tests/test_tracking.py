@@ -60,11 +60,12 @@ def test_tracking_layer_logs_runs_to_postgres_and_reads_them_back(postgres, tmp_
     lay.results_dir.mkdir(parents=True)
     for c, s in TRIALS:
         write_json(lay.result_path(TrialId(c, s)), _result(c, s))
-    assert tracking.backfill_results(lay, runs) == {"logged": 2, "pending": 0}
+    ids = [TrialId(c, s) for c, s in TRIALS]
+    assert tracking.backfill_results(lay, runs, ids) == {"logged": 2, "pending": 0}
 
     again = tracking.Runs.reopen(lay)  # a later driver of the same pipeline
     assert again.tracker.uri == uri
-    assert tracking.backfill_results(lay, again) == {"logged": 0, "pending": 0}
+    assert tracking.backfill_results(lay, again, ids) == {"logged": 0, "pending": 0}
 
     client = MlflowClient(uri)  # what another machine's client sees
     exp = client.get_experiment_by_name("pmnet/pg")
@@ -124,7 +125,8 @@ def test_two_drivers_find_each_others_runs_in_one_postgres_database(postgres, tm
         for c, s in trials:
             write_json(lay.result_path(TrialId(c, s)), _result(c, s))
         want = {"a": {"logged": 1, "pending": 0}, "b": {"logged": 1, "pending": 0}}[machine]
-        assert tracking.backfill_results(lay, runs) == want, machine
+        ids = [TrialId(c, s) for c, s in trials]
+        assert tracking.backfill_results(lay, runs, ids) == want, machine
     assert made["a"] == made["b"]  # one parent run
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("pmnet/study")

@@ -348,7 +348,8 @@ def test_the_parent_run_holds_each_claims_effect_ci_and_verdict(tmp_path, capsys
     from pipelines import tracking
     from pipelines.tracking_uri import store_uri
 
-    plan = _plan(tmp_path, name="answer")
+    # the grid of the fixtures' trials: the run's report reads the run's grid's units
+    plan = _plan(tmp_path, name="answer", grid="default", seeds="42,43,44")
     lay = plan.layout
     lay.run_dir.mkdir(parents=True)
     stages.write_meta(plan, status="finished")

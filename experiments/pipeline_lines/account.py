@@ -25,7 +25,7 @@ CLUSTER = "Ray clusters and GPUs: storage probe, cards, memory shares, devices"
 STUDY = "beyond one checkpoint: Phase-1 seeds, variants, --phase1-from, compile warm-up"
 VIEW = "what a user watches: status, Stage-1 progress, console lines"
 RECORD = "typed run records and provenance"
-STORE = "the durable store: pieces, waves, adopt/publish per unit, locks, unit provenance"
+STORE = "the one store: pieces, waves, each unit landed once under its lock, unit provenance"
 
 CONCERN = {
     # cluster.py
@@ -105,17 +105,16 @@ CONCERN = {
     "unit_config": STORE, "config_hash": STORE,
     "phase1_unit_config": STORE, "check_store_units": VALID,
     "start_provenance": RECORD, "write_started": RECORD,
-    "landed": RECORD, "adopt_phase1": STORE, "publish_phase1": STORE,
-    "publish_trial": STORE, "units_left": STORE, "_diagnose": STORE,
+    "landed": RECORD, "_move": STORE, "units_left": STORE, "_diagnose": STORE,
     "_trained_phase1_config": VALID,
     # one layout, one path (issue 51)
-    "_done": STORE, "finish": ORCH, "record_phase1": RECORD, "install_phase1": STUDY,
+    "finish": ORCH, "record_phase1": RECORD, "install_phase1": STUDY,
     "start_phase1": RECORD,
     "land_phase1": RECORD, "start_trial": RECORD, "land_trial": RECORD,
-    "copy_unit": STORE, "adopt_trials": STORE,
+    "run_layout": ORCH,
     # a long Phase 1 in durable pieces (issue 52): phase1_progress.py, driver._publish_paused
     # (the progress itself moved to pmnet/store_progress.py)
-    "stop_file": STORE, "sigterm_writes_stop_file": FAULT, "_publish_paused": STORE,
+    "stop_file": STORE, "sigterm_writes_stop_file": FAULT, "_pause": STORE,
     "progress_unit": STORE,
     # a store that verifies what it holds (issue 53): the unit locks' staleness and the
     # quarantine pre-pass moved to pmnet/store_lock.py and pmnet/store_repair.py

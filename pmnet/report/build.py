@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -288,12 +288,14 @@ def _read_json_dict(path: Path) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-def _collect_curves(run_dir: Path, results: Path, report_dir: Path) -> pd.DataFrame | None:
-    """Phase-2 curves from the result histories (every result file carries one); the other
-    phases from ``metrics*.csv`` files (Lightning's CSVLogger) outside ``trials/``, whose
-    Phase-2 logs repeat the histories."""
+def _collect_curves(run_dir: Path, results: Path, report_dir: Path,
+                    files: Sequence[Path] | None = None) -> pd.DataFrame | None:
+    """Phase-2 curves from the result histories (every result file carries one; ``files``:
+    those of ``results`` to read, default all); the other phases from ``metrics*.csv``
+    files (Lightning's CSVLogger) outside ``trials/``, whose Phase-2 logs repeat the
+    histories."""
     frames = []
-    histories = stats.load_histories(results)
+    histories = stats.load_histories(results if files is None else files)
     if not histories.empty:
         frames.append(histories)
     for csv in sorted(run_dir.rglob("metrics*.csv")):
@@ -309,10 +311,13 @@ def _collect_curves(run_dir: Path, results: Path, report_dir: Path) -> pd.DataFr
 
 
 def main_report(
-    run_dir: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None
+    run_dir: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None,
+    units: str | os.PathLike[str] | None = None, trials: Iterable[str] | None = None,
 ) -> dict[str, Path]:
     """Report for a pipeline run or a durable store (`pmnet.store_layout`, laid out like a
-    run): ``RUN_DIR/results/*.json`` -> ``RUN_DIR/report/``.
+    run): ``UNITS/results/*.json`` -> ``RUN_DIR/report/``. ``units``: the store the run's
+    units landed in (default ``run_dir``, a run that is its own store); ``trials``: the
+    names of the trials to read from it (default every one: a store's report).
 
     "What ran" merges ``run_dir`` with the keys of ``RUN_DIR/pipeline.json``, ``timing.json`` under
     ``timing``, ``phase1/stage1.json`` under ``phase1``, each ``phase1-p1s<k>/stage1.json``
@@ -324,19 +329,24 @@ def main_report(
     (phase from a ``phaseN`` path component).
     """
     run = Path(run_dir)
-    results = run / "results"
+    store = Path(units) if units is not None else run
+    results = store / "results"
     if not results.is_dir():
         raise FileNotFoundError(f"no results directory at {results} (expected RESULTS/*.json)")
+    files: Path | list[Path] = results
+    if trials is not None:
+        names = set(trials)
+        files = [p for p in sorted(results.glob("*.json")) if p.stem in names]
     merged: dict[str, Any] = {"run_dir": str(run.resolve())}
     for key, value in (_read_json_dict(run / _META_FILE) or {}).items():
         merged.setdefault(key, value)
     for name, key in _NESTED_META_FILES.items():
-        loaded = _read_json_dict(run / name)
+        loaded = _read_json_dict((store if name.startswith("phase1") else run) / name)
         if loaded is not None and key not in merged:
             merged[key] = loaded
-    layout = StoreLayout(run)
+    layout = StoreLayout(store)
     checkpoints = {}  # K Phase-1 checkpoints: phase1-p1s<k>/stage1.json
-    for path in sorted(run.glob(f"{PHASE1_SEED_UNIT}*/stage1.json")):
+    for path in sorted(store.glob(f"{PHASE1_SEED_UNIT}*/stage1.json")):
         loaded = _read_json_dict(path)
         k = phase1_seed_of(path.parent.name)
         if loaded is not None and k is not None:
@@ -345,11 +355,12 @@ def main_report(
             checkpoints[str(k)] = loaded
     if checkpoints and "phase1_checkpoints" not in merged:
         merged["phase1_checkpoints"] = checkpoints
-    record = read_store_record(run)
+    record = read_store_record(store)
     if record is not None and "store" not in merged:
         merged["store"] = record.to_dict()
     merged.update(meta or {})
     report_dir = run / "report"
-    curves = _collect_curves(run, results, report_dir)
-    return build_report(results, report_dir, meta=merged, curves=curves,
+    curves = _collect_curves(run, results, report_dir,
+                             None if isinstance(files, Path) else files)
+    return build_report(files, report_dir, meta=merged, curves=curves,
                         diagnostics=stats.load_diagnostics(layout.diagnostics_dir))

@@ -70,6 +70,11 @@ def trial_ctx(root: Path, phase1: dict, variants: dict | None = None, **override
     src = Path(phase1["checkpoint"])
     lay.phase1_ckpt.write_bytes(src.read_bytes())
     Path(f"{lay.phase1_ckpt}.sha256").write_bytes(Path(f"{src}.sha256").read_bytes())
+    from pipelines.records import Stage1Record
+
+    # the unit's commit record: a trial lands only from its store's checkpoint
+    Stage1Record(sha256=phase1["sha256"], checkpoint=str(lay.phase1_ckpt)).write(
+        lay.stage1_json)
     from tune_spaces import Space, Variant
 
     cfg = TrainConfig.from_name("debug", threads=1, **overrides)
