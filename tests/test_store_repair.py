@@ -213,6 +213,16 @@ def _units(store: Path) -> dict:
     return out
 
 
+def _same_units(got: dict, want: dict) -> bool:
+    """`_units` of two stores alike. On an AMD CPU only their test metrics and best epochs:
+    R trains its two checkpoints with one thread each, P with two, and there the thread
+    count changes fp32 Phase 1's rounding, so the sha256s differ (measured at stop 63 with
+    equal test metrics; tests/test_train.py's byte-identity xfail)."""
+    if fake.amd_cpu():
+        return {k: v[1:] for k, v in got.items()} == {k: v[1:] for k, v in want.items()}
+    return got == want
+
+
 @pytest.mark.slow
 def test_pieces_equal_one_run_and_a_damaged_store_ends_whole(tmp_path):
     """The debug `checkpoints` grid (consolidator_only x seeds 42, 43 under Phase-1 seeds 0
@@ -242,7 +252,7 @@ def test_pieces_equal_one_run_and_a_damaged_store_ends_whole(tmp_path):
     rc, out = cli("resume", "--name", "b", "--root", runs, timeout=900)
     assert rc == 0, out[-4000:]
     want = _units(ref)
-    assert len(want) == 6 and _units(pieces) == want
+    assert len(want) == 6 and _same_units(_units(pieces), want)
     assert verify_store(ref).ok and verify_store(pieces).ok
     t_pieces = time.time() - t0
 
@@ -263,7 +273,7 @@ def test_pieces_equal_one_run_and_a_damaged_store_ends_whole(tmp_path):
     assert sum("[store] quarantined" in ln for ln in out.splitlines()) == 5, out[-4000:]
     check = verify_store(pieces)
     assert check.ok and len(check.units) == 6, check.table()
-    assert _units(pieces) == want
+    assert _same_units(_units(pieces), want)
     assert len(list((pieces / QUARANTINE_DIR).iterdir())) == 5
     print(f"two pieces + reference: {t_pieces:.0f} s; damaged store run again: "
           f"{time.time() - t0 - t_pieces:.0f} s")
