@@ -111,10 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "without --store: a piece of a store's study is the grid over some "
                         "of its checkpoints")
     p.add_argument("--store", default=None, metavar="DIR",
-                   help="a durable store (pmnet.store_layout: a run directory's unit layout) "
-                        "this run fills as well: it adopts the store's finished units and "
-                        "publishes each of its own as it lands; the store's report is "
-                        "rebuilt at the end. Several runs may fill one store")
+                   help="the run's store (pmnet.store_layout), instead of the run directory: "
+                        "the run reads the finished units there and lands each of its own "
+                        "there once, as it finishes; the store's report is rebuilt at the "
+                        "end. Several runs may fill one store")
     _max_wall(p)
     p.add_argument("--gpu-mem", type=float, default=None, metavar="GIB",
                    help="memory of each GPU in GiB (default: what nvidia-smi reports on the "

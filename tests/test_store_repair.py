@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -214,12 +215,22 @@ def _units(store: Path) -> dict:
 
 
 def _same_units(got: dict, want: dict) -> bool:
-    """`_units` of two stores alike. On an AMD CPU only their test metrics and best epochs:
-    R trains its two checkpoints with one thread each, P with two, and there the thread
-    count changes fp32 Phase 1's rounding, so the sha256s differ (measured at stop 63 with
-    equal test metrics; tests/test_train.py's byte-identity xfail)."""
+    """`_units` of two stores alike. On an AMD CPU their test metrics (to 1e-5, relative)
+    and best epochs: R trains its two checkpoints with one thread each, P with two, and
+    there the thread count changes fp32 Phase 1's rounding, so the sha256s differ
+    (measured at stop 63: every recall equal, two losses apart in the 7th digit;
+    tests/test_train.py's byte-identity xfail)."""
     if fake.amd_cpu():
-        return {k: v[1:] for k, v in got.items()} == {k: v[1:] for k, v in want.items()}
+        def close(a, b) -> bool:
+            if isinstance(a, dict) and isinstance(b, dict):
+                return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+            if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+                return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+            if isinstance(a, float) and isinstance(b, float):
+                return math.isclose(a, b, rel_tol=1e-5) or (a != a and b != b)
+            return a == b
+
+        return close({k: v[1:] for k, v in got.items()}, {k: v[1:] for k, v in want.items()})
     return got == want
 
 
