@@ -57,6 +57,7 @@ def _execute(plan: Plan) -> int:
     write_meta(plan, status="running", max_wall_s=plan.max_wall_s,
                store=str(lay.store),
                ray_address=plan.ray_address,  # a later resume runs there again
+               stage1_cpus=plan.stage1_cpus,  # and with the same Stage-1 CPUs
                driver={"pid": os.getpid(), "host": socket.gethostname(),
                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     lay.last_file.write_text(plan.name + "\n")

@@ -456,6 +456,8 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         uri = stored_uri
     if uri:
         check_tracking_uri(uri)
+    if stage1_cpus is None:  # the one the run last ran with
+        stage1_cpus = meta.stage1_cpus
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus)
     ray_address, recorded = resume_ray_address(ray_address, meta, lay,
                                                use_recorded=check_resources)

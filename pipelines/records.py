@@ -194,6 +194,10 @@ class PipelineRecord(Record):
     # the Ray cluster the run last ran on (`--ray-address` / RAY_ADDRESS; None: local Ray),
     # which `resume` uses again unless given another (`plan.plan_resume`)
     ray_address: str | None = None
+    # `--stage1-cpus` of its last start or resume, which `resume` uses again unless given
+    # another: a Phase 1 retrained on a resume then trains with the same threads (on some
+    # CPUs the thread count changes fp32 rounding, so the checkpoint's bytes)
+    stage1_cpus: float | None = None
 
 
 @dataclass

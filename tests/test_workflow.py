@@ -254,6 +254,32 @@ def test_the_driver_records_the_ray_address_it_runs_on(tmp_path, listener, monke
     assert PipelineRecord.read(plan.layout.pipeline_json).ray_address == listener
 
 
+def test_resume_uses_the_recorded_stage1_cpus_unless_given_another(tmp_path, monkeypatch):
+    """A run's `--stage1-cpus` is in its pipeline.json from its start, and a resume takes it
+    again (a Phase 1 trained again then trains with the same threads), unless given
+    another."""
+    from pipelines import driver
+    from pipelines.console import say
+
+    monkeypatch.setattr(say, "log_path", None)  # the driver points it at its run's log
+    plan = _plan(tmp_path, stage1_cpus=1)
+
+    class Stop(Exception):
+        pass
+
+    def init_ray(*_a, **_k):
+        raise Stop
+
+    monkeypatch.setattr(driver, "init_ray", init_ray)  # Ray is not started
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(Stop):
+        driver.execute(plan)
+    assert PipelineRecord.read(plan.layout.pipeline_json).stage1_cpus == 1
+    root = tmp_path / "runs"
+    assert planning.plan_resume(root=root, name="p", cluster=_local()).stage1_cpus == 1
+    assert planning.plan_resume(root=root, name="p", stage1_cpus=2,
+                                cluster=_local()).stage1_cpus == 2
+
+
 def test_resume_uses_the_recorded_ray_address_unless_given_another(tmp_path, listener,
                                                                    monkeypatch):
     plan = _plan(tmp_path)
