@@ -172,8 +172,7 @@ def run_layout(root: str | os.PathLike, name: str) -> Layout:
     """The layout of an existing run: its store is the one its pipeline.json records (none
     recorded: the run directory)."""
     meta = read_json(Layout(root, name).pipeline_json)
-    return Layout(root, name, store=(meta or {}).get("store") if isinstance(meta, dict)
-                  else None)
+    return Layout(root, name, store=meta.get("store") if isinstance(meta, dict) else None)
 
 
 def list_pipelines(root: str | os.PathLike) -> list[str]:

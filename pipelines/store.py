@@ -222,10 +222,6 @@ def _move(src: Path, dst: Path) -> None:
         src.unlink()
 
 
-#: the files a Phase-1 unit lands from its training directory, in the order they land
-PHASE1_LANDED_FILES = ("phase1.pt", "phase1.pt.sha256", "phase1_metrics.json")
-
-
 def land_phase1(slot: Phase1Slot, record: Stage1Record, device: str | None,
                 threads: int | None = None) -> str:
     """A Phase-1 task returned: its unit lands in the store, the one place it does. Under
@@ -247,10 +243,10 @@ def land_phase1(slot: Phase1Slot, record: Stage1Record, device: str | None,
                     f"..., this run trained {record.sha256[:12]}... (kept in {slot.work}); "
                     "the trials start from the store's")
             return there.sha256
-        if slot.work != slot.dir:
-            for name in PHASE1_LANDED_FILES:
-                if (slot.work / name).is_file():
-                    _move(slot.work / name, slot.dir / name)
+        if slot.work != slot.dir:  # what training wrote: the checkpoint, its sidecar, metrics
+            for dst in units.phase1_files(slot.seed)[:3]:
+                if (slot.work / dst.name).is_file():
+                    _move(slot.work / dst.name, dst)
         for p in (slot.ckpt, slot.sidecar):  # read-only from now on
             p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         path = slot.dir / "provenance.json"

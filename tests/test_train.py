@@ -34,6 +34,7 @@ from pmnet.train import (
     run_phase2,
     verify_phase1,
 )
+from tests.support.store import amd_cpu
 
 TINY = dict(episodes_per_epoch=32, max_epochs=1, val_episodes=16, test_episodes=16,
             eval_batch_size=16, phase1_episodes_per_epoch=32, phase1_max_epochs=1)
@@ -59,14 +60,7 @@ def test_phase1_writes_checkpoint_with_hash(phase1):
     assert torch.count_nonzero(model.consolidator.w_d.weight) == 0
 
 
-def _amd_cpu() -> bool:
-    try:
-        return "AuthenticAMD" in Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:
-        return False
-
-
-@pytest.mark.xfail(_amd_cpu(), strict=False,
+@pytest.mark.xfail(amd_cpu(), strict=False,
                    reason="measured at stop 61 on the 2-core AMD EPYC VM: 1 and 2 threads "
                           "round fp32 Phase 1 differently there (MKL_CBWR=AUTO,STRICT fixes "
                           "it on Intel only), so the sha256 differs; the same test failed "

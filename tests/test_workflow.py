@@ -234,13 +234,13 @@ def listener():
         yield f"127.0.0.1:{srv.getsockname()[1]}"
 
 
-def test_the_driver_records_the_ray_address_it_runs_on(tmp_path, listener, monkeypatch):
+def _execute_until_ray(plan, monkeypatch) -> None:
+    """`driver.execute(plan)` up to the point where it would start Ray: the run's records
+    are written, Ray is not started."""
     from pipelines import driver
     from pipelines.console import say
 
     monkeypatch.setattr(say, "log_path", None)  # the driver points it at its run's log
-    plan = _plan(tmp_path, ray_address=listener, cluster=_local())
-    assert plan.ray_address == listener
 
     class Stop(Exception):
         pass
@@ -248,9 +248,15 @@ def test_the_driver_records_the_ray_address_it_runs_on(tmp_path, listener, monke
     def init_ray(*_a, **_k):
         raise Stop
 
-    monkeypatch.setattr(driver, "init_ray", init_ray)  # Ray is not started
+    monkeypatch.setattr(driver, "init_ray", init_ray)
     with contextlib.redirect_stdout(io.StringIO()), pytest.raises(Stop):
         driver.execute(plan)
+
+
+def test_the_driver_records_the_ray_address_it_runs_on(tmp_path, listener, monkeypatch):
+    plan = _plan(tmp_path, ray_address=listener, cluster=_local())
+    assert plan.ray_address == listener
+    _execute_until_ray(plan, monkeypatch)
     assert PipelineRecord.read(plan.layout.pipeline_json).ray_address == listener
 
 
@@ -258,21 +264,8 @@ def test_resume_uses_the_recorded_stage1_cpus_unless_given_another(tmp_path, mon
     """A run's `--stage1-cpus` is in its pipeline.json from its start, and a resume takes it
     again (a Phase 1 trained again then trains with the same threads), unless given
     another."""
-    from pipelines import driver
-    from pipelines.console import say
-
-    monkeypatch.setattr(say, "log_path", None)  # the driver points it at its run's log
     plan = _plan(tmp_path, stage1_cpus=1)
-
-    class Stop(Exception):
-        pass
-
-    def init_ray(*_a, **_k):
-        raise Stop
-
-    monkeypatch.setattr(driver, "init_ray", init_ray)  # Ray is not started
-    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(Stop):
-        driver.execute(plan)
+    _execute_until_ray(plan, monkeypatch)
     assert PipelineRecord.read(plan.layout.pipeline_json).stage1_cpus == 1
     root = tmp_path / "runs"
     assert planning.plan_resume(root=root, name="p", cluster=_local()).stage1_cpus == 1

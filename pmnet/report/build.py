@@ -333,7 +333,7 @@ def main_report(
     results = store / "results"
     if not results.is_dir():
         raise FileNotFoundError(f"no results directory at {results} (expected RESULTS/*.json)")
-    files: Path | list[Path] = results
+    files = None  # every result of the store
     if trials is not None:
         names = set(trials)
         files = [p for p in sorted(results.glob("*.json")) if p.stem in names]
@@ -360,7 +360,6 @@ def main_report(
         merged["store"] = record.to_dict()
     merged.update(meta or {})
     report_dir = run / "report"
-    curves = _collect_curves(run, results, report_dir,
-                             None if isinstance(files, Path) else files)
-    return build_report(files, report_dir, meta=merged, curves=curves,
+    curves = _collect_curves(run, results, report_dir, files)
+    return build_report(results if files is None else files, report_dir, meta=merged, curves=curves,
                         diagnostics=stats.load_diagnostics(layout.diagnostics_dir))
