@@ -26,8 +26,7 @@ from pipelines.layout import EXPERIMENT_DIRNAME, PipelineError, read_json
 from pipelines.lock import RunLock
 from pipelines.plan import Plan, resource_problem, uses_gpu
 from pipelines.stages import (
-    stage1_finish,
-    stage1_start,
+    stage1,
     stage2,
     stage3,
     timing_record,
@@ -88,7 +87,7 @@ def _execute(plan: Plan) -> int:
             where += (" (the address this run recorded; --ray-address local / "
                       "RAY_ADDRESS=local runs it here)")
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
-        return execute_waves(plan, ray, cluster, t_start)
+        return execute_waves(plan, cluster, t_start)
     except BaseException:
         write_meta(plan, status="interrupted")
         raise
@@ -202,7 +201,7 @@ def _pause(plan: Plan, wave: list, paused: dict) -> None:
         say("[pipeline] SIGTERM before Stage 2")
 
 
-def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
+def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
     """Every run: its Phase-1 checkpoints in waves of `wave_size`; each wave trains the
     checkpoints its store lacks (each lands in the store as its task returns), then the
     trials of those checkpoints that the store lacks (each lands itself) before the next
@@ -240,13 +239,10 @@ def execute_waves(plan: Plan, ray, cluster: ClusterInfo, t_start: float) -> int:
             t1 = time.time()
             left = None if plan.max_wall_s is None else plan.max_wall_s - (time.time() - t_start)
             # issue 52: from submission to the last Phase-1 result, SIGTERM pauses Phase 1
+            if runs.tracker is None:
+                runs = open_tracking(plan)
             with pp.sigterm_writes_stop_file(stop_file):
-                jobs = stage1_start(wplan, ray, cluster, deadline_s=left,
-                                    stop_file=str(stop_file))
-                kill_point("stage1-submitted")
-                if runs.tracker is None:
-                    runs = open_tracking(plan)
-                p1 = stage1_finish(wplan, ray, jobs, runs)
+                p1 = stage1(wplan, cluster, runs, deadline_s=left, stop_file=str(stop_file))
             stage1_wall += time.time() - t1
             p1_train += p1.train_time_s
             for slot in wave:

@@ -19,8 +19,8 @@ KILL_ENV = "PMNET_TEST_KILL_DRIVER_AT"
 PAUSE_ENV = "PMNET_TEST_EPOCH_PAUSE_S"
 POINTS = (
     "start",                  # lock held, pipeline.json written, Ray not started
-    "stage1-submitted",       # the Phase-1 task submitted, the MLflow store not yet opened
-    "stage1-recorded",        # stage1.json written, Stage-1 MLflow run not finished
+    "stage1-submitted",       # the first Phase-1 trial started (Tune), nothing of it landed
+    "stage1-recorded",        # a Phase-1 unit landed (stage1.json), its MLflow run not logged
     "stage2-trial-started",   # the first trial started
     "stage2-first-result",    # the first trial finished
     "stage2-last-result",     # the last trial finished, Tune's final state not saved

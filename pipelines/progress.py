@@ -1,16 +1,18 @@
-"""Stage-1 progress: the Phase-1 task writes `phase1/progress.json`, the driver reads it.
+"""Stage-1 progress: the Phase-1 trial reports it to Tune, and keeps it in `progress.json`.
 
-Phase 1 runs as a Ray task whose output stays in Ray's logs (`log_to_driver=False`), and it
-takes 16 minutes on the `cpu` preset and hours at paper scale. `Phase1Progress` (a Lightning
-callback added to the Phase-1 trainer by the task) writes, atomically and at most every
+Phase 1 runs as a Tune trial whose output stays in Ray's logs, and it takes 16 minutes on the
+`cpu` preset and hours at paper scale. `Phase1Progress` (a Lightning callback added to the
+Phase-1 trainer by the trial, `pipelines.stages.train_phase1_unit`) records, at most every
 `every_s` seconds plus at every validation, the step, the epoch, the elapsed time, an
-estimate of the time left and the per-epoch validation history. The driver polls the file
-while it waits for the task (`pipelines.stages.stage1_finish`), prints one line at a steady
-rate, and logs each new epoch's metrics to the Stage-1 MLflow run as it appears.
+estimate of the time left and the per-epoch validation history: atomically into
+`progress.json` beside the training (for a person, or a test, on the node), and through
+`report` (Tune's `tune.report`) to the driver, whose `stages.Stage1Console` prints one line
+per unit at a steady rate (`describe`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -21,13 +23,15 @@ from pipelines.faults import epoch_pause
 from pipelines.records import Progress, as_float
 
 PROGRESS_FILE = "progress.json"
+REPORT_KEY = "phase1_progress"  # the result key `report` gets the record under
 
 
 class Phase1Progress(Callback):
-    """Write Phase-1 progress to `path` (JSON) at a bounded rate."""
+    """Write Phase-1 progress to `path` (JSON) at a bounded rate, and pass it to `report`
+    (`{REPORT_KEY: the record as JSON}`, with the last epoch's history only)."""
 
-    def __init__(self, path: str | Path, every_s: float = 10.0):
-        self.path, self.every_s = Path(path), float(every_s)
+    def __init__(self, path: str | Path, every_s: float = 10.0, report=None):
+        self.path, self.every_s, self.report = Path(path), float(every_s), report
         self._t0 = time.time()
         self._last = 0.0
         self._start_step = 0
@@ -63,9 +67,13 @@ class Phase1Progress(Callback):
         history = [{k: f if f is not None and math.isfinite(f) else None
                     for k, v in row.items() for f in (as_float(v),)}
                    for row in getattr(pl_module, "history", [])]
-        Progress(step=step, total_steps=total, epoch=int(trainer.current_epoch),
-                 max_epochs=trainer.max_epochs, elapsed_s=elapsed, eta_s=eta, done=done,
-                 time=now, history=history).write(self.path)
+        record = Progress(step=step, total_steps=total, epoch=int(trainer.current_epoch),
+                          max_epochs=trainer.max_epochs, elapsed_s=elapsed, eta_s=eta,
+                          done=done, time=now, history=history)
+        record.write(self.path)
+        if self.report is not None:  # one JSON string: no clash with Tune's keys ("done")
+            self.report({REPORT_KEY: json.dumps(
+                record.to_dict() | {"history": history[-1:]})})
         self._last = now
 
 

@@ -256,9 +256,9 @@ class Attempt(Record):
 
 @dataclass
 class Started(Record):
-    """`phase1[-p1s<k>]/started.json`: a Phase-1 task began (where, when: host, pid and
-    Ray node); the driver removes it before it submits the task, waits a bounded time for it
-    to appear, and says so when a retry of the task (its node was lost) rewrites it."""
+    """`phase1[-p1s<k>]/started.json`: a Phase-1 trial began (where, when: host, pid and
+    Ray node); a retry (its node was lost) rewrites it. For a person or a test on the
+    storage: the driver learns of starts and retries from Tune."""
 
     time: float | None = None
     host: str | None = None
@@ -269,8 +269,9 @@ class Started(Record):
 @dataclass
 class Progress(Record):
     """`phase1[-p1s<k>]/progress.json`: how far Phase 1 is (`progress.Phase1Progress`
-    writes it, the driver reads it): steps, epochs, elapsed and estimated time left, `done`,
-    the write `time`, and the per-epoch validation `history`."""
+    writes it, and reports the same record to Tune for the driver): steps, epochs, elapsed
+    and estimated time left, `done`, the write `time`, and the per-epoch validation
+    `history`."""
 
     phase: int = 1
     step: int = 0

@@ -1,7 +1,8 @@
 """The pipeline's three stages, each one function the driver calls in order.
 
-Stage 1  a Ray task runs `pmnet.train.run_phase1` into `<run>/phase1/` unless a checkpoint
-         with a valid sha256 for the same Phase-1 config is already there (idempotent).
+Stage 1  a `ray.tune.Tuner` over the Phase-1 units the store lacks; each trial
+         (`train_phase1_unit`) runs `pmnet.train.run_phase1` in its training directory and
+         lands its unit in the store; a unit the store holds is skipped (idempotent).
 Stage 2  a `ray.tune.Tuner` over the grid; each trial is `pipelines.trial.train_trial` with
          `tune.with_resources`; an existing experiment is continued with `Tuner.restore`
          (finished trials are kept, unfinished and errored ones resume from checkpoints).
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
+import shutil
 import socket
 import stat
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,49 +75,20 @@ def write_meta(plan: Plan, **changes) -> PipelineRecord:
 # -- Stage 1 ---------------------------------------------------------------------------------
 
 
-STARTED_FILE = "started.json"  # written by a Phase-1 task as it starts (the driver's bound)
+STARTED_FILE = "started.json"  # written by a Phase-1 trial as it starts: where it trains
+STAGE1_DIRNAME = "stage1"  # the run's Stage-1 Tune experiment (`<run>/stage1/`)
+PAUSED = "paused"  # a Phase-1 trial's last result: it stopped at an epoch end (issue 52)
+LANDED = "phase1_sha256"  # ... its unit landed in the store, with this sha256
 
 
 def stage1_start_timeout_s() -> float:
-    """How long the driver waits for the first Phase-1 task to start before it says why and
+    """How long the driver waits for the first Phase-1 trial to start before it says why and
     stops (PMNET_STAGE1_START_TIMEOUT_S; default 600 s: worker start, runtime environment
     and imports take seconds to a few minutes on a cluster)."""
     try:
         return max(1.0, float(os.environ.get("PMNET_STAGE1_START_TIMEOUT_S", 600)))
     except ValueError:
         return 600.0
-
-
-def _phase1_task(cfg_dict: dict, out_dir: str, threads: int, compile_cache: str,
-                 deadline_s: float | None = None, stop_file: str | None = None) -> dict:
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    import ray
-
-    Started(time=time.time(), host=socket.gethostname(), pid=os.getpid(),
-            node_id=ray.get_runtime_context().get_node_id()).write(
-        Path(out_dir) / STARTED_FILE)  # first: the driver waits for this
-    from pipelines.progress import PROGRESS_FILE, Phase1Progress
-    from pipelines.trial import assigned_device, quiet_training_logs
-
-    quiet_training_logs()
-    from pmnet.train import TrainConfig, run_phase1, use_compile_cache
-
-    use_compile_cache(compile_cache)
-    cfg = TrainConfig.from_dict(cfg_dict)
-    if not cfg.threads:
-        cfg = dataclasses.replace(cfg, threads=max(1, int(threads)))
-    from pipelines.provenance import device_kind
-
-    stop = None
-    if deadline_s is not None or stop_file is not None:  # issue 52: a Phase 1 in pieces
-        from pmnet.train import StopAtEpochEnd
-
-        stop = StopAtEpochEnd(deadline_s, stop_file)
-    res = run_phase1(cfg, out_dir, progress=False, accelerator=assigned_device(),
-                     callbacks=[Phase1Progress(Path(out_dir) / PROGRESS_FILE)], stop=stop)
-    if not isinstance(res, dict):  # a Phase1Paused (pmnet.store_progress)
-        return res
-    return {**res, "device_kind": device_kind(assigned_device())}  # the unit's provenance
 
 
 def progress_every_s() -> float:
@@ -126,122 +99,134 @@ def progress_every_s() -> float:
         return 60.0
 
 
-def _wait_phase1(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs,
-                 record: Callable[[Stage1Job, dict], None]) -> None:
-    """Wait for the Phase-1 tasks, printing progress at a steady rate, logging each new
-    epoch's validation metrics to its Stage-1 MLflow run while Phase 1 trains, and
-    `record`-ing each checkpoint as soon as its task returns (so a failure of one loses
-    none that finished). The first task error is raised after the others were waited on."""
-    from pipelines.progress import PROGRESS_FILE, describe
+def train_phase1_unit(config: dict, *, slots: dict, threads: int, compile_cache: str,
+                      deadline_s: float | None = None, stop_file: str | None = None) -> None:
+    """Stage 1's Tune trainable: trains the Phase-1 unit `config["unit"]` (a label of
+    `slots`) in its training directory and lands it in the store (`store.land_phase1`), as
+    a Phase-2 trial lands its own unit. It reports progress to Tune at a bounded rate and at
+    every validation (`progress.Phase1Progress`), and ends with one last result: the
+    landed sha256 (`LANDED`), a pause at an epoch end (`PAUSED`, issue 52: `deadline_s`,
+    `stop_file`), or the watchdog's stop (`trial.NOT_LEARNING`, issue 62: not raised, so Tune
+    does not retry it). Another exception is Tune's to retry (`FailureConfig`): the retry
+    continues from the last epoch checkpoint in the training directory."""
+    import ray
 
-    for job in jobs:
-        if job.rid:
-            job.logged |= runs.safe("stage1 logged epochs", runs.tracker.logged_steps,
-                                    job.rid, "val/mean_stm") or set()
-    pending = {job.ref: job for job in jobs}
-    every = progress_every_s()
-    error: Exception | None = None
-    bound = stage1_start_timeout_s()
-    t_submit = min(job.t0 for job in jobs)
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=len(pending),
-                            timeout=min(every, bound))
-        if not ready and not any(_started(job) for job in jobs) \
-                and time.time() - t_submit >= bound:
-            for ref in pending:
-                ray.cancel(ref, force=True)
-            raise PipelineError(
-                f"Stage 1 did not start within {bound:.0f} s: its Ray task asks for "
-                f"{jobs[0].cpus:g} CPU and {jobs[0].gpus:g} GPU on one node, and no node gave "
-                f"them (busy, or too small: {jobs[0].cluster}). Free the resources, or lower "
-                "--stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
-        for job in list(pending.values()):
-            _note_retry(job, len(jobs) > 1)
-            info = Progress.read(job.slot.work / PROGRESS_FILE)
-            job.progress = info if info.time >= job.t0 else None  # else: an earlier attempt's
-            if job.rid and job.progress is not None:
-                _log_epochs(runs, job.rid, job.progress.history, job.logged)
-        for ref in ready:
-            job = pending.pop(ref)
-            try:
-                record(job, ray.get(ref))
-            except Exception as e:  # noqa: BLE001 - the others still finish and are kept
-                from pmnet.train import not_learning
+    from pipelines.progress import PROGRESS_FILE, Phase1Progress
+    from pipelines.provenance import device_kind
+    from pipelines.store import land_phase1
+    from pipelines.trial import NOT_LEARNING, assigned_device, quiet_training_logs
 
-                stopped = not_learning(e)  # the watchdog (issue 62): not retried by Ray
-                if stopped is not None:
-                    e = PipelineError(f"{job.slot.label} is {stopped}")
-                say(f"[stage 1/3] {job.slot.label} "
-                    + (f"stopped: {stopped}" if stopped is not None else
-                       f"failed: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0][:300] if str(e) else ''}"))
-                if job.rid:
-                    runs.safe("stage1 finish", runs.tracker.finish, job.rid, "FAILED")
-                error = error or e
-        if pending and not ready:
-            for job in pending.values():
-                say(describe(job.progress, time.time() - job.t0,
-                             label=job.slot.label if len(jobs) > 1 else ""))
-    if error is not None:
-        raise error
+    slot = slots[config["unit"]]
+    slot.work.mkdir(parents=True, exist_ok=True)
+    Started(time=time.time(), host=socket.gethostname(), pid=os.getpid(),
+            node_id=ray.get_runtime_context().get_node_id()).write(slot.work / STARTED_FILE)
+    quiet_training_logs()
+    from pmnet.train import NotLearningError, StopAtEpochEnd, run_phase1, use_compile_cache
 
-
-def _note_retry(job: Stage1Job, tag: bool) -> None:
-    """Say so when the job's task started again: Ray retries a Phase-1 task whose worker or
-    node was lost (`max_retries=1`), and the retry rewrites started.json. It continues from
-    the last epoch checkpoint of Phase 1 in the slot's directory, when one was written."""
-    st = Started.read(job.slot.work / STARTED_FILE)
-    if st.time is None or st.time == job.started_time:
+    use_compile_cache(compile_cache)
+    cfg = slot.cfg if slot.cfg.threads else dataclasses.replace(slot.cfg,
+                                                                 threads=max(1, threads))
+    stop = None
+    if deadline_s is not None or stop_file is not None:  # issue 52: a Phase 1 in pieces
+        stop = StopAtEpochEnd(deadline_s, stop_file)
+    t0 = time.time()
+    device = assigned_device()
+    try:
+        res = run_phase1(cfg, slot.work, progress=False, accelerator=device, stop=stop,
+                         callbacks=[Phase1Progress(slot.work / PROGRESS_FILE,
+                                                   report=tune.report)])
+    except NotLearningError as e:
+        tune.report({NOT_LEARNING: str(e)[:2000]})
         return
-    if job.started_time is not None:
-        last = job.slot.work / "phase1_ckpt" / "last.ckpt"
-        say(f"[stage 1/3]{' ' + job.slot.label + ':' if tag else ''} the Phase-1 task "
-            f"started again on node {str(st.node_id)[:12]} (pid {st.pid}): Ray retried it "
-            "after its worker or node was lost; it continues from "
-            + (f"its last epoch checkpoint {last}" if last.is_file() else "the start"))
-    job.started_time = st.time
+    if not isinstance(res, dict):  # a pmnet.train.Phase1Paused
+        tune.report({PAUSED: json.dumps(dataclasses.asdict(res))})
+        return
+    digest = land_phase1(slot, Stage1Record(
+        config_hash=phase1_config_hash(slot.cfg), sha256=res["sha256"],
+        checkpoint=str(slot.ckpt), phase1_seed=slot.cfg.phase1_seed,
+        train_time_s=res.get("train_time_s"), wall_s=time.time() - t0,
+        metrics=canon(res.get("metrics", {})),
+        routes=canon(res["routes"]) if res.get("routes") else None),
+        device_kind(device), res.get("threads"))
+    tune.report({LANDED: digest, "train_time_s": float(res.get("train_time_s") or 0.0),
+                 "test/mean_stm": res.get("metrics", {}).get("mean_stm", float("nan"))})
 
 
-def _started(job: Stage1Job) -> bool:
-    """Whether the job's task has started: its started.json exists (the driver removes an
-    old one before it submits the task, so no clock is compared across machines); a job
-    with nothing to run counts as started."""
-    if job.ref is None:
-        return True
-    return (job.slot.work / STARTED_FILE).is_file()  # removed before the task was submitted
+class Stage1Console(tune.Callback, tune.Stopper):
+    """The driver's view of Stage 1's trials: a progress line per running unit at a steady
+    rate (`progress_every_s`, from the progress Tune reports), a line when a unit lands,
+    pauses, stops, fails or starts again (Tune retried it after its worker or node was
+    lost), and the start bound: as a Tune `Stopper` it ends the experiment when no trial
+    has started within `bound` seconds (`timed_out`; the driver then says why)."""
 
+    def __init__(self, slots: dict, bound: float, tag: bool):
+        self.slots, self.bound, self.tag = slots, bound, tag
+        self.t0 = time.time()
+        self.last_line = 0.0
+        self.started = self.timed_out = False
+        self.progress: dict[str, Progress] = {}
+        self.since: dict[str, float] = {}
 
-def _log_epochs(runs: Runs, rid: str, history: list[dict], logged: set[int]) -> None:
-    """Log the epochs of `history` not yet in `logged` (their step is the epoch), through
-    the pipeline's TrackingGuard (bounded, non-fatal; the next poll tries again)."""
-    for row in history:
-        epoch = row.get("epoch")
-        if not isinstance(epoch, int) or epoch in logged:
-            continue
-        ok, _ = runs.guard.call("stage1 metrics", runs.tracker.log_metrics, rid,
-                                {k: v for k, v in row.items() if k != "epoch"}, step=epoch)
-        if not ok:
+    def _label(self, trial) -> str:
+        return str((trial.config or {}).get("unit"))
+
+    def _say(self, trial, text: str) -> None:
+        say(f"[stage 1/3]{' ' + self._label(trial) + ':' if self.tag else ''} {text}")
+
+    # Stopper
+    def __call__(self, trial_id, result) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.timed_out
+
+    # Callback
+    def on_step_begin(self, iteration, trials, **info):
+        from pipelines.progress import describe
+
+        now = time.time()
+        if not self.started and now - self.t0 >= self.bound:
+            self.timed_out = True
+        if now - self.last_line < progress_every_s() or now - self.t0 < progress_every_s():
             return
-        logged.add(epoch)
+        self.last_line = now
+        for trial in trials:
+            if trial.status == "RUNNING":
+                label = self._label(trial)
+                say(describe(self.progress.get(label), now - self.since.get(label, now),
+                             label=label if self.tag else ""))
 
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started = True
+        self.since.setdefault(self._label(trial), time.time())
+        kill_point("stage1-submitted")
 
-@dataclass
-class Stage1Job:
-    """One Phase-1 checkpoint of Stage 1: already there (`digest`), or a running Ray task."""
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        from pipelines.progress import REPORT_KEY
 
-    slot: Phase1Slot
-    digest: str | None = None  # set when a valid checkpoint was already there (or imported)
-    ref: Any = None  # the Ray ObjectRef of the running Phase-1 task
-    t0: float = 0.0
-    logged: set = field(default_factory=set)  # epochs already in the Stage-1 MLflow run
-    rid: str | None = None  # its Stage-1 MLflow run
-    progress: Progress | None = None  # the task's last progress record
-    started_time: float | None = None  # the `time` of the started.json seen last
-    train_time_s: float = 0.0
-    cpus: float = 0.0  # what its Ray task asks for
-    gpus: float = 0.0
-    cluster: str = ""  # the nodes it may run on, in words (for the bound's message)
-    paused: Any = None  # a pmnet.train.Phase1Paused: it stopped at an epoch end (issue 52)
+        if result.get(REPORT_KEY):
+            self.progress[self._label(trial)] = Progress.from_dict(json.loads(result[REPORT_KEY]))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        from pipelines.trial import NOT_LEARNING
+
+        r = trial.last_result or {}
+        if r.get(LANDED):
+            self._say(trial, f"landed in the store, sha256 {r[LANDED][:12]}... (training "
+                      f"{_fmt(r.get('train_time_s'), 1)} s; test mean_stm "
+                      f"{_fmt(r.get('test/mean_stm'))})")
+            kill_point("stage1-recorded")
+        elif r.get(NOT_LEARNING):
+            self._say(trial, f"stopped: {str(r[NOT_LEARNING]).splitlines()[0][:400]}")
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        last = self.slots[self._label(trial)].work / "phase1_ckpt" / "last.ckpt"
+        self._say(trial, "the Phase-1 task started again: Tune retried it after its worker "
+                  "or node was lost; it continues from "
+                  + (f"its last epoch checkpoint {last}" if last.is_file() else "the start"))
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._say(trial, f"failed: {_first_error_line(trial, '')}")
 
 
 @dataclass
@@ -250,7 +235,7 @@ class Stage1Result:
     Phase-1 seed (None: the pipeline's single checkpoint)."""
 
     digests: dict[int | None, str]
-    train_time_s: float  # Phase-1 training done by this invocation (summed over tasks)
+    train_time_s: float  # Phase-1 training done by this invocation (summed over units)
     #: Phase-1 seed -> pmnet.train.Phase1Paused: units stopped at an epoch end, not finished
     #: (issue 52; their digests are None)
     paused: dict = field(default_factory=dict)
@@ -266,7 +251,7 @@ class Stage1Result:
 
 @dataclass(frozen=True)
 class Stage1Resources:
-    """What each Phase-1 task asks Ray for: a whole GPU when the trials train on GPUs, and
+    """What each Phase-1 trial asks Ray for: a whole GPU when the trials train on GPUs, and
     the CPUs (also its torch threads) of the node it can run on."""
 
     cpus: float
@@ -296,21 +281,17 @@ def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
         total = min(node_cpus, float(plan.num_cpus or node_cpus))
         n = max(1, n_tasks)
         if not gpu and len(cluster.nodes) == 1 and n > total >= 1:
-            cpus = total / n  # all at once, one thread each (`_phase1_task`: at least 1)
+            cpus = total / n  # all at once, one thread each (`train_phase1_unit`: at least 1)
         else:
             cpus = max(1.0, float(int(total // n)))
     return Stage1Resources(cpus=cpus, gpus=1 if gpu else 0)
 
 
-def stage1_start(plan: Plan, ray, cluster, *, deadline_s: float | None = None,
-                 stop_file: str | None = None) -> list[Stage1Job]:
-    """For every Phase-1 checkpoint of the plan: skip (a valid one is there), import
-    (`--phase1-from`), or submit its Phase-1 task; don't wait. `deadline_s` and `stop_file`
-    (issue 52, every run): the task pauses at an epoch end when the deadline would
-    pass or the file exists (`pmnet.train.StopAtEpochEnd`)."""
+def phase1_on_hand(plan: Plan) -> tuple[dict, list[Phase1Slot]]:
+    """The plan's Phase-1 units the store holds (Phase-1 seed -> sha256; a `--phase1-from`
+    checkpoint is imported first), and the slots still to train."""
     slots = plan.phase1_slots
-    todo = []
-    jobs = []
+    have, todo = {}, []
     for slot in slots:
         digest = existing_phase1(slot, repair=True)
         src = plan.phase1_from
@@ -322,68 +303,95 @@ def stage1_start(plan: Plan, ray, cluster, *, deadline_s: float | None = None,
             tag = f" {slot.label}:" if len(slots) > 1 else ""
             say(f"[stage 1/3]{tag} skipped: {slot.ckpt} exists with a valid sha256 "
                 f"{digest[:12]}... for this config")
-            jobs.append(Stage1Job(slot=slot, digest=digest))
+            have[slot.seed] = digest
         else:
             todo.append(slot)
-    if not todo:
-        return jobs
-    phases = "Phase 0 + Phase 1" if plan.cfg.phase0_steps > 0 else "Phase 1"
-    res = stage1_resources(plan, cluster, len(todo))
-    task = ray.remote(num_cpus=res.cpus, num_gpus=res.gpus, max_retries=1)(_phase1_task)
-    for slot in todo:
-        say(f"[stage 1/3] {phases} as a Ray task ({res.cpus:.3g} CPU, {res.gpus} GPU) -> "
-            f"{slot.work}")
-        for p in (slot.work / "phase1.pt", slot.work / "phase1.pt.sha256"):  # a retrain
-            if p.exists():  # replaces them
-                p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
-        slot.work.mkdir(parents=True, exist_ok=True)
-        (slot.work / STARTED_FILE).unlink(missing_ok=True)  # the task writes it as it starts
-        jobs.append(Stage1Job(slot=slot, t0=time.time(), cpus=res.cpus, gpus=res.gpus,
-                              cluster=cluster.describe(), ref=task.remote(
-                                  slot.cfg.to_dict(), str(slot.work), int(res.cpus),
-                                  str(plan.layout.compile_cache), deadline_s, stop_file)))
-    return jobs
+    return have, todo
 
 
-def stage1_finish(plan: Plan, ray, jobs: list[Stage1Job], runs: Runs) -> Stage1Result:
-    """Wait for the Phase-1 tasks, land each checkpoint in the store as its task returns,
-    log Stage 1 to MLflow."""
+def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
+           stop_file: str | None = None) -> Stage1Result:
+    """Every Phase-1 unit of the plan: skipped when the store holds it, imported
+    (`--phase1-from`), else trained by a Tune experiment over the units still to train
+    (`train_phase1_unit`: each lands itself in the store as it finishes, so a failure of
+    one loses none that finished); then each unit's Stage-1 MLflow run, from the store.
+    No Tune state is restored: a unit's own training directory (Lightning's last.ckpt) is
+    what a later run continues from, here or from the store's progress (issue 52)."""
+    from pipelines.trial import NOT_LEARNING
 
-    def record(job: Stage1Job, res: dict) -> None:
-        if not isinstance(res, dict):  # paused at an epoch end (issue 52): not finished
-            job.paused = res
-            say(f"[stage 1/3] {job.slot.label}: {res.describe()}")
-            if job.rid:
-                runs.safe("stage1 finish", runs.tracker.finish, job.rid, "KILLED")
-            return
-        _record(plan, job, res, runs)
+    have, todo = phase1_on_hand(plan)
+    digests: dict = {**have}
+    paused: dict = {}
+    train_s = 0.0
+    errors = []
+    if todo:
+        from pmnet.train import Phase1Paused
 
-    for job in jobs:
-        job.rid = stage_run(plan, runs, f"stage1-{job.slot.label}")
-        if job.digest is not None and job.rid:
-            tags = {"skipped": "true", "phase1_sha256": job.digest}
-            if plan.phase1_from is not None and plan.phase1_from.slot_seed == job.slot.seed:
-                tags["imported_from"] = str(plan.phase1_from.checkpoint)
-            runs.safe("stage1 tags", runs.tracker.set_tags, job.rid, tags)
-            runs.safe("stage1 finish", runs.tracker.finish, job.rid)
-    running = [job for job in jobs if job.digest is None]
-    if running:
-        try:
-            _wait_phase1(plan, ray, running, runs, record)
-        except Exception as e:
-            raise PipelineError(f"Stage 1 (Phase 1) failed: {e}") from e
-    digests = {job.slot.seed: job.digest for job in jobs}
-    paused = {job.slot.seed: job.paused for job in jobs if job.paused is not None}
+        res = stage1_resources(plan, cluster, len(todo))
+        phases = "Phase 0 + Phase 1" if plan.cfg.phase0_steps > 0 else "Phase 1"
+        for slot in todo:
+            say(f"[stage 1/3] {phases} as a Tune trial ({res.cpus:.3g} CPU, {res.gpus} GPU) "
+                f"-> {slot.work}")
+            for p in (slot.work / "phase1.pt", slot.work / "phase1.pt.sha256"):  # a retrain
+                if p.exists():  # replaces them
+                    p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
+        by_label = {slot.label: slot for slot in todo}
+        console = Stage1Console(by_label, stage1_start_timeout_s(), tag=len(plan.phase1_slots) > 1)
+        exp = plan.layout.run_dir / STAGE1_DIRNAME
+        shutil.rmtree(exp, ignore_errors=True)  # no state of it is continued (see above)
+        trainable = tune.with_resources(tune.with_parameters(
+            train_phase1_unit, slots=by_label, threads=int(res.cpus),
+            compile_cache=str(plan.layout.compile_cache), deadline_s=deadline_s,
+            stop_file=stop_file), {"cpu": res.cpus, "gpu": res.gpus})
+        os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+        grid = tune.Tuner(
+            trainable, param_space={"unit": tune.grid_search(list(by_label))},
+            tune_config=tune.TuneConfig(trial_name_creator=_unit_name,
+                                        trial_dirname_creator=_unit_name),
+            run_config=tune.RunConfig(
+                name=exp.name, storage_path=str(exp.parent), verbose=0, stop=console,
+                failure_config=tune.FailureConfig(max_failures=1),
+                callbacks=[console])).fit()
+        if console.timed_out:
+            raise PipelineError(
+                f"Stage 1 did not start within {console.bound:.0f} s: its Tune trial asks "
+                f"for {res.cpus:g} CPU and {res.gpus:g} GPU on one node, and no node gave "
+                f"them (busy, or too small: {cluster.describe()}). Free the resources, or "
+                "lower --stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
+        for r in grid:
+            slot = by_label[(r.config or {})["unit"]]
+            m = r.metrics or {}
+            if r.error is None and m.get(LANDED):
+                digests[slot.seed] = m[LANDED]
+                train_s += float(m.get("train_time_s") or 0.0)
+            elif r.error is None and m.get(PAUSED):
+                paused[slot.seed] = Phase1Paused(**json.loads(m[PAUSED]))
+                say(f"[stage 1/3] {slot.label}: {paused[slot.seed].describe()}")
+            elif r.error is None and m.get(NOT_LEARNING):
+                errors.append(f"{slot.label} is {m[NOT_LEARNING]}")
+            else:
+                err = (str(r.error) or type(r.error).__name__) if r.error else "no result"
+                errors.append(f"{slot.label}: {err.splitlines()[0][:300]}")
+    for slot in plan.phase1_slots:  # MLflow mirrors the store's units
+        _log_stage1(plan, runs, slot, digests.get(slot.seed), skipped=slot.seed in have,
+                    paused=slot.seed in paused)
+    if errors:
+        raise PipelineError(f"Stage 1 (Phase 1) failed: {'; '.join(errors)}")
+    result = Stage1Result(digests={s.seed: digests.get(s.seed) for s in plan.phase1_slots},
+                          train_time_s=train_s, paused=paused)
     if paused:  # issue 52: the driver publishes their progress and stops
-        return Stage1Result(digests=digests, paused=paused,
-                            train_time_s=sum(j.train_time_s for j in running))
-    single = list(digests) == [None]
-    record_phase1(plan, digests)
+        return result
+    record_phase1(plan, result.digests)
     if runs.parent:
+        single = list(result.digests) == [None]
         runs.safe("parent tags", runs.tracker.set_tags, runs.parent,
-                  {"phase1_sha256": digests[None]} if single else
-                  {f"phase1_sha256.p1s{k}": v for k, v in digests.items()})
-    return Stage1Result(digests=digests, train_time_s=sum(j.train_time_s for j in running))
+                  {"phase1_sha256": result.digests[None]} if single else
+                  {f"phase1_sha256.p1s{k}": v for k, v in result.digests.items()})
+    return result
+
+
+def _unit_name(trial) -> str:
+    return str(trial.config["unit"])
 
 
 def record_phase1(plan: Plan, digests: dict) -> None:
@@ -396,48 +404,47 @@ def record_phase1(plan: Plan, digests: dict) -> None:
         write_meta(plan, phase1_sha256s={**known, **{str(k): v for k, v in digests.items()}})
 
 
-def _record(plan: Plan, job: Stage1Job, res: dict, runs: Runs) -> None:
-    """A Phase-1 task returned: land its unit in the store (`store.land_phase1`: the
-    checkpoint, read-only, its provenance, its stage1.json last), log its run."""
-    from pipelines.store import land_phase1
-
-    slot = job.slot
-    wall = time.time() - job.t0
-    digest = land_phase1(slot, Stage1Record(
-        config_hash=phase1_config_hash(slot.cfg), sha256=res["sha256"],
-        checkpoint=str(slot.ckpt), phase1_seed=slot.cfg.phase1_seed,
-        train_time_s=res.get("train_time_s"), wall_s=wall,
-        metrics=canon(res.get("metrics", {})),
-        routes=canon(res["routes"]) if res.get("routes") else None),
-        res.get("device_kind"), res.get("threads"))
-    job.digest, job.train_time_s = digest, float(res.get("train_time_s") or 0.0)
-    kill_point("stage1-recorded")
-    tag = f" {slot.label}" if slot.seed is not None else ""
-    say(f"[stage 1/3]{tag} done in {wall:.1f} s (training "
-        f"{res['train_time_s']:.1f} s); sha256 {digest[:12]}...; test mean_stm "
-        f"{res.get('metrics', {}).get('mean_stm', float('nan')):.2f}")
-    rid = job.rid
-    if rid:
-        tr = runs.tracker
-        runs.safe("stage1 params", tr.log_params_once, rid,
-                  {k: v for k, v in slot.cfg.flat().items()
-                   if k.split(".")[0] not in PHASE2_ONLY_FIELDS})
-        runs.safe("stage1 tags", tr.set_tags, rid, {"phase1_sha256": digest, "skipped": "false",
-                                                     "checkpoint_path": str(slot.ckpt)})
-        hist = (read_json(slot.metrics_json, {}) or {}).get("history", [])
-        _log_epochs(runs, rid, hist, job.logged)
-        runs.safe("stage1 metrics", tr.log_metrics, rid,
-                  {**{f"test/{k}": v for k, v in res.get("metrics", {}).items()},
-                   "train_time_s": res.get("train_time_s", 0)})
-        if slot.metrics_json.is_file():
-            runs.safe("stage1 artifact", tr.log_artifact, rid, slot.metrics_json)
-        if res.get("routes"):
-            drop = res["routes"]["stm_random_routes"]["drop"]
-            runs.safe("stage1 metrics", tr.log_metrics, rid, {"val/random_route_drop": drop})
-        if model_as_artifact(slot.ckpt):
-            runs.safe("stage1 artifact", tr.log_artifact, rid, slot.ckpt, "checkpoint")
-            runs.safe("stage1 artifact", tr.log_artifact, rid, slot.sidecar, "checkpoint")
+def _log_stage1(plan: Plan, runs: Runs, slot: Phase1Slot, digest: str | None, *,
+                skipped: bool, paused: bool) -> None:
+    """The unit's Stage-1 MLflow run, from what the store holds: skipped (or imported),
+    landed (params, per-epoch validation, test metrics, artifacts), paused (KILLED) or
+    failed."""
+    rid = stage_run(plan, runs, f"stage1-{slot.label}")
+    if not rid:
+        return
+    tr = runs.tracker
+    if digest is None:
+        runs.safe("stage1 finish", tr.finish, rid, "KILLED" if paused else "FAILED")
+        return
+    if skipped:
+        tags = {"skipped": "true", "phase1_sha256": digest}
+        if plan.phase1_from is not None and plan.phase1_from.slot_seed == slot.seed:
+            tags["imported_from"] = str(plan.phase1_from.checkpoint)
+        runs.safe("stage1 tags", tr.set_tags, rid, tags)
         runs.safe("stage1 finish", tr.finish, rid)
+        return
+    info = Stage1Record.read(slot.stage1_json)
+    runs.safe("stage1 params", tr.log_params_once, rid,
+              {k: v for k, v in slot.cfg.flat().items()
+               if k.split(".")[0] not in PHASE2_ONLY_FIELDS})
+    runs.safe("stage1 tags", tr.set_tags, rid, {"phase1_sha256": digest, "skipped": "false",
+                                                 "checkpoint_path": str(slot.ckpt)})
+    for row in (read_json(slot.metrics_json, {}) or {}).get("history", []):
+        if isinstance(row.get("epoch"), int):
+            runs.safe("stage1 metrics", tr.log_metrics, rid,
+                      {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    runs.safe("stage1 metrics", tr.log_metrics, rid,
+              {**{f"test/{k}": v for k, v in (info.metrics or {}).items()},
+               "train_time_s": info.train_time_s or 0})
+    if slot.metrics_json.is_file():
+        runs.safe("stage1 artifact", tr.log_artifact, rid, slot.metrics_json)
+    if info.routes:
+        runs.safe("stage1 metrics", tr.log_metrics, rid,
+                  {"val/random_route_drop": info.routes["stm_random_routes"]["drop"]})
+    if model_as_artifact(slot.ckpt):
+        runs.safe("stage1 artifact", tr.log_artifact, rid, slot.ckpt, "checkpoint")
+        runs.safe("stage1 artifact", tr.log_artifact, rid, slot.sidecar, "checkpoint")
+    runs.safe("stage1 finish", tr.finish, rid)
 
 
 # -- Stage 2 ---------------------------------------------------------------------------------

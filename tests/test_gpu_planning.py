@@ -258,21 +258,30 @@ def test_stage1_on_one_node_with_fewer_cpus_than_checkpoints_trains_them_all_at_
 
 
 def test_stage1_not_scheduled_within_the_bound_says_why_and_stops(tmp_path, monkeypatch):
+    """A real Tune experiment on a local Ray of 1 CPU and no GPU: the plan's Phase-1 trial
+    asks for 16 CPUs and a GPU (a busy cluster), never starts, and the console's stopper
+    ends the experiment at the bound with the reason; nothing landed."""
+    from pipelines.cluster import init_ray
     from pipelines.tracking import Runs
 
-    monkeypatch.setenv("PMNET_STAGE1_START_TIMEOUT_S", "1")
-    monkeypatch.setenv("PMNET_PROGRESS_EVERY_S", "0.5")
+    monkeypatch.setenv("PMNET_STAGE1_START_TIMEOUT_S", "3")
     plan = _plan(tmp_path, cluster(HEAD, RTX))
-    ray = FakeRay([], ready=False)  # the task never starts
-    jobs = stages.stage1_start(plan, ray, plan.cluster)
-    assert ray.submitted[0]["resources"] == {"num_cpus": 16.0, "num_gpus": 1, "max_retries": 1}
-    with pytest.raises(PipelineError, match=r"Stage 1 did not start within 1 s: its Ray task "
-                                            r"asks for 16 CPU and 1 GPU on one node"):
-        stages.stage1_finish(plan, ray, jobs, Runs())
-    assert ray.cancelled == [jobs[0].ref]
-    # a task that started (its started.json) is waited for, however long it queues
-    (jobs[0].slot.dir / stages.STARTED_FILE).write_text(json.dumps({"time": 0}))
-    assert stages._started(jobs[0])
+    ray = init_ray(None, 1)
+    try:
+        t0 = time.time()
+        with pytest.raises(PipelineError, match=r"Stage 1 did not start within 3 s: its Tune "
+                                                r"trial asks for 16 CPU and 1 GPU on one node"):
+            stages.stage1(plan, plan.cluster, Runs())
+        assert time.time() - t0 < 120
+    finally:
+        ray.shutdown()
+    assert not plan.phase1_slots[0].stage1_json.exists()
+    console = stages.Stage1Console({}, bound=3600.0, tag=False)
+    console.on_step_begin(0, [])
+    assert not console.stop_all()  # within the bound
+    console.started, console.t0 = True, 0.0
+    console.on_step_begin(1, [])
+    assert not console.stop_all()  # a trial that started is waited for, however long
 
 
 # -- device truth ----------------------------------------------------------------------------

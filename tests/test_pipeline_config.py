@@ -144,6 +144,7 @@ ACCELERATOR_WORDS: dict[tuple[str, str], tuple[int, str]] = {
     ("plan.py", "fit_to_cluster"): (1, "default_preset('cpu'), named in the GPU refusal"),
     ("provenance.py", "device_kind"): (1, "the default of its `accelerator` argument"),
     ("run.py", "build_parser"): (1, "default_preset('cpu') in the --preset help"),
+    ("stages.py", "stage1"): (1, "Tune's resource key of a Phase-1 trial: {'cpu': ...}"),
     ("stages.py", "warm_compile_cache"): (1, "Tune's resource key: res['cpu']"),
     ("store.py", "start_provenance"): (1, "the default of its `accelerator` argument"),
     ("trial.py", "assigned_device"): (2, "the device Ray gave a trial: 'gpu', else 'cpu'"),
@@ -342,9 +343,9 @@ def test_phase1_from_imports_a_checked_checkpoint_instead_of_training(tmp_path, 
     plan = _plan(tmp_path, phase1_from=src_dir)  # a directory holding phase1.pt
     assert plan.phase1_from.sha256 == phase1["sha256"]
     assert not (tmp_path / "runs").exists()  # planning wrote nothing
-    [job] = stages.stage1_start(plan, ray=None, cluster=plan.cluster)  # no Ray: nothing trains
+    have, todo = stages.phase1_on_hand(plan)  # no Ray: nothing trains
     lay = plan.layout
-    assert job.digest == phase1["sha256"] and job.ref is None
+    assert have == {None: phase1["sha256"]} and todo == []
     assert lay.phase1_ckpt.read_bytes() == Path(phase1["checkpoint"]).read_bytes()
     assert not os.access(lay.phase1_ckpt, os.W_OK) or os.geteuid() == 0
     assert oct(lay.phase1_ckpt.stat().st_mode & 0o222) == "0o0"  # read-only, as trained
@@ -358,14 +359,14 @@ def test_phase1_from_imports_a_checked_checkpoint_instead_of_training(tmp_path, 
     # from now on the run's own checkpoint is the one Stage 1 finds (a resume needs no source)
     assert existing_phase1(plan.phase1_slots[0]) == phase1["sha256"]
     again = _plan(tmp_path, phase1_from=Path(phase1["checkpoint"]))  # same name, same file
-    assert again.resumed and stages.stage1_start(again, None, again.cluster)[0].digest == job.digest
+    assert again.resumed and stages.phase1_on_hand(again) == (have, [])
     # the run's checkpoint removed: resume imports it again from the recorded source
     for p in (lay.phase1_ckpt, Path(f"{lay.phase1_ckpt}.sha256")):
         p.chmod(0o644)
         p.unlink()
     resumed = planning.plan_resume(root=tmp_path / "runs", name="p")
     assert resumed.phase1_from.sha256 == phase1["sha256"]
-    assert stages.stage1_start(resumed, None, resumed.cluster)[0].digest == phase1["sha256"]
+    assert stages.phase1_on_hand(resumed) == ({None: phase1["sha256"]}, [])
 
 
 @pytest.mark.parametrize("case, message", [

@@ -1,12 +1,10 @@
-"""Stage-1 progress: the Phase-1 callback's file, the driver's lines and live MLflow logging."""
+"""Stage-1 progress: the Phase-1 callback's file and report, and the driver's lines."""
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,6 @@ import pytest
 from pipelines import stages
 from pipelines.progress import PROGRESS_FILE, Phase1Progress, describe
 from pipelines.records import Progress
-from pipelines.tracking import Runs
 
 
 def test_phase1_callback_writes_progress_with_history(tmp_path):
@@ -44,68 +41,43 @@ def test_phase1_callback_writes_progress_with_history(tmp_path):
                      rf"{info['total_steps']} \(100%\), val mean_stm [\d.]+; 2\.1 min", line)
 
 
-class _FakeRay:
-    """ray.wait/ray.get over a task that ends when `done` is set."""
-
-    def __init__(self, done: threading.Event, result: dict):
-        self.done, self.result = done, result
-
-    def wait(self, refs, num_returns, timeout):
-        return ([refs[0]], []) if self.done.wait(timeout) else ([], refs)
-
-    def get(self, ref):
-        return self.result
+class _Trial:
+    def __init__(self, unit: str, status: str = "RUNNING"):
+        self.config, self.status, self.last_result = {"unit": unit}, status, {}
 
 
-class _Tracker:
-    def __init__(self):
-        self.calls: list[tuple[int, dict]] = []
-
-    def logged_steps(self, rid, key):
-        return {0}  # epoch 0 was logged by an earlier driver
-
-    def log_metrics(self, rid, metrics, step=None):
-        self.calls.append((step, metrics))
-
-
-def test_driver_prints_progress_and_logs_each_epoch_once_while_phase1_runs(tmp_path, monkeypatch,
-                                                                          capsys):
-    from pipelines.plan import plan_new
+def test_driver_prints_a_progress_line_per_unit_at_a_steady_rate(tmp_path, monkeypatch, capsys):
+    """Stage1Console: what the Phase-1 trials report (Phase1Progress's `report`, one JSON
+    string) becomes one line per running unit, at most every PMNET_PROGRESS_EVERY_S."""
+    from pipelines.progress import REPORT_KEY
 
     monkeypatch.setenv("PMNET_PROGRESS_EVERY_S", "0.5")
-    plan = plan_new(root=tmp_path / "runs", name="p", preset="debug", grid="tiny")
-    plan.layout.phase1_dir.mkdir(parents=True)
-    path = plan.layout.phase1_dir / PROGRESS_FILE
-    done = threading.Event()
-    job = stages.Stage1Job(slot=plan.phase1_slots[0], ref="task", t0=time.time(), rid="rid")
-
-    def phase1():  # three epochs, one every ~0.7 s, then the task ends
-        hist = []
-        for epoch in range(3):
-            time.sleep(0.7)
-            hist.append({"epoch": epoch, "val/mean_stm": 10.0 + epoch})
-            path.write_text(json.dumps({"step": 10 * (epoch + 1), "total_steps": 30,
-                                        "epoch": epoch, "max_epochs": 3, "eta_s": 60.0,
-                                        "time": time.time(), "history": hist}))
-        time.sleep(0.7)
-        done.set()
-
-    worker = threading.Thread(target=phase1)
-    worker.start()
-    tracker = _Tracker()
-    runs = replace(Runs(), tracker=tracker)
-    recorded = []
-    stages._wait_phase1(plan, _FakeRay(done, {"ok": 1}), [job], runs,
-                        lambda j, res: recorded.append((j, res)))
-    worker.join()
-    assert recorded == [(job, {"ok": 1})]
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if "[stage 1/3] Phase 1" in ln]
-    assert len(lines) >= 3, lines  # a line at a steady rate while it trains
-    assert any("val mean_stm 11.00" in ln and "min left at most" in ln for ln in lines)
-    # epochs 1 and 2 logged once each, while training; epoch 0 was already there
-    assert [step for step, _ in tracker.calls] == [1, 2]
-    assert tracker.calls[0][1] == {"val/mean_stm": 11.0}
-    assert job.logged == {0, 1, 2}
+    reports = []
+    cb = Phase1Progress(tmp_path / PROGRESS_FILE, report=reports.append)
+    history = [{"epoch": 0, "val/mean_stm": 10.0}, {"epoch": 1, "val/mean_stm": 11.0}]
+    module = type("M", (), {"history": history})()
+    trainer = type("T", (), {"global_step": 20, "estimated_stepping_batches": 30,
+                             "current_epoch": 1, "max_epochs": 3})()
+    cb._t0 = time.time() - 20.0
+    cb._write(trainer, module)
+    assert json.loads((tmp_path / PROGRESS_FILE).read_text())["history"] == history
+    [sent] = reports
+    assert list(sent) == [REPORT_KEY]  # one string: no key of Tune's own ("done") is set
+    assert json.loads(sent[REPORT_KEY])["history"] == history[-1:]
+    console = stages.Stage1Console({}, bound=600.0, tag=True)
+    a, b = _Trial("phase1-p1s0"), _Trial("phase1-p1s1")
+    console.on_trial_start(0, [a, b], a)
+    console.on_trial_start(0, [a, b], b)
+    console.on_trial_result(0, [a, b], a, sent)
+    console.t0 -= 1.0
+    console.on_step_begin(1, [a, b])
+    console.on_step_begin(2, [a, b])  # within the rate: no new line
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "[stage 1/3]" in ln]
+    assert len(lines) == 2, lines
+    assert re.search(r"phase1-p1s0: Phase 1 epoch 2/3, step 20/30 \(67%\), val mean_stm "
+                     r"11\.00; .*min left at most", lines[0]), lines[0]
+    assert "phase1-p1s1: running for" in lines[1]  # nothing reported yet
+    assert console.started and not console.stop_all()
 
 
 def test_progress_line_without_a_file_says_how_long_it_has_waited():
