@@ -49,7 +49,7 @@ from pipelines.records import (
     TrialState,
     canon,
 )
-from pipelines.tracking import Runs, TrialRuns, log_claims, model_as_artifact, stage_run
+from pipelines.tracking import MirrorLanded, Runs, log_claims, model_as_artifact, stage_run
 from pipelines.tracking_uri import EMBEDDED
 from pmnet.trial_id import TrialId
 
@@ -729,7 +729,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
                 failure_config=tune.FailureConfig(max_failures=sp.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=[ConsoleProgress(sp.n_trials, str(lay.trials_dir)),
-                           TrialRuns(ctx)]))
+                           MirrorLanded(lay)]))
     Stage2Record(phase1_sha256=digest).write(lay.stage2_json)
     grid = tuner.fit()
     wall = time.time() - t0

@@ -1,9 +1,9 @@
-"""MLflow for the pipeline, with the driver as its only writer (trials never open MLflow):
-the store (`--tracking-uri`, else the embedded `<root>/mlflow.db`), runs found again by
-their `run_key` tag, trials logged through `TrialRuns` (a Tune callback of the driver) and
-completed from their result files (`backfill_results`), every call bounded by a
-`TrackingGuard`, so tracking never fails the pipeline. docs/pipeline.md, "MLflow layout",
-has the details.
+"""MLflow for the pipeline, a mirror of the run's store with the driver as its only writer
+(trials never open MLflow): the tracking store (`--tracking-uri`, else the embedded
+`<root>/mlflow.db`), runs found again by their `run_key` tag, each trial's run written from
+its unit in the store by one function (`backfill_results`: as the trial lands,
+`MirrorLanded`, after each wave and at the end), every call bounded by a `TrackingGuard`, so
+tracking never fails the pipeline. docs/pipeline.md, "MLflow layout", has the details.
 """
 
 from __future__ import annotations
@@ -20,19 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ray.tune.logger import LoggerCallback
+from ray import tune
 
 from pipelines.addresses import hide_password
 from pipelines.console import say
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import TrackingRecord, TrialRecord, TrialState, as_float
+from pipelines.records import TrackingRecord, TrialRecord, as_float
 from pipelines.tracking_uri import EMBEDDED, artifact_location, store_uri
 from pmnet.trial_id import TrialId
 
 if TYPE_CHECKING:
     from pipelines.plan import Plan
-    from pipelines.trial import TrialContext
 
 log = logging.getLogger("pipelines.tracking")
 
@@ -538,13 +537,6 @@ def trial_params(flat_config: dict[str, Any], trial: TrialId,
             **{f"variant.{k}": v for k, v in sorted(overrides.items())}}
 
 
-def epoch_metrics(result: dict) -> dict[str, float]:
-    """The metrics of one epoch in a trial's Tune report: `epoch` and the `<split>/<name>`
-    values (Tune's own bookkeeping keys have no '/')."""
-    return {k: f for k, v in result.items()
-            if (k == "epoch" or "/" in k) and (f := as_float(v)) is not None}
-
-
 def record_result(tracker: Tracker, run_id: str, result: dict,
                   result_path: str | os.PathLike) -> None:
     """Log a finished trial completely from its result file and finish its run: params, the
@@ -583,110 +575,6 @@ def record_result(tracker: Tracker, run_id: str, result: dict,
     tracker.finish(run_id, "FINISHED")
 
 
-class TrialRuns(LoggerCallback):
-    """The driver's MLflow writer for the trials: one run per trial, found again by its key.
-
-    A Tune `LoggerCallback` (its hooks `log_trial_start`, `log_trial_result` and
-    `log_trial_end`, on the driver), not Ray's `MLflowLoggerCallback`, whose every hook it
-    would replace: runs re-attached by `trial_key` after a retry, a `Tuner.restore` or a new
-    driver (Ray's keeps `{Trial: run id}` in memory and opens a second run); epochs logged
-    at step=epoch, once; the run closed from the result file (`record_result`); every call
-    bounded and non-fatal (`TrackingGuard`). Its settings are read from tracking.json at
-    `setup`, so the instance Tune pickles with the experiment logs where the resuming driver
-    logs.
-    """
-
-    def __init__(self, ctx: TrialContext):
-        super().__init__()
-        self.ctx = ctx
-
-    def __getstate__(self):  # Tune pickles its callbacks with the experiment (tuner.pkl)
-        return {"ctx": self.ctx}
-
-    def __setstate__(self, state):
-        self.__init__(state["ctx"])
-
-    def setup(self, *args, **kwargs):
-        self.runs = Runs.reopen(self.ctx.layout)
-        self.run_ids: dict[str, str] = {}
-        self.logged: dict[str, set[int]] = {}
-
-    def _attach(self, trial: TrialId) -> str | None:
-        if trial.name in self.run_ids:
-            return self.run_ids[trial.name]
-        from pipelines.trial import trial_phase1
-        from pmnet.train import get_condition
-
-        ctx, runs = self.ctx, self.runs
-        cfg = ctx.config(trial)
-        known = runs.record.trials.get(trial.name)
-        tags = trial_run_tags(ctx.name, trial, trial_phase1(ctx, trial)[1], cfg.preset,
-                              get_condition(trial.condition).select)
-        params = trial_params(cfg.flat(), trial, ctx.variant_overrides(trial))
-
-        def attach():
-            rid, created = runs.tracker.attach_run(
-                runs.experiment_id, trial_key(ctx.name, trial), run_name=trial.name,
-                tags=tags, parent_run_id=runs.parent, run_id=known.run_id if known else None)
-            runs.tracker.log_params_once(rid, params)
-            return rid, (set() if created else runs.tracker.logged_steps(rid, "epoch"))
-
-        got = runs.safe(f"attaching the run of {trial.name}", attach)
-        if got is None:
-            return None
-        self.run_ids[trial.name], self.logged[trial.name] = got
-        runs.note(trial=trial.name, value=TrialRecord(run_id=got[0], finished=False))
-        return got[0]
-
-    def log_trial_start(self, trial):
-        if self.runs.tracker is not None:
-            self._attach(TrialId.from_config(trial.config))
-
-    def log_trial_result(self, iteration, trial, result):
-        if self.runs.tracker is None or "epoch" not in result:
-            return  # the final report (test metrics) is logged from the result file
-        tid = TrialId.from_config(trial.config)
-        rid, step = self._attach(tid), int(result["epoch"])
-        if rid is None or step in self.logged[tid.name]:
-            return
-        ok, _ = self.runs.guard.call(f"logging epoch {step} of {tid.name}",
-                                     self.runs.tracker.log_metrics, rid,
-                                     epoch_metrics(result), step=step)
-        if ok:
-            self.logged[tid.name].add(step)
-
-    def log_trial_end(self, trial, failed: bool = False):
-        if self.runs.tracker is None:
-            return
-        tid = TrialId.from_config(trial.config)
-        path = self.ctx.layout.result_path(tid)
-        result = read_json(path) if path.is_file() and not failed else None
-        rid = self._attach(tid)
-        if rid is None:
-            return
-        if isinstance(result, dict):
-            ok, _ = self.runs.guard.call(f"logging the result of {tid.name}", record_result,
-                                         self.runs.tracker, rid, result, path)
-            self.runs.note(trial=tid.name, value=TrialRecord(run_id=rid, finished=ok))
-        else:
-            self._mark_failed(tid, rid)
-
-    def on_trial_recover(self, iteration, trials, trial, **info):
-        """A crashed trial that Tune retries: its run is FAILED with the error until the
-        retry re-attaches it."""
-        tid = TrialId.from_config(trial.config)
-        if self.runs.tracker is not None and (rid := self._attach(tid)) is not None:
-            self._mark_failed(tid, rid)
-
-    def _mark_failed(self, tid: TrialId, rid: str) -> None:
-        info = TrialState.read(self.ctx.layout.trial_dir(tid) / "trial.json")
-        error = (info.error or "the trial ended without a result")[:5000]
-        self.runs.safe(f"marking {tid.name} failed", lambda: (
-            self.runs.tracker.set_tags(rid, {"last_error": error}),
-            self.runs.tracker.finish(rid, "FAILED")))
-        self.run_ids.pop(tid.name, None)  # a retry or resume re-attaches it
-
-
 def _finished_runs(runs: Runs, pipeline: str) -> dict[str, str]:
     """{trial_key: run id} of the pipeline's FINISHED trial runs."""
     found = runs.tracker.client.search_runs(
@@ -706,7 +594,8 @@ def _backfill_one(runs: Runs, pipeline: str, trial: TrialId, result: dict, path:
     return rid
 
 
-def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId]) -> dict[str, int]:
+def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId], *,
+                     quiet: bool = False) -> dict[str, int]:
     """MLflow as a mirror of the store: each unit of `trials` (the run's) that the run's
     store holds and whose run is not FINISHED (trained by another writer, or logged only in
     part) is attached (by run id or trial_key; created if missing) and logged completely by
@@ -733,8 +622,33 @@ def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId]) -> d
         if rid is not None:
             runs.note(trial=trial.name, value=TrialRecord(run_id=rid, finished=True))
         out["logged" if rid else "pending"] += 1
-    if out["logged"] or out["pending"]:
-        say(f"[mlflow] completed {out['logged']} trial run(s) from their result files"
+    if (out["logged"] and not quiet) or out["pending"]:
+        say(f"[mlflow] {out['logged']} trial run(s) written from their units in the store"
             + (f"; {out['pending']} left pending (MLflow failed: {runs.guard.last_error}); "
                "the next `make resume` logs them" if out["pending"] else ""))
     return out
+
+
+class MirrorLanded(tune.Callback):
+    """Stage 2's Tune callback: as a trial completes, its unit (if it landed) is mirrored to
+    MLflow by `backfill_results`, the one writer of trial runs, so a run's trials appear in
+    the MLflow UI as they finish rather than at the wave's end. A trial without a result
+    (failed, or stopped by the watchdog) gets no run: `make status` shows it."""
+
+    def __init__(self, layout: Layout):
+        self.layout, self.runs = layout, None
+
+    def __getstate__(self):  # Tune pickles its callbacks with the experiment (tuner.pkl)
+        return {"layout": self.layout}
+
+    def __setstate__(self, state):
+        self.__init__(state["layout"])
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if self.runs is None:
+            self.runs = Runs.reopen(self.layout)
+        try:
+            tid = TrialId.from_config(trial.config)
+        except (KeyError, TypeError, ValueError):
+            return
+        backfill_results(self.layout, self.runs, [tid], quiet=True)

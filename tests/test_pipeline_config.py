@@ -649,7 +649,7 @@ def test_tune_checkpoints_carry_no_weights_and_name_the_trials_last_ckpt(trials_
         assert meta["last_ckpt_size"] == Path(meta["last_ckpt"]).stat().st_size
 
 
-# -- the driver's callback: the only MLflow writer for the trials ------------------------------
+# -- MLflow mirrors the store: one writer of the trial runs ----------------------------------
 
 
 class _TuneTrial:
@@ -657,23 +657,6 @@ class _TuneTrial:
 
     def __init__(self, trial: TrialId):
         self.config = trial.to_config()
-
-
-def _drive(callback, trial: TrialId, reports: list[dict], *, end: bool = True,
-           failed: bool = False) -> None:
-    """Call the callback's Tune hooks as Tune's controller does for one trial's reports
-    (`on_trial_*`, which `LoggerCallback` hands to the callback's `log_trial_*`)."""
-    from ray.tune.logger import LoggerCallback
-
-    assert isinstance(callback, LoggerCallback)
-    t = _TuneTrial(trial)
-    callback.on_trial_start(0, [t], t)
-    for i, r in enumerate(reports):
-        callback.on_trial_result(i + 1, [t], t, {**r["metrics"], "training_iteration": i + 1,
-                                                 "time_this_iter_s": 0.1})
-    if end:
-        (callback.on_trial_error if failed else callback.on_trial_complete)(len(reports), [t],
-                                                                             t)
 
 
 def _open_store(lay: Layout, uri: str) -> tuple:
@@ -688,69 +671,59 @@ def _open_store(lay: Layout, uri: str) -> tuple:
     return tracker, exp, parent
 
 
-def _new_callback(ctx):
+def _new_callback(lay: Layout):
     import pickle
 
-    from pipelines.tracking import TrialRuns
+    from pipelines.tracking import MirrorLanded
 
-    cb = pickle.loads(pickle.dumps(TrialRuns(ctx)))  # as Tune stores it with the experiment
-    cb.setup()
-    return cb
+    return pickle.loads(pickle.dumps(MirrorLanded(lay)))  # as Tune stores it (tuner.pkl)
 
 
-def test_the_drivers_callback_logs_one_run_per_trial_and_closes_it_from_the_result(
-        trials_here, tmp_path):
+def test_a_trial_run_is_written_once_from_its_unit_as_the_trial_lands(trials_here, tmp_path):
+    """Stage 2's callback mirrors a completed trial's unit (its whole history, test metrics,
+    result artifact; FINISHED); a second driver's callback (a restore) and the wave's
+    backfill add nothing; a trial whose unit did not land gets no run."""
+    import shutil
+
     from pipelines.records import TrackingRecord
+    from pipelines.tracking import Runs, backfill_results
 
-    lay, ctx = trials_here["lay"], trials_here["ctx"]
+    lay = Layout(tmp_path / "runs", "t")
+    shutil.copytree(trials_here["lay"].run_dir, lay.run_dir)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker, exp, parent = _open_store(lay, uri)
     client = tracker.client
     (c, s), (c2, s2) = HERE_TRIALS
     trial, other = TrialId(c, s), TrialId(c2, s2)
-    reports = [r for r in trials_here["trials"][(c, s)]["fake"].reports if r["files"]]
-    assert len(reports) >= 2
-    # the first driver sees epoch 0, then dies (no trial end)
-    _drive(_new_callback(ctx), trial, reports[:1], end=False)
-    run = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', trial)}'")
-    assert len(run) == 1 and run[0].info.status == "RUNNING"
-    rid = run[0].info.run_id
-    assert run[0].data.tags["mlflow.parentRunId"] == parent
-    assert run[0].data.params["seed"] == str(s) and run[0].data.params["model.hidden"] == "32"
-    # a resumed driver (a new callback, Tuner.restore) re-attaches and sees every report
-    # again: no epoch twice; the run is closed FINISHED from the result file
-    _drive(_new_callback(ctx), trial, reports)
-    found = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', trial)}'")
-    assert [r.info.run_id for r in found] == [rid]
+    landed = lay.result_path(other).read_bytes()
+    lay.result_path(other).unlink()  # `other` has not landed (yet)
+    for cb in (_new_callback(lay), _new_callback(lay)):  # the second: a resumed driver
+        for t in (trial, other):
+            cb.on_trial_complete(1, [], _TuneTrial(t))
+    [run] = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', trial)}'")
+    rid = run.info.run_id
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.params["seed"] == str(s) and run.data.params["model.hidden"] == "32"
     res = read_json(lay.result_path(trial))
     steps = [m.step for m in client.get_metric_history(rid, "epoch")]
-    assert sorted(steps) == [h["epoch"] for h in res["history"]] == list(range(len(reports)))
-    assert len(client.get_metric_history(rid, "val/updated_ltm")) == len(reports)
-    done = client.get_run(rid)
-    assert done.info.status == "FINISHED"
-    assert done.data.metrics["test/updated_ltm"] == pytest.approx(res["test"]["updated_ltm"])
+    assert sorted(steps) == [h["epoch"] for h in res["history"]]
+    assert len(client.get_metric_history(rid, "val/updated_ltm")) == len(res["history"]) >= 1
+    assert run.data.metrics["test/updated_ltm"] == pytest.approx(res["test"]["updated_ltm"])
     assert [a.path for a in client.list_artifacts(rid, "result")] == [
         f"result/{trial.name}.json"]
+    assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', other)}'") == []
     assert TrackingRecord.read(lay.tracking_json).trials[trial.name].finished
-    # a trial that ended without a result (an error) is FAILED with the reason
-    cb = _new_callback(ctx)
-    info_path = lay.trial_dir(other) / "trial.json"
-    info = read_json(info_path)
-    write_json(info_path, {**info, "error": "RuntimeError: boom"})
-    try:
-        _drive(cb, other, [], failed=True)
-    finally:
-        write_json(info_path, info)
-    failed = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', other)}'")
-    assert len(failed) == 1 and failed[0].info.status == "FAILED"
-    assert failed[0].data.tags["last_error"] == "RuntimeError: boom"
-    assert not TrackingRecord.read(lay.tracking_json).trials[other.name].finished
+    lay.result_path(other).write_bytes(landed)  # it lands: the wave's mirror writes it
+    runs = Runs.reopen(lay)
+    assert backfill_results(lay, runs, [trial, other]) == {"logged": 1, "pending": 0}
+    assert backfill_results(lay, runs, [trial, other]) == {"logged": 0, "pending": 0}
+    assert len(client.search_runs([exp], "tags.trial_key != ''")) == 2
 
 
-def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_trials(trials_here, tmp_path,
-                                                                   monkeypatch):
-    """A dead server with MLflow's own (minutes-long) retry settings: the callback's calls
-    are bounded and raise nothing; the trials' runs stay pending for the backfill."""
+def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, tmp_path,
+                                                                 monkeypatch):
+    """A dead server with MLflow's own (minutes-long) retry settings: the mirror's calls are
+    bounded and raise nothing; the trials' runs stay pending for the next mirror."""
     import shutil
 
     from pipelines.records import TrackingRecord
@@ -758,7 +731,6 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_trials(trials_here, 
 
     lay = Layout(tmp_path / "runs", "t")
     shutil.copytree(trials_here["lay"].run_dir, lay.run_dir)
-    ctx = dataclasses.replace(trials_here["ctx"], root=str(lay.root))
     uri = f"http://127.0.0.1:{free_port()}"
     TrackingRecord(tracking_uri=uri, experiment_id="1", parent_run_id="p").write(
         lay.tracking_json)
@@ -766,14 +738,14 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_trials(trials_here, 
                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "120"}.items():
         monkeypatch.setenv(k, v)
-    cb = _new_callback(ctx)
+    cb = _new_callback(lay)
     t0 = time.time()
     for c, s in HERE_TRIALS:
-        _drive(cb, TrialId(c, s), trials_here["trials"][(c, s)]["fake"].reports)
+        cb.on_trial_complete(1, [], _TuneTrial(TrialId(c, s)))
     # one failing call (refused: a few s), then nothing waits for the server; with
     # MLflow's defaults (7 retries, backoff 2) the first call alone takes minutes
     assert time.time() - t0 < 30
-    assert cb.runs.guard.failures == 1 and "attaching" in cb.runs.guard.last_error
+    assert cb.runs.guard.failures == 1 and "listing" in cb.runs.guard.last_error
     assert TrackingRecord.read(lay.tracking_json).trials == {}  # nothing claimed
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "7"  # left as it was
     assert TRACKING_LIMITS.worst_case_s() < 40
@@ -1051,7 +1023,7 @@ def test_a_variant_trial_trains_its_variants_configuration_and_records_the_varia
     trial = TrialId("consolidator_only", 42, "T3-truncated")
     fake = FakeTune(tmp_path / "tune")
     run_trial_here(ctx, trial.condition, trial.seed, fake, variant=trial.variant)
-    _drive(_new_callback(ctx), trial, fake.reports)
+    _new_callback(lay).on_trial_complete(1, [], _TuneTrial(trial))  # it landed: mirrored
     path = lay.results_dir / "consolidator_only-T3-truncated-s42.json"
     assert path == lay.result_path(trial)
     res = read_json(path)
@@ -1073,7 +1045,7 @@ def test_a_variant_trial_trains_its_variants_configuration_and_records_the_varia
     # a default trial of the same pipeline: result and params exactly as before variants
     fake = FakeTune(tmp_path / "tune2")
     run_trial_here(ctx, "consolidator_only", 42, fake)
-    _drive(_new_callback(ctx), TrialId("consolidator_only", 42), fake.reports)
+    _new_callback(lay).on_trial_complete(1, [], _TuneTrial(TrialId("consolidator_only", 42)))
     plain = read_json(lay.results_dir / "consolidator_only-s42.json")
     assert "variant" not in plain and "variant_overrides" not in plain
     assert plain["config"]["segments"] == 2

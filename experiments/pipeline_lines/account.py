@@ -79,7 +79,7 @@ CONCERN = {
     "_same_param": TRACK,
     "Tracker": TRACK, "Runs": TRACK, "experiment_name": TRACK, "open_tracking": TRACK,
     "_open_tracking": TRACK, "stage_run": TRACK, "trial_run_tags": TRACK,
-    "trial_params": TRACK, "epoch_metrics": TRACK, "record_result": TRACK, "TrialRuns": TRACK,
+    "trial_params": TRACK, "record_result": TRACK, "MirrorLanded": TRACK,
     "model_as_artifact": TRACK,
     "_finished_runs": TRACK, "_backfill_one": TRACK, "backfill_results": TRACK,
     "sqlite_path": TRACK, "absolute_sqlite_uri": TRACK, "store_uri": TRACK,
