@@ -46,6 +46,9 @@ class TrialContext:
         this one (`phase1_sha256` then names the set).
     store: the run's `--store` (where its units land, `Layout.units`), or None: the run
         is its own store.
+    configs: {trial name: TrainConfig} of every trial of the grid, resolved once where the
+        context is made (the driver, `Space.trial_config`) and pickled with it: a worker
+        looks its trial's configuration up, it does not build it again.
     """
 
     root: str
@@ -55,6 +58,7 @@ class TrialContext:
     phase1_sha256: str
     phase1_sha256s: dict = field(default_factory=dict)
     store: str | None = None
+    configs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         check_name(self.name)
@@ -70,6 +74,12 @@ class TrialContext:
                 for k, v in self.phase1_sha256s.items()):
             raise ValueError("TrialContext.phase1_sha256s must be {str(phase1_seed): sha256}, "
                              f"got {self.phase1_sha256s!r}")
+        if not self.configs:
+            object.__setattr__(self, "configs", self._resolve())
+
+    def _resolve(self) -> dict:
+        return {t.name: self.space.trial_config(self.cfg, t, threads=self.threads)
+                for t in self.space.trials}
 
     def __setstate__(self, state: dict) -> None:
         """Unpickle; a context pickled before issue 51 (in a Tune experiment's state: the
@@ -87,6 +97,8 @@ class TrialContext:
                      "phase1_sha256s": state.get("phase1_sha256s", {}),
                      "store": state.get("store")}
         self.__dict__.update(state)
+        if not self.__dict__.get("configs"):  # pickled before the configs were resolved
+            self.__dict__["configs"] = self._resolve()
 
     @property
     def layout(self) -> Layout:
@@ -97,11 +109,15 @@ class TrialContext:
         return max(1, int(self.space.cpus_per_trial))
 
     def config(self, trial: TrialId):
-        """The trial's TrainConfig (`Space.trial_config`, threads = the trial's CPUs where
-        the preset leaves them open); ValueError for a variant or Phase-1 seed the
-        pipeline does not have."""
+        """The trial's TrainConfig, resolved when the context was made (`configs`:
+        `Space.trial_config`, threads = the trial's CPUs where the preset leaves them open);
+        ValueError for a variant, Phase-1 seed or trial the pipeline does not have."""
         trial_phase1(self, trial)  # a Phase-1 seed the pipeline has no checkpoint of: refused
-        return self.space.trial_config(self.cfg, trial, threads=self.threads)
+        if trial.name not in self.configs:
+            self.space.variant(trial.variant)  # a variant the grid lacks: named as such
+            raise ValueError(f"trial {trial.name} is not one of the trials of grid "
+                             f"{self.space.name!r}")
+        return self.configs[trial.name]
 
     def variant_overrides(self, trial: TrialId) -> dict | None:
         """The overrides of a named variant's trial (sorted), None for the default."""

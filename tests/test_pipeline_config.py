@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import socket
 import time
 from pathlib import Path
@@ -556,6 +557,14 @@ def test_a_trials_configuration_is_its_variants_and_unknown_phase1_seeds_are_ref
         ctx.config(TrialId("consolidator_only", 42, "T8-full"))
     with pytest.raises(ValueError, match="no Phase-1 checkpoint for phase1_seed 1 .*single"):
         ctx.config(TrialId("consolidator_only", 42, phase1_seed=1))
+    with pytest.raises(ValueError, match="consolidator_only-s99 is not one of the trials"):
+        ctx.config(TrialId("consolidator_only", 99))
+    # resolved once, where the context is made, and pickled with it: the worker's copy
+    # looks its trial up and never calls Space.trial_config again
+    assert set(ctx.configs) == {t.name for t in space.trials}
+    worker = pickle.loads(pickle.dumps(ctx))
+    object.__setattr__(worker, "space", None)  # nothing to build a config from
+    assert worker.config(TrialId("consolidator_only", 42, "T4-truncated")) == got
 
 
 def test_a_trial_of_phase1_seed_k_starts_from_checkpoint_k(tmp_path):
