@@ -15,6 +15,14 @@ What this script reads, per run, validation stream only:
 The test stream is read only by a finished run's own test pass (`result.json`), and is not
 used here to choose anything.
 
+For each routing-on run that passes the gate, the mechanism before the effect (`pmnet
+diagnose`'s measurements, 1,000 validation episodes): under forced identity, where training
+starts, and under the selected weights (`diagnose/<rung>-p1s<k>-<condition>-start.json`,
+`-epoch<E>.json`): how many of segment 2's shared-address tokens L sends down another path
+than segment 1's, whether the query's path reaches what segment 2 wrote, the recall lost
+without L's routing term at each block, and the Consolidator's gradient through the routing
+path against the memory path.
+
 Writes `experiments/results/add10-long/summary.md`, `summary.json` and `curves.png`.
 
     .venv/bin/python experiments/add10_long.py
@@ -36,6 +44,8 @@ OUT = ROOT / "experiments" / "results" / "add10-long"
 #: the Phase-1 checkpoint of each run, by rung and Phase-1 seed
 PHASE1 = {
     "cpu": ROOT / "experiments" / "results" / "issue39" / "store" / "phase1-p1s{k}" / "phase1.pt",
+    "small": (ROOT / "experiments" / "results" / "issue52" / "store-small" / "phase1-p1s{k}"
+              / "phase1.pt"),
     "medium": (ROOT / "experiments" / "results" / "issue52" / "store-medium" / "phase1-p1s{k}"
                / "phase1.pt"),
 }
@@ -120,6 +130,56 @@ def inference_routing(run: Path, rung: str, k: int, epoch: int) -> dict:
     return known[key]
 
 
+def mechanism(run: Path, rung: str, k: int, condition: str, epoch: int) -> dict:
+    """`pmnet diagnose` at the start (forced identity: the Phase-1 checkpoint read as the
+    start of `condition`) and under the selected weights of epoch `epoch`; cached files."""
+    from pmnet import task
+    from pmnet.conditions import get_condition
+    from pmnet.diagnose import diagnose, diagnose_file
+    from pmnet.model_files import load_phase2_progress
+
+    phase1 = PHASE1[rung].as_posix().format(k=k)
+    out = {}
+    done = sorted((OUT / "diagnose").glob(f"{rung}-p1s{k}-{condition}-epoch*.json"),
+                  key=lambda p: int(p.stem.rsplit("epoch", 1)[-1]))
+    # the selected weights' reading is kept once made (a run paused mid-sitting was read at
+    # the best epoch it had then; the file names the epoch)
+    read_at = done[-1].stem.rsplit("-", 1)[-1] if done else f"epoch{epoch}"
+    for when in ("start", read_at):
+        path = OUT / "diagnose" / f"{rung}-p1s{k}-{condition}-{when}.json"
+        if not path.is_file():
+            if when == "start":
+                d = diagnose_file(phase1, n=1000, condition=condition)
+            else:
+                cond = get_condition(condition)
+                d = diagnose(load_phase2_progress(phase1, run / "ckpt" / "best.ckpt"),
+                             task.validation_stream(1000), checkpoint=str(run), condition=condition,
+                             consolidation="learned", ltm_routing=cond.ltm_routing)
+            atomic_write_json(path, d.to_dict())
+        out[when] = json.loads(path.read_text())
+    return out
+
+
+def _mechanism_rows(summaries: list[dict]) -> str:
+    lines = ["| rung | checkpoint | read | seg-2 shared-address tokens on another path, by "
+             "block (%) | query reaches only segment 2's groups, deepest block (%) | recall "
+             "lost without L's routing term, by block (pp) | Consolidator gradient: routing "
+             "/ memory path |", "|---|---|---|---|---:|---|---|"]
+    for s in summaries:
+        for when, d in (s.get("mechanism") or {}).items():
+            path = d["seg2_path_change"]["shared_prefix"]
+            reach = d["query_reach"][-1]["last_only"]
+            lost = [x["drop"] for x in d.get("updated_without_ltm_route") or []]
+            g = d.get("consolidator_gradient") or {}
+            lines.append(
+                f"| {s['rung']} | p1s{s['phase1_seed']} | "
+                f"{'forced identity' if when == 'start' else 'selected weights, ' + when} | "
+                f"{' / '.join(f'{x:.1f}' for x in path)} | {reach:.1f} | "
+                f"{' / '.join(f'{x:.1f}' for x in lost) or '-'} | "
+                f"{_fmt(g.get('routing'), '.3f')} / {_fmt(g.get('memory'), '.3f')} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def summarise(run: Path) -> dict:
     info = parse(run)
     rows = curve(run)
@@ -137,6 +197,9 @@ def summarise(run: Path) -> dict:
         if (run / "ckpt" / "best.ckpt").is_file():
             out["inference"] = inference_routing(run, info["rung"], info["phase1_seed"],
                                                  best["epoch"])
+            if out["gate"] and info["condition"] == "consolidator_only":
+                out["mechanism"] = mechanism(run, info["rung"], info["phase1_seed"],
+                                             info["condition"], best["epoch"])
     if finished:
         res = json.loads(result.read_text())
         out["stopped"] = ("early stopping" if res["last_epoch"] + 1 < 20 else "640,000 episodes")
@@ -204,9 +267,12 @@ def figure(summaries: list[dict], path: Path) -> None:
 def main() -> int:
     summaries = [summarise(r) for r in runs()]
     atomic_write_json(OUT / "summary.json", summaries)
+    mech = _mechanism_rows(summaries)
     atomic_write_text(OUT / "summary.md", "# The Consolidator alone on ADD10, long recipe "
                       "(validation stream)\n\nWritten by `experiments/add10_long.py`.\n\n"
-                      + table(summaries) + "\n")
+                      + table(summaries) + "\n"
+                      + (f"\n## The mechanism (routing on, runs that pass the gate)\n\n{mech}\n"
+                         if mech else ""))
     figure(summaries, OUT / "curves.png")
     print(table(summaries))
     return 0

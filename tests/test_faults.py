@@ -422,7 +422,7 @@ def test_driver_killed_at_random_moments_loses_nothing(seed, tmp_path, reference
         rc, out, took = _run_killed_after(resume if again else start, delay, env)
         runs += 1
         resumes += again
-        phase1_runs += "Phase 1 as a Ray task" in out
+        phase1_runs += "Phase 1 as a Tune trial" in out
         if rc == -signal.SIGKILL:
             kills.append((delay, _where_killed(out)))
             if not (root / "soak" / "pipeline.json").is_file():  # killed before it wrote

@@ -220,7 +220,7 @@ def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
     assert len(effects) == 3 * 2  # one row per effect and checkpoint
     rc, out = cli(*args)  # the same pipeline again: nothing trains
     assert rc == 0, out[-4000:]
-    assert out.count("skipped") >= 2 and "Phase 1 as a Ray task" not in out
+    assert out.count("skipped") >= 2 and "Phase 1 as a Tune trial" not in out
 
 
 @pytest.mark.slow
@@ -562,7 +562,7 @@ def test_mlflow_server_killed_mid_stage2_trials_finish_and_resume_logs_them(tmp_
     finally:
         server.stop()
     assert rc == 0, out[-4000:]
-    assert "from their result files" in out
+    assert "written from their units in the store" in out
     client, _, runs = mlflow_runs(backend, "dead")
     check_trial_runs(client, runs, "dead", lay)  # one FINISHED run per trial, every epoch
     logged = TrackingRecord.read(lay.tracking_json).trials

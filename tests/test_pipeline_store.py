@@ -401,7 +401,7 @@ def test_a_grid_filled_in_two_pieces_equals_one_run(tmp_path):
     assert (pieces / "phase1-p1s1" / "stage1.json").is_file()  # published before the kill
     rc, out = cli("resume", "--name", "b", "--root", str(tmp_path / "runs"))
     assert rc == 0, out[-4000:]
-    assert "Phase 1 as a Ray task" not in out  # the checkpoint came from the store
+    assert "Phase 1 as a Tune trial" not in out  # the checkpoint came from the store
     got, want = _store_units(pieces), _store_units(ref)
     assert set(got) == {"phase1-p1s0", "phase1-p1s1", "consolidator_only-p0-s42",
                         "consolidator_only-p0-s43", "consolidator_only-p1-s42",
@@ -446,7 +446,7 @@ def test_a_store_run_ends_with_its_report_and_every_unit_finished_in_mlflow(tmp_
     assert rc == 0, out[-4000:]
     assert "[stage 3/3]" in out and (store / "report" / "report.md").is_file(), out[-4000:]
     assert (root / "b" / "report" / "report.md").is_file()
-    assert out.count("Phase 1 as a Ray task") == 2  # checkpoint 0 came from the store
+    assert out.count("Phase 1 as a Tune trial") == 2  # checkpoint 0 came from the store
     trials = [TrialId("consolidator_only", 42, phase1_seed=k) for k in (0, 1, 2)]
     client, _, runs = mlflow_runs(f"sqlite:///{root / 'mlflow.db'}", "b")
     keys = [r.data.tags.get("run_key") for r in runs if r.info.status == "FINISHED"]
