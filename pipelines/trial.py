@@ -335,11 +335,11 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     tdir = layout.trial_dir(trial)
     info_path = tdir / "trial.json"
     try:
-        cfg = ctx.config(trial)
-        cond = get_condition(trial.condition)
-        problem = seed_problem(trial.seed, "the trial's seed")
+        problem = seed_problem(trial.seed, "the trial's seed")  # the reason, named first
         if problem:
             raise ValueError(problem)
+        cond = get_condition(trial.condition)
+        cfg = ctx.config(trial)
     except ValueError as e:
         _refuse(trial, info_path, TrialConfigError(str(e)), trial.to_config())
         return
