@@ -226,7 +226,7 @@ class Stage1Console(tune.Callback, tune.Stopper):
                   + (f"its last epoch checkpoint {last}" if last.is_file() else "the start"))
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._say(trial, f"failed: {_first_error_line(trial, '')}")
+        self._say(trial, f"failed: {_first_error_line(trial, None)}")  # no trial.json
 
 
 @dataclass
@@ -429,10 +429,10 @@ def _log_stage1(plan: Plan, runs: Runs, slot: Phase1Slot, digest: str | None, *,
                if k.split(".")[0] not in PHASE2_ONLY_FIELDS})
     runs.safe("stage1 tags", tr.set_tags, rid, {"phase1_sha256": digest, "skipped": "false",
                                                  "checkpoint_path": str(slot.ckpt)})
-    for row in (read_json(slot.metrics_json, {}) or {}).get("history", []):
-        if isinstance(row.get("epoch"), int):
-            runs.safe("stage1 metrics", tr.log_metrics, rid,
-                      {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    runs.safe("stage1 metrics", tr.log_metric_rows, rid, [
+        (row["epoch"], {k: v for k, v in row.items() if k != "epoch"})
+        for row in (read_json(slot.metrics_json, {}) or {}).get("history", [])
+        if isinstance(row.get("epoch"), int)])
     runs.safe("stage1 metrics", tr.log_metrics, rid,
               {**{f"test/{k}": v for k, v in (info.metrics or {}).items()},
                "train_time_s": info.train_time_s or 0})
@@ -514,13 +514,15 @@ def _fmt(v, nd: int = 2) -> str:
     return f"{v:.{nd}f}" if isinstance(v, (int, float)) and v == v else "n/a"
 
 
-def _first_error_line(trial, trials_dir: str) -> str:
-    """The error the trial recorded in its trial.json, else the first line of the last
-    failure in Tune's error.txt (written in the trial's local directory first, then synced
-    to the storage): e.g. a lost node's `The actor ... is unavailable: ... Socket closed`."""
-    info = TrialState.read(Path(trials_dir) / _tname(trial) / "trial.json")
-    if info.state == "ERROR" and info.error:
-        return info.error.splitlines()[0][:300]
+def _first_error_line(trial, trials_dir: str | None) -> str:
+    """The error the trial recorded in its trial.json (a Phase-2 trial: `trials_dir`), else
+    the first line of the last failure in Tune's error.txt (written in the trial's local
+    directory first, then synced to the storage): e.g. a lost node's `The actor ... is
+    unavailable: ... Socket closed`."""
+    if trials_dir is not None:
+        info = TrialState.read(Path(trials_dir) / _tname(trial) / "trial.json")
+        if info.state == "ERROR" and info.error:
+            return info.error.splitlines()[0][:300]
     for base in (getattr(trial, "local_path", None), getattr(trial, "path", None)):
         try:
             path = Path(base) / "error.txt"
