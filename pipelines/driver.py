@@ -220,7 +220,7 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
             f"{size}; the trials of each follow it; store {units.root}")
     runs = Runs()
     totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
-              "compile_warm_s": 0.0}
+              "compile_warm_s": 0.0, "paused": 0}
     p1_train = stage1_wall = 0.0
     stopped = False
     accelerator = "gpu" if uses_gpu(plan) else "cpu"
@@ -254,7 +254,11 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
                 break
             if any((read_json(units.result(t)) or {}).get("phase1_sha256")
                    != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
-                s2 = stage2(wplan, runs, p1)
+                # issue 61: --max-wall or a SIGTERM pauses a trial at an epoch end
+                deadline_at = None if plan.max_wall_s is None else t_start + plan.max_wall_s
+                with pp.sigterm_writes_stop_file(stop_file):
+                    s2 = stage2(wplan, runs, p1, deadline_at=deadline_at,
+                                stop_file=str(stop_file))
             else:
                 say(f"[stage 2/3] every trial of {', '.join(s.label for s in wave)} has its "
                     "result from its checkpoint in the store")
@@ -263,6 +267,9 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
                 totals[k] += s2.get(k, 0.0)
             kill_point("stage2-done")
             backfill_results(plan.layout, runs, plan.space.trials)  # MLflow mirrors the store
+            if s2.get("paused") or stop_file.exists():  # issue 61: trials paused in the store
+                stopped = "by SIGTERM" if stop_file.exists() else True
+                break
         return finish(plan, runs, t_start, totals, p1_train, stage1_wall, stopped)
     except BaseException:
         if runs.parent:

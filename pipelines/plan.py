@@ -228,13 +228,19 @@ def check_max_wall(max_wall_s) -> None:
 def _check_store(plan: Plan) -> None:
     """The units of the run's store that this run would reuse were made with its
     configuration (reads)."""
-    from pipelines.store import check_store_units, progress_unit
+    from pipelines.records import Stage1Record
+    from pipelines.store import check_store_units, progress_unit, trial_unit
     from pmnet.store_progress import check_progress
 
     units = plan.layout.units
     check_store_units(units, plan.cfg, plan.space, plan.phase1_slots, plan.space.trials)
     for slot in plan.phase1_slots:  # issue 52: a paused unit's progress, of this config, whole
         check_progress(units, progress_unit(slot))
+    for trial in plan.space.trials:  # issue 61: a paused trial's, also of its checkpoint
+        if units.trial_progress(trial).is_dir():
+            p1 = Stage1Record.read(units.stage1_json(trial.phase1_seed)).sha256
+            check_progress(units, trial_unit(trial, plan.space.trial_config(plan.cfg, trial),
+                                             p1, plan.layout.trial_dir(trial)))
 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None) -> None:

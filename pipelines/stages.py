@@ -51,6 +51,7 @@ from pipelines.records import (
 )
 from pipelines.tracking import MirrorLanded, Runs, log_claims, model_as_artifact, stage_run
 from pipelines.tracking_uri import EMBEDDED
+from pipelines.trial import NOT_LEARNING, PAUSED
 from pmnet.trial_id import TrialId
 
 
@@ -77,7 +78,6 @@ def write_meta(plan: Plan, **changes) -> PipelineRecord:
 
 STARTED_FILE = "started.json"  # written by a Phase-1 trial as it starts: where it trains
 STAGE1_DIRNAME = "stage1"  # the run's Stage-1 Tune experiment (`<run>/stage1/`)
-PAUSED = "paused"  # a Phase-1 trial's last result: it stopped at an epoch end (issue 52)
 LANDED = "phase1_sha256"  # ... its unit landed in the store, with this sha256
 
 
@@ -208,8 +208,6 @@ class Stage1Console(tune.Callback, tune.Stopper):
             self.progress[self._label(trial)] = Progress.from_dict(json.loads(result[REPORT_KEY]))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        from pipelines.trial import NOT_LEARNING
-
         r = trial.last_result or {}
         if r.get(LANDED):
             self._say(trial, f"landed in the store, sha256 {r[LANDED][:12]}... (training "
@@ -317,8 +315,6 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
     one loses none that finished); then each unit's Stage-1 MLflow run, from the store.
     No Tune state is restored: a unit's own training directory (Lightning's last.ckpt) is
     what a later run continues from, here or from the store's progress (issue 52)."""
-    from pipelines.trial import NOT_LEARNING
-
     have, todo = phase1_on_hand(plan)
     digests: dict = {**have}
     paused: dict = {}
@@ -472,7 +468,7 @@ class ConsoleProgress(tune.Callback):
         say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        from pipelines.trial import CONFIG_ERROR, NOT_LEARNING
+        from pipelines.trial import CONFIG_ERROR
 
         done = {t.trial_id for t in trials if t.status == "TERMINATED"} | {trial.trial_id}
         r = trial.last_result or {}
@@ -483,6 +479,13 @@ class ConsoleProgress(tune.Callback):
         if r.get(NOT_LEARNING):  # the watchdog stopped it (issue 62): not finished
             say(f"[stage 2/3] {_tname(trial)} stopped, not retried: "
                 f"{str(r[NOT_LEARNING]).splitlines()[0][:400]}")
+            return
+        if r.get(PAUSED):  # issue 61: --max-wall or a SIGTERM, at an epoch end
+            from pmnet.train import PhasePaused
+
+            paused = PhasePaused(**json.loads(r[PAUSED]))
+            say(f"[stage 2/3] {_tname(trial)} {paused.describe()}"
+                + ("; its progress is in the store" if paused.epoch >= 0 else ""))
             return
         v, sel = r.get("test/updated_ltm"), r.get("best/select")
         best = self._best(list(trials), trial) or (trial, v)
@@ -536,7 +539,8 @@ def _first_error_line(trial, trials_dir: str | None) -> str:
     return "see the trial's error.txt"
 
 
-def trial_context(plan: Plan, p1: Stage1Result | str):
+def trial_context(plan: Plan, p1: Stage1Result | str, *, deadline_at: float | None = None,
+                  stop_file: str | None = None):
     from pipelines.trial import TrialContext
 
     if isinstance(p1, str):
@@ -545,7 +549,31 @@ def trial_context(plan: Plan, p1: Stage1Result | str):
                         space=plan.space, phase1_sha256=p1.digest,
                         phase1_sha256s={str(k): v for k, v in p1.digests.items()
                                         if k is not None},
-                        store=str(plan.layout.store))
+                        store=str(plan.layout.store), deadline_at=deadline_at,
+                        stop_file=stop_file)
+
+
+def restore_trial_progress(plan: Plan, ctx) -> int:
+    """Issue 61: every trial of the plan without a result whose paused progress is in the
+    store continues from it (`pmnet.store_progress.restore_progress`: into its trial
+    directory, unless the run's own last.ckpt is as far), its checkpoints marked as trained
+    from its Phase-1 checkpoint. Returns how many were restored."""
+    from pipelines.records import CkptOrigin
+    from pipelines.store import trial_unit
+    from pipelines.trial import CKPT_ORIGIN, trial_phase1
+    from pmnet.store_progress import restore_progress
+    from pmnet.train import checkpoint_epoch
+
+    lay, n = plan.layout, 0
+    for trial in plan.space.trials:
+        if lay.units.result(trial).is_file() or not lay.units.trial_progress(trial).is_dir():
+            continue
+        tdir = lay.trial_dir(trial)
+        unit = trial_unit(trial, ctx.config(trial), trial_phase1(ctx, trial)[1], tdir)
+        if restore_progress(lay.units, unit, checkpoint_epoch, say) is not None:
+            CkptOrigin(phase1_sha256=unit.phase1_sha256).write(tdir / CKPT_ORIGIN)
+            n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -570,13 +598,16 @@ def make_trainable(plan: Plan, ctx):
 
 
 def _refused_trials(plan: Plan) -> list[str]:
-    """Trials of the grid that a configuration error ended (trial.json says so) and that have
-    no result: Tune recorded them as finished, so only a new experiment runs them again."""
+    """Trials of the grid that a configuration error ended, or that paused at an epoch end
+    (issue 61; trial.json says so), and that have no result: Tune recorded them as finished,
+    so only a new experiment runs them again."""
+    from pipelines.trial import PAUSED_STATE
 
     lay = plan.layout
     out = []
     for t in plan.space.trials:
-        if TrialState.read(lay.trial_dir(t) / "trial.json").config_error \
+        info = TrialState.read(lay.trial_dir(t) / "trial.json")
+        if (info.config_error or info.state == PAUSED_STATE) \
                 and not lay.result_path(t).is_file():
             out.append(t.name)
     return out
@@ -671,7 +702,12 @@ def _experiment_problem(exp_dir: Path) -> str | None:
     return None
 
 
-def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -> dict:
+def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
+           deadline_at: float | None = None, stop_file: str | None = None) -> dict:
+    """The plan's trials as one Tune experiment (continued when its state can be). With
+    `deadline_at` (`--max-wall`) or `stop_file` (a SIGTERM to the driver) a trial may pause
+    at an epoch end into the store (issue 61); a paused trial's stored progress is restored
+    before the trials start. Returns the stage's counts and times."""
     from pipelines.trial import trial_name
 
     lay, sp = plan.layout, plan.space
@@ -683,7 +719,8 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
             raise PipelineError(str(e)) from e
     digest = p1.digest
     rid = stage_run(plan, runs, "stage2-phase2")
-    ctx = trial_context(plan, p1)
+    ctx = trial_context(plan, p1, deadline_at=deadline_at, stop_file=stop_file)
+    restore_trial_progress(plan, ctx)
     import ray
 
     # one console line per crashed trial (ConsoleProgress), not Tune's traceback: the trace
@@ -697,7 +734,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     refused = _refused_trials(plan) if exp_dir.exists() else []
     if refused:  # a configuration error ended them without a retry; a resume tries again
         aside = _set_aside(lay, f"refused-{time.strftime('%Y%m%d-%H%M%S')}")
-        say(f"[stage 2/3] {len(refused)} trial(s) ended on a configuration error "
+        say(f"[stage 2/3] {len(refused)} trial(s) ended on a configuration error or paused "
             f"({', '.join(refused[:4])}{', ...' if len(refused) > 4 else ''}); a new Tune "
             f"experiment runs them again (the old one is in {aside}): finished trials "
             "reuse their results, the others resume from their checkpoints")
@@ -735,9 +772,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
     Stage2Record(phase1_sha256=digest).write(lay.stage2_json)
     grid = tuner.fit()
     wall = time.time() - t0
-    from pipelines.trial import NOT_LEARNING
-
-    finished = errored = stopped = 0
+    finished = errored = stopped = paused = 0
     train_times = []
     for r in grid:
         try:
@@ -751,19 +786,22 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True) -
                 train_times.append(float(t))
         elif r.error is None and (r.metrics or {}).get(NOT_LEARNING):
             stopped += 1  # the watchdog stopped it (issue 62): neither finished nor a crash
+        elif r.error is None and (r.metrics or {}).get(PAUSED):
+            paused += 1  # issue 61: at an epoch end, its progress in the store
         else:
             errored += 1
     out = {"wall_s": wall, "finished": finished, "errored": errored + stopped,
-           "not_learning": stopped, "sum_trial_train_s": sum(train_times),
+           "not_learning": stopped, "paused": paused, "sum_trial_train_s": sum(train_times),
            "n_trials": sp.n_trials, "compile_warm_s": warm_s}
     say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored"
-        + (f", {stopped} not learning" if stopped else "") + f" in {wall:.1f} s")
+        + (f", {stopped} not learning" if stopped else "")
+        + (f", {paused} paused" if paused else "") + f" in {wall:.1f} s")
     if rid:
         runs.safe("stage2 metrics", runs.tracker.log_metrics, rid,
                   {"trials_finished": finished, "trials_errored": errored, "wall_s": wall,
                    "sum_trial_train_s": sum(train_times)})
         runs.safe("stage2 finish", runs.tracker.finish, rid,
-                  "FINISHED" if errored == 0 else "FAILED")
+                  "FAILED" if errored else "KILLED" if paused else "FINISHED")
     return out
 
 

@@ -11,6 +11,7 @@ store", has the rules.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 from dataclasses import replace
@@ -39,7 +40,7 @@ from pmnet.store_layout import (
     unit_name,
 )
 from pmnet.store_lock import UnitLock
-from pmnet.store_progress import Phase1Unit
+from pmnet.store_progress import Phase1Unit, TrialUnit
 from pmnet.trial_id import TrialId
 from tune_spaces.grids import GRID_DECIDED_FIELDS
 
@@ -106,6 +107,15 @@ def progress_unit(slot: Phase1Slot) -> Phase1Unit:
     """The slot as its stored progress is checked and copied (`pmnet.store_progress`)."""
     return Phase1Unit(slot.seed, slot.work, *phase1_unit_config(slot),
                       int(slot.cfg.phase1_max_epochs))
+
+
+def trial_unit(trial: TrialId, cfg, digest: str | None, trial_dir: Path) -> TrialUnit:
+    """The trial as its stored progress is checked and copied (`pmnet.store_progress`,
+    issue 61): its configuration as its unit records it, from Phase-1 checkpoint `digest`
+    (None at planning when the store has no Phase-1 unit yet: not checked then)."""
+    config = unit_config(cfg.flat())
+    return TrialUnit(trial, Path(trial_dir), config, config_hash(config), int(cfg.max_epochs),
+                     digest)
 
 
 def _trained_phase1_config(store: StoreLayout, seed: int | None) -> dict | None:
@@ -284,12 +294,14 @@ def land_trial(units: StoreLayout, trial: TrialId, trial_dir: Path, prov: Proven
     unit's lock, unless the store holds the unit already or its Phase-1 checkpoint is not
     the store's: its diagnostics (where its grid declares them, from the training
     directory), its provenance completed, then its result (the commit record) last.
-    Returns what was done, in words ("landed", "in the store already", or why not)."""
+    Returns what was done, in words ("landed", "in the store already", or why not). A
+    paused sitting's progress (`progress/<trial>/`) goes once the unit is in the store."""
     res = read_json(trial_dir / "result.json")
     if not isinstance(res, dict):
         raise StoreError(f"trial {trial.name}: no result.json in {trial_dir} to land")
     with UnitLock(units, trial.name):
         if units.result(trial).is_file():  # never replaced; said when it is not the same
+            shutil.rmtree(units.trial_progress(trial), ignore_errors=True)
             theirs = Provenance.read(units.provenance(trial)).config_hash
             if theirs and prov.config_hash and theirs != prov.config_hash:
                 return "in the store already, from another configuration (kept, not replaced)"
@@ -302,6 +314,7 @@ def land_trial(units: StoreLayout, trial: TrialId, trial_dir: Path, prov: Proven
             atomic_copy(trial_dir / TRIAL_DIAGNOSTICS, units.diagnostics(trial))
         landed(units.provenance(trial), prov).write(units.provenance(trial))
         atomic_copy(trial_dir / "result.json", units.result(trial))
+        shutil.rmtree(units.trial_progress(trial), ignore_errors=True)  # issue 61
     return "landed"
 
 

@@ -49,6 +49,10 @@ class TrialContext:
     configs: {trial name: TrainConfig} of every trial of the grid, resolved once where the
         context is made (the driver, `Space.trial_config`) and pickled with it: a worker
         looks its trial's configuration up, it does not build it again.
+    deadline_at, stop_file (issue 61: a Phase 2 in pieces): the wall-clock time (`time.time()`)
+        by which a trial stops at an epoch end (`--max-wall`), and the run's stop file (a
+        SIGTERM to the driver writes it); a trial stopped so pauses, its progress goes into
+        the store (`PAUSED`), and the next run of the unit continues it.
     """
 
     root: str
@@ -59,9 +63,15 @@ class TrialContext:
     phase1_sha256s: dict = field(default_factory=dict)
     store: str | None = None
     configs: dict = field(default_factory=dict)
+    deadline_at: float | None = None
+    stop_file: str | None = None
 
     def __post_init__(self):
         check_name(self.name)
+        at = self.deadline_at
+        if at is not None and not (isinstance(at, (int, float)) and at == at):
+            raise ValueError(f"TrialContext.deadline_at must be a time in seconds or None, got "
+                             f"{self.deadline_at!r}")
         if not Path(self.root).is_absolute():
             raise ValueError(f"TrialContext.root must be absolute, got {self.root!r}")
         if not hasattr(self.cfg, "flat") or not hasattr(self.space, "trial_config"):
@@ -118,6 +128,16 @@ class TrialContext:
             raise ValueError(f"trial {trial.name} is not one of the trials of grid "
                              f"{self.space.name!r}")
         return self.configs[trial.name]
+
+    def stopper(self):
+        """The trial's `StopAtEpochEnd` (its deadline and the run's stop file), None when the
+        run has neither."""
+        if self.deadline_at is None and self.stop_file is None:
+            return None
+        from pmnet.train import StopAtEpochEnd
+
+        left = None if self.deadline_at is None else self.deadline_at - time.time()
+        return StopAtEpochEnd(left, self.stop_file)
 
     def variant_overrides(self, trial: TrialId) -> dict | None:
         """The overrides of a named variant's trial (sorted), None for the default."""
@@ -324,7 +344,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     from ray import tune
 
     quiet_training_logs()
-    from pmnet.train import NotLearningError, get_condition, use_compile_cache
+    from pmnet.train import NotLearningError, PhasePaused, get_condition, use_compile_cache
 
     use_compile_cache(ctx.layout.compile_cache)  # the graphs Stage 2 compiled beforehand
 
@@ -357,12 +377,21 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
 
         from pipelines import store as st
 
+        if ctx.deadline_at is not None and time.time() >= ctx.deadline_at \
+                and not result_path.is_file():  # issue 61: started after --max-wall
+            _pause(layout, trial, cfg, digest, PhasePaused(
+                epoch=-1, max_epochs=int(cfg.max_epochs), reason="max-wall, not started",
+                last_ckpt="", train_time_s=0.0, phase=2), info_path, trial_info)
+            return
         prov = st.start_trial(ctx, trial, cfg, digest, assigned_device())
         # 2. + 3. train (or reuse the store's result of this checkpoint), then land the unit
         # in the store: its diagnostics and provenance, then its result last (the commit
         # record)
         final, trained = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
-                                           result_path, setup)
+                                           result_path, setup, ctx.stopper())
+        if isinstance(final, PhasePaused):  # issue 61: its progress into the store
+            _pause(layout, trial, cfg, digest, final, info_path, trial_info)
+            return
         if trained:
             if ctx.space.diagnosed(trial) and (tdir / "best_model.pt").is_file():
                 _diagnose(tdir, tdir / st.TRIAL_DIAGNOSTICS)
@@ -390,6 +419,31 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
                 | trial.to_config())
 
 
+def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
+           trial_info: dict) -> None:
+    """The trial stopped at an epoch end (`--max-wall`, or a SIGTERM to the driver): its
+    last and best checkpoints go into the store's `progress/<trial>/`, where the next run of
+    the unit (`make resume`, or another machine's run on the store) continues it; its last
+    report says `PAUSED` (the trial returns: Tune does not retry it). A trial that starts
+    after the run's deadline pauses at once, before epoch 1 (`paused.epoch` -1)."""
+    import dataclasses
+    import json
+
+    from ray import tune
+
+    from pipelines import store as st
+    from pmnet.store_progress import publish_progress
+    from pmnet.train import checkpoint_epoch
+
+    if paused.epoch >= 0:  # (a trial that never started has nothing to keep)
+        publish_progress(layout.units,
+                         st.trial_unit(trial, cfg, digest, layout.trial_dir(trial)),
+                         paused.reason, checkpoint_epoch, paused.train_time_s, say=log.info)
+    TrialState.update(info_path, **trial_info, state=PAUSED_STATE)
+    tune.report({PAUSED: json.dumps(dataclasses.asdict(paused)), "finished": 0}
+                | trial.to_config())
+
+
 def _diagnose(tdir: Path, out: Path) -> None:
     """`pmnet diagnose` of the trial's best model into the unit's diagnostics (once)."""
     if out.is_file():
@@ -406,6 +460,11 @@ CONFIG_ERROR = "config_error"
 #: Tune report. The trial ends without raising, so Tune does not retry it (the same run would
 #: stop again); its last.ckpt stays, it has no result, and a resume leaves it as it is.
 NOT_LEARNING = "NOT LEARNING"
+#: The key of a unit's last Tune report when it stopped at an epoch end before its end (a
+#: Phase-1 unit, issue 52, or a trial, issue 61): `PhasePaused` as JSON; its progress is in
+#: the store. A paused trial's trial.json `state` is PAUSED_STATE.
+PAUSED = "paused"
+PAUSED_STATE = "PAUSED"
 
 
 def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> None:
@@ -451,9 +510,11 @@ def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, TuneMeta]
 
 
 def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: Path,
-                      digest, result_path, setup) -> tuple[dict, bool]:
+                      digest, result_path, setup, stop=None) -> tuple[Any, bool]:
     """(the trial's final Tune report, whether it trained now: its unit is then landed by
-    the caller) -- a matching result already in the run is reused, not retrained."""
+    the caller) -- a matching result already in the run is reused, not retrained. With
+    `stop` (a `StopAtEpochEnd`) the training may pause: the report is then the
+    `PhasePaused`."""
     from ray import tune
 
     from pmnet.train import checkpoint_epoch, run_phase2
@@ -481,7 +542,9 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
                                 phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
                                 resume_from=resume_from, progress=False, record=record,
                                 accelerator=attempt.accelerator,
-                                gpu_share=assigned_gpu_share())
+                                gpu_share=assigned_gpu_share(), stop=stop)
+        if not isinstance(result, dict):  # a PhasePaused (issue 61)
+            return result, True
     else:
         attempt.append(attempts)
         result = done

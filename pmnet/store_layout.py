@@ -30,6 +30,10 @@ this class is the only place a unit's path is spelled:
       provenance/<trial>.json     the trial's Provenance (started, then landed)
       results/<trial>.json        a finished trial's result: the unit's commit record,
                                   written last (`trial_files`)
+      progress/<trial>/           a paused trial's progress (`pmnet.store_progress`): its
+                                  last and best Lightning checkpoints and progress.json,
+                                  until its unit lands (a paused Phase-1 unit's is
+                                  `phase1-p1s<k>/progress/`)
       locks/<unit>.lock           the writer that holds a unit (a store: a lock per unit,
                                   never one for the store)
       report/                     the report (`main_report`): derived, rebuilt from the
@@ -45,7 +49,7 @@ so a crash leaves either a whole unit or none.
 
 This module names paths, reads the small records and makes a new store (`init_store`);
 the unit lock is `pmnet.store_lock`, the quarantine pre-pass `pmnet.store_repair`, a paused
-Phase-1 unit's progress `pmnet.store_progress`; landing units is the pipeline's
+unit's progress `pmnet.store_progress`; landing units is the pipeline's
 (`pipelines.store`). It imports nothing heavy.
 """
 
@@ -137,6 +141,10 @@ class StoreLayout:
     @property
     def diagnostics_dir(self) -> Path:
         return self.root / "diagnostics"
+
+    def trial_progress(self, trial: TrialId) -> Path:
+        """A paused trial's progress directory (not part of the unit; dropped when it lands)."""
+        return self.root / "progress" / trial.name
 
     def lock(self, unit: str) -> Path:
         """`unit` is `phase1`, `phase1-p1s<k>` or a trial name."""

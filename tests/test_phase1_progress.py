@@ -1,5 +1,5 @@
-"""The driver's side of a Phase 1 in durable pieces (`pipelines.phase1_progress`, issue 52;
-the store's side is tests/test_store_progress.py).
+"""The driver's side of a Phase 1 (issue 52) and a trial (issue 61) in durable pieces
+(`pipelines.phase1_progress`; the store's side is tests/test_store_progress.py).
 
 Fast: SIGTERM to the driver writes the stop file. Slow: the whole pipeline path (SIGTERM to
 `python -m pipelines.run`, then the same `start --store` from a fresh copy of the store
@@ -90,4 +90,57 @@ def test_a_pipeline_stopped_by_sigterm_continues_from_a_copy_of_its_store(tmp_pa
     assert json.loads((got.results_dir / trial).read_text())["test"] == \
         json.loads((ref.results_dir / trial).read_text())["test"]
     assert not progress_dir(got, 1).exists()
+    print(f"reference + SIGTERMed piece + continuation: {time.time() - t0:.0f} s")
+
+
+@pytest.mark.slow
+def test_a_trial_stopped_by_sigterm_continues_from_a_copy_of_its_store(tmp_path):
+    """Issue 61, a Phase 2 in durable pieces: `debug`, one Phase-1 checkpoint and one trial
+    of 4 epochs. A run into store R uninterrupted; a run into store P gets SIGTERM once the
+    trial has written its first epoch: the trial pauses at the next epoch end, its progress
+    goes into `P/progress/<trial>/` (no result: the unit is not in the store) and the run
+    stops (exit 0); a fresh copy of P, continued by another run root (as another machine
+    would), lands the trial with R's history and test result, and its progress is gone."""
+    import time
+
+    from tests.support.pipeline import cli, kill_group, spawn
+
+    trial = "consolidator_only-p1-s42"
+    base = ["start", "--preset", "debug", "--grid", "phase1_variance", "--stage1-cpus", "1",
+            "--gpus-per-trial", "0", "--conditions", "consolidator_only", "--seeds", "42",
+            "--phase1-seeds", "1", "--set", "max_epochs=4", "--set", "patience=4"]
+    t0 = time.time()
+    rc, out = cli(*base, "--store", str(tmp_path / "R"), "--root", str(tmp_path / "r"))
+    assert rc == 0, out[-4000:]
+    # each trial epoch waits 3 s once written (the test hook of pipelines.faults), so that
+    # the signal lands while epoch 2 has not ended
+    proc = spawn(*base, "--store", str(tmp_path / "P"), "--root", str(tmp_path / "a"),
+                 "--name", "a", env={"PMNET_TEST_EPOCH_PAUSE_S": "3"})
+    last = tmp_path / "a" / "a" / "trials" / trial / "ckpt" / "last.ckpt"
+    try:
+        deadline = time.time() + 400
+        while not last.is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert last.is_file(), "the trial wrote no epoch"
+        os.kill(proc.pid, signal.SIGTERM)  # the driver only
+        out = proc.communicate(timeout=400)[0]
+    finally:
+        kill_group(proc.pid)
+    assert proc.returncode == 0, out[-4000:]
+    assert f"{trial} paused after epoch" in out and "stopped by SIGTERM" in out, out[-4000:]
+    p = StoreLayout(tmp_path / "P")
+    record = json.loads((p.root / "progress" / trial / "progress.json").read_text())
+    assert record["phase"] == 2 and record["epoch"] in (0, 1, 2), record  # mid-way
+    assert record["phase1_sha256"] == json.loads(p.stage1_json(1).read_text())["sha256"]
+    assert not (p.results_dir / f"{trial}.json").exists()
+    # another machine: a fresh copy of the store, another run root
+    shutil.copytree(tmp_path / "P", tmp_path / "P2")
+    rc, out = cli(*base, "--store", str(tmp_path / "P2"), "--root", str(tmp_path / "b"))
+    assert rc == 0, out[-4000:]
+    assert f"{trial}: continuing Phase 2 from the store's progress" in out, out[-4000:]
+    got, ref = (json.loads((StoreLayout(tmp_path / s).results_dir / f"{trial}.json")
+                           .read_text()) for s in ("P2", "R"))
+    assert got["history"] == ref["history"] and len(ref["history"]) == 4
+    assert got["test"] == ref["test"]
+    assert not (tmp_path / "P2" / "progress" / trial).exists()
     print(f"reference + SIGTERMed piece + continuation: {time.time() - t0:.0f} s")

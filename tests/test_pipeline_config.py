@@ -906,6 +906,60 @@ def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
     assert per_epoch(fake.reports) == per_epoch(ref)  # epoch 0, then 1 after the resume
 
 
+def test_a_trial_asked_to_stop_pauses_into_the_store_and_the_next_run_continues_it(
+        tmp_path, phase1, trials_here):
+    """Issue 61: with the run's stop file present (a SIGTERM to the driver) a trial stops at
+    its first epoch end: its progress goes into the store's progress/<trial>/, trial.json
+    says PAUSED and its last report `paused`, and it has no result. The next run's trial
+    (no stop file) continues from it and lands the uninterrupted trial's result; the
+    progress goes as the unit lands."""
+    import dataclasses
+
+    from pipelines.trial import PAUSED, PAUSED_STATE
+
+    c, s = HERE_TRIALS[0]
+    trial = TrialId(c, s)
+    ref_result = read_json(trials_here["lay"].result_path(trial))
+    stop = tmp_path / "stop.request"
+    stop.touch()
+    ctx = dataclasses.replace(trial_ctx(tmp_path / "runs", phase1), stop_file=str(stop))
+    fake = FakeTune(tmp_path / "tune")
+    run_trial_here(ctx, c, s, fake)
+    paused = json.loads(fake.reports[-1]["metrics"][PAUSED])
+    assert (paused["epoch"], paused["phase"], paused["reason"]) == (0, 2, "stop requested")
+    lay = ctx.layout
+    assert read_json(lay.trial_dir(trial) / "trial.json")["state"] == PAUSED_STATE
+    assert not lay.result_path(trial).exists()
+    record = read_json(lay.units.trial_progress(trial) / "progress.json")
+    assert record["epoch"] == 0 and record["phase1_sha256"] == phase1["sha256"]
+    stop.unlink()
+    run_trial_here(dataclasses.replace(ctx, stop_file=None), c, s, FakeTune(tmp_path / "t2"))
+    got = read_json(lay.result_path(trial))
+    for key in ("test", "val", "best_epoch", "history"):
+        assert got[key] == ref_result[key], key
+    assert not lay.units.trial_progress(trial).exists()
+
+
+def test_a_trial_that_starts_past_the_runs_deadline_does_not_train(tmp_path, phase1):
+    """Issue 61: a trial started after the run's --max-wall has passed trains nothing: it
+    reports `paused` before epoch 1 (epoch -1), writes no provenance and no progress."""
+    import dataclasses
+    import time
+
+    from pipelines.trial import PAUSED
+
+    ctx = dataclasses.replace(trial_ctx(tmp_path / "runs", phase1),
+                              deadline_at=time.time() - 1)
+    fake = FakeTune(tmp_path / "tune")
+    assert run_trial_here(ctx, "consolidator_only", 42, fake) < 30
+    [report] = fake.reports
+    assert json.loads(report["metrics"][PAUSED])["epoch"] == -1
+    trial = TrialId("consolidator_only", 42)
+    assert not ctx.layout.units.provenance(trial).exists()
+    assert not ctx.layout.units.trial_progress(trial).exists()
+    assert not (ctx.layout.trial_dir(trial) / "ckpt").exists()
+
+
 # -- sqlite: URIs, the storage probe ----------------
 
 

@@ -19,7 +19,7 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 
 from pipelines.phase1 import Phase1Slot
-from pipelines.store import progress_unit
+from pipelines.store import progress_unit, trial_unit
 from pmnet.store_layout import StoreError, StoreLayout, init_store
 from pmnet.store_progress import (
     Phase1Unit,
@@ -37,6 +37,7 @@ from pmnet.train import (
     checkpoint_epoch,
     run_phase1,
 )
+from pmnet.trial_id import TrialId
 
 CFG = dict(phase1_max_epochs=4, phase1_patience=4, phase1_episodes_per_epoch=32,
            val_episodes=16, test_episodes=16, eval_batch_size=16, batch_size=16,
@@ -201,3 +202,102 @@ def test_a_record_is_checked_field_by_field():
                 {**good, "last_sha256": None}, {**good, "config": []}):
         with pytest.raises(ValueError):
             ProgressRecord.from_dict(bad)
+
+
+# -- a paused trial (issue 61): the same rules, and tied to its Phase-1 checkpoint ---------------
+
+#: the debug preset's Phase 2, 4 epochs that do not stop early
+P2 = dict(max_epochs=4, patience=4, episodes_per_epoch=32, val_episodes=16, test_episodes=16,
+          eval_batch_size=16, batch_size=16, phase2_families="add10", lr_schedule="constant",
+          consolidator_init_std=0.18)
+TRIAL = TrialId("consolidator_only", 42, phase1_seed=1)
+
+
+def _p2cfg(**changes) -> TrainConfig:
+    return TrainConfig.from_name("debug", **{**P2, **changes})
+
+
+def _p2(phase1_file, out, **kw):
+    from pmnet.train import run_phase2
+
+    return run_phase2(_p2cfg(), condition="consolidator_only", seed=42,
+                      phase1_ckpt=phase1_file, out_dir=out, progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def paused_trial(paused, tmp_path_factory):
+    """(the Phase-1 file and its sha256, an uninterrupted trial's result, a store holding
+    the same trial's progress stopped after epoch 2 of 4, its record)."""
+    from pmnet.train import PhasePaused, sha256_file
+
+    root = tmp_path_factory.mktemp("trial-progress")
+    p1 = Path(run_phase1(_cfg(), root / "p1", progress=False)["checkpoint"])
+    digest = sha256_file(p1)
+    whole = _p2(p1, root / "whole")
+    stop = StopAtEpochEnd()
+    res = _p2(p1, root / "runA" / TRIAL.name, stop=stop, callbacks=[_StopAfter(1, stop)])
+    assert isinstance(res, PhasePaused) and (res.phase, res.epoch) == (2, 1), res
+    store = StoreLayout(root / "store")
+    unit = trial_unit(TRIAL, _p2cfg(), digest, root / "runA" / TRIAL.name)
+    rec = publish_progress(store, unit, res.reason, checkpoint_epoch, res.train_time_s)
+    return p1, digest, whole, store, rec
+
+
+def test_a_paused_trial_is_kept_under_progress_with_its_phase1_checkpoint(paused_trial):
+    _, digest, _, store, rec = paused_trial
+    where = store.trial_progress(TRIAL)
+    assert where == store.root / "progress" / TRIAL.name
+    assert sorted(p.name for p in where.iterdir()) == \
+        ["best-e1.ckpt", "last-e1.ckpt", "progress.json"]
+    assert (rec.phase, rec.phase1_sha256, rec.epochs_done, rec.max_epochs) == (2, digest, 2, 4)
+    assert rec.format == "pmnet-phase2-progress/v1" and rec.phase0 is None
+    assert not store.result(TRIAL).exists()  # no commit record: the unit is not in the store
+    assert ProgressRecord.from_dict(json.loads((where / "progress.json").read_text())) == rec
+
+
+def test_a_paused_trial_continued_from_a_copy_of_the_store_equals_one_run(paused_trial,
+                                                                           tmp_path):
+    p1, digest, whole, store, _ = paused_trial
+    copy = _copy_store(store, tmp_path / "store")  # another machine's copy
+    unit = trial_unit(TRIAL, _p2cfg(), digest, tmp_path / "runB" / TRIAL.name)
+    assert restore_progress(copy, unit, checkpoint_epoch) == 1
+    done = _p2(p1, unit.dir)
+    assert done["history"] == whole["history"] and done["test"] == whole["test"]
+    assert done["best_epoch"] == whole["best_epoch"]
+
+
+def test_a_trials_progress_on_another_checkpoint_or_config_is_refused(paused, paused_trial,
+                                                                     tmp_path):
+    _, digest, _, store, _ = paused_trial
+    copy = _copy_store(store, tmp_path / "store")
+    run = tmp_path / "run" / TRIAL.name
+    other_p1 = trial_unit(TRIAL, _p2cfg(), "0" * 64, run)
+    with pytest.raises(StoreError, match=r"Phase-2 progress \(after epoch 2 of 4\) trained "
+                                         r"from Phase-1 checkpoint [0-9a-f]{12}\.\.\., not "
+                                         r"000000000000"):
+        restore_progress(copy, other_p1, checkpoint_epoch)
+    other_cfg = trial_unit(TRIAL, _p2cfg(consolidator_lr=1e-3), digest, run)
+    with pytest.raises(StoreError, match=r"another configuration \(consolidator_lr: "):
+        check_progress(copy, other_cfg)
+    assert not run.exists()  # refused before anything was written
+    # a Phase-1 unit's record where a trial's belongs is not taken for it
+    shutil.copy(progress_dir(paused[2], 1) / "progress.json",
+                copy.trial_progress(TRIAL) / "progress.json")
+    with pytest.raises(StoreError, match="is Phase-1 progress, not Phase-2 progress of unit "
+                                         f"{TRIAL.name}"):
+        check_progress(copy, trial_unit(TRIAL, _p2cfg(), digest, run))
+
+
+def test_a_trials_progress_goes_when_its_unit_lands(paused_trial, tmp_path):
+    from pipelines.records import Provenance, Stage1Record
+    from pipelines.store import land_trial
+
+    _, digest, whole, store, _ = paused_trial
+    copy = _copy_store(store, tmp_path / "store")
+    copy.phase1_dir(1).mkdir(parents=True)
+    Stage1Record(sha256=digest).write(copy.stage1_json(1))
+    tdir = tmp_path / "run" / TRIAL.name
+    tdir.mkdir(parents=True)
+    (tdir / "result.json").write_text(json.dumps(whole))
+    assert land_trial(copy, TRIAL, tdir, Provenance(unit=TRIAL.name)) == "landed"
+    assert copy.result(TRIAL).is_file() and not copy.trial_progress(TRIAL).exists()

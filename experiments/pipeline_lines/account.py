@@ -71,6 +71,7 @@ CONCERN = {
     "stage1": ORCH, "ConsoleProgress": VIEW, "_tname": VIEW,
     "_fmt": VIEW, "_first_error_line": VIEW, "trial_context": ORCH, "TrialResources": CLUSTER,
     "make_trainable": ORCH, "_refused_trials": FAULT, "_set_aside": FAULT,
+    "restore_trial_progress": STORE,
     "_retire_stale_experiment": FAULT, "_warm_task": STUDY, "warm_compile_cache": STUDY,
     "_experiment_problem": FAULT, "stage2": ORCH, "stage3": ORCH, "timing_record": RECORD,
     "pipeline_state": VIEW, "trial_rows": VIEW, "_select_metrics": VIEW, "_num": VIEW,
@@ -114,7 +115,7 @@ CONCERN = {
     # a long Phase 1 in durable pieces (issue 52): phase1_progress.py, driver._publish_paused
     # (the progress itself moved to pmnet/store_progress.py)
     "stop_file": STORE, "sigterm_writes_stop_file": FAULT, "_pause": STORE,
-    "progress_unit": STORE,
+    "progress_unit": STORE, "trial_unit": STORE,
     # a store that verifies what it holds (issue 53): the unit locks' staleness and the
     # quarantine pre-pass moved to pmnet/store_lock.py and pmnet/store_repair.py
     # what a person reads and runs first (issue 64): help texts from the registries, `make

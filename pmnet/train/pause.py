@@ -56,7 +56,8 @@ class PhasePaused:
     boundary before the end.
 
     `epoch`: the 0-based epoch last.ckpt holds (Lightning's, as `checkpoint_epoch` reads it);
-    `epochs_done` = epoch + 1 of `max_epochs`. No test pass ran and no phase1.pt (Phase 2: no
+    `epochs_done` = epoch + 1 of `max_epochs`; -1 for a pipeline trial that did not start
+    (its run's deadline had passed). No test pass ran and no phase1.pt (Phase 2: no
     result.json) was written."""
 
     epoch: int
@@ -71,6 +72,8 @@ class PhasePaused:
         return self.epoch + 1
 
     def describe(self) -> str:
+        if self.epoch < 0:  # a pipeline trial that started past its run's deadline
+            return f"not started ({self.reason}): the next run trains it"
         return (f"paused after epoch {self.epochs_done} of {self.max_epochs} ({self.reason}); "
                 f"its state is {self.last_ckpt}")
 
