@@ -17,10 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 #: one screen: what a reader sees before scrolling
 FIRST_SCREEN = "\n".join(README.splitlines()[:50])
-#: the committed run the README's `cpu` column comes from, and its report's tables
-SOURCE_RUN = "experiments/results/issue21/pipeline-cpu-20261124-writedims"
-#: the figures a fresh run at 40538cc on a 2-core Intel VM gave (issue 64), beside which the
-#: README must show them until a fresh run is committed as its source
+#: the committed run the README's `cpu` column comes from (`make pipeline` on a fresh clone
+#: at today's default, issue 64), and its report's tables
+SOURCE_RUN = "experiments/results/default-run/cpu-20261128-amd"
+#: the figures a fresh run at 40538cc on a 2-core Intel VM gave (issue 64): the README shows
+#: each `cpu` figure beside its rerun on another CPU kind
 RERUN = {"routing on - off": "-7.68 pp (CI -30.15 to +14.78)",
          "Learned > forced identity, routing on": "+0.00 pp",
          "The capability": "14.4%",
@@ -102,9 +103,40 @@ def test_the_cpu_figures_are_the_committed_runs():
     assert "| 10.30 ± 0.19 |" in source and "| 9.23 ± 1.52 |" in source
 
 
+def test_the_readme_source_run_was_made_with_todays_default_configuration():
+    """Issue 64: the README's `cpu` figures come from a finished `make pipeline` of a clean
+    checkout made with today's default: the preset chosen without a GPU, no `--set`, the
+    default grid as `tune_spaces` builds it today, and every trial unit's recorded
+    configuration equal to today's `cpu` TrainConfig (field for field; `threads` is how many
+    CPUs the machine gave it, not what it computes). A change to the default (a preset
+    field, the grid) fails here until the README's source run is made again."""
+    import json
+
+    from pmnet.config import default_preset
+    from pmnet.train import TrainConfig
+    from tune_spaces import get_space
+
+    run = json.loads((ROOT / SOURCE_RUN / "pipeline.json").read_text(encoding="utf-8"))
+    assert (run["status"], run["git_dirty"], run["overrides"]) == ("finished", "false", {})
+    assert run["preset"] == default_preset("cpu") and run["grid"] is not None
+    cfg = TrainConfig.from_name(run["preset"])
+    space = get_space("default")(cfg, gpu=False)
+    assert run["space"] == json.loads(json.dumps(space.to_dict()))
+    units = sorted((ROOT / SOURCE_RUN / "results").glob("*.json"))
+    assert len(units) == space.n_trials
+    for path in units:
+        unit = json.loads(path.read_text(encoding="utf-8"))
+        want = json.loads(json.dumps(TrainConfig.from_name(
+            run["preset"], phase1_seed=unit["phase1_seed"]).flat()))
+        got = unit["config"]
+        assert set(got) == set(want), (path.name, sorted(set(got) ^ set(want)))
+        diff = {k: (got[k], want[k]) for k in want if k != "threads" and got[k] != want[k]}
+        assert not diff, (path.name, diff)
+
+
 def test_each_cpu_figure_stands_beside_its_rerun_on_another_cpu_kind():
-    """Issue 64: until a fresh run is committed as the README's source, each headline `cpu`
-    figure shows how far a rerun on another CPU kind moved it, and the README says so."""
+    """Issue 64: each headline `cpu` figure shows how far a rerun on another CPU kind moved
+    it, and the README says so."""
     rows = {row[0]: row for row in _results()}
     for claim, rerun in RERUN.items():
         row = next(r for name, r in rows.items() if claim in name)

@@ -54,6 +54,9 @@ RUNS: tuple[Run, ...] = (
       for name in ("pipeline-cpu-20261123", "pipeline-cpu-20261124",
                    "pipeline-cpu-20261124-writedims")),
     Run("issue23/pipeline-cpu-20261124", "report", ("pipeline.json", "timing.json", "phase1")),
+    # the README's source run: `make pipeline` at today's default on a fresh clone (issue 64)
+    Run("default-run/cpu-20261128-amd", "report", ("pipeline.json", "timing.json", "provenance",
+                                                   *(f"phase1-p1s{k}" for k in range(3)))),
     # a durable store (issue 45): its record, each Phase-1 unit, the trials' diagnostics
     Run("issue39/store", "report", ("store.json", "diagnostics",
                                     *(f"phase1-p1s{k}" for k in range(10)))),
