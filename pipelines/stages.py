@@ -553,18 +553,18 @@ def trial_context(plan: Plan, p1: Stage1Result | str, *, deadline_at: float | No
                         stop_file=stop_file)
 
 
-def restore_trial_progress(plan: Plan, ctx) -> int:
+def restore_trial_progress(plan: Plan, ctx) -> None:
     """Issue 61: every trial of the plan without a result whose paused progress is in the
     store continues from it (`pmnet.store_progress.restore_progress`: into its trial
     directory, unless the run's own last.ckpt is as far), its checkpoints marked as trained
-    from its Phase-1 checkpoint. Returns how many were restored."""
+    from its Phase-1 checkpoint."""
     from pipelines.records import CkptOrigin
     from pipelines.store import trial_unit
     from pipelines.trial import CKPT_ORIGIN, trial_phase1
     from pmnet.store_progress import restore_progress
     from pmnet.train import checkpoint_epoch
 
-    lay, n = plan.layout, 0
+    lay = plan.layout
     for trial in plan.space.trials:
         if lay.units.result(trial).is_file() or not lay.units.trial_progress(trial).is_dir():
             continue
@@ -572,8 +572,6 @@ def restore_trial_progress(plan: Plan, ctx) -> int:
         unit = trial_unit(trial, ctx.config(trial), trial_phase1(ctx, trial)[1], tdir)
         if restore_progress(lay.units, unit, checkpoint_epoch, say) is not None:
             CkptOrigin(phase1_sha256=unit.phase1_sha256).write(tdir / CKPT_ORIGIN)
-            n += 1
-    return n
 
 
 @dataclass(frozen=True)

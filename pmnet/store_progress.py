@@ -298,15 +298,13 @@ def publish_progress(store: StoreLayout, unit: Unit, reason: str, epoch_of: Epoc
     return rec
 
 
-def drop_progress(store: StoreLayout, unit: Unit | int | None) -> bool:
-    """Remove the unit's progress once its commit record exists (the unit landed); True
-    when there was some. `unit`: a Phase1Unit or TrialUnit, or a Phase-1 seed."""
-    if not isinstance(unit, (Phase1Unit, TrialUnit)):
-        dest, landed, name = progress_dir(store, unit), store.stage1_json(unit), unit_name(unit)
-    else:
-        dest, landed, name = unit.progress(store), unit.landed(store), unit.name
-    if not dest.exists() or not landed.is_file():
+def drop_progress(store: StoreLayout, seed: int | None) -> bool:
+    """Remove a Phase-1 unit's progress once its commit record exists (the unit landed);
+    True when there was some. (A trial's goes inside `pipelines.store.land_trial`, under
+    the unit lock it already holds.)"""
+    dest = progress_dir(store, seed)
+    if not dest.exists() or not store.stage1_json(seed).is_file():
         return False
-    with UnitLock(store, name):
+    with UnitLock(store, unit_name(seed)):
         shutil.rmtree(dest, ignore_errors=True)
     return True

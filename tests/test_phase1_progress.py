@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,26 @@ def test_sigterm_to_the_driver_writes_the_stop_file_once(tmp_path):
 # -- the pipeline: SIGTERM, then `make pipeline STORE=...` from a copy of the store ----------
 
 
+def _sigterm_once_written(args: list[str], last: Path, env: dict) -> tuple[int, str]:
+    """Run `python -m pipelines.run *args`, SIGTERM the driver alone once `last` (an epoch's
+    checkpoint) exists, and return its exit code and output."""
+    import time
+
+    from tests.support.pipeline import kill_group, spawn
+
+    proc = spawn(*args, env=env)
+    try:
+        deadline = time.time() + 400
+        while not last.is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert last.is_file(), f"no epoch written: {last}"
+        os.kill(proc.pid, signal.SIGTERM)  # the driver only
+        out = proc.communicate(timeout=400)[0]
+    finally:
+        kill_group(proc.pid)
+    return proc.returncode, out
+
+
 @pytest.mark.slow
 def test_a_pipeline_stopped_by_sigterm_continues_from_a_copy_of_its_store(tmp_path):
     """`debug`, one Phase-1 checkpoint (seed 1) of 4 epochs and one trial: a run into store
@@ -43,7 +64,7 @@ def test_a_pipeline_stopped_by_sigterm_continues_from_a_copy_of_its_store(tmp_pa
     the same trial result; its progress is gone."""
     import time
 
-    from tests.support.pipeline import cli, kill_group, spawn
+    from tests.support.pipeline import cli
 
     base = ["start", "--preset", "debug", "--grid", "phase1_variance", "--stage1-cpus", "1",
             "--gpus-per-trial", "0", "--conditions", "consolidator_only", "--seeds", "42",
@@ -54,20 +75,11 @@ def test_a_pipeline_stopped_by_sigterm_continues_from_a_copy_of_its_store(tmp_pa
     assert rc == 0, out[-4000:]
     # the piece stopped by SIGTERM (each Phase-1 epoch after the first waits 3 s: the test
     # hook of pipelines.faults, so that the signal lands while epoch 2 has not ended)
-    proc = spawn(*base, "--store", str(tmp_path / "P"), "--root", str(tmp_path / "a"),
-                 "--name", "a", env={"PMNET_TEST_EPOCH_PAUSE_S": "3",
-                                     "PMNET_PROGRESS_EVERY_S": "1"})
-    last = tmp_path / "a" / "a" / "phase1-p1s1" / "phase1_ckpt" / "last.ckpt"
-    try:
-        deadline = time.time() + 400
-        while not last.is_file() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-        assert last.is_file(), "Phase 1 wrote no epoch"
-        os.kill(proc.pid, signal.SIGTERM)  # the driver only
-        out = proc.communicate(timeout=400)[0]
-    finally:
-        kill_group(proc.pid)
-    assert proc.returncode == 0, out[-4000:]
+    rc, out = _sigterm_once_written(
+        [*base, "--store", str(tmp_path / "P"), "--root", str(tmp_path / "a"), "--name", "a"],
+        tmp_path / "a" / "a" / "phase1-p1s1" / "phase1_ckpt" / "last.ckpt",
+        {"PMNET_TEST_EPOCH_PAUSE_S": "3", "PMNET_PROGRESS_EVERY_S": "1"})
+    assert rc == 0, out[-4000:]
     assert "phase1-p1s1: Phase 1 paused after epoch" in out and "stopped by SIGTERM" in out, \
         out[-4000:]
     p = StoreLayout(tmp_path / "P")
@@ -103,7 +115,7 @@ def test_a_trial_stopped_by_sigterm_continues_from_a_copy_of_its_store(tmp_path)
     would), lands the trial with R's history and test result, and its progress is gone."""
     import time
 
-    from tests.support.pipeline import cli, kill_group, spawn
+    from tests.support.pipeline import cli
 
     trial = "consolidator_only-p1-s42"
     base = ["start", "--preset", "debug", "--grid", "phase1_variance", "--stage1-cpus", "1",
@@ -114,19 +126,11 @@ def test_a_trial_stopped_by_sigterm_continues_from_a_copy_of_its_store(tmp_path)
     assert rc == 0, out[-4000:]
     # each trial epoch waits 3 s once written (the test hook of pipelines.faults), so that
     # the signal lands while epoch 2 has not ended
-    proc = spawn(*base, "--store", str(tmp_path / "P"), "--root", str(tmp_path / "a"),
-                 "--name", "a", env={"PMNET_TEST_EPOCH_PAUSE_S": "3"})
-    last = tmp_path / "a" / "a" / "trials" / trial / "ckpt" / "last.ckpt"
-    try:
-        deadline = time.time() + 400
-        while not last.is_file() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-        assert last.is_file(), "the trial wrote no epoch"
-        os.kill(proc.pid, signal.SIGTERM)  # the driver only
-        out = proc.communicate(timeout=400)[0]
-    finally:
-        kill_group(proc.pid)
-    assert proc.returncode == 0, out[-4000:]
+    rc, out = _sigterm_once_written(
+        [*base, "--store", str(tmp_path / "P"), "--root", str(tmp_path / "a"), "--name", "a"],
+        tmp_path / "a" / "a" / "trials" / trial / "ckpt" / "last.ckpt",
+        {"PMNET_TEST_EPOCH_PAUSE_S": "3"})
+    assert rc == 0, out[-4000:]
     assert f"{trial} paused after epoch" in out and "stopped by SIGTERM" in out, out[-4000:]
     p = StoreLayout(tmp_path / "P")
     record = json.loads((p.root / "progress" / trial / "progress.json").read_text())
