@@ -83,12 +83,12 @@ def test_make_pipeline_set_and_resources_reach_the_runs_configuration(tmp_path, 
     dropped the setting silently before)."""
     argv = _pipeline_argv("PRESET=debug", "GRID=tiny", "SET=compile=off lr=1e-3",
                           "CPUS_PER_TRIAL=2", "GPUS_PER_TRIAL=0", "MAX_FAILURES=0",
-                          "MAX_CONCURRENT=1", f"RUNS={tmp_path / 'runs'}")
+                          "MAX_CONCURRENT=1", "STAGE1_CPUS=1", f"RUNS={tmp_path / 'runs'}")
     assert argv[:1] == ["start"]
     joined = " ".join(argv)
     assert "--set compile=off --set lr=1e-3" in joined, joined
     for flag in ("--cpus-per-trial 2", "--gpus-per-trial 0", "--max-failures 0",
-                 "--max-concurrent 1"):
+                 "--max-concurrent 1", "--stage1-cpus 1"):
         assert flag in joined, (flag, joined)
     got = []
     monkeypatch.setattr(run, "run_plan", lambda plan: got.append(plan) or run.Exit.DONE)
@@ -100,10 +100,11 @@ def test_make_pipeline_set_and_resources_reach_the_runs_configuration(tmp_path, 
     sp = plan.space
     assert (sp.cpus_per_trial, sp.gpus_per_trial, sp.max_failures, sp.max_concurrent) == \
         (2.0, 0.0, 0, 1)
+    assert plan.stage1_cpus == 1.0
     # without them, nothing is passed: the grid's and the preset's own values
     plain = " ".join(_pipeline_argv("PRESET=debug"))
     assert "--set" not in plain and "--cpus-per-trial" not in plain
-    assert "--max-failures" not in plain
+    assert "--max-failures" not in plain and "--stage1-cpus" not in plain
 
 
 def test_make_help_names_every_preset_and_grid_and_the_new_variables():
@@ -119,7 +120,7 @@ def test_make_help_names_every_preset_and_grid_and_the_new_variables():
     presets = re.search(r"PRESET=([\w|]+)", line)[1].split("|")
     grids = re.search(r"GRID=([\w|]+)", line)[1].split("|")
     assert presets == list(PRESETS) and sorted(grids) == sorted(SPACES)
-    for var in ("SET=", "CPUS_PER_TRIAL=", "GPUS_PER_TRIAL=", "MAX_FAILURES="):
+    for var in ("SET=", "CPUS_PER_TRIAL=", "GPUS_PER_TRIAL=", "MAX_FAILURES=", "STAGE1_CPUS="):
         assert var in line, var
 
 
