@@ -188,12 +188,12 @@ def _pause(plan: Plan, wave: list, paused: dict) -> None:
     progress into the store, where the next run of the unit (`make resume`, or another
     machine's run on the store) continues it. The run then ends as a stop at --max-wall
     does."""
-    from pmnet.store_progress import publish_progress
+    from pmnet.store_progress import land_progress
     from pmnet.train import checkpoint_epoch
 
     for k, p in paused.items():
         slot = next(s for s in wave if s.seed == k)
-        publish_progress(plan.layout.units, st.progress_unit(slot), p.reason,
+        land_progress(plan.layout.units, st.progress_unit(slot), p.reason,
                          checkpoint_epoch, p.train_time_s, say)
         say(f"[pipeline] {slot.label}: Phase 1 paused after epoch {p.epochs_done} of "
             f"{p.max_epochs} ({p.reason}); its progress is in the store")

@@ -432,11 +432,11 @@ def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
     from ray import tune
 
     from pipelines import store as st
-    from pmnet.store_progress import publish_progress
+    from pmnet.store_progress import land_progress
     from pmnet.train import checkpoint_epoch
 
     if paused.epoch >= 0:  # (a trial that never started has nothing to keep)
-        publish_progress(layout.units,
+        land_progress(layout.units,
                          st.trial_unit(trial, cfg, digest, layout.trial_dir(trial)),
                          paused.reason, checkpoint_epoch, paused.train_time_s, say=log.info)
     TrialState.update(info_path, **trial_info, state=PAUSED_STATE)

@@ -10,7 +10,7 @@ loses; "A long trial in pieces" a trial's, which follows the same rules and also
 checkpoint it was trained from (a trial continues only on that checkpoint).
 
 Store format only: no Ray, MLflow or driver here. The stopping is `pmnet.train.pause`, the
-driver's side (publishing at a pause, SIGTERM) `pipelines.driver`, a trial's
+driver's side (landing at a pause, SIGTERM) `pipelines.driver`, a trial's
 `pipelines.trial`.
 """
 
@@ -221,7 +221,7 @@ def check_progress(store: StoreLayout, unit: Unit) -> ProgressRecord | None:
     return rec
 
 
-# -- the driver: restore before training, publish at a pause, drop when the unit lands -------
+# -- the driver: restore before training, land at a pause, drop when the unit lands -------
 
 
 def restore_progress(store: StoreLayout, unit: Unit, epoch_of: EpochOf,
@@ -255,7 +255,7 @@ def restore_progress(store: StoreLayout, unit: Unit, epoch_of: EpochOf,
     return rec.epoch
 
 
-def publish_progress(store: StoreLayout, unit: Unit, reason: str, epoch_of: EpochOf,
+def land_progress(store: StoreLayout, unit: Unit, reason: str, epoch_of: EpochOf,
                      train_time_s: float | None = None,
                      say: Say = print) -> ProgressRecord | None:
     """A sitting of `unit` paused: copy its last.ckpt and best.ckpt into the unit's progress
@@ -265,7 +265,7 @@ def publish_progress(store: StoreLayout, unit: Unit, reason: str, epoch_of: Epoc
     ckdir = unit.ckpt_dir
     epoch = epoch_of(ckdir / "last.ckpt")
     if epoch is None:
-        raise StoreError(f"{unit.name}: no readable {ckdir / 'last.ckpt'} to publish")
+        raise StoreError(f"{unit.name}: no readable {ckdir / 'last.ckpt'} to land")
     dest = unit.progress(store)
     with UnitLock(store, unit.name):
         if unit.landed(store).is_file():

@@ -27,7 +27,7 @@ from pmnet.store_progress import (
     check_progress,
     drop_progress,
     progress_dir,
-    publish_progress,
+    land_progress,
     restore_progress,
 )
 from pmnet.train import (
@@ -78,7 +78,7 @@ def paused(tmp_path_factory):
                      stop=stop)
     assert isinstance(res, Phase1Paused) and res.epochs_done == 2
     store = StoreLayout(root / "store")
-    rec = publish_progress(store, progress_unit(slot), res.reason, checkpoint_epoch,
+    rec = land_progress(store, progress_unit(slot), res.reason, checkpoint_epoch,
                            res.train_time_s)
     return whole, whole_meta, store, rec
 
@@ -106,7 +106,7 @@ def test_continued_from_a_fresh_copy_of_the_store_equals_one_run(paused, tmp_pat
     slot = _slot(tmp_path / "runB")  # another run root
     assert restore_progress(copy, progress_unit(slot), checkpoint_epoch) == 1
     # publishing what the store holds already (the same epoch) changes nothing
-    assert publish_progress(copy, progress_unit(slot), "max-wall", checkpoint_epoch) is None
+    assert land_progress(copy, progress_unit(slot), "max-wall", checkpoint_epoch) is None
     done = run_phase1(slot.cfg, slot.dir, progress=False)
     assert done["sha256"] == whole["sha256"]  # the same phase1.pt bytes
     meta = json.loads((slot.dir / "phase1_metrics.json").read_text())
@@ -239,7 +239,7 @@ def paused_trial(paused, tmp_path_factory):
     assert isinstance(res, PhasePaused) and (res.phase, res.epoch) == (2, 1), res
     store = StoreLayout(root / "store")
     unit = trial_unit(TRIAL, _p2cfg(), digest, root / "runA" / TRIAL.name)
-    rec = publish_progress(store, unit, res.reason, checkpoint_epoch, res.train_time_s)
+    rec = land_progress(store, unit, res.reason, checkpoint_epoch, res.train_time_s)
     return p1, digest, whole, store, rec
 
 
