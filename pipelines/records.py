@@ -230,7 +230,7 @@ class TimingRecord(Timing):
 class Attempt(Record):
     """One line of `trials/<trial>/attempts.jsonl`: an attempt of a trial. `kind` train or
     reuse (its result file was already there); where it ran; what it resumed from (the
-    trial's `last.ckpt`, its epoch, Tune's epoch); Lightning checkpoints it `discarded`
+    trial's `last.ckpt` and its epoch); Lightning checkpoints it `discarded`
     (another Phase-1 origin); its `imports_s` and `setup_s`."""
 
     time: float | None = None
@@ -242,7 +242,6 @@ class Attempt(Record):
     kind: str | None = None
     resume_from: str | None = None
     resume_epoch: int | None = None
-    tune_checkpoint_epoch: int | None = None
     discarded: str | None = None
     imports_s: float | None = None
     setup_s: float | None = None
@@ -283,31 +282,6 @@ class Progress(Record):
     done: bool = False
     time: float = 0.0
     history: list = field(default_factory=list)
-
-
-@dataclass
-class TuneMeta(Record):
-    """`meta.json`, all a trial's Tune checkpoint holds: the trial (`TrialId.to_config()`'s
-    keys), the `epoch` and whether it was `final`, and which `last.ckpt` holds its weights
-    (with size and mtime, to see whether a later epoch has replaced it since)."""
-
-    condition: str | None = None
-    seed: int | None = None
-    variant: str | None = None
-    phase1_seed: int | None = None
-    epoch: int | None = None
-    final: bool = False
-    last_ckpt: str | None = None
-    last_ckpt_size: int | None = None
-    last_ckpt_mtime_ns: int | None = None
-
-
-@dataclass
-class CkptOrigin(Record):
-    """`trials/<trial>/ckpt_origin.json`: the Phase-1 sha256 the trial's Lightning
-    checkpoints (`ckpt/`) were trained from."""
-
-    phase1_sha256: str | None = None
 
 
 @dataclass

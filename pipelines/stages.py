@@ -556,11 +556,9 @@ def trial_context(plan: Plan, p1: Stage1Result | str, *, deadline_at: float | No
 def restore_trial_progress(plan: Plan, ctx) -> None:
     """Issue 61: every trial of the plan without a result whose paused progress is in the
     store continues from it (`pmnet.store_progress.restore_progress`: into its trial
-    directory, unless the run's own last.ckpt is as far), its checkpoints marked as trained
-    from its Phase-1 checkpoint."""
-    from pipelines.records import CkptOrigin
+    directory, unless the run's own last.ckpt is as far)."""
     from pipelines.store import trial_unit
-    from pipelines.trial import CKPT_ORIGIN, trial_phase1
+    from pipelines.trial import trial_phase1
     from pmnet.store_progress import restore_progress
     from pmnet.train import checkpoint_epoch
 
@@ -570,8 +568,7 @@ def restore_trial_progress(plan: Plan, ctx) -> None:
             continue
         tdir = lay.trial_dir(trial)
         unit = trial_unit(trial, ctx.config(trial), trial_phase1(ctx, trial)[1], tdir)
-        if restore_progress(lay.units, unit, checkpoint_epoch, say) is not None:
-            CkptOrigin(phase1_sha256=unit.phase1_sha256).write(tdir / CKPT_ORIGIN)
+        restore_progress(lay.units, unit, checkpoint_epoch, say)
 
 
 @dataclass(frozen=True)
@@ -764,7 +761,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
             run_config=tune.RunConfig(
                 name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
                 failure_config=tune.FailureConfig(max_failures=sp.max_failures),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=[ConsoleProgress(sp.n_trials, str(lay.trials_dir)),
                            MirrorLanded(lay)]))
     Stage2Record(phase1_sha256=digest).write(lay.stage2_json)

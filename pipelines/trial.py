@@ -1,7 +1,7 @@
 """One Stage-2 trial (a `TrialId`: condition x variant x seed) as a Tune function trainable:
 it verifies the shared Phase-1 checkpoint first, trains with `pmnet.train.run_phase2`
-(continuing from its `ckpt/last.ckpt`; each epoch reported to Tune with a checkpoint that
-holds only `meta.json`), reuses a result that already exists instead of training again,
+(continuing from its `ckpt/last.ckpt`, the one checkpoint of its weights: Tune gets each
+epoch's metrics and no checkpoint), reuses a result that already exists instead of training again,
 and lands its unit in the run's store (`pipelines.store.land_trial`), once. It never
 opens MLflow. docs/pipeline.md, "Stages" (step 2) and "Tests" (`PMNET_TEST_FAULT_ONCE`),
 has the details.
@@ -9,12 +9,10 @@ has the details.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -24,7 +22,7 @@ from typing import Any
 from pipelines.faults import epoch_pause
 from pipelines.layout import Layout, check_name, read_json, trial_key
 from pipelines.phase1 import Phase1Refused, check_phase1
-from pipelines.records import Attempt, CkptOrigin, TrialState, TuneMeta, as_float
+from pipelines.records import Attempt, TrialState, as_float
 from pmnet.conditions import seed_problem
 from pmnet.trial_id import TrialId
 
@@ -213,10 +211,9 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str):
     from ray import tune
 
     class TuneReport(Checkpoint):
-        """At each train-epoch end: `tune.report` the epoch's metrics (the driver logs them
-        to the trial's MLflow run at step=epoch) with a checkpoint directory holding only
-        `meta.json`, which names the trial's `ckpt/last.ckpt` (with its size and mtime).
-        The weights are written once, by `pmnet.train.LastCheckpoint`, never copied to Tune.
+        """At each train-epoch end: `tune.report` the epoch's metrics, without a Tune
+        checkpoint: the weights are written once, by `pmnet.train.LastCheckpoint`, to the
+        trial's `ckpt/last.ckpt`, from which every attempt of the trial continues.
 
         Its own state (`best` so far, `final`) travels inside last.ckpt, which is dumped at
         train-epoch end before this callback's hook runs (it is a `Checkpoint` callback
@@ -269,14 +266,7 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str):
                 metrics["best/select"] = self.best
             TrialState.update(Path(trial_dir) / "trial.json",  # for `status`
                               epoch=epoch, best_select=metrics.get("best/select"))
-            base = Path(trial_dir) / ".tune_ckpt"
-            base.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=base) as tmp:
-                _checkpoint_meta(Path(trial_dir) / "ckpt" / "last.ckpt", epoch=epoch,
-                                 final=_is_final(trainer), trial=trial).write(
-                    Path(tmp) / "meta.json")
-                tune.report({**metrics, **trial.to_config()},
-                            checkpoint=tune.Checkpoint.from_directory(tmp))
+            tune.report({**metrics, **trial.to_config()})
             marker = Path(os.environ[FAULT_ENV]) / trial.name if os.environ.get(FAULT_ENV) \
                 else None
             if marker is not None and not marker.exists():
@@ -287,17 +277,6 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str):
             epoch_pause()  # a test hook (pipelines.faults); nothing unless it is set
 
     return TuneReport()
-
-
-def _checkpoint_meta(last: Path, *, epoch: int, final: bool, trial: TrialId) -> TuneMeta:
-    """What Tune keeps of an epoch: which last.ckpt holds it, not the weights."""
-    meta = TuneMeta(**trial.to_config(), epoch=epoch, final=final, last_ckpt=str(last))
-    try:
-        st = last.stat()
-        meta.last_ckpt_size, meta.last_ckpt_mtime_ns = st.st_size, st.st_mtime_ns
-    except FileNotFoundError:
-        meta.last_ckpt = None
-    return meta
 
 
 def _result_matches(path: Path, digest: str, cfg, record: dict) -> dict | None:
@@ -414,7 +393,6 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     finally:
         release_device_memory()
     TrialState.update(info_path, **trial_info, state="FINISHED", result=str(result_path))
-    shutil.rmtree(tdir / ".tune_ckpt", ignore_errors=True)
     tune.report({k: (float("nan") if v is None else v) for k, v in final.items()}
                 | trial.to_config())
 
@@ -480,33 +458,23 @@ def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> No
     tune.report({CONFIG_ERROR: message[:2000], "finished": 0} | trial.to_config())
 
 
-CKPT_ORIGIN = "ckpt_origin.json"  # the Phase-1 sha256 the trial's ckpt/ descends from
-
-
 def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
     """Make the trial's `ckpt/` belong to Phase-1 checkpoint `digest`: Lightning checkpoints
     trained from another Phase-1 checkpoint (Phase 1 was retrained), or of unknown origin,
-    are removed so the trial cannot resume from them. Returns why something was removed."""
-    trial_dir = Path(trial_dir)
-    ckpt_dir, origin = trial_dir / "ckpt", trial_dir / CKPT_ORIGIN
-    known = CkptOrigin.read(origin).phase1_sha256
-    why = None
-    if known != digest and ckpt_dir.is_dir() and any(ckpt_dir.iterdir()):
-        why = (f"checkpoints trained from Phase-1 {known[:12]}..." if known else
-               "checkpoints of unknown Phase-1 origin") + f", not {digest[:12]}..."
-        shutil.rmtree(ckpt_dir)
-        log.warning("trial %s: removed %s", trial_dir.name, why)
-    if known != digest:
-        CkptOrigin(phase1_sha256=digest).write(origin)
+    are removed so the trial cannot resume from them. A checkpoint names its origin itself
+    (`pmnet.train.checkpoint_origin`). Returns why something was removed."""
+    from pmnet.train import checkpoint_origin
+
+    ckpt_dir = Path(trial_dir) / "ckpt"
+    origins = {checkpoint_origin(p) for p in ckpt_dir.glob("*.ckpt")}
+    if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()) or origins == {digest}:
+        return None
+    known = next((o for o in origins if o and o != digest), None)
+    why = (f"checkpoints trained from Phase-1 {known[:12]}..." if known else
+           "checkpoints of unknown Phase-1 origin") + f", not {digest[:12]}..."
+    shutil.rmtree(ckpt_dir)
+    log.warning("trial %s: removed %s", Path(trial_dir).name, why)
     return why
-
-
-def _resume_point(ckdir: str | None, last: Path) -> tuple[Path | None, TuneMeta]:
-    """(checkpoint to resume from, Tune's meta.json). The trial directory's last.ckpt is the
-    truth: Tune's checkpoint only names it, and last.ckpt may be an epoch newer (its own
-    callback state says whether that epoch was final)."""
-    meta = TuneMeta.read(Path(ckdir) / "meta.json") if ckdir else TuneMeta()
-    return (last if last.is_file() else None), meta
 
 
 def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: Path,
@@ -515,14 +483,11 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
     the caller) -- a matching result already in the run is reused, not retrained. With
     `stop` (a `StopAtEpochEnd`) the training may pause: the report is then the
     `PhasePaused`."""
-    from ray import tune
-
     from pmnet.train import checkpoint_epoch, run_phase2
 
     tdir = layout.trial_dir(trial)
     # already finished (driver died before Tune recorded it)? then report, don't retrain
     done = _result_matches(result_path, digest, cfg, record)
-    ckpt = tune.get_checkpoint()
     attempt = Attempt(time=time.time(), pid=os.getpid(), host=socket.gethostname(),
                       node_id=_node_id(),
                       cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -530,19 +495,18 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
     attempts = tdir / "attempts.jsonl"
     if done is None:
         attempt.discarded = discard_foreign_checkpoints(tdir, digest)
-        with (ckpt.as_directory() if ckpt else contextlib.nullcontext()) as ckdir:
-            resume_from, meta = _resume_point(ckdir, tdir / "ckpt" / "last.ckpt")
-            if resume_from is not None:
-                attempt.resume_from = str(resume_from)
-                attempt.resume_epoch = checkpoint_epoch(resume_from)
-            attempt.tune_checkpoint_epoch = meta.epoch
-            attempt.append(attempts)
-            cb = make_report_callback(trial_dir=tdir, trial=trial, select=cond.select)
-            result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
-                                phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
-                                resume_from=resume_from, progress=False, record=record,
-                                accelerator=attempt.accelerator,
-                                gpu_share=assigned_gpu_share(), stop=stop)
+        last = tdir / "ckpt" / "last.ckpt"  # the truth: the epoch an attempt continues from
+        resume_from = last if last.is_file() else None
+        if resume_from is not None:
+            attempt.resume_from = str(resume_from)
+            attempt.resume_epoch = checkpoint_epoch(resume_from)
+        attempt.append(attempts)
+        cb = make_report_callback(trial_dir=tdir, trial=trial, select=cond.select)
+        result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
+                            phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
+                            resume_from=resume_from, progress=False, record=record,
+                            accelerator=attempt.accelerator,
+                            gpu_share=assigned_gpu_share(), stop=stop)
         if not isinstance(result, dict):  # a PhasePaused (issue 61)
             return result, True
     else:

@@ -644,18 +644,20 @@ def test_trials_never_open_mlflow(trials_here):
         assert info["epoch"] == res["history"][-1]["epoch"]  # for `status`
 
 
-def test_tune_checkpoints_carry_no_weights_and_name_the_trials_last_ckpt(trials_here):
+def test_tune_gets_each_epoch_and_no_checkpoint(trials_here):
+    """A trial reports every epoch to Tune with no Tune checkpoint: its one copy of the
+    weights is its own ckpt/last.ckpt, which names the Phase-1 file it was trained from."""
+    from pmnet.train import checkpoint_origin
+
     lay = trials_here["lay"]
     for (c, s), t in trials_here["trials"].items():
-        epochs = [r for r in t["fake"].reports if r["files"] is not None]
-        assert len(epochs) == len(read_json(lay.result_path(TrialId(c, s)))["history"]) >= 1
-        for r in epochs:  # only meta.json goes through Tune: no weights copied per epoch
-            assert set(r["files"]) == {"meta.json"} and r["files"]["meta.json"] < 1024
-        last = t["fake"].latest
-        meta = json.loads((Path(last.path) / "meta.json").read_text())
-        assert meta["last_ckpt"] == str(lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt")
-        assert meta["final"] is True and meta["epoch"] == epochs[-1]["metrics"]["epoch"]
-        assert meta["last_ckpt_size"] == Path(meta["last_ckpt"]).stat().st_size
+        reports = t["fake"].reports
+        history = read_json(lay.result_path(TrialId(c, s)))["history"]
+        epochs = [r["metrics"]["epoch"] for r in reports if "epoch" in r["metrics"]]
+        assert epochs == [row["epoch"] for row in history] and len(epochs) >= 1
+        assert all(r["files"] is None for r in reports) and t["fake"].latest is None
+        last = lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt"
+        assert checkpoint_origin(last) == trials_here["ctx"].phase1_sha256
 
 
 # -- MLflow mirrors the store: one writer of the trial runs ----------------------------------
@@ -870,7 +872,7 @@ def _report_state(ckpt: Path) -> dict:
 
 def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
         tmp_path, phase1, trials_here, monkeypatch):
-    """The retry resumes from the trial directory's last.ckpt (Tune holds only meta.json),
+    """The retry resumes from the trial directory's last.ckpt (Tune holds no checkpoint),
     with the report callback's and EarlyStopping's state: same result, same reported best."""
     from pipelines.trial import FAULT_ENV
 
@@ -888,13 +890,13 @@ def test_a_trial_resumed_from_its_last_ckpt_equals_an_uninterrupted_one(
     # before that callback's epoch-end hook runs
     assert _report_state(last) == {"best": pytest.approx(
         ref_result["history"][0][f"val/{ref_result['select']}"], rel=1e-6), "final": False}
-    run_trial_here(ctx, c, s, fake)  # the retry, handed Tune's latest checkpoint
+    run_trial_here(ctx, c, s, fake)  # the retry
     assert _report_state(last)["final"] is True
     tries = [json.loads(line) for line in
              (lay.trial_dir(TrialId(c, s)) / "attempts.jsonl").read_text().splitlines()]
     assert len(tries) == 2 and tries[0]["resume_from"] is None
     assert tries[1]["resume_from"] == str(lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt")
-    assert tries[1]["resume_epoch"] == 0 and tries[1]["tune_checkpoint_epoch"] == 0
+    assert tries[1]["resume_epoch"] == 0
     got = read_json(lay.result_path(TrialId(c, s)))
     for key in ("test", "val", "best_epoch", "history"):
         assert got[key] == ref_result[key], key
@@ -1097,8 +1099,6 @@ def test_a_variant_trial_trains_its_variants_configuration_and_records_the_varia
     assert info["state"] == "FINISHED" and info["variant"] == "T3-truncated"
     assert info["variant_overrides"] == overrides
     assert all(r["metrics"]["variant"] == "T3-truncated" for r in fake.reports)
-    meta = json.loads((Path(fake.latest.path) / "meta.json").read_text())
-    assert meta["variant"] == "T3-truncated"
     run = MlflowClient(uri).search_runs(
         [exp], "tags.trial_key = 't/consolidator_only-T3-truncated-s42'")[0]
     assert run.info.run_name == trial.name and run.data.tags["variant"] == "T3-truncated"
@@ -1174,3 +1174,29 @@ def test_a_trial_context_pickled_before_issue_51_still_loads(tmp_path):
     assert got == ctx
     trial = TrialId("consolidator_only", 42, "T4-truncated")
     assert got.config(trial) == ctx.config(trial)
+
+
+def test_a_trials_checkpoints_of_another_phase1_file_are_discarded(tmp_path):
+    """A trial continues only from checkpoints that name its Phase-1 file themselves
+    (`pmnet.train.checkpoint_origin`); another file's, or a checkpoint naming none, are
+    removed (Phase 1 was retrained), and the reason says whose they were."""
+    import torch
+
+    from pipelines.trial import discard_foreign_checkpoints
+
+    ours, theirs = "a" * 64, "b" * 64
+    ckpt = tmp_path / "t" / "ckpt"
+    assert discard_foreign_checkpoints(tmp_path / "t", ours) is None  # nothing there yet
+    ckpt.mkdir(parents=True)
+    for name in ("last.ckpt", "best.ckpt"):
+        torch.save({"epoch": 1, "pmnet_compact": {"phase1_sha256": ours, "frozen": []}},
+                   ckpt / name)
+    assert discard_foreign_checkpoints(tmp_path / "t", ours) is None
+    assert sorted(p.name for p in ckpt.iterdir()) == ["best.ckpt", "last.ckpt"]
+    why = discard_foreign_checkpoints(tmp_path / "t", theirs)
+    assert why == f"checkpoints trained from Phase-1 {ours[:12]}..., not {theirs[:12]}..."
+    assert not ckpt.exists()
+    ckpt.mkdir()
+    torch.save({"epoch": 1, "state_dict": {}}, ckpt / "last.ckpt")  # full: no origin in it
+    assert "unknown Phase-1 origin" in discard_foreign_checkpoints(tmp_path / "t", ours)
+    assert not ckpt.exists()

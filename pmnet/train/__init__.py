@@ -59,7 +59,12 @@ from pmnet.model_files import (
     write_sha256,
 )
 from pmnet.operators import OPERATORS
-from pmnet.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, checkpoint_epoch
+from pmnet.train.checkpoints import (
+    AtomicCheckpointIO,
+    LastCheckpoint,
+    checkpoint_epoch,
+    checkpoint_origin,
+)
 from pmnet.train.compiled_steps import (
     compile_step,
     fresh_compile_state,
@@ -122,6 +127,7 @@ __all__ = [
     # pmnet/model_files.py (re-exported here), checkpoints.py
     "MODEL_FORMAT", "PHASE1_FORMAT", "load_model_file", "save_model_file", "sha256_file",
     "verify_phase1", "write_sha256", "AtomicCheckpointIO", "LastCheckpoint", "checkpoint_epoch",
+    "checkpoint_origin",
     # pause.py (issue 52: a Phase 1 in pieces)
     "Phase1Paused", "PhasePaused", "StopAtEpochEnd",
     # watchdog.py (issue 62: a phase that is not learning stops)

@@ -119,6 +119,17 @@ def checkpoint_epoch(path: str | Path) -> int | None:
         return None
 
 
+def checkpoint_origin(path: str | Path) -> str | None:
+    """The sha256 of the Phase-1 file a Phase-2 checkpoint was trained from (a compact
+    checkpoint's `pmnet_compact`, `Phase2Module.on_save_checkpoint`), read as
+    `checkpoint_epoch` reads; None when missing, unreadable or not compact."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return str(ckpt["pmnet_compact"]["phase1_sha256"])
+    except Exception:
+        return None
+
+
 def _best_epoch(ckpt: ModelCheckpoint | None) -> int | None:
     if ckpt is None or not ckpt.best_model_path:
         return None
