@@ -141,11 +141,6 @@ class Layout:
         return self.run_dir / self.experiment
 
     @property
-    def stage2_json(self) -> Path:
-        """The Phase-1 sha256 the Tune experiment's trials were trained from."""
-        return self.run_dir / f"{self.experiment}.json"
-
-    @property
     def trials_dir(self) -> Path:
         return self.run_dir / "trials"
 

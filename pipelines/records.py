@@ -285,14 +285,6 @@ class Progress(Record):
 
 
 @dataclass
-class Stage2Record(Record):
-    """`stage2.json`: the Phase-1 sha256 the Tune experiment `stage2/` was trained from
-    (a retrained Phase 1 moves the experiment aside)."""
-
-    phase1_sha256: str | None = None
-
-
-@dataclass
 class Provenance(Record):
     """A store unit's `provenance.json` (`pipelines.store`): written when the unit starts
     (`started`), completed when it lands (`landed`, `device`). `unit` is its name

@@ -3,9 +3,9 @@
 Stage 1  a `ray.tune.Tuner` over the Phase-1 units the store lacks; each trial
          (`train_phase1_unit`) runs `pmnet.train.run_phase1` in its training directory and
          lands its unit in the store; a unit the store holds is skipped (idempotent).
-Stage 2  a `ray.tune.Tuner` over the grid; each trial is `pipelines.trial.train_trial` with
-         `tune.with_resources`; an existing experiment is continued with `Tuner.restore`
-         (finished trials are kept, unfinished and errored ones resume from checkpoints).
+Stage 2  a new `ray.tune.Tuner` over the grid; each trial is `pipelines.trial.train_trial`
+         with `tune.with_resources`; no Tune state is restored: a trial reuses its result in
+         the store, or continues from its own last.ckpt.
 Stage 3  `pmnet.report.main_report(<run>)`; a failure there is logged, results are kept.
 """
 
@@ -42,7 +42,6 @@ from pipelines.records import (
     PipelineRecord,
     Progress,
     Stage1Record,
-    Stage2Record,
     Started,
     Timing,
     TimingRecord,
@@ -592,39 +591,6 @@ def make_trainable(plan: Plan, ctx):
     return tune.with_resources(tune.with_parameters(train_trial, ctx=ctx), resources)
 
 
-def _refused_trials(plan: Plan) -> list[str]:
-    """Trials of the grid that a configuration error ended, or that paused at an epoch end
-    (issue 61; trial.json says so), and that have no result: Tune recorded them as finished,
-    so only a new experiment runs them again."""
-    from pipelines.trial import PAUSED_STATE
-
-    lay = plan.layout
-    out = []
-    for t in plan.space.trials:
-        info = TrialState.read(lay.trial_dir(t) / "trial.json")
-        if (info.config_error or info.state == PAUSED_STATE) \
-                and not lay.result_path(t).is_file():
-            out.append(t.name)
-    return out
-
-
-def _set_aside(lay, suffix: str) -> str:
-    """Move the Tune experiment to `stage2-<suffix>/` (kept for inspection; a new one starts)."""
-    aside = lay.run_dir / f"{lay.experiment_dir.name}-{suffix}"
-    lay.experiment_dir.rename(aside)
-    return aside.name
-
-
-def _retire_stale_experiment(lay, digest: str) -> None:
-    """A Tune experiment trained from another Phase-1 checkpoint (Phase 1 was retrained) is
-    moved aside: its trial checkpoints must not seed trials of the new checkpoint."""
-    known = Stage2Record.read(lay.stage2_json).phase1_sha256
-    if known and known != digest and lay.experiment_dir.exists():
-        aside = _set_aside(lay, f"phase1-{known[:12]}")
-        say(f"[stage 2/3] the Tune experiment was trained from Phase-1 checkpoint "
-            f"{known[:12]}..., not {digest[:12]}...; moved to {aside}, trials restart")
-
-
 def _warm_task(cfg_dict: dict, condition: str, phase1_ckpt: str, compile_cache: str) -> float:
     from pipelines.trial import assigned_device, quiet_training_logs
 
@@ -676,33 +642,14 @@ def warm_compile_cache(plan: Plan, ray, ctx) -> float:
     return time.time() - t0
 
 
-def _experiment_problem(exp_dir: Path) -> str | None:
-    """Why a Tune experiment that `Tuner.can_restore` accepts still cannot be continued, read
-    through Tune's public `ExperimentAnalysis` (None when it can): a state that does not
-    load, lists no trials (a full disk can leave it so; Tune would then generate trials
-    without our configs), or holds a trial that is not one of this pipeline's."""
-    from ray.tune import ExperimentAnalysis
-
-    try:
-        trials = ExperimentAnalysis(str(exp_dir)).trials
-    except Exception as e:
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    if not trials:
-        return "its state lists no trials"
-    for trial in trials:
-        try:
-            TrialId.from_config(trial.config or {})
-        except (KeyError, TypeError, ValueError):
-            return f"trial {trial.trial_id} has no trial identity in its config"
-    return None
-
-
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
            deadline_at: float | None = None, stop_file: str | None = None) -> dict:
-    """The plan's trials as one Tune experiment (continued when its state can be). With
-    `deadline_at` (`--max-wall`) or `stop_file` (a SIGTERM to the driver) a trial may pause
-    at an epoch end into the store (issue 61); a paused trial's stored progress is restored
-    before the trials start. Returns the stage's counts and times."""
+    """The plan's trials as one new Tune experiment. As in Stage 1, no Tune state is
+    restored: a trial whose result the store holds reuses it, one the watchdog stopped stays
+    stopped (its trial.json), and every other trial continues from its own last.ckpt (a
+    paused trial from the store's progress, restored first). With `deadline_at`
+    (`--max-wall`) or `stop_file` (a SIGTERM to the driver) a trial may pause at an epoch end
+    into the store (issue 61). Returns the stage's counts and times."""
     from pipelines.trial import trial_name
 
     lay, sp = plan.layout, plan.space
@@ -712,7 +659,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
                 check_phase1(slot.ckpt, p1.digests[slot.seed])
         except Exception as e:
             raise PipelineError(str(e)) from e
-    digest = p1.digest
     rid = stage_run(plan, runs, "stage2-phase2")
     ctx = trial_context(plan, p1, deadline_at=deadline_at, stop_file=stop_file)
     restore_trial_progress(plan, ctx)
@@ -725,46 +671,20 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     trainable = make_trainable(plan, ctx)
     exp_dir = lay.experiment_dir
     t0 = time.time()
-    _retire_stale_experiment(lay, digest)
-    refused = _refused_trials(plan) if exp_dir.exists() else []
-    if refused:  # a configuration error ended them without a retry; a resume tries again
-        aside = _set_aside(lay, f"refused-{time.strftime('%Y%m%d-%H%M%S')}")
-        say(f"[stage 2/3] {len(refused)} trial(s) ended on a configuration error or paused "
-            f"({', '.join(refused[:4])}{', ...' if len(refused) > 4 else ''}); a new Tune "
-            f"experiment runs them again (the old one is in {aside}): finished trials "
-            "reuse their results, the others resume from their checkpoints")
-    tuner = None
-    if tune.Tuner.can_restore(str(exp_dir)):
-        n_done = sum(1 for t in sp.trials if lay.result_path(t).is_file())
-        problem = _experiment_problem(exp_dir)
-        if problem is None:
-            try:
-                tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable,
-                                           resume_unfinished=True, resume_errored=True)
-                say(f"[stage 2/3] continuing the Tune experiment {exp_dir}: {n_done}/"
-                    f"{sp.n_trials} results on disk; finished trials are kept, unfinished "
-                    "and errored ones resume from their last checkpoints")
-            except Exception as e:  # e.g. a tuner.pkl truncated by a full disk
-                problem = f"{type(e).__name__}: {e}"
-        if problem is not None:
-            aside = _set_aside(lay, f"damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-            say(f"[stage 2/3] the Tune experiment's state cannot be continued ({problem}); "
-                f"moved to {aside}. A new experiment starts: the {n_done} finished "
-                "results are kept, unfinished trials restart their training")
-    if tuner is None:
-        say(f"[stage 2/3] {sp.n_trials} trials -> {exp_dir}")
-        tuner = tune.Tuner(
-            trainable, param_space=sp.param_space(),
-            tune_config=tune.TuneConfig(
-                max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True,
-                trial_name_creator=trial_name, trial_dirname_creator=trial_name),
-            run_config=tune.RunConfig(
-                name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
-                failure_config=tune.FailureConfig(max_failures=sp.max_failures),
-                callbacks=[ConsoleProgress(sp.n_trials, str(lay.trials_dir)),
-                           MirrorLanded(lay)]))
-    Stage2Record(phase1_sha256=digest).write(lay.stage2_json)
-    grid = tuner.fit()
+    n_done = sum(1 for t in sp.trials if lay.result_path(t).is_file())
+    say(f"[stage 2/3] {sp.n_trials} trials -> {exp_dir}"
+        + (f" ({n_done} with a result already: reused)" if n_done else ""))
+    shutil.rmtree(exp_dir, ignore_errors=True)  # no state of it is continued (see above)
+    grid = tune.Tuner(
+        trainable, param_space=sp.param_space(),
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True,
+            trial_name_creator=trial_name, trial_dirname_creator=trial_name),
+        run_config=tune.RunConfig(
+            name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
+            failure_config=tune.FailureConfig(max_failures=sp.max_failures),
+            callbacks=[ConsoleProgress(sp.n_trials, str(lay.trials_dir)),
+                       MirrorLanded(lay)])).fit()
     wall = time.time() - t0
     finished = errored = stopped = paused = 0
     train_times = []

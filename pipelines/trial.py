@@ -89,25 +89,6 @@ class TrialContext:
         return {t.name: self.space.trial_config(self.cfg, t, threads=self.threads)
                 for t in self.space.trials}
 
-    def __setstate__(self, state: dict) -> None:
-        """Unpickle; a context pickled before issue 51 (in a Tune experiment's state: the
-        MLflow callback's) held the config as `train_config` (a dict) and the variants:
-        rebuilt from it and the run's recorded grid, so such a run still resumes."""
-        if "train_config" in state:
-            from pmnet.train import TrainConfig
-            from tune_spaces import Space
-
-            lay = Layout(state["root"], state["name"])  # (the run's records only)
-            state = {"root": state["root"], "name": state["name"],
-                     "cfg": TrainConfig.from_dict(state["train_config"]),
-                     "space": Space.from_dict(read_json(lay.pipeline_json, {})["space"]),
-                     "phase1_sha256": state["phase1_sha256"],
-                     "phase1_sha256s": state.get("phase1_sha256s", {}),
-                     "store": state.get("store")}
-        self.__dict__.update(state)
-        if not self.__dict__.get("configs"):  # pickled before the configs were resolved
-            self.__dict__["configs"] = self._resolve()
-
     @property
     def layout(self) -> Layout:
         return Layout(self.root, self.name, store=self.store)
@@ -347,6 +328,11 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
 
     trial_info = {**trial.to_config(), **record, "trial_key": key}
     result_path = layout.result_path(trial)
+    stopped = TrialState.read(info_path)
+    if stopped.state == NOT_LEARNING and not result_path.is_file():  # a resume leaves it
+        tune.report({NOT_LEARNING: stopped.error or NOT_LEARNING, "finished": 0}
+                    | trial.to_config())
+        return
     try:
         # 1. the Phase-1 checkpoint, before anything else
         p1_ckpt, p1_sha = trial_phase1(ctx, trial)
@@ -436,7 +422,8 @@ def _diagnose(tdir: Path, out: Path) -> None:
 CONFIG_ERROR = "config_error"
 #: A trial the watchdog stopped (issue 62): its trial.json `state` and the key of its last
 #: Tune report. The trial ends without raising, so Tune does not retry it (the same run would
-#: stop again); its last.ckpt stays, it has no result, and a resume leaves it as it is.
+#: stop again); its last.ckpt stays, it has no result, and a resume leaves it as it is
+#: (`train_trial` reads its trial.json; delete the trial's directory to train it again).
 NOT_LEARNING = "NOT LEARNING"
 #: The key of a unit's last Tune report when it stopped at an epoch end before its end (a
 #: Phase-1 unit, issue 52, or a trial, issue 61): `PhasePaused` as JSON; its progress is in

@@ -218,6 +218,26 @@ def test_debug_pipeline_nests_the_grid_under_two_phase1_checkpoints(tmp_path):
     rc, out = cli(*args)  # the same pipeline again: nothing trains
     assert rc == 0, out[-4000:]
     assert out.count("skipped") >= 2 and "Phase 1 as a Tune trial" not in out
+    assert "has its result from its checkpoint in the store" in out, out[-4000:]
+    # one unit lost from the store, and Tune's state damaged: a third start runs Stage 2
+    # as a new experiment (Tune's state is never read), the lost trial continues from its
+    # own last.ckpt (its final epoch: straight to testing), the others reuse their results
+    gone = trials[0]
+    before = read_json(lay.result_path(gone))
+    for f in lay.units.trial_files(gone):
+        f.unlink(missing_ok=True)
+    for state in lay.run_dir.glob("stage2*/experiment_state-*.json"):
+        state.write_bytes(b"\0\0{")
+    rc, out = cli(*args)
+    assert rc == 0, out[-4000:]
+    assert "7 with a result already: reused" in out and "8/8 finished" in out, out[-4000:]
+    for t in trials:
+        tries = [json.loads(a) for a in
+                 (lay.trial_dir(t) / "attempts.jsonl").read_text().splitlines()]
+        assert [a["kind"] for a in tries] == ["train", "train" if t == gone else "reuse"]
+    assert read_json(lay.result_path(gone))["test"] == before["test"]
+    last_try = json.loads((lay.trial_dir(gone) / "attempts.jsonl").read_text().splitlines()[-1])
+    assert last_try["resume_epoch"] == before["history"][-1]["epoch"]
 
 
 @pytest.mark.slow
@@ -801,23 +821,3 @@ def test_workers_get_the_code_from_the_runtime_env(tmp_path):
     assert len(files) == 3
     # unpacked from the job's py_modules, not imported from this checkout or the venv
     assert all("/runtime_resources/py_modules_files/" in f for f in files), files
-
-
-def test_a_tune_experiment_that_cannot_be_continued_is_named_before_restore(tmp_path):
-    """Issue 22's disk-full regression: a Tune experiment whose state loads but lists no
-    trials (or none of ours) is set aside like an unreadable one, instead of handing Tune a
-    restore that generates trials without our configs."""
-    from pipelines.stages import _experiment_problem
-
-    missing = tmp_path / "none"
-    missing.mkdir()
-    assert "No experiment snapshot" in _experiment_problem(missing)
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    (empty / "experiment_state-2026-11-23_00-00-00.json").write_text(
-        json.dumps({"trial_data": [], "runner_data": {}}))
-    assert _experiment_problem(empty) == "its state lists no trials"
-    garbage = tmp_path / "garbage"
-    garbage.mkdir()
-    (garbage / "experiment_state-2026-11-23_00-00-00.json").write_bytes(b"\0\0{")
-    assert _experiment_problem(garbage)  # unreadable: a reason, not an exception

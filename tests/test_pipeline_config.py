@@ -1147,35 +1147,6 @@ def test_start_help_lists_every_grid_of_tune_spaces(capsys):
     assert "checkpoint_channel" in SPACES
 
 
-def test_a_trial_context_pickled_before_issue_51_still_loads(tmp_path):
-    """A Tune experiment pickled its MLflow callback's TrialContext with the config as a
-    dict (`train_config`) and the variants; unpickled by this code, it is rebuilt from them
-    and the run's recorded grid (so a run begun before issue 51 resumes)."""
-    import pickle
-
-    from pipelines.layout import Layout, write_json
-    from pipelines.trial import TrialContext
-    from pmnet.train import TrainConfig
-    from tune_spaces import Space, Variant
-
-    cfg = TrainConfig.from_name("debug")
-    space = Space("g", ("consolidator_only",), (42,), variants=(Variant(), Variant(
-        "T4-truncated", {"segments": 4, "ltm_graph": "truncated"})))
-    write_json(Layout(tmp_path, "p").pipeline_json, {"space": space.to_dict()})
-    ctx = TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=space,
-                       phase1_sha256="a" * 64)
-    old = {"root": str(tmp_path), "name": "p", "train_config": cfg.to_dict(),
-           "phase1_sha256": "a" * 64, "variants": {"": {}, "T4-truncated": {
-               "segments": 4, "ltm_graph": "truncated"}}, "phase1_sha256s": {},
-           "cpus_per_trial": 1.0, "store": None, "diagnosed": ()}
-    assert pickle.loads(pickle.dumps(ctx)) == ctx  # today's pickles round-trip
-    got = TrialContext.__new__(TrialContext)
-    got.__setstate__(old)
-    assert got == ctx
-    trial = TrialId("consolidator_only", 42, "T4-truncated")
-    assert got.config(trial) == ctx.config(trial)
-
-
 def test_a_trials_checkpoints_of_another_phase1_file_are_discarded(tmp_path):
     """A trial continues only from checkpoints that name its Phase-1 file themselves
     (`pmnet.train.checkpoint_origin`); another file's, or a checkpoint naming none, are

@@ -26,8 +26,8 @@ from pmnet.store_progress import (
     ProgressRecord,
     check_progress,
     drop_progress,
-    progress_dir,
     land_progress,
+    progress_dir,
     restore_progress,
 )
 from pmnet.train import (

@@ -310,6 +310,12 @@ def test_a_pipeline_trial_at_lr_0_is_not_learning_and_not_retried(tmp_path, untr
     assert "its own start" in state.error
     assert fake.reports[-1]["metrics"][NOT_LEARNING] == state.error
     assert not lay.result_path(trial).exists()
+    # a resume (a new Tune experiment runs every trial) leaves it stopped: no attempt
+    attempts = (lay.trial_dir(trial) / "attempts.jsonl").read_text()
+    again = FakeTune(tmp_path / "tune-again")
+    run_trial_here(ctx, "learned_full", 42, again)
+    assert [r["metrics"][NOT_LEARNING] for r in again.reports] == [state.error]
+    assert (lay.trial_dir(trial) / "attempts.jsonl").read_text() == attempts
 
 
 def test_status_shows_a_stopped_trial_as_not_learning(tmp_path):
