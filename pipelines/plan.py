@@ -284,12 +284,28 @@ def _arm(condition: str, variant: str) -> str:
     return f"{condition}-{variant}" if variant else condition
 
 
+#: Core-seconds of one fp32 training step of the paper model per two-segment episode: 4,744 ms
+#: per step of batch 64 on 2 cores (`benchmarks/bench_model.py --preset paper --dtypes fp32`,
+#: benchmarks/results/paper-cpu-20261122-032347.json; no optimizer step or evaluation).
+PAPER_CORE_S_PER_EPISODE = 2 * 4.7442 / 64
+
+
+def cpu_days(cfg, n_trials: int, cpus: float) -> float:
+    """A lower bound on the days a pipeline of TrainConfig `cfg` takes on `cpus` CPU cores:
+    Phase 0, then Phase 1 and each of `n_trials` trials stopped at their first chance
+    (patience + 1 epochs), spread perfectly over the cores."""
+    episodes = (cfg.phase0_steps * cfg.batch_size
+                + min(cfg.phase1_patience + 1, cfg.phase1_max_epochs)
+                * cfg.phase1_episodes_per_epoch
+                + n_trials * min(cfg.patience + 1, cfg.max_epochs) * cfg.episodes_per_epoch)
+    return episodes * PAPER_CORE_S_PER_EPISODE / max(1.0, float(cpus)) / 86400
+
+
 def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
                    gpu_mem_gib: float | None = None, allow_cpu_paper: bool = False) -> Plan:
     """Check every resource the pipeline will ask for against `plan.cluster`, and choose each
     arm's GPU share from the memory model (unless --gpus-per-trial gave one, which is then
     checked against it). PipelineError naming the problem; nothing is started or written."""
-    from pipelines.cpu_estimate import estimate
     from pmnet.gpu.footprint import describe_bytes, gpu_share, usable_bytes
 
     cluster, sp, cfg = plan.cluster, plan.space, plan.cfg
@@ -322,12 +338,13 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
         from pmnet.config import default_preset
 
         total = sum(n.cpus for n in cluster.nodes)
-        est = estimate(cfg, n_trials=sp.n_trials, cpus=total)
         on_cpu = default_preset("cpu")
         raise PipelineError(
             f"the {cfg.preset} preset is built for a GPU, and its trials would train on CPUs "
-            f"here (no GPU on the chosen nodes of {where}): the whole pipeline would take "
-            f"{est.describe()}. Run it where a GPU is, or choose the {on_cpu} preset "
+            f"here (no GPU on the chosen nodes of {where}): the whole pipeline would take at "
+            f"least {cpu_days(cfg, sp.n_trials, total):,.0f} days on {total:g} CPU cores "
+            f"({PAPER_CORE_S_PER_EPISODE * 500:.1f} ms per episode on 2 cores, measured for "
+            f"the paper model). Run it where a GPU is, or choose the {on_cpu} preset "
             f"(PRESET={on_cpu}), or pass --allow-cpu-paper if you mean it")
     if not gpu:
         return plan
