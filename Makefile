@@ -39,6 +39,7 @@ MAX_WALL ?=
 SET ?=
 CPUS_PER_TRIAL ?=
 STAGE1_CPUS ?=
+TEST_WORKERS ?= 2
 GPUS_PER_TRIAL ?=
 MAX_FAILURES ?=
 MAX_CONCURRENT ?=
@@ -73,8 +74,8 @@ browser: ## install Chromium for the report's browser check when missing (root +
 		echo "browser: no chromium, and not root with apt-get to install it; tests/test_report_browser.py will skip"; \
 	fi
 
-test: install browser ## run the fast test suite (no slow, no gpu tests)
-	$(PY) -m pytest -q -rs -m "not slow and not gpu"
+test: install browser ## run the fast test suite (no slow, no gpu tests) in TEST_WORKERS processes (default 2, pytest-xdist, one test file per worker at a time; 0: in this process)
+	$(PY) -m pytest -q -rs -m "not slow and not gpu" -n $(TEST_WORKERS) --dist loadfile
 
 test-all: install browser ## run every test, slow ones included
 	$(PY) -m pytest -q
