@@ -50,14 +50,16 @@ class _PhaseModule(L.LightningModule):
         self._demos = task.N_DEMOS  # Phase 1: demonstrations of the current step
         self.test_metrics: dict[str, float] = {}
         # training time across attempts: a checkpoint carries the time spent up to it, so a
-        # resumed run's train_time_s adds the earlier attempts (up to their last checkpoint)
+        # resumed run's train_time_s adds the earlier attempts (up to their last checkpoint);
+        # run_phase1/run_phase2 set attempt_start to their own start, so that time includes
+        # the attempt's Phase 0 and set-up, as the train_time_s they return does
         self.prior_time_s = 0.0
-        self._attempt_start = time.time()
+        self.attempt_start = time.time()
 
     def elapsed_s(self) -> float:
         """Seconds of training behind the current state: earlier attempts (as recorded in
         the checkpoint this attempt resumed from) plus this attempt so far."""
-        return self.prior_time_s + (time.time() - self._attempt_start)
+        return self.prior_time_s + (time.time() - self.attempt_start)
 
     def configure_optimizers(self):
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]

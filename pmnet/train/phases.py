@@ -237,6 +237,7 @@ def run_phase1(cfg: TrainConfig, out_dir: str | Path, *, callbacks=(), loggers=(
         phase0 = run_phase0(cfg, model, out_dir, loggers=loggers, progress=progress,
                             accelerator=accelerator)
     module = Phase1Module(cfg, model, cfg.phase1_lr)
+    module.attempt_start = t0  # a checkpoint's time includes this attempt's Phase 0 and set-up
     data = EpisodeData(cfg, cfg.phase1_seed + 1_000_000, cfg.phase1_episodes_per_epoch)
     # the stop callback is a Checkpoint callback after LastCheckpoint: it acts once the
     # epoch's last.ckpt is written
@@ -411,6 +412,7 @@ def run_phase2(cfg: TrainConfig, *, condition: str, seed: int, phase1_ckpt: str 
     model, _ = load_model_file(phase1_ckpt, expect_config=cfg.model)
     init_phase2(model, cfg, cond, seed)
     module = Phase2Module(cfg, model, cond, phase1_sha256=digest)
+    module.attempt_start = t0  # a checkpoint's time includes this attempt's set-up
     data = EpisodeData(cfg, seed, cfg.episodes_per_epoch, segments=cfg.segments,
                        families=cfg.phase2_families)
     cap = GpuMemoryCap(gpu_share)
