@@ -194,7 +194,7 @@ def _pause(plan: Plan, wave: list, paused: dict) -> None:
     for k, p in paused.items():
         slot = next(s for s in wave if s.seed == k)
         land_progress(plan.layout.units, st.progress_unit(slot), p.reason,
-                         checkpoint_epoch, p.train_time_s, say)
+                      checkpoint_epoch, p.train_time_s, say)
         say(f"[pipeline] {slot.label}: Phase 1 paused after epoch {p.epochs_done} of "
             f"{p.max_epochs} ({p.reason}); its progress is in the store")
     if not paused:

@@ -284,10 +284,10 @@ def _arm(condition: str, variant: str) -> str:
     return f"{condition}-{variant}" if variant else condition
 
 
-#: Core-seconds of one fp32 training step of the paper model per two-segment episode: 4,744 ms
-#: per step of batch 64 on 2 cores (`benchmarks/bench_model.py --preset paper --dtypes fp32`,
-#: benchmarks/results/paper-cpu-20261122-032347.json; no optimizer step or evaluation).
-PAPER_CORE_S_PER_EPISODE = 2 * 4.7442 / 64
+#: Milliseconds of one fp32 training step of the paper model per two-segment episode on 2
+#: cores: 4,744 ms per step of batch 64 (`benchmarks/bench_model.py --preset paper --dtypes
+#: fp32`, benchmarks/results/paper-cpu-20261122-032347.json; no optimizer step or evaluation).
+PAPER_MS_PER_EPISODE_2_CORES = 4744.2 / 64
 
 
 def cpu_days(cfg, n_trials: int, cpus: float) -> float:
@@ -298,7 +298,8 @@ def cpu_days(cfg, n_trials: int, cpus: float) -> float:
                 + min(cfg.phase1_patience + 1, cfg.phase1_max_epochs)
                 * cfg.phase1_episodes_per_epoch
                 + n_trials * min(cfg.patience + 1, cfg.max_epochs) * cfg.episodes_per_epoch)
-    return episodes * PAPER_CORE_S_PER_EPISODE / max(1.0, float(cpus)) / 86400
+    core_s = episodes * PAPER_MS_PER_EPISODE_2_CORES / 1000 * 2
+    return core_s / max(1.0, float(cpus)) / 86400
 
 
 def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
@@ -343,7 +344,7 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
             f"the {cfg.preset} preset is built for a GPU, and its trials would train on CPUs "
             f"here (no GPU on the chosen nodes of {where}): the whole pipeline would take at "
             f"least {cpu_days(cfg, sp.n_trials, total):,.0f} days on {total:g} CPU cores "
-            f"({PAPER_CORE_S_PER_EPISODE * 500:.1f} ms per episode on 2 cores, measured for "
+            f"({PAPER_MS_PER_EPISODE_2_CORES:.1f} ms per episode on 2 cores, measured for "
             f"the paper model). Run it where a GPU is, or choose the {on_cpu} preset "
             f"(PRESET={on_cpu}), or pass --allow-cpu-paper if you mean it")
     if not gpu:

@@ -401,8 +401,8 @@ def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
 
     if paused.epoch >= 0:  # (a trial that never started has nothing to keep)
         land_progress(layout.units,
-                         st.trial_unit(trial, cfg, digest, layout.trial_dir(trial)),
-                         paused.reason, checkpoint_epoch, paused.train_time_s, say=log.info)
+                      st.trial_unit(trial, cfg, digest, layout.trial_dir(trial)),
+                      paused.reason, checkpoint_epoch, paused.train_time_s, say=log.info)
     TrialState.update(info_path, **trial_info, state=PAUSED_STATE)
     tune.report({PAUSED: json.dumps(dataclasses.asdict(paused)), "finished": 0}
                 | trial.to_config())
@@ -453,8 +453,10 @@ def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
     from pmnet.train import checkpoint_origin
 
     ckpt_dir = Path(trial_dir) / "ckpt"
+    if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()):
+        return None
     origins = {checkpoint_origin(p) for p in ckpt_dir.glob("*.ckpt")}
-    if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()) or origins == {digest}:
+    if origins == {digest}:
         return None
     known = next((o for o in origins if o and o != digest), None)
     why = (f"checkpoints trained from Phase-1 {known[:12]}..." if known else

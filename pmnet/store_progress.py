@@ -256,8 +256,8 @@ def restore_progress(store: StoreLayout, unit: Unit, epoch_of: EpochOf,
 
 
 def land_progress(store: StoreLayout, unit: Unit, reason: str, epoch_of: EpochOf,
-                     train_time_s: float | None = None,
-                     say: Say = print) -> ProgressRecord | None:
+                  train_time_s: float | None = None,
+                  say: Say = print) -> ProgressRecord | None:
     """A sitting of `unit` paused: copy its last.ckpt and best.ckpt into the unit's progress
     directory (each file atomically, its sha256 computed from the bytes written), then the
     record; older progress files are removed after. Nothing when the unit is in the store

@@ -79,7 +79,7 @@ def paused(tmp_path_factory):
     assert isinstance(res, Phase1Paused) and res.epochs_done == 2
     store = StoreLayout(root / "store")
     rec = land_progress(store, progress_unit(slot), res.reason, checkpoint_epoch,
-                           res.train_time_s)
+                        res.train_time_s)
     return whole, whole_meta, store, rec
 
 

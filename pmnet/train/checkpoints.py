@@ -109,25 +109,26 @@ def relocate_best_state(checkpoint: dict, best: ModelCheckpoint) -> None:
         state["best_k_models"] = {moved(k): v for k, v in state["best_k_models"].items()}
 
 
-def checkpoint_epoch(path: str | Path) -> int | None:
-    """The epoch stored in a Lightning checkpoint, read weights-only and memory-mapped, so its
-    tensors are not read (cheap even for a paper-size checkpoint); None if unreadable."""
+def _checkpoint_field(path: str | Path, read):
+    """`read(checkpoint)` of a Lightning checkpoint loaded weights-only and memory-mapped, so
+    its tensors are not read (cheap even for a paper-size checkpoint); None if the file is
+    missing or unreadable or lacks the field."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return int(ckpt["epoch"])
+        return read(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
     except Exception:
         return None
+
+
+def checkpoint_epoch(path: str | Path) -> int | None:
+    """The epoch stored in a Lightning checkpoint; None if unreadable."""
+    return _checkpoint_field(path, lambda ckpt: int(ckpt["epoch"]))
 
 
 def checkpoint_origin(path: str | Path) -> str | None:
     """The sha256 of the Phase-1 file a Phase-2 checkpoint was trained from (a compact
-    checkpoint's `pmnet_compact`, `Phase2Module.on_save_checkpoint`), read as
-    `checkpoint_epoch` reads; None when missing, unreadable or not compact."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return str(ckpt["pmnet_compact"]["phase1_sha256"])
-    except Exception:
-        return None
+    checkpoint's `pmnet_compact`, `Phase2Module.on_save_checkpoint`); None when missing,
+    unreadable or not compact."""
+    return _checkpoint_field(path, lambda ckpt: str(ckpt["pmnet_compact"]["phase1_sha256"]))
 
 
 def _best_epoch(ckpt: ModelCheckpoint | None) -> int | None:
