@@ -1,7 +1,7 @@
 """`pmnet store verify DIR` (`pmnet.store_verify`, issue 53): every unit of a store read back.
 
-Every committed store is whole (found by its store.json under experiments/results: the check
-CI runs); each damage of issue 53 is named with its file and reason and fails the check
+Every committed store is whole or, while its study is under way, partial (found by its
+store.json under experiments/results: the check CI runs); each damage of issue 53 is named with its file and reason and fails the check
 (exit 1); partial units (files without a commit record) do not; what is not a store exits 2;
 `make report STORE=` refuses a damaged store with the same table.
 """
@@ -47,15 +47,20 @@ def test_there_is_a_committed_store_to_verify():
 
 
 @pytest.mark.parametrize("root", COMMITTED, ids=[str(p.relative_to(REPO)) for p in COMMITTED])
-def test_every_committed_store_is_whole(root):
+def test_every_committed_store_is_whole_or_under_way(root):
     t0 = time.time()
     check = verify_store(root)
     took = time.time() - t0
-    assert check.ok and check.counts()[WHOLE] == len(check.units), check.table()
+    counts = check.counts()
+    # A store whose study is under way holds partial units (a paused Phase 1: its provenance
+    # committed, its progress not): not damage, as `store verify` says with exit 0. Nothing
+    # committed may be corrupt or orphaned.
+    assert check.ok and counts[WHOLE] + counts[PARTIAL] == len(check.units), check.table()
+    assert counts[CORRUPT] == counts[ORPHANED] == 0, check.table()
     assert any(u.kind == "phase1" for u in check.units)
     assert took < 30, f"{took:.1f} s"  # seconds (0.6 s for issue 39's on the 2-core VM)
     rc, out, _ = _cli(root)
-    assert rc == 0 and f"{len(check.units)} whole" in out, out
+    assert rc == 0 and f"{counts[WHOLE]} whole" in out, out
 
 
 # -- a fabricated store and its damages ---------------------------------------------------------
