@@ -12,8 +12,8 @@ What this script reads, per run, validation stream only:
 - forced identity on the same Phase-1 checkpoint and routing (the Consolidator replaced by
   the identity, which is where its training starts: W_d = 0), ADD10 and AFFINE10;
 - the gate: best validation ADD10 >= the family's output-set baseline (50%) + 10 pp.
-The test stream is read only by a finished run's own test pass (`result.json`), and is not
-used here to choose anything.
+The test stream is read only by a finished run's own test pass (`result.json`: the table's
+test column), and is not used here to choose anything.
 
 For each routing-on run that passes the gate, the mechanism before the effect (`pmnet
 diagnose`'s measurements, 1,000 validation episodes): under forced identity, where training
@@ -130,9 +130,12 @@ def inference_routing(run: Path, rung: str, k: int, epoch: int) -> dict:
     return known[key]
 
 
-def mechanism(run: Path, rung: str, k: int, condition: str, epoch: int) -> dict:
+def mechanism(run: Path, rung: str, k: int, condition: str, epoch: int,
+              finished: bool) -> dict:
     """`pmnet diagnose` at the start (forced identity: the Phase-1 checkpoint read as the
-    start of `condition`) and under the selected weights of epoch `epoch`; cached files."""
+    start of `condition`) and under the selected weights of epoch `epoch`; cached files.
+    A reading made while the run was under way is kept; a finished run adds the reading of
+    its final selection (the end of training), if that is another epoch."""
     from pmnet import task
     from pmnet.conditions import get_condition
     from pmnet.diagnose import diagnose, diagnose_file
@@ -144,8 +147,10 @@ def mechanism(run: Path, rung: str, k: int, condition: str, epoch: int) -> dict:
                   key=lambda p: int(p.stem.rsplit("epoch", 1)[-1]))
     # the selected weights' reading is kept once made (a run paused mid-sitting was read at
     # the best epoch it had then; the file names the epoch)
-    read_at = done[-1].stem.rsplit("-", 1)[-1] if done else f"epoch{epoch}"
-    for when in ("start", read_at):
+    reads = ["start", *(p.stem.rsplit("-", 1)[-1] for p in done)]
+    if not done or (finished and reads[-1] != f"epoch{epoch}"):
+        reads.append(f"epoch{epoch}")
+    for when in reads:
         path = OUT / "diagnose" / f"{rung}-p1s{k}-{condition}-{when}.json"
         if not path.is_file():
             if when == "start":
@@ -199,7 +204,7 @@ def summarise(run: Path) -> dict:
                                                  best["epoch"])
             if out["gate"] and info["condition"] == "consolidator_only":
                 out["mechanism"] = mechanism(run, info["rung"], info["phase1_seed"],
-                                             info["condition"], best["epoch"])
+                                             info["condition"], best["epoch"], finished)
     if finished:
         res = json.loads(result.read_text())
         out["stopped"] = ("early stopping" if res["last_epoch"] + 1 < 20 else "640,000 episodes")
@@ -224,8 +229,8 @@ def _inference(s: dict) -> str:
 def table(summaries: list[dict]) -> str:
     lines = ["| rung | arm | checkpoint | episodes | best val ADD10 (epoch) | last | forced "
              "identity ADD10 | selected weights, L routing on / off at inference (ADD10) | "
-             "AFFINE10 at best | gate (>= 60.0) | state |",
-             "|---|---|---|---:|---:|---:|---:|---|---:|---|---|"]
+             "AFFINE10 at best | gate (>= 60.0) | test ADD10, selected weights | state |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|---|---:|---|"]
     for s in summaries:
         arm = "routing on" if s["condition"] == "consolidator_only" else "routing off"
         lines.append(
@@ -233,7 +238,8 @@ def table(summaries: list[dict]) -> str:
             f"{_fmt(s.get('best_add10'))} ({s.get('best_epoch', '-')}) | "
             f"{_fmt(s.get('last_add10'))} | {_fmt(s['forced_identity']['add10'])} | "
             f"{_inference(s)} | {_fmt(s.get('affine10_at_best'))} | "
-            f"{'passes' if s.get('gate') else 'fails'} | {s['stopped']} |")
+            f"{'passes' if s.get('gate') else 'fails'} | {_fmt(s.get('test_add10'))} | "
+            f"{s['stopped']} |")
     return "\n".join(lines)
 
 

@@ -60,7 +60,7 @@ def model_as_artifact(path: str | os.PathLike) -> bool:
 SQLITE_LOCK_RETRIES = 10
 
 
-# -- where the runs gol calls ------------------------------------------------------------------
+# -- bounded calls ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
