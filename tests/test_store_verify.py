@@ -1,9 +1,10 @@
 """`pmnet store verify DIR` (`pmnet.store_verify`, issue 53): every unit of a store read back.
 
 Every committed store is whole or, while its study is under way, partial (found by its
-store.json under experiments/results: the check CI runs); each damage of issue 53 is named with its file and reason and fails the check
-(exit 1); partial units (files without a commit record) do not; what is not a store exits 2;
-`make report STORE=` refuses a damaged store with the same table.
+store.json under experiments/results: the check CI runs); each damage of issue 53 is named
+with its file and reason and fails the check (exit 1); partial units (files without a commit
+record) do not; what is not a store exits 2; `make report STORE=` refuses a damaged store
+with the same table.
 """
 
 from __future__ import annotations

@@ -418,3 +418,26 @@ def test_the_add10_long_grid_is_both_consolidator_arms_in_one_valid_long_variant
     # 640,000 episodes at most, validated every 500 steps of the preset's batch
     assert trial_cfg.episodes_per_epoch * trial_cfg.max_epochs == 640_000
     assert trial_cfg.steps_per_epoch == 500 and ADD10_LONG_RECIPE["patience"] == 6
+
+
+def test_the_both_long_grid_is_add10_longs_recipe_on_both_families_routing_on_only():
+    """Claim 4 of docs/preregistration.md: the decisive test's recipe, both rule families,
+    the Consolidator alone with routing on; its units differ from add10_long's by name, so
+    both grids fill one store."""
+    import dataclasses
+
+    from pmnet import task
+    from pmnet.train import TrainConfig
+    from tune_spaces.grids import ADD10_LONG_RECIPE, add10_long, both_long
+
+    cfg = TrainConfig.from_name("medium")
+    space = both_long(cfg)
+    assert space.conditions == ("consolidator_only",) and space.seeds == (42,)
+    assert space.variant_names == ["both-long"] and space.diagnose == space.conditions
+    trial_cfg = dataclasses.replace(cfg, **dict(space.variant("both-long").overrides))
+    assert trial_cfg.phase2_families == task.FAMILIES
+    assert trial_cfg.select_metric("updated_ltm") == "updated_ltm"
+    long_cfg = dataclasses.replace(cfg, **dict(add10_long(cfg).variant("add10-long").overrides))
+    for key in set(ADD10_LONG_RECIPE) - {"phase2_families"}:
+        assert getattr(trial_cfg, key) == getattr(long_cfg, key), key
+    assert not {t.name for t in space.trials} & {t.name for t in add10_long(cfg).trials}

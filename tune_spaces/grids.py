@@ -91,6 +91,12 @@ ADD10_LONG_CONDITIONS: tuple[str, ...] = CHECKPOINT_STUDY_CONDITIONS
 ADD10_LONG_RECIPE: dict[str, Any] = {
     "phase2_families": "add10", "lr_schedule": "constant", "episodes_per_epoch": 32_000,
     "max_epochs": 20, "patience": 6}
+# claim 4 of docs/preregistration.md (secondary): the same recipe on both rule families
+# (validation selection then reads overall updated-LTM recall), the Consolidator alone with
+# routing on
+BOTH_LONG_CONDITIONS: tuple[str, ...] = ("consolidator_only",)
+BOTH_LONG_RECIPE: dict[str, Any] = {k: v for k, v in ADD10_LONG_RECIPE.items()
+                                    if k != "phase2_families"}
 
 #: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
 #: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions,
@@ -632,11 +638,22 @@ def add10_long(cfg, *, gpu: bool = False) -> Space:
         variants=(Variant("add10-long", ADD10_LONG_RECIPE),), diagnose=ADD10_LONG_CONDITIONS)
 
 
+def both_long(cfg, *, gpu: bool = False) -> Space:
+    """Claim 4 of the pre-registration (issue 61): BOTH_LONG_CONDITIONS x the preset's first
+    seed in one variant, `both-long` (BOTH_LONG_RECIPE: `add10_long`'s recipe on both rule
+    families), under the preset's Phase-1 checkpoints (`--phase1-seeds`; the confirmatory
+    run: `medium`'s 3-7, into the same store as its `add10_long` units). Diagnosed like
+    `add10_long`'s arms."""
+    return default(cfg, gpu=gpu).derive(
+        name="both_long", conditions=BOTH_LONG_CONDITIONS, seeds=tuple(cfg.seeds)[:1],
+        variants=(Variant("both-long", BOTH_LONG_RECIPE),), diagnose=BOTH_LONG_CONDITIONS)
+
+
 SPACES: dict[str, Callable[..., Space]] = {
     "default": default, "paper": paper, "tiny": tiny, "core": core, "operators": operators,
     "segments": segments, "phase1_variance": phase1_variance, "baselines": baselines,
     "checkpoints": checkpoints, "checkpoint_channel": checkpoint_channel, "ladder": ladder,
-    "add10_long": add10_long,
+    "add10_long": add10_long, "both_long": both_long,
 }
 
 
