@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from pipelines.phase1 import Phase1Slot
@@ -91,7 +92,10 @@ def _copy_store(store: StoreLayout, where: Path) -> StoreLayout:
 def test_published_progress_is_a_partial_unit_with_a_record(paused):
     _, _, store, rec = paused
     files = sorted(p.name for p in progress_dir(store, 1).iterdir())
-    assert files == ["best-e1.ckpt", "last-e1.ckpt", "progress.json"]
+    assert rec.last == "last-e1.ckpt" and rec.best in ("best-e1.ckpt", "last-e1.ckpt")
+    assert files == sorted({rec.last, rec.best, "progress.json"})
+    # one file exactly when the best epoch's checkpoint is the last one's bytes
+    assert (rec.best == rec.last) == (rec.best_sha256 == rec.last_sha256)
     assert not store.stage1_json(1).exists()  # no commit record: the unit is not in the store
     assert (rec.epoch, rec.epochs_done, rec.max_epochs) == (1, 2, 4)
     assert rec.phase0 is not None and "phase0/final_loss" in rec.phase0  # debug has Phase 0
@@ -177,10 +181,11 @@ def test_planning_checks_the_progress_exit_2_for_foreign_or_damaged(paused, tmp_
     rc, err = _main([*argv, "--name", "another-config", "--set", "phase1_lr=0.001"])
     assert rc == 2 and "unit phase1-p1s1 has Phase-1 progress (after epoch 2 of 4) made with " \
         "another configuration (phase1_lr: " in err, err
-    (progress_dir(copy, 1) / "best-e1.ckpt").write_bytes(b"torn")
+    best = paused[3].best
+    (progress_dir(copy, 1) / best).write_bytes(b"torn")
     rc, err = _main([*argv, "--name", "damaged"])
     assert rc == 2 and "progress of unit phase1-p1s1 is damaged" in err and \
-        "best-e1.ckpt has sha256" in err, err
+        f"{best} has sha256" in err, err
     assert sorted(str(p.relative_to(copy.root)) for p in copy.root.rglob("*")) == files
 
 
@@ -211,6 +216,63 @@ P2 = dict(max_epochs=4, patience=4, episodes_per_epoch=32, val_episodes=16, test
           eval_batch_size=16, batch_size=16, phase2_families="add10", lr_schedule="constant",
           consolidator_init_std=0.18)
 TRIAL = TrialId("consolidator_only", 42, phase1_seed=1)
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["best-is-last", "best-earlier"])
+def test_the_best_epochs_checkpoint_travels_once_and_without_moments(tmp_path, same):
+    """A paused unit whose best epoch is its last (the two files' bytes equal) keeps one
+    file, which the record names for both and a restore copies to both places; an earlier
+    best keeps its own file without the optimizer's moments (only its weights are ever
+    tested). Nothing is trained: the checkpoints are small stand-ins of Lightning's."""
+    def ckpt(epoch):
+        return {"epoch": epoch, "state_dict": {"w": torch.full((3,), float(epoch))},
+                "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(3)}}}]}
+
+    unit = Phase1Unit(seed=1, dir=tmp_path / "runA" / "phase1-p1s1", config={"k": 1},
+                      config_hash="h", max_epochs=40)
+    unit.ckpt_dir.mkdir(parents=True)
+    torch.save(ckpt(6), unit.ckpt_dir / "last.ckpt")
+    if same:
+        shutil.copy(unit.ckpt_dir / "last.ckpt", unit.ckpt_dir / "best.ckpt")
+    else:
+        torch.save(ckpt(4), unit.ckpt_dir / "best.ckpt")
+    store = StoreLayout(tmp_path / "store")
+    rec = land_progress(store, unit, "max-wall", lambda _: 6)
+    files = sorted(p.name for p in progress_dir(store, 1).iterdir())
+    assert files == (["last-e6.ckpt", "progress.json"] if same else
+                     ["best-e6.ckpt", "last-e6.ckpt", "progress.json"])
+    assert (rec.best == rec.last) is same
+    again = dataclasses.replace(unit, dir=tmp_path / "runB" / "phase1-p1s1")
+    assert restore_progress(store, again, lambda _: None) == 6
+    last = again.ckpt_dir / "last.ckpt"
+    assert last.read_bytes() == (unit.ckpt_dir / "last.ckpt").read_bytes()
+    best = torch.load(again.ckpt_dir / "best.ckpt", weights_only=True)
+    assert best["epoch"] == (6 if same else 4)
+    assert torch.equal(best["state_dict"]["w"], torch.full((3,), 6.0 if same else 4.0))
+    assert ("optimizer_states" in best) is same
+
+
+def test_an_earlier_best_continues_from_its_weights_alone_to_one_runs_bytes(tmp_path):
+    """At a rate too small to change a prediction, validation never improves on epoch 0:
+    the pause after epoch 2 stores an earlier best, without its moments, which the
+    continued run tests at its end, and phase1.pt equals an uninterrupted run's."""
+    cfg = _cfg(phase1_lr=1e-12)
+    whole = run_phase1(cfg, tmp_path / "whole", progress=False)
+    slot = _slot(tmp_path / "runA", cfg)
+    stop = StopAtEpochEnd()
+    res = run_phase1(cfg, slot.dir, progress=False, callbacks=[_StopAfter(1, stop)],
+                     stop=stop)
+    store = StoreLayout(tmp_path / "store")
+    rec = land_progress(store, progress_unit(slot), res.reason, checkpoint_epoch)
+    assert rec.best == "best-e1.ckpt" and rec.best != rec.last
+    best = torch.load(progress_dir(store, 1) / rec.best, weights_only=True)
+    assert best["epoch"] == 0 and "optimizer_states" not in best
+    again = _slot(tmp_path / "runB", cfg)
+    assert restore_progress(_copy_store(store, tmp_path / "copy"), progress_unit(again),
+                            checkpoint_epoch) == 1
+    done = run_phase1(cfg, again.dir, progress=False)
+    assert done["sha256"] == whole["sha256"]
+    assert json.loads((again.dir / "phase1_metrics.json").read_text())["best_epoch"] == 0
 
 
 def _p2cfg(**changes) -> TrainConfig:
@@ -248,7 +310,8 @@ def test_a_paused_trial_is_kept_under_progress_with_its_phase1_checkpoint(paused
     where = store.trial_progress(TRIAL)
     assert where == store.root / "progress" / TRIAL.name
     assert sorted(p.name for p in where.iterdir()) == \
-        ["best-e1.ckpt", "last-e1.ckpt", "progress.json"]
+        sorted({rec.last, rec.best, "progress.json"})
+    assert (rec.best == rec.last) == (rec.best_sha256 == rec.last_sha256)
     assert (rec.phase, rec.phase1_sha256, rec.epochs_done, rec.max_epochs) == (2, digest, 2, 4)
     assert rec.format == "pmnet-phase2-progress/v1" and rec.phase0 is None
     assert not store.result(TRIAL).exists()  # no commit record: the unit is not in the store
