@@ -64,6 +64,29 @@ def test_every_committed_store_is_whole_or_under_way(root):
     assert rc == 0 and f"{counts[WHOLE]} whole" in out, out
 
 
+PROGRESS = sorted(q for root in COMMITTED for q in root.rglob("progress.json")
+                  if q.parent.name == "progress" or q.parent.parent.name == "progress")
+
+
+@pytest.mark.parametrize("record", PROGRESS, ids=[str(p.relative_to(REPO)) for p in PROGRESS])
+def test_every_committed_progress_is_whole(record):
+    """A paused unit's committed progress (stop 69: the confirmatory store commits one at a
+    time, since a machine may not keep its disk) reads back as its record says: every file
+    it names hashes to the recorded sha256, and it belongs to a unit not yet landed."""
+    from pmnet.io import sha256_file
+    from pmnet.store_progress import ProgressRecord
+
+    rec = ProgressRecord.from_dict(json.loads(record.read_text()))
+    for name, want in {(rec.last, rec.last_sha256), (rec.best, rec.best_sha256)}:
+        if name is not None:
+            assert sha256_file(record.parent / name) == want, name
+    names = {rec.last, rec.best, "progress.json"} - {None}
+    assert {f.name for f in record.parent.iterdir()} == names  # nothing stale beside it
+    landed = record.parent.parent / "stage1.json" if rec.phase == 1 else \
+        record.parents[2] / "results" / f"{rec.unit}.json"
+    assert not landed.exists(), f"{rec.unit} landed: its progress should have gone"
+
+
 # -- a fabricated store and its damages ---------------------------------------------------------
 
 
