@@ -29,7 +29,10 @@ the root. These measurements, on the validation stream only, say whether they do
                          its own routing (issue 39)
     updated_without_ltm_route  a Phase-2 model whose condition routes with L: updated-LTM
                          recall with L removed from the routing state of block b only, of
-                         every block (which is routing off, checked against it)
+                         every block (which is routing off, checked against it);
+                         `updated_ltm_by_family` / `updated_routing_off_by_family`: the
+                         latter two per rule family (the pre-registration's claim 3 reads
+                         ADD10's drop)
     order                can the final LTM tell which segment came last (issue 44)? The
                          final query's answers with the last two segments in their order and
                          swapped: `updated` (the last rule's answer), `stale` (the rule before
@@ -234,6 +237,10 @@ class RouteDiagnostics:
     updated_ltm: Recall | None = None  # Phase-2 model routing with L
     updated_without_ltm_route: list[Recall] | None = None  # per block
     updated_routing_off: Recall | None = None  # L removed from every block
+    # the same two per rule family (`task.FAMILIES`): the pre-registered mechanism claim
+    # reads ADD10's (docs/preregistration.md, claim 3)
+    updated_ltm_by_family: dict[str, Recall] | None = None
+    updated_routing_off_by_family: dict[str, Recall] | None = None
     updated_strict_off: Recall | None = None  # no router sees L (direct or through u)
     order: OrderDiagnostics | None = None  # the symmetry bound (issue 44)
     seg2_route_change_learned: list[float] | None = None  # per block, learned vs identity L
@@ -620,6 +627,11 @@ def diagnose(model: PMNet, stream, *, checkpoint: str = "", condition: str | Non
                                            for b in range(nb))]
         p_off, h_off = updated(Probe(no_ltm_routing=frozenset(range(nb))))
         out["updated_routing_off"] = _recall(h_off, ub, p_off)
+        fams = {name: stream.family == i for i, name in enumerate(task.FAMILIES)
+                if bool((stream.family == i).any())}
+        out["updated_ltm_by_family"] = {name: _recall(ub[1][m]) for name, m in fams.items()}
+        out["updated_routing_off_by_family"] = {
+            name: _recall(h_off[m], (ub[0][m], ub[1][m]), p_off[m]) for name, m in fams.items()}
     return RouteDiagnostics(**out)
 
 
@@ -698,6 +710,9 @@ def format_diagnostics(d: RouteDiagnostics) -> str:
         lines.append(f"updated-LTM recall {d.updated_ltm.recall:.1f}%; L removed from every "
                      f"block's routing: {d.updated_routing_off.recall:.1f}% "
                      f"(drop {_pp(d.updated_routing_off.drop)} pp)")
+        for fam, off in (d.updated_routing_off_by_family or {}).items():
+            lines.append(f"  {fam}: {d.updated_ltm_by_family[fam].recall:.1f}%, L removed "
+                         f"from every block {off.recall:.1f}% (drop {_pp(off.drop)} pp)")
     if d.order is not None:
         o = d.order
         lines.append(f"final query: update {o.updated:.1f}%, stale rule {o.stale:.1f}%; last two "

@@ -170,6 +170,19 @@ def test_l_removed_from_every_block_is_routing_off(stream):
     assert d.updated_routing_off.recall == pytest.approx(off["updated_ltm"], abs=1e-9)
     assert len(d.updated_without_ltm_route) == 2
     assert d.kind == "phase2"
+    # per family: the evaluator's own per-family recalls, and the drops paired within each
+    assert set(d.updated_routing_off_by_family) == set(task.FAMILIES)
+    for fam in task.FAMILIES:
+        on_f, off_f = d.updated_ltm_by_family[fam], d.updated_routing_off_by_family[fam]
+        assert on_f.recall == pytest.approx(on[f"updated_ltm_{fam}"], abs=1e-9)
+        assert off_f.recall == pytest.approx(off[f"updated_ltm_{fam}"], abs=1e-9)
+        assert off_f.drop == pytest.approx(on_f.recall - off_f.recall, abs=1e-9)
+    n = {f: int((stream.family == i).sum()) for i, f in enumerate(task.FAMILIES)}
+    assert d.updated_routing_off.drop == pytest.approx(sum(
+        n[f] * d.updated_routing_off_by_family[f].drop for f in n) / len(stream), abs=1e-6)
+    one = diagnose(model, stream[(stream.family == 0).nonzero().flatten()],
+                   condition="consolidator_only", consolidation="learned", ltm_routing=True)
+    assert set(one.updated_routing_off_by_family) == {"add10"}  # a family with no episode: none
 
 
 def test_a_routing_off_model_gets_no_ltm_routing_ablation(stream):
