@@ -16,7 +16,7 @@ driver's side (landing at a pause, SIGTERM) `pipelines.driver`, a trial's
 
 from __future__ import annotations
 
-import os
+import io
 import shutil
 import socket
 import time
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pmnet.io import atomic_copy, atomic_path, atomic_write_json, read_json, sha256_file
+from pmnet.io import atomic_copy, atomic_write_bytes, atomic_write_json, read_json, sha256_file
 from pmnet.store_layout import StoreError, StoreLayout, config_difference, unit_name
 from pmnet.store_lock import UnitLock
 from pmnet.trial_id import TrialId
@@ -313,11 +313,9 @@ def _weights_only(src: Path, dst: Path) -> Path:
 
     ckpt = torch.load(src, map_location="cpu", weights_only=True)
     ckpt.pop("optimizer_states", None)
-    with atomic_path(dst) as tmp:
-        torch.save(ckpt, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-    return dst
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    return atomic_write_bytes(dst, buf.getvalue())
 
 
 def drop_progress(store: StoreLayout, seed: int | None) -> bool:
