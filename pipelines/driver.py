@@ -23,7 +23,7 @@ from pipelines.cluster import ClusterInfo, check_storage, describe_ray, init_ray
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import EXPERIMENT_DIRNAME, PipelineError, read_json
-from pipelines.lock import RunLock
+from pipelines.lock import run_lock
 from pipelines.plan import Plan, resource_problem, uses_gpu
 from pipelines.stages import (
     stage1,
@@ -39,11 +39,8 @@ from pmnet.store_layout import init_store
 def execute(plan: Plan) -> int:
     """Run (or continue) the pipeline under its run lock. Returns 0 when every trial
     finished, 1 otherwise; DriverRunning (nothing written) when another driver holds it."""
-    lock = RunLock(plan.layout.run_dir, plan.name).acquire()
-    try:
+    with run_lock(plan.layout.run_dir, plan.name):
         return _execute(plan)
-    finally:
-        lock.release()
 
 
 def _execute(plan: Plan) -> int:

@@ -43,7 +43,7 @@ CONCERN = {
     "PipelineError": VALID, "check_name": VALID, "trial_key": TRACK, "Layout": ORCH,
     "list_pipelines": ORCH, "last_pipeline": ORCH,
     "check_writable": VALID,
-    "DriverRunning": FAULT, "driver_alive": FAULT, "RunLock": FAULT,
+    "DriverRunning": FAULT, "driver_alive": FAULT, "run_lock": FAULT,
     "Phase1Refused": FAULT, "Phase1Slot": STUDY, "Phase1Source": STUDY, "check_phase1": FAULT,
     "existing_phase1": FAULT, "phase1_part": ORCH, "phase1_config_hash": ORCH,
     "check_phase1_source": STUDY, "trained_phase1_part": STUDY,
