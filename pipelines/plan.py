@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.addresses import storage_root
-from pipelines.cluster import ClusterInfo, describe_cluster, planned_storage_check
+from pipelines.cluster import ClusterInfo, check_storage, describe_cluster
 from pipelines.layout import (
     Layout,
     PipelineError,
@@ -536,7 +536,7 @@ def _validate(plan: Plan, phase1_from=None, on_cluster: bool = False,
                 check_progress(units, trial_unit(trial, plan.space.trial_config(plan.cfg, trial),
                                                  p1, plan.layout.trial_dir(trial)))
     if on_cluster:  # last: every input is valid, and nothing was written yet
-        plan.storage_nodes = planned_storage_check(plan.layout.root)
+        plan.storage_nodes = frozenset(check_storage(plan.layout.root))
     return plan
 
 

@@ -30,12 +30,12 @@ STORE = "the one store: pieces, waves, each unit landed once under its lock, uni
 CONCERN = {
     # cluster.py
     "GpuCard": CLUSTER, "NodeInfo": CLUSTER, "ClusterInfo": CLUSTER, "local_cards": CLUSTER,
-    "describe_local": CLUSTER, "probe_cards": CLUSTER, "on_each_node": CLUSTER,
-    "TorchCuda": CLUSTER, "torch_cuda": CLUSTER, "probe_torch_cuda": CLUSTER,
+    "describe_local": CLUSTER, "probe_gpus": CLUSTER, "on_each_node": CLUSTER,
+    "TorchCuda": CLUSTER, "torch_cuda": CLUSTER,
     "describe_ray": CLUSTER, "describe_cluster": CLUSTER, "runtime_env": CLUSTER,
     "_loopback_node_ip": CLUSTER, "_ray_kwargs": ORCH, "connect_ray": CLUSTER,
-    "init_ray": ORCH, "probe_storage": CLUSTER, "node_label": CLUSTER, "probe_nodes": CLUSTER,
-    "check_storage": CLUSTER, "_check_nodes": CLUSTER, "planned_storage_check": CLUSTER,
+    "init_ray": ORCH, "probe_storage": CLUSTER, "node_label": CLUSTER,
+    "check_storage": CLUSTER,
     "Console": VIEW,
     "cpu_days": VALID,
     "execute": FAULT, "_execute": ORCH, "check_cluster": CLUSTER, "ui_hint": TRACK,
