@@ -111,23 +111,6 @@ def check_cluster(plan: Plan, ray) -> ClusterInfo:
     return cluster
 
 
-def ui_hint(plan: Plan, runs: Runs) -> str:
-    """Where to see this pipeline's training runs in the MLflow UI."""
-    from pipelines.tracking_uri import UI_DEFAULT, ui_address
-
-    if runs.experiment_id is None:
-        return "not tracked (MLflow failed; `make resume` logs the runs from the results)"
-    from pipelines.addresses import database_backend, hide_password
-
-    uri = plan.tracking_uri
-    if uri is None or uri.startswith("sqlite:") or database_backend(uri):
-        cmd = f"make ui RUNS={plan.layout.root}" if uri is None else \
-            f"mlflow ui --backend-store-uri {hide_password(uri)}"
-        return f"`{cmd}`, then open {ui_address(UI_DEFAULT, runs.experiment_id)}"
-    return f"open {ui_address(hide_password(uri), runs.experiment_id)}"
-
-
-
 # -- every run: waves of Phase-1 checkpoints --------------------------------------------------
 
 
@@ -306,6 +289,5 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
         say("[pipeline] unfinished or errored trials continue from their checkpoints with "
             f"`make resume NAME={plan.name}` (python -m pipelines.run resume --name "
             f"{plan.name} --root {lay.root}); `make status` shows their errors")
-    say(f"[pipeline] MLflow: {ui_hint(plan, runs)}")
     kill_point("end")
     return 1 if status == "failed" else 0

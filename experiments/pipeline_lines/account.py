@@ -38,7 +38,7 @@ CONCERN = {
     "check_storage": CLUSTER,
     "Console": VIEW,
     "cpu_days": VALID,
-    "execute": FAULT, "_execute": ORCH, "check_cluster": CLUSTER, "ui_hint": TRACK,
+    "execute": FAULT, "_execute": ORCH, "check_cluster": CLUSTER,
     "kill_point": FAULT, "epoch_pause": FAULT,
     "PipelineError": VALID, "check_name": VALID, "trial_key": TRACK, "Layout": ORCH,
     "list_pipelines": ORCH, "last_pipeline": ORCH,
@@ -117,7 +117,6 @@ CONCERN = {
     # quarantine pre-pass moved to pmnet/store_lock.py and pmnet/store_repair.py
     # what a person reads and runs first (issue 64): help texts from the registries, `make
     # ui` on the run's own store, the Ray address kept for resume, the answer in MLflow
-    "UiPlan": TRACK, "ui_source": TRACK,
     "ui_plan": TRACK, "run_address": TRACK, "resume_ray_address": CLUSTER,
     "epoch_shown": VIEW, "drop_empty_default": TRACK, "claim_key": TRACK,
     "claim_entries": TRACK, "_fmt2": TRACK, "log_claims": TRACK,
