@@ -94,10 +94,10 @@ CONCERN = {
     "discard_foreign_checkpoints": FAULT, "_train_and_record": ORCH,
     "_node_id": CLUSTER, "trial_name": ORCH,
     # the durable store (issue 45)
-    "wave_size": STORE, "wave_plan": STORE, "_past_deadline": STORE,
+    "wave_size": STORE, "wave_plan": STORE,
     "_stop_at_deadline": STORE, "execute_waves": STORE,
     "device_kind": RECORD,
-    "package_version": RECORD, "Provenance": RECORD, "_max_wall": STORE, "report_store": STORE,
+    "Provenance": RECORD, "_max_wall": STORE, "report_store": STORE,
     "open_store": VALID, "flatten": STORE,
     "unit_config": STORE, "config_hash": STORE,
     "phase1_unit_config": STORE, "check_store_units": VALID,
@@ -109,9 +109,9 @@ CONCERN = {
     "start_phase1": RECORD,
     "land_phase1": RECORD, "start_trial": RECORD, "land_trial": RECORD,
     "run_layout": ORCH,
-    # a long Phase 1 in durable pieces (issue 52): phase1_progress.py, driver._publish_paused
+    # a long Phase 1 in durable pieces (issue 52): driver.sigterm_writes_stop_file, driver._pause
     # (the progress itself moved to pmnet/store_progress.py)
-    "stop_file": STORE, "sigterm_writes_stop_file": FAULT, "_pause": STORE,
+    "sigterm_writes_stop_file": FAULT, "_pause": STORE,
     "progress_unit": STORE, "trial_unit": STORE,
     # a store that verifies what it holds (issue 53): the unit locks' staleness and the
     # quarantine pre-pass moved to pmnet/store_lock.py and pmnet/store_repair.py
