@@ -189,14 +189,9 @@ def describe_local(num_cpus: int | None = None,
         torch=torch_cuda() if found else None),))
 
 
-def probe_cards() -> tuple[GpuCard, ...]:
-    """Run on a node: its cards (`local_cards` there)."""
-    return local_cards()
-
-
-def probe_torch_cuda() -> TorchCuda:
-    """Run on a node: what its torch sees of CUDA (`torch_cuda` there)."""
-    return torch_cuda()
+def probe_gpus() -> tuple[tuple[GpuCard, ...], TorchCuda]:
+    """Run on a node: its cards (`local_cards` there) and what its torch sees of CUDA."""
+    return local_cards(), torch_cuda()
 
 
 def on_each_node(ray, nodes: list[dict], fn, *args, timeout: float) -> dict[str, tuple]:
@@ -224,23 +219,21 @@ def on_each_node(ray, nodes: list[dict], fn, *args, timeout: float) -> dict[str,
     return out
 
 
-def describe_ray(ray, *, timeout: float = 60.0) -> ClusterInfo:
+def describe_ray(ray, *, timeout: float = 120.0) -> ClusterInfo:
     """Every alive node of a running Ray cluster: CPUs and GPUs from Ray's resources, the
-    cards of each GPU node from `probe_cards` run there; a node whose cards cannot be read
-    keeps none (memory unknown)."""
+    cards and torch's CUDA of each GPU node from `probe_gpus` run there; a node that does
+    not answer keeps no cards (memory unknown) and no torch (not asked)."""
     alive = [n for n in ray.nodes() if n.get("Alive")]
     gpu_nodes = [n for n in alive if float(n.get("Resources", {}).get("GPU", 0)) >= 1]
-    found = on_each_node(ray, gpu_nodes, probe_cards, timeout=timeout)
-    torches = on_each_node(ray, gpu_nodes, probe_torch_cuda, timeout=timeout)
+    found = on_each_node(ray, gpu_nodes, probe_gpus, timeout=timeout)
     nodes = []
     for node in alive:
         res = node.get("Resources", {})
-        ok, cards = found.get(node["NodeID"], (False, ()))
-        asked, torch = torches.get(node["NodeID"], (False, None))
+        ok, got = found.get(node["NodeID"], (False, None))
+        cards, torch = got if ok else ((), None)
         nodes.append(NodeInfo(label=node_label(node), cpus=float(res.get("CPU", 0)),
-                              gpus=float(res.get("GPU", 0)),
-                              cards=tuple(cards) if ok else (),
-                              torch=torch if asked and isinstance(torch, TorchCuda) else None))
+                              gpus=float(res.get("GPU", 0)), cards=tuple(cards),
+                              torch=torch if isinstance(torch, TorchCuda) else None))
     return ClusterInfo(nodes=tuple(nodes), where="the Ray cluster")
 
 
@@ -362,34 +355,24 @@ def node_label(node: dict) -> str:
     return f"{name} (node {str(node.get('NodeID', '?'))[:12]})"
 
 
-def probe_nodes(ray, nodes: list[dict], root: str, token_name: str, token: str,
-                timeout: float = STORAGE_CHECK_TIMEOUT_S) -> dict[str, str]:
-    """Run `probe_storage` once on each node; {node label: why it failed} for the nodes that
-    failed, could not run it, or did not answer within `timeout` seconds."""
-    got = on_each_node(ray, nodes, probe_storage, root, token_name, token, timeout=timeout)
-    failures = {}
-    for node in nodes:
-        ok, value = got[node["NodeID"]]
-        if not ok or value is not None:
-            failures[node_label(node)] = value
-    return failures
-
-
-def check_storage(root: Path, ray, timeout: float = STORAGE_CHECK_TIMEOUT_S,
-                  skip: frozenset[str] = frozenset()) -> dict[str, str]:
+def check_storage(root: Path, ray=None, skip: frozenset[str] = frozenset(),
+                  timeout: float = STORAGE_CHECK_TIMEOUT_S) -> dict[str, str]:
     """Every alive node must see the storage root at the same path, or the pipeline would
     fail late and obscurely (a missing Phase-1 checkpoint on a remote node, a refused
-    trial). Nodes whose NodeID is in `skip` passed already (while planning). Returns
+    trial): each node not in `skip` (NodeIDs that passed already) runs `probe_storage` on a
+    token written under the root. Planning calls it with `ray` None (the connection
+    `describe_cluster` made) before anything is written, so a node without the shared
+    storage is refused with exit 2; the driver checks the nodes that joined since. Returns
     {NodeID: label} of every alive node; PipelineError names those that fail. A root that
     does not exist yet is made for the check and removed again (when still empty)."""
+    if ray is None:
+        import ray
+    root = Path(root)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     todo = [n for n in nodes if n["NodeID"] not in skip]
-    if todo:
-        _check_nodes(Path(root), ray, todo, len(nodes), timeout)
-    return {n["NodeID"]: node_label(n) for n in nodes}
-
-
-def _check_nodes(root: Path, ray, nodes: list[dict], n_alive: int, timeout: float) -> None:
+    labels = {n["NodeID"]: node_label(n) for n in nodes}
+    if not todo:
+        return labels
     token_name = f".storage-check-{secrets.token_hex(8)}"
     token = f"{socket.gethostname()} {os.getpid()} {time.time()} {secrets.token_hex(16)}\n"
     made = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
@@ -397,23 +380,17 @@ def _check_nodes(root: Path, ray, nodes: list[dict], n_alive: int, timeout: floa
     root.mkdir(parents=True, exist_ok=True)
     try:
         token_path.write_text(token)
-        failures = probe_nodes(ray, nodes, str(root), token_name, token, timeout)
+        got = on_each_node(ray, todo, probe_storage, str(root), token_name, token,
+                           timeout=timeout)
     finally:
         token_path.unlink(missing_ok=True)
         for p in made:  # nothing of the check is left behind
             with contextlib.suppress(OSError):
                 p.rmdir()
+    failures = {labels[i]: why for i, (ok, why) in got.items() if not ok or why is not None}
     if failures:
         lines = "\n".join(f"  - {label}: {why}" for label, why in sorted(failures.items()))
         raise PipelineError(
-            f"{len(failures)} of {n_alive} Ray nodes do not see the storage root {root}:\n"
+            f"{len(failures)} of {len(nodes)} Ray nodes do not see the storage root {root}:\n"
             f"{lines}\n{SHARED_STORAGE_HELP}")
-
-
-def planned_storage_check(root: Path) -> frozenset[str]:
-    """Planning on a cluster (connected by `describe_cluster`): `check_storage` before
-    anything is written, so a node without the shared storage is refused with exit 2 (and
-    the driver checks only the nodes that joined since). Returns the NodeIDs that passed."""
-    import ray
-
-    return frozenset(check_storage(root, ray))
+    return labels

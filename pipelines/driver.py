@@ -13,17 +13,22 @@ in pipelines.tracking, the units in pipelines.store.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from pipelines import store as st
 from pipelines.cluster import ClusterInfo, check_storage, describe_ray, init_ray
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import EXPERIMENT_DIRNAME, PipelineError, read_json
-from pipelines.lock import RunLock
+from pipelines.lock import run_lock
 from pipelines.plan import Plan, resource_problem, uses_gpu
 from pipelines.stages import (
     stage1,
@@ -35,15 +40,15 @@ from pipelines.stages import (
 from pipelines.tracking import Runs, backfill_results, open_tracking
 from pmnet.store_layout import init_store
 
+#: the run's file a SIGTERM writes, which every Phase-1 task and trial polls at epoch ends
+STOP_FILENAME = "phase1-stop.request"
+
 
 def execute(plan: Plan) -> int:
     """Run (or continue) the pipeline under its run lock. Returns 0 when every trial
     finished, 1 otherwise; DriverRunning (nothing written) when another driver holds it."""
-    lock = RunLock(plan.layout.run_dir, plan.name).acquire()
-    try:
+    with run_lock(plan.layout.run_dir, plan.name):
         return _execute(plan)
-    finally:
-        lock.release()
 
 
 def _execute(plan: Plan) -> int:
@@ -75,7 +80,7 @@ def _execute(plan: Plan) -> int:
 
         init_store(lay.units)
         quarantine_damaged(lay.units, say)  # the waves below see whole units only (issue 53)
-    if _past_deadline(plan, t_start):
+    if plan.max_wall_s is not None and time.time() - t_start >= plan.max_wall_s:
         return _stop_at_deadline(plan)
     ray = None
     try:
@@ -114,23 +119,6 @@ def check_cluster(plan: Plan, ray) -> ClusterInfo:
     return cluster
 
 
-def ui_hint(plan: Plan, runs: Runs) -> str:
-    """Where to see this pipeline's training runs in the MLflow UI."""
-    from pipelines.tracking_uri import UI_DEFAULT, ui_address
-
-    if runs.experiment_id is None:
-        return "not tracked (MLflow failed; `make resume` logs the runs from the results)"
-    from pipelines.addresses import database_backend, hide_password
-
-    uri = plan.tracking_uri
-    if uri is None or uri.startswith("sqlite:") or database_backend(uri):
-        cmd = f"make ui RUNS={plan.layout.root}" if uri is None else \
-            f"mlflow ui --backend-store-uri {hide_password(uri)}"
-        return f"`{cmd}`, then open {ui_address(UI_DEFAULT, runs.experiment_id)}"
-    return f"open {ui_address(hide_password(uri), runs.experiment_id)}"
-
-
-
 # -- every run: waves of Phase-1 checkpoints --------------------------------------------------
 
 
@@ -155,10 +143,6 @@ def wave_plan(plan: Plan, wave: list) -> Plan:
     return dataclasses.replace(
         plan, space=plan.space.derive(phase1_seeds=tuple(keys)),
         layout=dataclasses.replace(plan.layout, experiment=tag))
-
-
-def _past_deadline(plan: Plan, t_start: float) -> bool:
-    return plan.max_wall_s is not None and time.time() - t_start >= plan.max_wall_s
 
 
 def _stop_at_deadline(plan: Plan, why: str | None = None) -> int:
@@ -201,6 +185,33 @@ def _pause(plan: Plan, wave: list, paused: dict) -> None:
         say("[pipeline] SIGTERM before Stage 2")
 
 
+@contextlib.contextmanager
+def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
+    """While the driver waits for its Phase-1 tasks or its trials (issues 52, 61): the first
+    SIGTERM writes the run's stop file, which each task or trial polls at its epoch ends
+    (`pmnet.train.StopAtEpochEnd(stop_file=...)`), and restores the previous handler, so a
+    second SIGTERM ends the driver as before. Outside (and off the main thread) SIGTERM
+    keeps its usual effect. The paused unit's progress is `pmnet.store_progress`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is None:
+        previous = signal.SIG_DFL
+
+    def handler(signum, frame):
+        Path(path).touch()
+        signal.signal(signal.SIGTERM, previous)
+        say("[pipeline] SIGTERM: training stops at its next epoch end and its progress "
+            "goes into the store (a second SIGTERM ends the driver now)")
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
     """Every run: its Phase-1 checkpoints in waves of `wave_size`; each wave trains the
     checkpoints its store lacks (each lands in the store as its task returns), then the
@@ -208,7 +219,6 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
     wave starts, so a run stopped between waves (`--max-wall`) leaves whole units. MLflow
     mirrors the store's units of the run after each wave. Then Stage 3 (`finish`). Returns
     0 when every unit of the run is done (or the deadline stopped it), else 1."""
-    from pipelines import phase1_progress as pp
     from pmnet.store_progress import drop_progress, restore_progress
     from pmnet.train import checkpoint_epoch
 
@@ -224,11 +234,12 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
     p1_train = stage1_wall = 0.0
     stopped = False
     accelerator = "gpu" if uses_gpu(plan) else "cpu"
-    stop_file = pp.stop_file(plan.layout.run_dir)  # issue 52: a SIGTERM writes it
+    deadline_at = None if plan.max_wall_s is None else t_start + plan.max_wall_s
+    stop_file = plan.layout.run_dir / STOP_FILENAME  # issue 52: a SIGTERM writes it
     stop_file.unlink(missing_ok=True)
     try:
         for i, wave in enumerate(waves):
-            if i and _past_deadline(plan, t_start):
+            if i and deadline_at is not None and time.time() >= deadline_at:
                 stopped = True
                 break
             wplan = wave_plan(plan, wave)
@@ -237,11 +248,11 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
                 st.start_phase1(wplan, slot, accelerator)
                 restore_progress(units, st.progress_unit(slot), checkpoint_epoch, say)
             t1 = time.time()
-            left = None if plan.max_wall_s is None else plan.max_wall_s - (time.time() - t_start)
+            left = None if deadline_at is None else deadline_at - time.time()
             # issue 52: from submission to the last Phase-1 result, SIGTERM pauses Phase 1
             if runs.tracker is None:
                 runs = open_tracking(plan)
-            with pp.sigterm_writes_stop_file(stop_file):
+            with sigterm_writes_stop_file(stop_file):
                 p1 = stage1(wplan, cluster, runs, deadline_s=left, stop_file=str(stop_file))
             stage1_wall += time.time() - t1
             p1_train += p1.train_time_s
@@ -255,8 +266,7 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
             if any((read_json(units.result(t)) or {}).get("phase1_sha256")
                    != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
                 # issue 61: --max-wall or a SIGTERM pauses a trial at an epoch end
-                deadline_at = None if plan.max_wall_s is None else t_start + plan.max_wall_s
-                with pp.sigterm_writes_stop_file(stop_file):
+                with sigterm_writes_stop_file(stop_file):
                     s2 = stage2(wplan, runs, p1, deadline_at=deadline_at,
                                 stop_file=str(stop_file))
             else:
@@ -309,6 +319,5 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
         say("[pipeline] unfinished or errored trials continue from their checkpoints with "
             f"`make resume NAME={plan.name}` (python -m pipelines.run resume --name "
             f"{plan.name} --root {lay.root}); `make status` shows their errors")
-    say(f"[pipeline] MLflow: {ui_hint(plan, runs)}")
     kill_point("end")
     return 1 if status == "failed" else 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.addresses import storage_root
-from pipelines.cluster import ClusterInfo, describe_cluster, planned_storage_check
+from pipelines.cluster import ClusterInfo, check_storage, describe_cluster
 from pipelines.layout import (
     Layout,
     PipelineError,
@@ -173,8 +173,8 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
     chosen nodes have no GPU."""
     from pmnet.train import TrainConfig
 
-    check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib)
-    check_max_wall(max_wall_s)
+    check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib,
+                        max_wall_s=max_wall_s)
     root = check_writable(storage_root(root))  # before Ray is asked: a bad root costs nothing
     if store is not None:
         from pipelines.store import open_store
@@ -206,45 +206,16 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
                 cluster=cluster, max_wall_s=max_wall_s)
     fit_to_cluster(plan, explicit_gpus=gpus_per_trial is not None, gpu_mem_gib=gpu_mem_gib,
                    allow_cpu_paper=allow_cpu_paper)
-    if phase1_from is not None:
-        plan.phase1_from = check_phase1_source(phase1_from, plan.phase1_slots)
-    _check_existing(plan)
-    plan = _check_resources(plan)
-    _check_store(plan)
-    if on_cluster:  # last: every input is valid, and nothing was written yet
-        plan.storage_nodes = planned_storage_check(plan.layout.root)
-    return plan
+    return _validate(plan, phase1_from, on_cluster)
 
 
-def check_max_wall(max_wall_s) -> None:
-    if max_wall_s is None:
-        return
-    if isinstance(max_wall_s, bool) or not isinstance(max_wall_s, (int, float)) \
-            or not max_wall_s > 0 or max_wall_s != max_wall_s:
+def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None,
+                        max_wall_s=None) -> None:
+    """The numeric compute flags, before anything looks at the cluster."""
+    if max_wall_s is not None and (isinstance(max_wall_s, bool) or not isinstance(
+            max_wall_s, (int, float)) or not max_wall_s > 0 or max_wall_s != max_wall_s):
         raise PipelineError(f"--max-wall must be a positive number of seconds, got "
                             f"{max_wall_s!r}")
-
-
-def _check_store(plan: Plan) -> None:
-    """The units of the run's store that this run would reuse were made with its
-    configuration (reads)."""
-    from pipelines.records import Stage1Record
-    from pipelines.store import check_store_units, progress_unit, trial_unit
-    from pmnet.store_progress import check_progress
-
-    units = plan.layout.units
-    check_store_units(units, plan.cfg, plan.space, plan.phase1_slots, plan.space.trials)
-    for slot in plan.phase1_slots:  # issue 52: a paused unit's progress, of this config, whole
-        check_progress(units, progress_unit(slot))
-    for trial in plan.space.trials:  # issue 61: a paused trial's, also of its checkpoint
-        if units.trial_progress(trial).is_dir():
-            p1 = Stage1Record.read(units.stage1_json(trial.phase1_seed)).sha256
-            check_progress(units, trial_unit(trial, plan.space.trial_config(plan.cfg, trial),
-                                             p1, plan.layout.trial_dir(trial)))
-
-
-def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None) -> None:
-    """The numeric compute flags, before anything looks at the cluster."""
     if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)
                                  or num_cpus < 1):
         raise PipelineError(f"--num-cpus must be a positive integer, got {num_cpus!r}")
@@ -482,13 +453,12 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
         check_tracking_uri(uri)
     if stage1_cpus is None:  # the one the run last ran with
         stage1_cpus = meta.stage1_cpus
-    check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus)
+    check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, max_wall_s=max_wall_s)
     ray_address, recorded = resume_ray_address(ray_address, meta, lay,
                                                use_recorded=check_resources)
     on_cluster = bool(ray_address) and cluster is None and check_resources
     if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
-    check_max_wall(max_wall_s)
     if lay.store_elsewhere and check_resources:  # `report` reads it without this check
         from pipelines.store import open_store
 
@@ -501,16 +471,10 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     problem = resource_problem(plan, cluster) if check_resources else None
     if problem:
         raise PipelineError(f"pipeline {name!r} cannot continue here: {problem}")
-    src = meta.phase1_from
-    if isinstance(src, dict) and not plan.layout.units.phase1_ckpt(src.get("slot_seed")).is_file():
-        # imported, then removed: import it again (checked again)
-        plan.phase1_from = check_phase1_source(src.get("checkpoint", ""), plan.phase1_slots)
-    plan = _check_resources(plan)
-    if check_resources:
-        _check_store(plan)
-    if on_cluster:  # last: every input is valid, and nothing was written yet
-        plan.storage_nodes = planned_storage_check(plan.layout.root)
-    return plan
+    src = meta.phase1_from  # imported, then removed: import it again (checked again)
+    again = src.get("checkpoint", "") if isinstance(src, dict) and not \
+        plan.layout.units.phase1_ckpt(src.get("slot_seed")).is_file() else None
+    return _validate(plan, again, on_cluster, store=check_resources)
 
 
 def resume_ray_address(given: str | None, meta: PipelineRecord, lay: Layout, *,
@@ -534,23 +498,45 @@ def resume_ray_address(given: str | None, meta: PipelineRecord, lay: Layout, *,
             "address with --ray-address / RAY_ADDRESS") from e
 
 
-def _check_resources(plan: Plan) -> Plan:
-    """A Phase-1 checkpoint already in the run's directory (the CPU counts and the Ray
-    address are checked first, `check_compute_flags`): a damaged one is refused (exit 2,
-    naming what to delete). A `--store`'s units are not judged here: the driver's
-    quarantine pre-pass moves its damaged ones aside and they train again, so that one
-    machine's damage does not stop every machine that shares the store
-    (`pmnet.store_repair`). Reads only; nothing is started or written."""
-    if plan.layout.store_elsewhere:
-        return plan
-    for slot in plan.phase1_slots:
+def _validate(plan: Plan, phase1_from=None, on_cluster: bool = False,
+              store: bool = True) -> Plan:
+    """What both plans check last, reading only. `phase1_from`: a Phase-1 checkpoint to
+    import, checked against the plan's. A new plan's name holds no other experiment
+    (`_check_existing`). A Phase-1 checkpoint already in the run's directory: a damaged one
+    is refused (exit 2, naming what to delete), as is one other than `--phase1-from`'s. A
+    `--store`'s checkpoints are not judged here: the driver's quarantine pre-pass moves its
+    damaged ones aside and they train again, so that one machine's damage does not stop
+    every machine that shares the store (`pmnet.store_repair`). `store`: the store's units
+    (and paused progress) this run would reuse were made with its configuration. Last, on
+    a running cluster (`on_cluster`), every node sees the storage root."""
+    from pipelines.records import Stage1Record
+    from pipelines.store import check_store_units, progress_unit, trial_unit
+    from pmnet.store_progress import check_progress
+
+    if phase1_from is not None:
+        plan.phase1_from = check_phase1_source(phase1_from, plan.phase1_slots)
+    if not plan.resumed:
+        _check_existing(plan)
+    src = plan.phase1_from
+    for slot in [] if plan.layout.store_elsewhere else plan.phase1_slots:
         digest = existing_phase1(slot)
-        src = plan.phase1_from
         if src is not None and src.slot_seed == slot.seed and digest not in (None, src.sha256):
             raise PipelineError(
                 f"pipeline {plan.name!r} already has a Phase-1 checkpoint in {slot.dir} "
                 f"(sha256 {digest[:12]}...) that is not the one --phase1-from names "
                 f"({src.sha256[:12]}...); use another --name")
+    units = plan.layout.units
+    if store:
+        check_store_units(units, plan.cfg, plan.space, plan.phase1_slots, plan.space.trials)
+        for slot in plan.phase1_slots:  # issue 52: a paused unit's progress, of its config
+            check_progress(units, progress_unit(slot))
+        for trial in plan.space.trials:  # issue 61: a paused trial's, also of its checkpoint
+            if units.trial_progress(trial).is_dir():
+                p1 = Stage1Record.read(units.stage1_json(trial.phase1_seed)).sha256
+                check_progress(units, trial_unit(trial, plan.space.trial_config(plan.cfg, trial),
+                                                 p1, plan.layout.trial_dir(trial)))
+    if on_cluster:  # last: every input is valid, and nothing was written yet
+        plan.storage_nodes = frozenset(check_storage(plan.layout.root))
     return plan
 
 

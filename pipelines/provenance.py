@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,19 +23,9 @@ def git_commit() -> dict[str, str]:
     return {"git_commit": commit or "unknown", "git_dirty": str(dirty).lower()}
 
 
-def package_version(pkg: str) -> str:
-    """An installed distribution's version, or "missing"."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return "missing"
-
-
 def package_versions() -> dict[str, str]:
     return {"python": platform.python_version(),
-            **{pkg: package_version(pkg)
+            **{pkg: version(pkg)
                for pkg in ("torch", "lightning", "ray", "mlflow", "numpy", "pandas")}}
 
 

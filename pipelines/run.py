@@ -17,12 +17,12 @@ running this pipeline (nothing was done); 130 interrupted (Ctrl-C; `resume` cont
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
@@ -188,10 +188,17 @@ def cmd_resume(a) -> int:
 def run_plan(plan) -> int:
     """Execute a validated plan; map what can go wrong after the start to an exit code."""
     from pipelines import driver
+    from pipelines.console import say
     from pipelines.lock import DriverRunning
 
     try:
-        return Exit.DONE if driver.execute(plan) == 0 else Exit.UNFINISHED
+        rc = driver.execute(plan)
+        args, lines = ui_plan(plan.layout.root, name=plan.name)  # where MLflow shows the run
+        if args is not None:
+            lines[0] += f" (`make ui NAME={plan.name} RUNS={plan.layout.root}` serves it)"
+        for line in lines:
+            say(f"[pipeline] {line}")
+        return Exit.DONE if rc == 0 else Exit.UNFINISHED
     except DriverRunning as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.BUSY
@@ -288,51 +295,30 @@ def report_store(path: str) -> int:
     return Exit.DONE
 
 
-@dataclass
-class UiPlan:
-    """What `make ui` does for a pipeline's tracking store (`ui_plan`): `args`, the options
-    of the `mlflow server` to exec (None: the store is a tracking server with its own UI,
-    nothing to start); `lines`, what it prints first; `uri`, the store (its password hidden when
-    printed); `base`, where a browser opens the UI."""
-
-    args: list[str] | None
-    lines: list[str]
-    uri: str
-    base: str
-
-
-def ui_source(root: Path, name: str | None = None):
-    """(pipeline name or None, its TrackingRecord) of `name` or of the last pipeline under
-    `root`; the record's `tracking_uri` is the store the run logged to (tracking.json, else
-    pipeline.json's `tracking`; None: no pipeline, the embedded store)."""
+def ui_plan(root: Path, host: str = "127.0.0.1", port: int = 5000,
+            allowed_hosts: str | None = None, name: str | None = None):
+    """(args, lines) of `make ui` for the store the pipeline (`name`, else the last one)
+    logged to, as its tracking.json (else pipeline.json) records it: `args`, the options of
+    the `mlflow server` to exec for the embedded `<root>/mlflow.db`, another `sqlite:` file
+    or a database (`postgresql://...`), None for a tracking server (http/https), which has
+    its own UI; `lines`, where to look, the store's password hidden (also the run's closing
+    lines, `run_plan`). Reads only."""
+    from pipelines.addresses import hide_password
     from pipelines.layout import Layout, check_name, last_pipeline
     from pipelines.records import PipelineRecord, TrackingRecord
-
-    if name is None:
-        try:
-            name = last_pipeline(root)
-        except PipelineError:
-            return None, TrackingRecord()
-    lay = Layout(root, check_name(name))
-    if not lay.pipeline_json.is_file():
-        raise PipelineError(f"no pipeline {name!r} under {root}")
-    record = TrackingRecord.read(lay.tracking_json)
-    if record.tracking_uri is None:
-        record.tracking_uri = PipelineRecord.read(lay.pipeline_json).tracking
-    return name, record
-
-
-def ui_plan(root: Path, host: str, port: int, allowed_hosts: str | None = None,
-            name: str | None = None) -> UiPlan:
-    """The UI of the store the pipeline (`name`, else the last one) logged to, as its
-    `tracking.json` records it: the embedded `<root>/mlflow.db` or another `sqlite:` file,
-    or a database (`postgresql://...`), each served by `mlflow server --backend-store-uri`;
-    a tracking server (http/https) has its own UI, whose address is printed instead. Reads
-    only."""
-    from pipelines.addresses import hide_password
     from pipelines.tracking_uri import EMBEDDED, run_address, sqlite_path, store_uri, ui_address
 
-    name, record = ui_source(root, name)
+    record = TrackingRecord()
+    if name is None:
+        with contextlib.suppress(PipelineError):
+            name = last_pipeline(root)
+    if name is not None:
+        lay = Layout(root, check_name(name))
+        if not lay.pipeline_json.is_file():
+            raise PipelineError(f"no pipeline {name!r} under {root}")
+        record = TrackingRecord.read(lay.tracking_json)
+        if record.tracking_uri is None:
+            record.tracking_uri = PipelineRecord.read(lay.pipeline_json).tracking
     uri = store_uri(root, record.tracking_uri)
     exp, parent = record.experiment_id, record.parent_run_id
     remote = uri.lower().startswith(("http://", "https://"))
@@ -354,18 +340,17 @@ def ui_plan(root: Path, host: str, port: int, allowed_hosts: str | None = None,
         lines.insert(0, f"pipeline {name} logged to the MLflow tracking server "
                         f"{hide_password(uri)}: its UI is the server's own, {hide_password(base)}"
                         f"{where} (no UI started here)")
-        return UiPlan(None, lines, uri, base)
+        return None, lines
     db = sqlite_path(uri)
     artifacts = (db.parent if db is not None else root) / "mlartifacts"
     where = f"; pipeline {name}'s training runs: {ui_address(base, exp)}" if exp else ""
     what = "the embedded store " if record.tracking_uri in (None, EMBEDDED) else ""
-    lines.insert(0, f"MLflow UI for {what}{hide_password(uri)}: {base}{where}  (Ctrl-C to "
-                    "stop)")
+    lines.insert(0, f"MLflow UI for {what}{hide_password(uri)}: {base}{where}")
     args = ["--backend-store-uri", uri, "--artifacts-destination", str(artifacts),
             "--host", host, "--port", str(port), "--workers", "1"]
     if allowed_hosts:
         args += ["--allowed-hosts", allowed_hosts]
-    return UiPlan(args, lines, uri, base)
+    return args, lines
 
 
 def cmd_ui(a) -> int:
@@ -376,21 +361,21 @@ def cmd_ui(a) -> int:
     from pipelines.tracking_uri import sqlite_path
 
     root = Path(a.root).expanduser().absolute()
-    ui = ui_plan(root, a.host, a.port, a.allowed_hosts, a.name)
-    if ui.args is None:  # a tracking server: its own UI
-        print("\n".join(ui.lines), flush=True)
+    args, lines = ui_plan(root, a.host, a.port, a.allowed_hosts, a.name)
+    if args is None:  # a tracking server: its own UI
+        print("\n".join(lines), flush=True)
         return Exit.DONE
     warning = ui_bind(a.host, a.port)  # before anything is written: exit 2 if it cannot
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    db = sqlite_path(ui.uri)
+    db = sqlite_path(args[1])  # --backend-store-uri
     if db is not None and not db.is_file():
         print(f"note: no MLflow store at {db} yet; the UI starts empty", file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
-    print("\n".join(ui.lines), flush=True)
+    print("\n".join([lines[0] + "  (Ctrl-C to stop)", *lines[1:]]), flush=True)
     os.environ["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner needed
     os.chdir(root)
-    cmd = [sys.executable, "-m", "mlflow", "server", *ui.args]
+    cmd = [sys.executable, "-m", "mlflow", "server", *args]
     os.execv(cmd[0], cmd)
     return 0  # not reached
 

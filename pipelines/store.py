@@ -15,6 +15,7 @@ import shutil
 import socket
 import time
 from dataclasses import replace
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from pipelines.phase1 import (
     phase1_part,
     trained_phase1_part,
 )
-from pipelines.provenance import device_kind, git_commit, package_version
+from pipelines.provenance import device_kind, git_commit
 from pipelines.records import Provenance, Stage1Record, canon
 from pmnet.conditions import LATE_FIELD_DEFAULTS, WATCHDOG_FIELDS
 from pmnet.io import atomic_copy
@@ -175,7 +176,7 @@ def start_provenance(*, unit: str, kind: str, config: dict, digest: str, run: st
     commit = git_commit()
     return Provenance(unit=unit, kind=kind, config_hash=digest, config=config,
                       git_commit=commit["git_commit"], git_dirty=commit["git_dirty"],
-                      torch=package_version("torch"), device=device_kind(accelerator),
+                      torch=version("torch"), device=device_kind(accelerator),
                       host=socket.gethostname(), pid=os.getpid(), run=run,
                       started=time.time(), phase1_sha256=phase1_sha256)
 

@@ -189,7 +189,7 @@ def test_two_drivers_at_once(tmp_path, reference):
         # sha256) and again when it finishes: take the snapshot in between (Stage 2 running),
         # so that a difference can only come from the refused drivers
         while time.time() < deadline and not (
-                lock.is_file() and lock.read_text()
+                lock.is_file()
                 and (read_json(meta) or {}).get("driver")
                 and (read_json(meta) or {}).get("phase1_sha256")):
             time.sleep(0.2)

@@ -23,7 +23,14 @@ import torch
 
 from pipelines import plan as planning
 from pipelines import stages
-from pipelines.cluster import ClusterInfo, GpuCard, NodeInfo, describe_local, describe_ray
+from pipelines.cluster import (
+    ClusterInfo,
+    GpuCard,
+    NodeInfo,
+    TorchCuda,
+    describe_local,
+    describe_ray,
+)
 from pipelines.layout import PipelineError
 from pmnet.conditions import CONDITIONS
 from pmnet.config import ModelConfig
@@ -163,16 +170,23 @@ def _ray_node(name: str, cpus: float, gpus: float = 0) -> dict:
     return {"NodeID": _id(name), "Alive": True, "NodeName": name, "Resources": res}
 
 
+SEES = TorchCuda("2.13.0+cu128", "12.8", True)
+BLIND = TorchCuda("2.13.0+cpu", None, False)
+
+
 def test_a_ray_cluster_is_described_from_its_nodes_and_their_cards():
     ray = FakeRay([_ray_node("head", 64), _ray_node("gpu1", 16, 2), _ray_node("gpu2", 8, 1),
                    {**_ray_node("gone", 99, 8), "Alive": False}],
-                  answers={_id("gpu1"): (card(80), card(80)), _id("gpu2"): (card(24),)})
+                  answers={_id("gpu1"): ((card(80), card(80)), SEES),
+                           _id("gpu2"): ((card(24),), BLIND)})
     info = describe_ray(ray)
     assert [n.cpus for n in info.nodes] == [64, 16, 8]
-    # two probes per GPU node, pinned there, taking no CPU: its cards, and its torch's CUDA
-    # (issue 36; the fake answers every probe with cards, so no torch answer is kept)
-    assert [r["resources"] for r in ray.submitted] == [{"num_cpus": 0, "max_retries": 0}] * 4
-    assert all(n.torch is None for n in info.nodes)
+    # one probe per GPU node, pinned there, taking no CPU: its cards, and its torch's CUDA
+    # (issue 36)
+    assert [r["resources"] for r in ray.submitted] == [{"num_cpus": 0, "max_retries": 0}] * 2
+    assert [r["ref"][0] for r in ray.submitted] == [_id("gpu1"), _id("gpu2")]
+    assert [n.torch for n in info.nodes] == [None, SEES, BLIND]
+    assert [len(n.cards) for n in info.nodes] == [0, 2, 1]
     assert info.has_gpu and info.largest_cpus(gpu=True) == 16 and info.largest_cpus(gpu=False) == 64
     assert info.card_bytes == 24 * GiB  # a share must fit the smallest card
 

@@ -1,20 +1,20 @@
-"""One driver per pipeline (pipelines.lock) and the exit codes of pipelines.run (`Exit`)."""
+"""One driver per pipeline (pipelines.lock: filelock) and the exit codes of pipelines.run."""
 
 from __future__ import annotations
 
 import errno
-import json
+import fcntl
 import os
+import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from pipelines import driver, lock, run
 from pipelines.layout import Layout, PipelineError
-from pipelines.lock import DriverRunning, RunLock
+from pipelines.lock import DriverRunning
 from pmnet.store_layout import StoreError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,66 +33,84 @@ def existing(tmp_path, monkeypatch):
     return Layout(tmp_path / "runs", "p")
 
 
-def _holder(run_dir: Path) -> subprocess.Popen:
-    """Another process that holds the run lock until killed."""
-    code = ("import sys, time; from pipelines.lock import RunLock; "
-            "RunLock(sys.argv[1], 'p').acquire(); print('held', flush=True); time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True,
+HOLDER = """import errno, fcntl, sys, time
+from pipelines import driver, plan
+def no_locks(fd, op):
+    raise OSError(errno.ENOLCK, "No locks available")
+if sys.argv[2] == "1":
+    fcntl.flock = no_locks
+def hold(*a):
+    print("held", flush=True)
+    time.sleep(600)
+driver.init_ray = hold
+driver.execute(plan.plan_resume(root=sys.argv[1], name="p"))
+"""
+
+
+def _holder(root: Path, no_flock: bool = False) -> subprocess.Popen:
+    """Another driver of `p` holding its run lock until killed: the real `driver.execute`,
+    stopped where it would start Ray (`no_flock`: on a storage whose flock answers ENOLCK)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(root), str(int(no_flock))],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.stdout.readline().strip() == "held"
+    if not any(line.strip() == "held" for line in proc.stdout):
+        raise AssertionError(f"the holding driver ended with {proc.wait()}")
     return proc
 
 
+def no_locks(fd, op):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+
+def _files(run_dir: Path) -> dict:
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
 def test_a_second_driver_is_refused_and_changes_nothing(existing, capsys):
-    proc = _holder(existing.run_dir)
+    proc = _holder(existing.root)
     try:
-        before = existing.pipeline_json.read_bytes()
+        before = _files(existing.run_dir)
         rc = run.main(["resume", "--root", str(existing.root)])  # picks LAST = p
         err = capsys.readouterr().err
         assert rc == run.Exit.BUSY == 4
-        assert f"driver pid {proc.pid}" in err and "is being run by" in err
-        assert existing.pipeline_json.read_bytes() == before
-        assert not existing.logs_dir.exists()
-        with pytest.raises(DriverRunning):
-            RunLock(existing.run_dir, "p").acquire()
+        assert f"is being run by driver pid {proc.pid} on host {socket.gethostname()}" in err
+        assert _files(existing.run_dir) == before
+        assert lock.driver_alive(existing.run_dir)  # what `make status` asks
     finally:
         proc.kill()
         proc.wait()
-    # the kernel released the dead holder's lock: a new driver gets it
-    held = RunLock(existing.run_dir, "p").acquire()
-    assert json.loads((existing.run_dir / "driver.lock").read_text())["pid"] == os.getpid()
-    held.release()
-    assert (existing.run_dir / "driver.lock").read_text() == ""
+    # the kernel released the dead holder's lock: status sees it gone, a new driver gets it
+    assert not lock.driver_alive(existing.run_dir)
+    with lock.run_lock(existing.run_dir, "p"):
+        assert lock.driver_alive(existing.run_dir)
+        with pytest.raises(DriverRunning):
+            with lock.run_lock(existing.run_dir, "p"):
+                pass
+    assert not lock.driver_alive(existing.run_dir)
 
 
-def test_without_flock_the_recorded_holder_liveness_decides(existing, monkeypatch):
-    def no_locks(fd, op):
-        raise OSError(errno.ENOLCK, "No locks available")
-
-    monkeypatch.setattr(lock.fcntl, "flock", no_locks)
-    path = existing.run_dir / "driver.lock"
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def test_without_flock_a_marker_keeps_the_pipeline_while_its_pid_lives(existing, monkeypatch,
+                                                                       capsys):
+    marker = existing.run_dir / "driver.softlock"
+    proc = _holder(existing.root, no_flock=True)
     try:
-        import socket
-
-        path.write_text(json.dumps({"pid": alive.pid, "host": socket.gethostname()}))
-        with pytest.raises(DriverRunning, match=f"driver pid {alive.pid}"):
-            RunLock(existing.run_dir, "p").acquire()
-        # a holder on another host: its heartbeat (the file's mtime) decides
-        path.write_text(json.dumps({"pid": 1234, "host": "elsewhere"}))
-        with pytest.raises(DriverRunning, match="on host elsewhere"):
-            RunLock(existing.run_dir, "p").acquire()
-        old = time.time() - 2 * lock.STALE_AFTER_S
-        os.utime(path, (old, old))
-        got = RunLock(existing.run_dir, "p").acquire()
-        assert got.fallback
-        got.release()
+        assert marker.is_file()
+        monkeypatch.setattr(fcntl, "flock", no_locks)
+        rc = run.main(["resume", "--root", str(existing.root), "--name", "p"])
+        err = capsys.readouterr().err
+        assert rc == run.Exit.BUSY, err
+        assert f"driver pid {proc.pid}" in err and f"delete {marker}" in err
+        assert lock.driver_alive(existing.run_dir)
     finally:
-        alive.kill()
-        alive.wait()
-    path.write_text(json.dumps({"pid": alive.pid, "host": socket.gethostname()}))  # dead now
-    RunLock(existing.run_dir, "p").acquire().release()
+        proc.kill()
+        proc.wait()
+    # the marker's pid is gone from this host: the next driver takes the pipeline over
+    with lock.run_lock(existing.run_dir, "p"):
+        assert marker.is_file()
+        with pytest.raises(DriverRunning):
+            with lock.run_lock(existing.run_dir, "p"):
+                pass
+    assert not marker.exists() and not lock.driver_alive(existing.run_dir)
 
 
 @pytest.mark.parametrize("error, code, message", [
@@ -117,8 +135,7 @@ def test_errors_after_the_start_have_their_own_exit_codes(existing, monkeypatch,
     if code == run.Exit.FAILED and not isinstance(error, (PipelineError, StoreError)):
         trace = (existing.logs_dir / "driver-error.txt").read_text()
         assert type(error).__name__ in trace and "Traceback" in trace
-    # the lock was released whatever happened
-    RunLock(existing.run_dir, "p").acquire().release()
+    assert not lock.driver_alive(existing.run_dir)  # released whatever happened
 
 
 def test_unfinished_trials_exit_1_and_finished_exit_0(existing, monkeypatch):

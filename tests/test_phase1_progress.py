@@ -1,5 +1,5 @@
 """The driver's side of a Phase 1 (issue 52) and a trial (issue 61) in durable pieces
-(`pipelines.phase1_progress`; the store's side is tests/test_store_progress.py).
+(`pipelines.driver.sigterm_writes_stop_file`; the store's side is tests/test_store_progress.py).
 
 Fast: SIGTERM to the driver writes the stop file. Slow: the whole pipeline path (SIGTERM to
 `python -m pipelines.run`, then the same `start --store` from a fresh copy of the store
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.phase1_progress import sigterm_writes_stop_file
+from pipelines.driver import sigterm_writes_stop_file
 from pmnet.store_layout import StoreLayout
 from pmnet.store_progress import progress_dir
 

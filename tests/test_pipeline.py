@@ -770,7 +770,7 @@ class TestLocalRay:
 
     def test_storage_check_passes_and_names_the_nodes_that_do_not_see_the_root(
             self, local_ray, monkeypatch):
-        from pipelines.cluster import check_storage, probe_nodes
+        from pipelines import cluster
         from pipelines.driver import check_cluster
         from pipelines.layout import PipelineError
 
@@ -778,12 +778,16 @@ class TestLocalRay:
         root = plan.layout.root
         nodes = [n for n in ray.nodes() if n["Alive"]]
         assert not root.exists()
-        assert len(check_storage(root, ray)) == 1
+        assert len(cluster.check_storage(root, ray)) == 1
         assert not root.exists()  # made for the check, then removed with the token
         # a node with its own disk at that path reads no token there
-        (root / "elsewhere").mkdir(parents=True)
-        failed = probe_nodes(ray, nodes, str(root / "elsewhere"), ".token", "t\n")
-        assert list(failed.values()) and "cannot read" in next(iter(failed.values()))
+        real = cluster.probe_storage
+        with monkeypatch.context() as m:
+            m.setattr(cluster, "probe_storage", lambda r, *a: real(f"{r}/elsewhere", *a))
+            with pytest.raises(PipelineError) as err:
+                cluster.check_storage(root, ray)
+        assert f"1 of 1 Ray nodes do not see the storage root {root}" in str(err.value)
+        assert "cannot read" in str(err.value) and not root.exists()
         # a node that cannot run the check (here: one that is not really there) is named,
         # and the driver stops before Stage 1 with what to configure
         lost = {**nodes[0], "NodeID": "ab" * 28, "NodeName": "10.9.9.9"}

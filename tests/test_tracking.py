@@ -137,9 +137,9 @@ def test_two_drivers_find_each_others_runs_in_one_postgres_database(postgres, tm
 
 def test_no_console_line_shows_a_database_password(tmp_path):
     """The URI a user gives may hold the database's password: `make status` and the
-    driver's closing hint print it as `***` (the probe's refusals already did), and the
-    hint for a database names `mlflow ui --backend-store-uri`, not an http address."""
-    from pipelines import driver, tracking
+    run's closing lines (those of `make ui`, `run.ui_plan`) print it as `***` (the probe's
+    refusals already did); `make ui` serves the database itself."""
+    from pipelines import run
     from pipelines.records import PipelineRecord
     from pipelines.status import status_text
 
@@ -154,10 +154,12 @@ def test_no_console_line_shows_a_database_password(tmp_path):
     record.write(lay.tracking_json)
     text = status_text(lay)
     assert "store postgresql://mlflow:***@db.lab.example:5432/mlflow" in text, text
-    hint = driver.ui_hint(plan, tracking.Runs(record=record))
+    args, lines = run.ui_plan(lay.root, name="pw")
+    hint = "\n".join(lines)
     assert "hunter2" not in hint and "hunter2" not in text
-    assert hint.startswith("`mlflow ui --backend-store-uri postgresql://mlflow:***@db"), hint
-    assert "#/experiments/7/runs" in hint
+    assert hint.startswith("MLflow UI for postgresql://mlflow:***@db"), hint
+    assert "#/experiments/7/runs" in hint and "runs/abc" in hint
+    assert args[args.index("--backend-store-uri") + 1] == uri
 
 
 def test_a_model_file_goes_into_mlflow_by_its_size_not_its_presets_name(tmp_path):

@@ -153,8 +153,8 @@ def _pipeline_logged_to(root: Path, name: str, uri: str | None) -> None:
     (root / "LAST").write_text(name + "\n")
 
 
-def _args(plan, option: str) -> str:
-    return plan.args[plan.args.index(option) + 1]
+def _args(args, option: str) -> str:
+    return args[args.index(option) + 1]
 
 
 def test_ui_serves_the_store_the_run_logged_to(tmp_path):
@@ -164,31 +164,31 @@ def test_ui_serves_the_store_the_run_logged_to(tmp_path):
     first: the parent run, which holds the verdicts."""
     root = tmp_path / "runs"
     _pipeline_logged_to(root, "emb", None)
-    plan = run.ui_plan(root, "127.0.0.1", 5123)
-    assert _args(plan, "--backend-store-uri") == f"sqlite:///{root / 'mlflow.db'}"
-    assert _args(plan, "--artifacts-destination") == str(root / "mlartifacts")
-    assert _args(plan, "--port") == "5123" and _args(plan, "--host") == "127.0.0.1"
-    assert plan.lines[0].startswith(f"MLflow UI for the embedded store sqlite:///{root}")
+    args, lines = run.ui_plan(root, "127.0.0.1", 5123)
+    assert _args(args, "--backend-store-uri") == f"sqlite:///{root / 'mlflow.db'}"
+    assert _args(args, "--artifacts-destination") == str(root / "mlartifacts")
+    assert _args(args, "--port") == "5123" and _args(args, "--host") == "127.0.0.1"
+    assert lines[0].startswith(f"MLflow UI for the embedded store sqlite:///{root}")
     assert "http://127.0.0.1:5123/#/experiments/7/runs?workflowType=machine_learning" \
-        in plan.lines[0]
-    first = plan.lines[1]
+        in lines[0]
+    first = lines[1]
     assert first.startswith("look first at the pipeline's parent run 'emb'")
     assert "verdict" in first
     assert "http://127.0.0.1:5123/#/experiments/7/runs/abc123" in first
 
     db = tmp_path / "elsewhere" / "x.db"
     _pipeline_logged_to(root, "lite", f"sqlite:///{db}")
-    plan = run.ui_plan(root, "127.0.0.1", 5123, name="lite")
-    assert _args(plan, "--backend-store-uri") == f"sqlite:///{db}"
-    assert _args(plan, "--artifacts-destination") == str(db.parent / "mlartifacts")
+    args, lines = run.ui_plan(root, "127.0.0.1", 5123, name="lite")
+    assert _args(args, "--backend-store-uri") == f"sqlite:///{db}"
+    assert _args(args, "--artifacts-destination") == str(db.parent / "mlartifacts")
 
     pg = "postgresql://mlflow:hunter2@db.lab.example:5432/mlflow"
     _pipeline_logged_to(root, "pg", pg)
-    plan = run.ui_plan(root, "0.0.0.0", 5123, allowed_hosts="box.example")  # the LAST one
-    assert _args(plan, "--backend-store-uri") == pg
-    assert _args(plan, "--artifacts-destination") == str(root / "mlartifacts")
-    assert _args(plan, "--allowed-hosts") == "box.example"
-    shown = "\n".join(plan.lines)
+    args, lines = run.ui_plan(root, "0.0.0.0", 5123, allowed_hosts="box.example")  # the LAST one
+    assert _args(args, "--backend-store-uri") == pg
+    assert _args(args, "--artifacts-destination") == str(root / "mlartifacts")
+    assert _args(args, "--allowed-hosts") == "box.example"
+    shown = "\n".join(lines)
     assert "postgresql://mlflow:***@db.lab.example:5432/mlflow" in shown
     assert "hunter2" not in shown and "http://127.0.0.1:5123/" in shown
 

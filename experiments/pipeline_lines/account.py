@@ -30,20 +30,20 @@ STORE = "the one store: pieces, waves, each unit landed once under its lock, uni
 CONCERN = {
     # cluster.py
     "GpuCard": CLUSTER, "NodeInfo": CLUSTER, "ClusterInfo": CLUSTER, "local_cards": CLUSTER,
-    "describe_local": CLUSTER, "probe_cards": CLUSTER, "on_each_node": CLUSTER,
-    "TorchCuda": CLUSTER, "torch_cuda": CLUSTER, "probe_torch_cuda": CLUSTER,
+    "describe_local": CLUSTER, "probe_gpus": CLUSTER, "on_each_node": CLUSTER,
+    "TorchCuda": CLUSTER, "torch_cuda": CLUSTER,
     "describe_ray": CLUSTER, "describe_cluster": CLUSTER, "runtime_env": CLUSTER,
     "_loopback_node_ip": CLUSTER, "_ray_kwargs": ORCH, "connect_ray": CLUSTER,
-    "init_ray": ORCH, "probe_storage": CLUSTER, "node_label": CLUSTER, "probe_nodes": CLUSTER,
-    "check_storage": CLUSTER, "_check_nodes": CLUSTER, "planned_storage_check": CLUSTER,
+    "init_ray": ORCH, "probe_storage": CLUSTER, "node_label": CLUSTER,
+    "check_storage": CLUSTER,
     "Console": VIEW,
     "cpu_days": VALID,
-    "execute": FAULT, "_execute": ORCH, "check_cluster": CLUSTER, "ui_hint": TRACK,
+    "execute": FAULT, "_execute": ORCH, "check_cluster": CLUSTER,
     "kill_point": FAULT, "epoch_pause": FAULT,
     "PipelineError": VALID, "check_name": VALID, "trial_key": TRACK, "Layout": ORCH,
     "list_pipelines": ORCH, "last_pipeline": ORCH,
     "check_writable": VALID,
-    "DriverRunning": FAULT, "driver_alive": FAULT, "RunLock": FAULT,
+    "DriverRunning": FAULT, "driver_alive": FAULT, "run_lock": FAULT,
     "Phase1Refused": FAULT, "Phase1Slot": STUDY, "Phase1Source": STUDY, "check_phase1": FAULT,
     "existing_phase1": FAULT, "phase1_part": ORCH, "phase1_config_hash": ORCH,
     "check_phase1_source": STUDY, "trained_phase1_part": STUDY,
@@ -52,7 +52,7 @@ CONCERN = {
     "check_compute_flags": VALID, "uses_gpu": CLUSTER, "memory_arms": CLUSTER, "_arm": CLUSTER,
     "fit_to_cluster": CLUSTER, "resource_problem": CLUSTER, "grid_record": ORCH,
     "_check_existing": VALID, "plan_resume": FAULT,
-    "_check_resources": STUDY, "check_ray_address": VALID,
+    "_validate": VALID, "check_ray_address": VALID,
     "Phase1Progress": VIEW, "describe": VIEW,
     "git_commit": RECORD, "package_versions": RECORD,
     "canon": RECORD, "as_float": RECORD, "normalized_config": RECORD, "Record": RECORD,
@@ -94,10 +94,10 @@ CONCERN = {
     "discard_foreign_checkpoints": FAULT, "_train_and_record": ORCH,
     "_node_id": CLUSTER, "trial_name": ORCH,
     # the durable store (issue 45)
-    "wave_size": STORE, "wave_plan": STORE, "_past_deadline": STORE,
-    "_stop_at_deadline": STORE, "execute_waves": STORE, "check_max_wall": VALID,
-    "_check_store": VALID, "device_kind": RECORD,
-    "package_version": RECORD, "Provenance": RECORD, "_max_wall": STORE, "report_store": STORE,
+    "wave_size": STORE, "wave_plan": STORE,
+    "_stop_at_deadline": STORE, "execute_waves": STORE,
+    "device_kind": RECORD,
+    "Provenance": RECORD, "_max_wall": STORE, "report_store": STORE,
     "open_store": VALID, "flatten": STORE,
     "unit_config": STORE, "config_hash": STORE,
     "phase1_unit_config": STORE, "check_store_units": VALID,
@@ -109,15 +109,14 @@ CONCERN = {
     "start_phase1": RECORD,
     "land_phase1": RECORD, "start_trial": RECORD, "land_trial": RECORD,
     "run_layout": ORCH,
-    # a long Phase 1 in durable pieces (issue 52): phase1_progress.py, driver._publish_paused
+    # a long Phase 1 in durable pieces (issue 52): driver.sigterm_writes_stop_file, driver._pause
     # (the progress itself moved to pmnet/store_progress.py)
-    "stop_file": STORE, "sigterm_writes_stop_file": FAULT, "_pause": STORE,
+    "sigterm_writes_stop_file": FAULT, "_pause": STORE,
     "progress_unit": STORE, "trial_unit": STORE,
     # a store that verifies what it holds (issue 53): the unit locks' staleness and the
     # quarantine pre-pass moved to pmnet/store_lock.py and pmnet/store_repair.py
     # what a person reads and runs first (issue 64): help texts from the registries, `make
     # ui` on the run's own store, the Ray address kept for resume, the answer in MLflow
-    "UiPlan": TRACK, "ui_source": TRACK,
     "ui_plan": TRACK, "run_address": TRACK, "resume_ray_address": CLUSTER,
     "epoch_shown": VIEW, "drop_empty_default": TRACK, "claim_key": TRACK,
     "claim_entries": TRACK, "_fmt2": TRACK, "log_claims": TRACK,

@@ -32,7 +32,7 @@ handler back, so a second SIGTERM ends the fit after the current batch as Lightn
 owns its workers' signals); their driver writes `stop_file` instead.
 
 Nothing here knows about stores or Ray; the store's side is `pmnet.store_progress`, the
-driver's `pipelines.phase1_progress`.
+driver's `pipelines.driver.sigterm_writes_stop_file`.
 """
 
 from __future__ import annotations
