@@ -12,7 +12,6 @@ Stage 3  `pmnet.report.main_report(<run>)`; a failure there is logged, results a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -236,14 +235,6 @@ class Stage1Result:
     #: Phase-1 seed -> pmnet.train.Phase1Paused: units stopped at an epoch end, not finished
     #: (issue 52; their digests are None)
     paused: dict = field(default_factory=dict)
-
-    @property
-    def digest(self) -> str:
-        """One sha256 that names the set (the checkpoint's own for a single checkpoint)."""
-        if list(self.digests) == [None]:
-            return self.digests[None]
-        text = "\n".join(f"{k}:{v}" for k, v in sorted(self.digests.items()))
-        return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -538,18 +529,15 @@ def _first_error_line(trial, trials_dir: str | None) -> str:
     return "see the trial's error.txt"
 
 
-def trial_context(plan: Plan, p1: Stage1Result | str, *, deadline_at: float | None = None,
+def trial_context(plan: Plan, digests: dict, *, deadline_at: float | None = None,
                   stop_file: str | None = None):
+    """The trials' context: the plan's TrainConfig of every trial, resolved once here
+    (threads = the trial's CPUs where the preset leaves them open), and Stage 1's `digests`."""
     from pipelines.trial import TrialContext
 
-    if isinstance(p1, str):
-        p1 = Stage1Result({None: p1}, 0.0)
-    return TrialContext(root=str(plan.layout.root), name=plan.name, cfg=plan.cfg,
-                        space=plan.space, phase1_sha256=p1.digest,
-                        phase1_sha256s={str(k): v for k, v in p1.digests.items()
-                                        if k is not None},
-                        store=str(plan.layout.store), deadline_at=deadline_at,
-                        stop_file=stop_file)
+    sp, threads = plan.space, max(1, int(plan.space.cpus_per_trial))
+    return TrialContext(plan.layout, sp, {t.name: sp.trial_config(plan.cfg, t, threads=threads)
+                                          for t in sp.trials}, digests, deadline_at, stop_file)
 
 
 def restore_trial_progress(plan: Plan, ctx) -> None:
@@ -660,7 +648,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
         except Exception as e:
             raise PipelineError(str(e)) from e
     rid = stage_run(plan, runs, "stage2-phase2")
-    ctx = trial_context(plan, p1, deadline_at=deadline_at, stop_file=stop_file)
+    ctx = trial_context(plan, p1.digests, deadline_at=deadline_at, stop_file=stop_file)
     restore_trial_progress(plan, ctx)
     import ray
 

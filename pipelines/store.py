@@ -279,7 +279,7 @@ def start_trial(ctx, trial: TrialId, cfg, digest: str, accelerator: str) -> Prov
         return Provenance.read(units.provenance(trial))
     config = unit_config(cfg.flat())
     prov = start_provenance(unit=trial.name, kind="trial", config=config,
-                            digest=config_hash(config), run=f"{ctx.root}/{ctx.name}",
+                            digest=config_hash(config), run=str(ctx.layout.run_dir),
                             accelerator=accelerator, phase1_sha256=digest)
     write_started(units, units.provenance(trial), prov, units.result(trial))
     return prov

@@ -15,12 +15,12 @@ import shutil
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipelines.faults import epoch_pause
-from pipelines.layout import Layout, check_name, read_json, trial_key
+from pipelines.layout import Layout, read_json, trial_key
 from pipelines.phase1 import Phase1Refused, check_phase1
 from pipelines.records import Attempt, TrialState, as_float
 from pmnet.conditions import seed_problem
@@ -33,69 +33,29 @@ FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
 @dataclass(frozen=True)
 class TrialContext:
     """What the driver hands every Stage-2 trial (pickled once by `tune.with_parameters`:
-    the one place a trial's configuration crosses a process boundary, as typed objects).
+    the one place a trial's configuration crosses a process boundary, as typed objects;
+    `stages.trial_context` makes it).
 
-    root, name: the pipeline's storage root and name (`Layout(root, name)`).
-    cfg: the pipeline's TrainConfig; space: its grid (`tune_spaces.Space`), which builds a
-        trial's own TrainConfig (`Space.trial_config`) and says which trials are diagnosed.
-    phase1_sha256: the hash Stage 1 recorded; the trial refuses any other checkpoint.
-    phase1_sha256s: with K Phase-1 checkpoints ({str(phase1_seed): sha256}), the hash of each;
-        a trial with `phase1_seed` k loads `phase1-p1s<k>/phase1.pt` and checks it against
-        this one (`phase1_sha256` then names the set).
-    store: the run's `--store` (where its units land, `Layout.units`), or None: the run
-        is its own store.
-    configs: {trial name: TrainConfig} of every trial of the grid, resolved once where the
-        context is made (the driver, `Space.trial_config`) and pickled with it: a worker
-        looks its trial's configuration up, it does not build it again.
+    layout: the run's `Layout` (its root, name and store, where its units land).
+    space: its grid (`tune_spaces.Space`): which trials are diagnosed, a variant's overrides.
+    configs: {trial name: TrainConfig} of every trial of the grid, resolved once by the
+        driver (`Space.trial_config`): a worker looks its trial's configuration up, it does
+        not build it again.
+    digests: {Phase-1 seed (None: the pipeline's single checkpoint): sha256} that Stage 1
+        recorded; a trial of Phase-1 seed k loads `phase1-p1s<k>/phase1.pt` and refuses any
+        checkpoint but the one of this hash.
     deadline_at, stop_file (issue 61: a Phase 2 in pieces): the wall-clock time (`time.time()`)
         by which a trial stops at an epoch end (`--max-wall`), and the run's stop file (a
         SIGTERM to the driver writes it); a trial stopped so pauses, its progress goes into
         the store (`PAUSED`), and the next run of the unit continues it.
     """
 
-    root: str
-    name: str
-    cfg: Any
+    layout: Layout
     space: Any
-    phase1_sha256: str
-    phase1_sha256s: dict = field(default_factory=dict)
-    store: str | None = None
-    configs: dict = field(default_factory=dict)
+    configs: dict
+    digests: dict
     deadline_at: float | None = None
     stop_file: str | None = None
-
-    def __post_init__(self):
-        check_name(self.name)
-        at = self.deadline_at
-        if at is not None and not (isinstance(at, (int, float)) and at == at):
-            raise ValueError(f"TrialContext.deadline_at must be a time in seconds or None, got "
-                             f"{self.deadline_at!r}")
-        if not Path(self.root).is_absolute():
-            raise ValueError(f"TrialContext.root must be absolute, got {self.root!r}")
-        if not hasattr(self.cfg, "flat") or not hasattr(self.space, "trial_config"):
-            raise ValueError("TrialContext needs the pipeline's TrainConfig and Space")
-        if not (isinstance(self.phase1_sha256, str) and len(self.phase1_sha256) == 64):
-            raise ValueError(f"TrialContext.phase1_sha256 must be a sha256 hex digest, got "
-                             f"{self.phase1_sha256!r}")
-        if not isinstance(self.phase1_sha256s, dict) or not all(
-                isinstance(k, str) and k.isdigit() and isinstance(v, str) and len(v) == 64
-                for k, v in self.phase1_sha256s.items()):
-            raise ValueError("TrialContext.phase1_sha256s must be {str(phase1_seed): sha256}, "
-                             f"got {self.phase1_sha256s!r}")
-        if not self.configs:
-            object.__setattr__(self, "configs", self._resolve())
-
-    def _resolve(self) -> dict:
-        return {t.name: self.space.trial_config(self.cfg, t, threads=self.threads)
-                for t in self.space.trials}
-
-    @property
-    def layout(self) -> Layout:
-        return Layout(self.root, self.name, store=self.store)
-
-    @property
-    def threads(self) -> int:
-        return max(1, int(self.space.cpus_per_trial))
 
     def config(self, trial: TrialId):
         """The trial's TrainConfig, resolved when the context was made (`configs`:
@@ -283,19 +243,13 @@ def variant_record(trial: TrialId, overrides: dict) -> dict:
 
 def trial_phase1(ctx: TrialContext, trial: TrialId) -> tuple[Path, str]:
     """(the Phase-1 checkpoint the trial starts from, the sha256 Stage 1 recorded for it)."""
-    layout = ctx.layout
-    if trial.phase1_seed is None:
-        if ctx.phase1_sha256s:
-            raise ValueError(f"trial {trial.name}: this pipeline trains one Phase-1 checkpoint "
-                             f"per Phase-1 seed ({', '.join(sorted(ctx.phase1_sha256s))}); "
-                             "the trial names none")
-        return layout.phase1_ckpt, ctx.phase1_sha256
-    key = str(trial.phase1_seed)
-    if key not in ctx.phase1_sha256s:
-        have = ", ".join(sorted(ctx.phase1_sha256s)) or "none: it has a single checkpoint"
+    if trial.phase1_seed not in ctx.digests:
+        have = ", ".join(str(k) for k in ctx.digests if k is not None) or \
+            "none: it has a single checkpoint"
         raise ValueError(f"trial {trial.name}: the pipeline has no Phase-1 checkpoint for "
                          f"phase1_seed {trial.phase1_seed} (its Phase-1 seeds: {have})")
-    return layout.phase1_dir_for(trial.phase1_seed) / "phase1.pt", ctx.phase1_sha256s[key]
+    return (ctx.layout.phase1_dir_for(trial.phase1_seed) / "phase1.pt",
+            ctx.digests[trial.phase1_seed])
 
 
 def train_trial(config: dict, ctx: TrialContext) -> None:

@@ -514,40 +514,22 @@ def test_status_reads_the_pipelines_own_records_only(tmp_path):
     assert len(rows) == 4
 
 
-def test_trial_context_is_typed_and_validated(tmp_path):
-    from pipelines.trial import TrialContext
-    from pmnet.train import TrainConfig
-    from tune_spaces import Space
+def _trial_context(tmp_path, space, digests):
+    from pipelines.stages import trial_context
 
-    cfg = TrainConfig.from_name("debug")
-    space = Space("g", ("consolidator_only",), (42,), cpus_per_trial=2.0)
-    ok = TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=space,
-                      phase1_sha256="a" * 64)
-    assert ok.layout.phase1_ckpt == tmp_path / "p" / "phase1" / "phase1.pt"
-    assert ok.threads == 2  # and nothing of MLflow: the driver is its only writer
-    assert not any("tracking" in f.name for f in dataclasses.fields(ok))
-    with pytest.raises(ValueError, match="absolute"):
-        TrialContext(root="runs", name="p", cfg=cfg, space=space, phase1_sha256="a" * 64)
-    with pytest.raises(ValueError, match="sha256"):
-        TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=space, phase1_sha256="abc")
-    with pytest.raises(PipelineError, match="invalid pipeline name"):
-        TrialContext(root=str(tmp_path), name="../x", cfg=cfg, space=space,
-                     phase1_sha256="a" * 64)
-    with pytest.raises(ValueError, match="TrainConfig and Space"):
-        TrialContext(root=str(tmp_path), name="p", cfg=cfg.to_dict(), space=space,
-                     phase1_sha256="a" * 64)
+    plan = _plan(tmp_path, preset="debug", grid="tiny")
+    return trial_context(dataclasses.replace(plan, space=space), digests), plan.cfg
 
 
 def test_a_trials_configuration_is_its_variants_and_unknown_phase1_seeds_are_refused(tmp_path):
-    from pipelines.trial import TrialContext
-    from pmnet.train import TrainConfig
     from tune_spaces import Space, Variant
 
-    cfg = TrainConfig.from_name("debug")
     space = Space("g", ("consolidator_only",), (42,), cpus_per_trial=2.0, variants=(
         Variant(), Variant("T4-truncated", {"segments": 4, "ltm_graph": "truncated"})))
-    ctx = TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=space,
-                       phase1_sha256="a" * 64)
+    ctx, cfg = _trial_context(tmp_path, space, {None: "a" * 64})
+    assert ctx.layout.phase1_ckpt == tmp_path / "runs" / "p" / "phase1" / "phase1.pt"
+    # nothing of MLflow: the driver is its only writer
+    assert not any("tracking" in f.name for f in dataclasses.fields(ctx))
     got = ctx.config(TrialId("consolidator_only", 42, "T4-truncated"))
     assert (got.segments, got.ltm_graph, got.threads) == (4, "truncated", 2)
     assert got == space.trial_config(cfg, TrialId("consolidator_only", 42, "T4-truncated"),
@@ -568,26 +550,20 @@ def test_a_trials_configuration_is_its_variants_and_unknown_phase1_seeds_are_ref
 
 
 def test_a_trial_of_phase1_seed_k_starts_from_checkpoint_k(tmp_path):
-    from pipelines.trial import TrialContext, trial_phase1
-    from pmnet.train import TrainConfig
+    from pipelines.trial import trial_phase1
     from tune_spaces import Space
 
-    cfg = TrainConfig.from_name("debug")
-    ctx = TrialContext(root=str(tmp_path), name="p", cfg=cfg,
-                       space=Space("g", ("consolidator_only",), (42,), phase1_seeds=(1, 2)),
-                       phase1_sha256="a" * 64, phase1_sha256s={"1": "b" * 64, "2": "c" * 64})
+    space = Space("g", ("consolidator_only",), (42,), phase1_seeds=(1, 2))
+    ctx, _ = _trial_context(tmp_path, space, {1: "b" * 64, 2: "c" * 64})
     trial = TrialId("consolidator_only", 42, phase1_seed=2)
     path, sha = trial_phase1(ctx, trial)
-    assert path == tmp_path / "p" / "phase1-p1s2" / "phase1.pt" and sha == "c" * 64
+    assert path == tmp_path / "runs" / "p" / "phase1-p1s2" / "phase1.pt" and sha == "c" * 64
     assert ctx.config(trial).phase1_seed == 2  # the checkpoint's own Phase-1 seed
     assert ctx.config(TrialId("consolidator_only", 42, phase1_seed=1)).phase1_seed == 1
     with pytest.raises(ValueError, match="no Phase-1 checkpoint for phase1_seed 3 .*1, 2"):
         trial_phase1(ctx, TrialId("consolidator_only", 42, phase1_seed=3))
-    with pytest.raises(ValueError, match="one Phase-1 checkpoint per Phase-1 seed .*names none"):
+    with pytest.raises(ValueError, match="no Phase-1 checkpoint for phase1_seed None .*1, 2"):
         trial_phase1(ctx, TrialId("consolidator_only", 42))
-    with pytest.raises(ValueError, match="phase1_sha256s must be"):
-        TrialContext(root=str(tmp_path), name="p", cfg=cfg, space=ctx.space,
-                     phase1_sha256="a" * 64, phase1_sha256s={1: "b" * 64})
 
 
 # -- tracking never stalls or kills a trial; what it missed is logged from the results --------
@@ -657,7 +633,7 @@ def test_tune_gets_each_epoch_and_no_checkpoint(trials_here):
         assert epochs == [row["epoch"] for row in history] and len(epochs) >= 1
         assert all(r["files"] is None for r in reports) and t["fake"].latest is None
         last = lay.trial_dir(TrialId(c, s)) / "ckpt" / "last.ckpt"
-        assert checkpoint_origin(last) == trials_here["ctx"].phase1_sha256
+        assert checkpoint_origin(last) == trials_here["ctx"].digests[None]
 
 
 # -- MLflow mirrors the store: one writer of the trial runs ----------------------------------

@@ -339,7 +339,7 @@ def test_stage2_compiles_each_distinct_step_once_before_the_trials(tmp_path, mon
 
     plan = planning.plan_new(root=tmp_path / "runs", name="w", preset="debug", grid="tiny",
                              overrides={"compile": ("phase2",)})
-    ctx = stages.trial_context(plan, p1="a" * 64)
+    ctx = stages.trial_context(plan, {None: "a" * 64})
     warmed = []
 
     def fake_warm(cfg_dict, condition, ckpt, cache):
