@@ -269,14 +269,18 @@ def land_phase1(slot: Phase1Slot, record: Stage1Record, device: str | None,
     return record.sha256
 
 
+def stored_result(units: StoreLayout, trial: TrialId, digest: str) -> dict | None:
+    """The store's result of `trial` when it was trained from Phase-1 checkpoint `digest`
+    (another writer's, or finished before a driver died: reused, not trained again), else
+    None. Planning refused a store whose units have another configuration
+    (`check_store_units`)."""
+    res = read_json(units.result(trial))
+    return res if isinstance(res, dict) and res.get("phase1_sha256") == digest else None
+
+
 def start_trial(ctx, trial: TrialId, cfg, digest: str, accelerator: str) -> Provenance:
-    """A trial starts: its provenance into the store unless the store holds the unit. A
-    unit the store holds from this checkpoint (another writer's, or finished before a
-    driver died: it is reused, not trained) keeps its own."""
+    """A trial the store does not hold starts: its provenance into the store."""
     units = ctx.layout.units
-    held = read_json(units.result(trial))
-    if isinstance(held, dict) and held.get("phase1_sha256") == digest:
-        return Provenance.read(units.provenance(trial))
     config = unit_config(cfg.flat())
     prov = start_provenance(unit=trial.name, kind="trial", config=config,
                             digest=config_hash(config), run=str(ctx.layout.run_dir),

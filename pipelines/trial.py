@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.faults import epoch_pause
-from pipelines.layout import Layout, read_json, trial_key
+from pipelines.layout import Layout, trial_key
 from pipelines.phase1 import Phase1Refused, check_phase1
 from pipelines.records import Attempt, TrialState, as_float
 from pmnet.conditions import seed_problem
@@ -77,11 +77,6 @@ class TrialContext:
 
         left = None if self.deadline_at is None else self.deadline_at - time.time()
         return StopAtEpochEnd(left, self.stop_file)
-
-    def variant_overrides(self, trial: TrialId) -> dict | None:
-        """The overrides of a named variant's trial (sorted), None for the default."""
-        return None if trial.is_default else dict(sorted(
-            self.space.variant(trial.variant).as_dict().items()))
 
 
 class TrialConfigError(Exception):
@@ -220,27 +215,6 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str):
     return TuneReport()
 
 
-def _result_matches(path: Path, digest: str, cfg, record: dict) -> dict | None:
-    """The stored result if it was trained from this Phase-1 checkpoint, preset and variant
-    (`record`: the variant keys the trial writes into its result), else None."""
-    res = read_json(path)
-    if not isinstance(res, dict):
-        return None
-    if res.get("phase1_sha256") != digest or res.get("preset") != cfg.preset:
-        return None
-    if any(res.get(k) != v for k, v in record.items()):
-        return None
-    return res
-
-
-def variant_record(trial: TrialId, overrides: dict) -> dict:
-    """The keys a trial adds to its result.json: none for the default variant (its result is
-    exactly run_phase2's), else the trial's identity keys and the variant's overrides."""
-    if trial.is_default:
-        return {}
-    return {**trial.to_result(), "variant_overrides": dict(sorted(overrides.items()))}
-
-
 def trial_phase1(ctx: TrialContext, trial: TrialId) -> tuple[Path, str]:
     """(the Phase-1 checkpoint the trial starts from, the sha256 Stage 1 recorded for it)."""
     if trial.phase1_seed not in ctx.digests:
@@ -255,9 +229,8 @@ def trial_phase1(ctx: TrialContext, trial: TrialId) -> tuple[Path, str]:
 def train_trial(config: dict, ctx: TrialContext) -> None:
     """The Tune trainable. `config`: `TrialId.to_config()`; `ctx`: set by the driver."""
     t_enter = time.time()
-    from ray import tune
-
     quiet_training_logs()
+    from pipelines import store as st
     from pmnet.train import NotLearningError, PhasePaused, get_condition, use_compile_cache
 
     use_compile_cache(ctx.layout.compile_cache)  # the graphs Stage 2 compiled beforehand
@@ -277,41 +250,36 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     except ValueError as e:
         _refuse(trial, info_path, TrialConfigError(str(e)), trial.to_config())
         return
-    key = trial_key(layout.name, trial)
-    record = variant_record(trial, ctx.variant_overrides(trial) or {})
-
-    trial_info = {**trial.to_config(), **record, "trial_key": key}
-    result_path = layout.result_path(trial)
+    # the keys a named variant adds to its result.json (the default's is exactly run_phase2's)
+    record = {} if trial.is_default else {**trial.to_result(), "variant_overrides": dict(
+        sorted(ctx.space.variant(trial.variant).as_dict().items()))}
+    trial_info = {**trial.to_config(), **record, "trial_key": trial_key(layout.name, trial)}
+    p1_ckpt, p1_sha = trial_phase1(ctx, trial)
+    done = st.stored_result(layout.units, trial, p1_sha)  # reused, not trained again
     stopped = TrialState.read(info_path)
-    if stopped.state == NOT_LEARNING and not result_path.is_file():  # a resume leaves it
-        tune.report({NOT_LEARNING: stopped.error or NOT_LEARNING, "finished": 0}
-                    | trial.to_config())
+    if stopped.state == NOT_LEARNING and done is None:  # a resume leaves it
+        _end(trial, info_path, {NOT_LEARNING: stopped.error or NOT_LEARNING})
         return
     try:
-        # 1. the Phase-1 checkpoint, before anything else
-        p1_ckpt, p1_sha = trial_phase1(ctx, trial)
-        digest = check_phase1(p1_ckpt, p1_sha)
+        digest = check_phase1(p1_ckpt, p1_sha)  # 1. the Phase-1 checkpoint, before anything
         setup = {"imports_s": t_imported - t_enter, "setup_s": time.time() - t_enter}
         TrialState.update(info_path, **trial_info, state="RUNNING")
-
-        from pipelines import store as st
-
         if ctx.deadline_at is not None and time.time() >= ctx.deadline_at \
-                and not result_path.is_file():  # issue 61: started after --max-wall
+                and done is None:  # issue 61: started after --max-wall
             _pause(layout, trial, cfg, digest, PhasePaused(
                 epoch=-1, max_epochs=int(cfg.max_epochs), reason="max-wall, not started",
                 last_ckpt="", train_time_s=0.0, phase=2), info_path, trial_info)
             return
-        prov = st.start_trial(ctx, trial, cfg, digest, assigned_device())
+        prov = None if done else st.start_trial(ctx, trial, cfg, digest, assigned_device())
         # 2. + 3. train (or reuse the store's result of this checkpoint), then land the unit
         # in the store: its diagnostics and provenance, then its result last (the commit
         # record)
-        final, trained = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
-                                           result_path, setup, ctx.stopper())
+        final = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest, done,
+                                  setup, ctx.stopper())
         if isinstance(final, PhasePaused):  # issue 61: its progress into the store
             _pause(layout, trial, cfg, digest, final, info_path, trial_info)
             return
-        if trained:
+        if done is None:
             if ctx.space.diagnosed(trial) and (tdir / "best_model.pt").is_file():
                 _diagnose(tdir, tdir / st.TRIAL_DIAGNOSTICS)
             what = st.land_trial(layout.units, trial, tdir, prov)
@@ -322,8 +290,8 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         return
     except NotLearningError as e:  # the watchdog (issue 62): deterministic, not retried
         log.error("trial %s %s", trial.name, e)
-        TrialState.update(info_path, **trial_info, state=NOT_LEARNING, error=str(e)[:2000])
-        tune.report({NOT_LEARNING: str(e)[:2000], "finished": 0} | trial.to_config())
+        _end(trial, info_path, {NOT_LEARNING: str(e)[:2000]}, **trial_info,
+             state=NOT_LEARNING, error=str(e)[:2000])
         return
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
@@ -332,9 +300,19 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         raise
     finally:
         release_device_memory()
-    TrialState.update(info_path, **trial_info, state="FINISHED", result=str(result_path))
-    tune.report({k: (float("nan") if v is None else v) for k, v in final.items()}
-                | trial.to_config())
+    _end(trial, info_path, {k: (float("nan") if v is None else v) for k, v in final.items()},
+         **trial_info, state="FINISHED", result=str(layout.result_path(trial)))
+
+
+def _end(trial: TrialId, info_path: Path, report: dict, **state) -> None:
+    """A trial's one way out without raising: its trial.json updated with `state` (when
+    given) and its last Tune report, `report` with the trial's identity (`finished` 0 unless
+    `report` says 1)."""
+    from ray import tune
+
+    if state:
+        TrialState.update(info_path, **state)
+    tune.report({"finished": 0} | report | trial.to_config())
 
 
 def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
@@ -347,8 +325,6 @@ def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
     import dataclasses
     import json
 
-    from ray import tune
-
     from pipelines import store as st
     from pmnet.store_progress import land_progress
     from pmnet.train import checkpoint_epoch
@@ -357,9 +333,8 @@ def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
         land_progress(layout.units,
                       st.trial_unit(trial, cfg, digest, layout.trial_dir(trial)),
                       paused.reason, checkpoint_epoch, paused.train_time_s, say=log.info)
-    TrialState.update(info_path, **trial_info, state=PAUSED_STATE)
-    tune.report({PAUSED: json.dumps(dataclasses.asdict(paused)), "finished": 0}
-                | trial.to_config())
+    _end(trial, info_path, {PAUSED: json.dumps(dataclasses.asdict(paused))}, **trial_info,
+         state=PAUSED_STATE)
 
 
 def _diagnose(tdir: Path, out: Path) -> None:
@@ -391,12 +366,10 @@ def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> No
     `config_error`), and its one Tune report carries the reason, so the trial ends once
     (Tune does not retry a trial that returns) and the driver counts it as errored (it has no
     result file)."""
-    from ray import tune
-
     message = f"{type(error).__name__}: {error}"
     log.error("trial %s refused: %s", trial.name, message)
-    TrialState.update(info_path, **info, state="ERROR", error=message[:2000], config_error=True)
-    tune.report({CONFIG_ERROR: message[:2000], "finished": 0} | trial.to_config())
+    _end(trial, info_path, {CONFIG_ERROR: message[:2000]}, **info, state="ERROR",
+         error=message[:2000], config_error=True)
 
 
 def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
@@ -421,16 +394,14 @@ def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
 
 
 def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: Path,
-                      digest, result_path, setup, stop=None) -> tuple[Any, bool]:
-    """(the trial's final Tune report, whether it trained now: its unit is then landed by
-    the caller) -- a matching result already in the run is reused, not retrained. With
-    `stop` (a `StopAtEpochEnd`) the training may pause: the report is then the
+                      digest, done: dict | None, setup, stop=None):
+    """The trial's final Tune report: `done`, the store's result from this checkpoint, is
+    reused, not retrained; else the trial trains (its unit is then landed by the caller).
+    With `stop` (a `StopAtEpochEnd`) the training may pause: the report is then the
     `PhasePaused`."""
     from pmnet.train import checkpoint_epoch, run_phase2
 
     tdir = layout.trial_dir(trial)
-    # already finished (driver died before Tune recorded it)? then report, don't retrain
-    done = _result_matches(result_path, digest, cfg, record)
     attempt = Attempt(time=time.time(), pid=os.getpid(), host=socket.gethostname(),
                       node_id=_node_id(),
                       cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -451,7 +422,7 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
                             accelerator=attempt.accelerator,
                             gpu_share=assigned_gpu_share(), stop=stop)
         if not isinstance(result, dict):  # a PhasePaused (issue 61)
-            return result, True
+            return result
     else:
         attempt.append(attempts)
         result = done
@@ -460,7 +431,7 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
     return {"test/updated_ltm": test.get("updated_ltm"),
             "best/select": (result.get("val") or {}).get(cond.select),
             "train_time_s": result.get("train_time_s"),
-            "best_epoch": result.get("best_epoch"), "finished": 1}, done is None
+            "best_epoch": result.get("best_epoch"), "finished": 1}
 
 
 def _node_id() -> str | None:

@@ -89,7 +89,7 @@ CONCERN = {
     "release_device_memory": CLUSTER, "assigned_gpu_share": CLUSTER,
     "quiet_training_logs": VIEW,
     "_scalar_metrics": ORCH, "_is_final": FAULT, "make_report_callback": ORCH,
-    "_result_matches": FAULT, "variant_record": STUDY,
+    "_end": FAULT, "stored_result": STORE,
     "trial_phase1": STUDY, "train_trial": ORCH, "_refuse": FAULT,
     "discard_foreign_checkpoints": FAULT, "_train_and_record": ORCH,
     "_node_id": CLUSTER, "trial_name": ORCH,
