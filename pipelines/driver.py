@@ -294,14 +294,14 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
     stage3(plan, runs)
     if runs.parent:
         runs.safe("timing", runs.tracker.log_metrics, runs.parent,
-                  {f"pipeline/{k}": v for k, v in timing.to_dict().items()
+                  {f"pipeline/{k}": v for k, v in timing.items()
                    if isinstance(v, (int, float))})
         runs.safe("finish", runs.tracker.finish, runs.parent,
                   "FAILED" if status == "failed" else "FINISHED")
     done = sp.n_trials - tr_left
     say(f"[pipeline] {status}: {done}/{sp.n_trials} trials finished, {totals['errored']} "
-        f"errored; wall {timing.wall_s:.1f} s (trials' own training "
-        f"{timing.sum_trial_train_s:.1f} s)")
+        f"errored; wall {timing['wall_s']:.1f} s (trials' own training "
+        f"{timing['sum_trial_train_s']:.1f} s)")
     say(f"[pipeline] results: {lay.results_dir}   report: {lay.report_dir}")
     if stopped:
         _stop_at_deadline(plan, stopped if isinstance(stopped, str) else None)

@@ -42,8 +42,6 @@ from pipelines.records import (
     Progress,
     Stage1Record,
     Started,
-    Timing,
-    TimingRecord,
     TrialState,
     canon,
 )
@@ -761,23 +759,21 @@ def stage3(plan: Plan, runs: Runs) -> bool:
 
 
 def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float,
-                  stage1_wall: float) -> Timing:
-    """This invocation's times, appended to timing.json's `invocations`. Phase-1 tasks train
-    side by side, and so do trials: `phase1_train_s` and `sum_trial_train_s` are summed
-    over them and may exceed the wall time. `overhead_s` is the wall time outside the two
-    training stages (Ray's start, tracking, the result backfill), never negative: wall -
-    `stage1_wall_s` - `compile_warm_s` - `stage2_wall_s`; `overhead_ratio` = wall / (those
-    three)."""
+                  stage1_wall: float) -> dict:
+    """This invocation's times, written to timing.json with every invocation's in
+    `invocations`. Phase-1 tasks train side by side, and so do trials: `phase1_train_s` and
+    `sum_trial_train_s` are summed over them and may exceed the wall time. `overhead_s` is
+    the wall time outside the two training stages (Ray's start, tracking, the result
+    backfill), never negative: wall - `stage1_wall_s` - `compile_warm_s` - `stage2_wall_s`;
+    `overhead_ratio` = wall / (those three)."""
     wall = time.time() - t_start
     stages = stage1_wall + s2.get("compile_warm_s", 0.0) + s2["wall_s"]
-    timing = Timing(
-        wall_s=wall, stage1_wall_s=stage1_wall, stage2_wall_s=s2["wall_s"],
-        phase1_train_s=p1_time, sum_trial_train_s=s2["sum_trial_train_s"],
-        trials_finished=s2["finished"], compile_warm_s=s2.get("compile_warm_s", 0.0),
-        overhead_s=max(0.0, wall - stages), overhead_ratio=wall / max(1e-9, stages),
-        max_concurrent=plan.space.max_concurrent or 0, resumed=plan.resumed,
-        host=socket.gethostname(), cpus=os.cpu_count())
-    history = TimingRecord.read(plan.layout.timing_json).invocations
-    TimingRecord(**timing.to_dict(), invocations=history + [timing.to_dict()]).write(
-        plan.layout.timing_json)
+    timing = {"wall_s": wall, "stage1_wall_s": stage1_wall, "stage2_wall_s": s2["wall_s"],
+              "compile_warm_s": s2.get("compile_warm_s", 0.0), "phase1_train_s": p1_time,
+              "sum_trial_train_s": s2["sum_trial_train_s"], "trials_finished": s2["finished"],
+              "overhead_s": max(0.0, wall - stages), "overhead_ratio": wall / max(1e-9, stages),
+              "max_concurrent": plan.space.max_concurrent or 0, "resumed": plan.resumed,
+              "host": socket.gethostname(), "cpus": os.cpu_count()}
+    history = (read_json(plan.layout.timing_json, {}) or {}).get("invocations") or []
+    write_json(plan.layout.timing_json, {**timing, "invocations": history + [timing]})
     return timing

@@ -9,6 +9,7 @@ has the details.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -22,7 +23,7 @@ from typing import Any
 from pipelines.faults import epoch_pause
 from pipelines.layout import Layout, trial_key
 from pipelines.phase1 import Phase1Refused, check_phase1
-from pipelines.records import Attempt, TrialState, as_float
+from pipelines.records import TrialState, as_float
 from pmnet.conditions import seed_problem
 from pmnet.trial_id import TrialId
 
@@ -323,7 +324,6 @@ def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
     report says `PAUSED` (the trial returns: Tune does not retry it). A trial that starts
     after the run's deadline pauses at once, before epoch 1 (`paused.epoch` -1)."""
     import dataclasses
-    import json
 
     from pipelines import store as st
     from pmnet.store_progress import land_progress
@@ -402,30 +402,32 @@ def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: 
     from pmnet.train import checkpoint_epoch, run_phase2
 
     tdir = layout.trial_dir(trial)
-    attempt = Attempt(time=time.time(), pid=os.getpid(), host=socket.gethostname(),
-                      node_id=_node_id(),
-                      cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                      accelerator=assigned_device(), kind="reuse" if done else "train", **setup)
-    attempts = tdir / "attempts.jsonl"
+    # one line of trials/<trial>/attempts.jsonl, every key (None too): where the attempt ran,
+    # whether it trains or reuses, Lightning checkpoints it discarded (another Phase-1
+    # origin), what it resumed from (its last.ckpt, the truth: the epoch it continues from)
+    attempt = {"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
+               "node_id": _node_id(),
+               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+               "accelerator": assigned_device(), "kind": "reuse" if done else "train",
+               "discarded": None if done else discard_foreign_checkpoints(tdir, digest),
+               "resume_from": None, "resume_epoch": None, **setup}
+    last = tdir / "ckpt" / "last.ckpt"
+    resume_from = last if done is None and last.is_file() else None
+    if resume_from is not None:
+        attempt.update(resume_from=str(last), resume_epoch=checkpoint_epoch(last))
+    tdir.mkdir(parents=True, exist_ok=True)
+    with open(tdir / "attempts.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(attempt, sort_keys=True) + "\n")
+    result = done
     if done is None:
-        attempt.discarded = discard_foreign_checkpoints(tdir, digest)
-        last = tdir / "ckpt" / "last.ckpt"  # the truth: the epoch an attempt continues from
-        resume_from = last if last.is_file() else None
-        if resume_from is not None:
-            attempt.resume_from = str(resume_from)
-            attempt.resume_epoch = checkpoint_epoch(resume_from)
-        attempt.append(attempts)
         cb = make_report_callback(trial_dir=tdir, trial=trial, select=cond.select)
         result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
                             phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
                             resume_from=resume_from, progress=False, record=record,
-                            accelerator=attempt.accelerator,
+                            accelerator=attempt["accelerator"],
                             gpu_share=assigned_gpu_share(), stop=stop)
         if not isinstance(result, dict):  # a PhasePaused (issue 61)
             return result
-    else:
-        attempt.append(attempts)
-        result = done
 
     test = result.get("test") or {}
     return {"test/updated_ltm": test.get("updated_ltm"),

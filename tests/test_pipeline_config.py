@@ -1102,10 +1102,10 @@ def test_timing_overhead_is_the_wall_outside_the_stages_when_tasks_run_side_by_s
     wall = 1_000.0
     s2 = {"wall_s": 500.0, "compile_warm_s": 50.0, "sum_trial_train_s": 900.0, "finished": 4}
     t = stages.timing_record(plan, time.time() - wall, s2, p1_time=1_200.0, stage1_wall=400.0)
-    assert t.phase1_train_s + t.sum_trial_train_s > t.wall_s  # side by side
-    assert t.stage1_wall_s == 400.0 and t.stage2_wall_s == 500.0
-    assert 50.0 <= t.overhead_s < 51.0  # 1,000 - 400 - 50 - 500
-    assert t.overhead_ratio == pytest.approx(t.wall_s / 950.0)
+    assert t["phase1_train_s"] + t["sum_trial_train_s"] > t["wall_s"]  # side by side
+    assert t["stage1_wall_s"] == 400.0 and t["stage2_wall_s"] == 500.0
+    assert 50.0 <= t["overhead_s"] < 51.0  # 1,000 - 400 - 50 - 500
+    assert t["overhead_ratio"] == pytest.approx(t["wall_s"] / 950.0)
     stages.timing_record(plan, time.time() - 10.0, {**s2, "wall_s": 20.0}, 0.0, 0.0)
     rec = read_json(plan.layout.timing_json)
     assert len(rec["invocations"]) == 2 and rec["overhead_s"] == 0.0  # clipped, not negative
