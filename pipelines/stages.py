@@ -19,6 +19,7 @@ import socket
 import stat
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from pipelines.records import (
 )
 from pipelines.tracking import MirrorLanded, Runs, log_claims, model_as_artifact, stage_run
 from pipelines.tracking_uri import EMBEDDED
-from pipelines.trial import NOT_LEARNING, PAUSED
+from pipelines.trial import CONFIG_ERROR, NOT_LEARNING, PAUSED, train_trial
 from pmnet.trial_id import TrialId
 
 
@@ -321,21 +322,12 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                     p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
         by_label = {slot.label: slot for slot in todo}
         console = Stage1Console(by_label, stage1_start_timeout_s(), tag=len(plan.phase1_slots) > 1)
-        exp = plan.layout.run_dir / STAGE1_DIRNAME
-        shutil.rmtree(exp, ignore_errors=True)  # no state of it is continued (see above)
         trainable = tune.with_resources(tune.with_parameters(
             train_phase1_unit, slots=by_label, threads=int(res.cpus),
             compile_cache=str(plan.layout.compile_cache), deadline_s=deadline_s,
             stop_file=stop_file), {"cpu": res.cpus, "gpu": res.gpus})
-        os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
-        grid = tune.Tuner(
-            trainable, param_space={"unit": tune.grid_search(list(by_label))},
-            tune_config=tune.TuneConfig(trial_name_creator=_unit_name,
-                                        trial_dirname_creator=_unit_name),
-            run_config=tune.RunConfig(
-                name=exp.name, storage_path=str(exp.parent), verbose=0, stop=console,
-                failure_config=tune.FailureConfig(max_failures=1),
-                callbacks=[console])).fit()
+        grid = _tune(trainable, {"unit": tune.grid_search(list(by_label))},
+                     plan.layout.run_dir / STAGE1_DIRNAME, 1, [console], stop=console)
         if console.timed_out:
             raise PipelineError(
                 f"Stage 1 did not start within {console.bound:.0f} s: its Tune trial asks "
@@ -343,19 +335,18 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                 f"them (busy, or too small: {cluster.describe()}). Free the resources, or "
                 "lower --stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
         for r in grid:
-            slot = by_label[(r.config or {})["unit"]]
-            m = r.metrics or {}
-            if r.error is None and m.get(LANDED):
-                digests[slot.seed] = m[LANDED]
-                train_s += float(m.get("train_time_s") or 0.0)
-            elif r.error is None and m.get(PAUSED):
-                paused[slot.seed] = Phase1Paused(**json.loads(m[PAUSED]))
+            slot = by_label[r.config["unit"]]
+            kind, said = _outcome(r)
+            if kind == LANDED:
+                digests[slot.seed] = said
+                train_s += float(r.metrics.get("train_time_s") or 0.0)
+            elif kind == PAUSED:
+                paused[slot.seed] = Phase1Paused(**json.loads(said))
                 say(f"[stage 1/3] {slot.label}: {paused[slot.seed].describe()}")
-            elif r.error is None and m.get(NOT_LEARNING):
-                errors.append(f"{slot.label} is {m[NOT_LEARNING]}")
+            elif kind == NOT_LEARNING:
+                errors.append(f"{slot.label} is {said}")
             else:
-                err = (str(r.error) or type(r.error).__name__) if r.error else "no result"
-                errors.append(f"{slot.label}: {err.splitlines()[0][:300]}")
+                errors.append(f"{slot.label}: {said or 'no result'}")
     for slot in plan.phase1_slots:  # MLflow mirrors the store's units
         _log_stage1(plan, runs, slot, digests.get(slot.seed), skipped=slot.seed in have,
                     paused=slot.seed in paused)
@@ -374,8 +365,37 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
     return result
 
 
-def _unit_name(trial) -> str:
-    return str(trial.config["unit"])
+def _trial_name(trial) -> str:
+    """A Tune trial's name and directory name: its Phase-1 unit's label, or its TrialId's
+    (module level: picklable)."""
+    return str(trial.config.get("unit") or TrialId.from_config(trial.config).name)
+
+
+def _tune(trainable, param_space: dict, exp: Path, max_failures: int, callbacks: list, *,
+          stop=None, **tune_config):
+    """A new Tune experiment in `exp`, run to its end: no state of an earlier one is
+    continued (a unit continues from its own training directory, or reuses the store's);
+    a crashed trial gets a console line from the callbacks, not Tune's traceback (which
+    stays in its error.txt)."""
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+    shutil.rmtree(exp, ignore_errors=True)
+    return tune.Tuner(trainable, param_space=param_space, tune_config=tune.TuneConfig(
+        trial_name_creator=_trial_name, trial_dirname_creator=_trial_name, **tune_config),
+        run_config=tune.RunConfig(
+            name=exp.name, storage_path=str(exp.parent), verbose=0, stop=stop,
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            callbacks=callbacks)).fit()
+
+
+def _outcome(r) -> tuple[str, Any]:
+    """How a Tune trial ended, and what it said: ("error", its first error line) when it
+    raised; else the key of its last report that says how (LANDED, NOT_LEARNING, PAUSED,
+    CONFIG_ERROR) and its value; else ("done", None)."""
+    if r.error is not None:
+        return "error", (str(r.error) or type(r.error).__name__).splitlines()[0][:300]
+    m = r.metrics or {}
+    return next(((k, m[k]) for k in (LANDED, NOT_LEARNING, PAUSED, CONFIG_ERROR) if m.get(k)),
+                ("done", None))
 
 
 def record_phase1(plan: Plan, digests: dict) -> None:
@@ -456,8 +476,6 @@ class ConsoleProgress(tune.Callback):
         say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        from pipelines.trial import CONFIG_ERROR
-
         done = {t.trial_id for t in trials if t.status == "TERMINATED"} | {trial.trial_id}
         r = trial.last_result or {}
         if r.get(CONFIG_ERROR):
@@ -569,14 +587,6 @@ class TrialResources:
         return resource_dict_to_pg_factory(self.space.resources_for(TrialId.from_config(config)))
 
 
-def make_trainable(plan: Plan, ctx):
-    from pipelines.trial import train_trial
-
-    sp = plan.space
-    resources = TrialResources(sp) if sp.gpu_shares else sp.resources()
-    return tune.with_resources(tune.with_parameters(train_trial, ctx=ctx), resources)
-
-
 def _warm_task(cfg_dict: dict, condition: str, phase1_ckpt: str, compile_cache: str) -> float:
     from pipelines.trial import assigned_device, quiet_training_logs
 
@@ -636,8 +646,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     paused trial from the store's progress, restored first). With `deadline_at`
     (`--max-wall`) or `stop_file` (a SIGTERM to the driver) a trial may pause at an epoch end
     into the store (issue 61). Returns the stage's counts and times."""
-    from pipelines.trial import trial_name
-
     lay, sp = plan.layout, plan.space
     if precheck:  # fail fast in the driver; every trial checks again before training
         try:
@@ -650,48 +658,30 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     restore_trial_progress(plan, ctx)
     import ray
 
-    # one console line per crashed trial (ConsoleProgress), not Tune's traceback: the trace
-    # stays in the trial's error.txt
-    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     warm_s = warm_compile_cache(plan, ray, ctx)
-    trainable = make_trainable(plan, ctx)
+    trainable = tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
+                                    TrialResources(sp) if sp.gpu_shares else sp.resources())
     exp_dir = lay.experiment_dir
     t0 = time.time()
     n_done = sum(1 for t in sp.trials if lay.result_path(t).is_file())
     say(f"[stage 2/3] {sp.n_trials} trials -> {exp_dir}"
         + (f" ({n_done} with a result already: reused)" if n_done else ""))
-    shutil.rmtree(exp_dir, ignore_errors=True)  # no state of it is continued (see above)
-    grid = tune.Tuner(
-        trainable, param_space=sp.param_space(),
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True,
-            trial_name_creator=trial_name, trial_dirname_creator=trial_name),
-        run_config=tune.RunConfig(
-            name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
-            failure_config=tune.FailureConfig(max_failures=sp.max_failures),
-            callbacks=[ConsoleProgress(sp.n_trials, str(lay.trials_dir)),
-                       MirrorLanded(lay)])).fit()
+    grid = _tune(trainable, sp.param_space(), exp_dir, sp.max_failures,
+                 [ConsoleProgress(sp.n_trials, str(lay.trials_dir)), MirrorLanded(lay)],
+                 max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True)
     wall = time.time() - t0
-    finished = errored = stopped = paused = 0
-    train_times = []
+    # NOT_LEARNING: the watchdog stopped it (issue 62), neither finished nor a crash; PAUSED
+    # (issue 61): at an epoch end, its progress in the store
+    n, train_s = Counter(), 0.0
     for r in grid:
-        try:
-            path = lay.result_path(TrialId.from_config(r.config or {}))
-        except (KeyError, TypeError, ValueError):  # not one of our trials' configs
-            path = None
-        if r.error is None and path is not None and path.is_file():
-            finished += 1
-            t = (read_json(path, {}) or {}).get("train_time_s")
-            if isinstance(t, (int, float)):
-                train_times.append(float(t))
-        elif r.error is None and (r.metrics or {}).get(NOT_LEARNING):
-            stopped += 1  # the watchdog stopped it (issue 62): neither finished nor a crash
-        elif r.error is None and (r.metrics or {}).get(PAUSED):
-            paused += 1  # issue 61: at an epoch end, its progress in the store
-        else:
-            errored += 1
+        kind, _ = _outcome(r)
+        res = read_json(lay.result_path(TrialId.from_config(r.config)))
+        if kind == "done" and isinstance(res, dict):
+            kind, train_s = "finished", train_s + float(res.get("train_time_s") or 0.0)
+        n[kind if kind in ("finished", NOT_LEARNING, PAUSED) else "error"] += 1
+    finished, stopped, paused, errored = n["finished"], n[NOT_LEARNING], n[PAUSED], n["error"]
     out = {"wall_s": wall, "finished": finished, "errored": errored + stopped,
-           "not_learning": stopped, "paused": paused, "sum_trial_train_s": sum(train_times),
+           "not_learning": stopped, "paused": paused, "sum_trial_train_s": train_s,
            "n_trials": sp.n_trials, "compile_warm_s": warm_s}
     say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored"
         + (f", {stopped} not learning" if stopped else "")
@@ -699,7 +689,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     if rid:
         runs.safe("stage2 metrics", runs.tracker.log_metrics, rid,
                   {"trials_finished": finished, "trials_errored": errored, "wall_s": wall,
-                   "sum_trial_train_s": sum(train_times)})
+                   "sum_trial_train_s": train_s})
         runs.safe("stage2 finish", runs.tracker.finish, rid,
                   "FAILED" if errored else "KILLED" if paused else "FINISHED")
     return out

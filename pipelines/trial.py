@@ -443,9 +443,3 @@ def _node_id() -> str | None:
         return ray.get_runtime_context().get_node_id()
     except Exception:
         return None
-
-
-def trial_name(trial) -> str:
-    """A Tune trial's name and directory name: its TrialId's (module level: picklable)."""
-    return TrialId.from_config(trial.config).name
-
