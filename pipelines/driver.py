@@ -220,7 +220,7 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
             f"{size}; the trials of each follow it; store {units.root}")
     runs = Runs()
     totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
-              "compile_warm_s": 0.0, "paused": 0}
+              "paused": 0}
     p1_train = stage1_wall = 0.0
     stopped = False
     accelerator = "gpu" if uses_gpu(plan) else "cpu"

@@ -587,57 +587,6 @@ class TrialResources:
         return resource_dict_to_pg_factory(self.space.resources_for(TrialId.from_config(config)))
 
 
-def _warm_task(cfg_dict: dict, condition: str, phase1_ckpt: str, compile_cache: str) -> float:
-    from pipelines.trial import assigned_device, quiet_training_logs
-
-    quiet_training_logs()
-    from pmnet.train import TrainConfig, use_compile_cache, warm_compile
-
-    use_compile_cache(compile_cache)
-    return warm_compile(TrainConfig.from_dict(cfg_dict), condition=condition,
-                        phase1_ckpt=phase1_ckpt, accelerator=assigned_device())
-
-
-def warm_compile_cache(plan: Plan, ray, ctx) -> float:
-    """Before the Tuner: compile every distinct Phase-2 step of the trials still to run
-    (one per condition and variant: the graphs do not depend on the seed) into the root's
-    compile cache, as Ray tasks side by side with the trials' resources, so that trials
-    starting together do not each compile the same graphs. Nothing when the config does not
-    compile. A failure here only costs the trials their own compile; it is reported, not
-    raised. Returns the wall time."""
-    from pipelines.trial import trial_phase1
-
-    if "phase2" not in plan.cfg.compile and "eval" not in plan.cfg.compile:
-        return 0.0
-    lay = plan.layout
-    todo = {}
-    for trial in plan.space.trials:
-        if not lay.result_path(trial).is_file():
-            todo.setdefault((trial.condition, trial.variant), trial)
-    if not todo:
-        return 0.0
-    t0 = time.time()
-    refs = {}
-    for (condition, variant), trial in todo.items():
-        cfg = ctx.config(trial)
-        res = plan.space.resources_for(trial)  # the trial's own CPUs and GPU share
-        task = ray.remote(num_cpus=res["cpu"], num_gpus=res.get("gpu", 0),
-                          max_retries=0)(_warm_task)
-        refs[(condition, variant)] = task.remote(cfg.to_dict(), condition,
-                                                 str(trial_phase1(ctx, trial)[0]),
-                                                 str(lay.compile_cache))
-    say(f"[stage 2/3] compiling {len(refs)} distinct training step(s) into "
-        f"{lay.compile_cache} before the trials")
-    for (condition, variant), ref in refs.items():
-        arm = f"{condition}{'-' + variant if variant else ''}"
-        try:
-            say(f"[stage 2/3] compiled {arm} in {ray.get(ref):.0f} s")
-        except Exception as e:  # the trials compile for themselves
-            say(f"[stage 2/3] compiling {arm} failed ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}); its trials compile it")
-    return time.time() - t0
-
-
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
            deadline_at: float | None = None, stop_file: str | None = None) -> dict:
     """The plan's trials as one new Tune experiment. As in Stage 1, no Tune state is
@@ -656,9 +605,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     rid = stage_run(plan, runs, "stage2-phase2")
     ctx = trial_context(plan, p1.digests, deadline_at=deadline_at, stop_file=stop_file)
     restore_trial_progress(plan, ctx)
-    import ray
-
-    warm_s = warm_compile_cache(plan, ray, ctx)
     trainable = tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
                                     TrialResources(sp) if sp.gpu_shares else sp.resources())
     exp_dir = lay.experiment_dir
@@ -682,7 +628,7 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     finished, stopped, paused, errored = n["finished"], n[NOT_LEARNING], n[PAUSED], n["error"]
     out = {"wall_s": wall, "finished": finished, "errored": errored + stopped,
            "not_learning": stopped, "paused": paused, "sum_trial_train_s": train_s,
-           "n_trials": sp.n_trials, "compile_warm_s": warm_s}
+           "n_trials": sp.n_trials}
     say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored"
         + (f", {stopped} not learning" if stopped else "")
         + (f", {paused} paused" if paused else "") + f" in {wall:.1f} s")
@@ -754,12 +700,12 @@ def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float,
     `invocations`. Phase-1 tasks train side by side, and so do trials: `phase1_train_s` and
     `sum_trial_train_s` are summed over them and may exceed the wall time. `overhead_s` is
     the wall time outside the two training stages (Ray's start, tracking, the result
-    backfill), never negative: wall - `stage1_wall_s` - `compile_warm_s` - `stage2_wall_s`;
-    `overhead_ratio` = wall / (those three)."""
+    backfill), never negative: wall - `stage1_wall_s` - `stage2_wall_s`; `overhead_ratio` =
+    wall / (those two)."""
     wall = time.time() - t_start
-    stages = stage1_wall + s2.get("compile_warm_s", 0.0) + s2["wall_s"]
+    stages = stage1_wall + s2["wall_s"]
     timing = {"wall_s": wall, "stage1_wall_s": stage1_wall, "stage2_wall_s": s2["wall_s"],
-              "compile_warm_s": s2.get("compile_warm_s", 0.0), "phase1_train_s": p1_time,
+              "phase1_train_s": p1_time,
               "sum_trial_train_s": s2["sum_trial_train_s"], "trials_finished": s2["finished"],
               "overhead_s": max(0.0, wall - stages), "overhead_ratio": wall / max(1e-9, stages),
               "max_concurrent": plan.space.max_concurrent or 0, "resumed": plan.resumed,

@@ -234,7 +234,7 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     from pipelines import store as st
     from pmnet.train import NotLearningError, PhasePaused, get_condition, use_compile_cache
 
-    use_compile_cache(ctx.layout.compile_cache)  # the graphs Stage 2 compiled beforehand
+    use_compile_cache(ctx.layout.compile_cache)  # the graphs compiled under this root
 
     t_imported = time.time()
 

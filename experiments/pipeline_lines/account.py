@@ -68,7 +68,7 @@ CONCERN = {
     "stage1_resources": CLUSTER, "phase1_on_hand": ORCH, "import_phase1": STUDY,
     "stage1": ORCH, "ConsoleProgress": VIEW, "_tname": VIEW,
     "_fmt": VIEW, "_first_error_line": VIEW, "trial_context": ORCH, "TrialResources": CLUSTER,
-    "restore_trial_progress": STORE, "_warm_task": STUDY, "warm_compile_cache": STUDY,
+    "restore_trial_progress": STORE,
     "stage2": ORCH, "stage3": ORCH, "timing_record": RECORD,
     "pipeline_state": VIEW, "trial_rows": VIEW, "_select_metrics": VIEW, "_num": VIEW,
     "format_table": VIEW, "status_text": VIEW,
