@@ -149,26 +149,45 @@ def train_phase1_unit(config: dict, *, slots: dict, threads: int, compile_cache:
                  "test/mean_stm": res.get("metrics", {}).get("mean_stm", float("nan"))})
 
 
-class Stage1Console(tune.Callback, tune.Stopper):
-    """The driver's view of Stage 1's trials: a progress line per running unit at a steady
-    rate (`progress_every_s`, from the progress Tune reports), a line when a unit lands,
-    pauses, stops, fails or starts again (Tune retried it after its worker or node was
-    lost), and the start bound: as a Tune `Stopper` it ends the experiment when no trial
-    has started within `bound` seconds (`timed_out`; the driver then says why)."""
+class TrialConsole(tune.Callback, tune.Stopper):
+    """The driver's view of a stage's Tune trials, keyed on what they report: a line when a
+    Phase-2 trial starts, when a trial ends (by its last report: `LANDED`, `NOT_LEARNING`,
+    `PAUSED`, `CONFIG_ERROR`, else its result and the best so far), fails for good or starts
+    again (Tune retried it after a crash or a lost worker); in Stage 1 a progress line per
+    running unit at a steady rate (`progress_every_s`, from the `progress.REPORT_KEY`
+    reports), and the start bound: as a Tune `Stopper` it ends the experiment when no trial
+    has started within `bound` seconds (`timed_out`; the driver then says why). `slots`:
+    Stage 1's units by label; `trials_dir`: Stage 2's, whose trial.json names its error."""
 
-    def __init__(self, slots: dict, bound: float, tag: bool):
-        self.slots, self.bound, self.tag = slots, bound, tag
+    def __init__(self, stage: int, total: int, *, bound: float = float("inf"),
+                 tag: bool = True, slots: dict | None = None, trials_dir: Path | None = None):
+        self.stage, self.total, self.bound, self.tag = stage, total, bound, tag
+        self.slots, self.trials_dir = slots or {}, trials_dir
         self.t0 = time.time()
         self.last_line = 0.0
         self.started = self.timed_out = False
         self.progress: dict[str, Progress] = {}
         self.since: dict[str, float] = {}
-
-    def _label(self, trial) -> str:
-        return str((trial.config or {}).get("unit"))
+        self.done, self.best = 0, None
 
     def _say(self, trial, text: str) -> None:
-        say(f"[stage 1/3]{' ' + self._label(trial) + ':' if self.tag else ''} {text}")
+        name = f" {_trial_name(trial)}{':' if self.stage == 1 else ''}" if self.tag else ""
+        say(f"[stage {self.stage}/3]{name} {text}")
+
+    def _error(self, trial) -> str:
+        """The error the trial recorded in its trial.json (a Phase-2 trial), else the first
+        line of the last failure in Tune's error.txt (the driver's copy,
+        `Trial.error_file`): e.g. a lost node's `The actor ... is unavailable: ... Socket
+        closed`."""
+        if self.trials_dir is not None:
+            info = TrialState.read(self.trials_dir / _trial_name(trial) / "trial.json")
+            if info.state == "ERROR" and info.error:
+                return info.error.splitlines()[0][:300]
+        try:
+            text = Path(trial.error_file).read_text().split("Failure #")[-1]
+            return next(ln.strip() for ln in text.splitlines()[1:] if ln.strip())[:300]
+        except Exception:  # noqa: BLE001 - no error file (yet), or an empty one
+            return "see the trial's error.txt"
 
     # Stopper
     def __call__(self, trial_id, result) -> bool:
@@ -184,44 +203,77 @@ class Stage1Console(tune.Callback, tune.Stopper):
         now = time.time()
         if not self.started and now - self.t0 >= self.bound:
             self.timed_out = True
-        if now - self.last_line < progress_every_s() or now - self.t0 < progress_every_s():
+        every = progress_every_s()
+        if self.stage != 1 or now - self.last_line < every or now - self.t0 < every:
             return
         self.last_line = now
         for trial in trials:
             if trial.status == "RUNNING":
-                label = self._label(trial)
+                label = _trial_name(trial)
                 say(describe(self.progress.get(label), now - self.since.get(label, now),
                              label=label if self.tag else ""))
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started = True
-        self.since.setdefault(self._label(trial), time.time())
-        kill_point("stage1-submitted")
+        self.since.setdefault(_trial_name(trial), time.time())
+        if self.stage == 1:
+            kill_point("stage1-submitted")
+            return
+        kill_point("stage2-trial-started")
+        n_run = 1 + sum(t.status == "RUNNING" for t in trials if t is not trial)
+        self._say(trial, f"started ({n_run} running)")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         from pipelines.progress import REPORT_KEY
 
         if result.get(REPORT_KEY):
-            self.progress[self._label(trial)] = Progress.from_dict(json.loads(result[REPORT_KEY]))
+            self.progress[_trial_name(trial)] = Progress.from_dict(
+                json.loads(result[REPORT_KEY]))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        from pmnet.train import PhasePaused
+
         r = trial.last_result or {}
-        if r.get(LANDED):
-            self._say(trial, f"landed in the store, sha256 {r[LANDED][:12]}... (training "
-                      f"{_fmt(r.get('train_time_s'), 1)} s; test mean_stm "
-                      f"{_fmt(r.get('test/mean_stm'))})")
-            kill_point("stage1-recorded")
-        elif r.get(NOT_LEARNING):
-            self._say(trial, f"stopped: {str(r[NOT_LEARNING]).splitlines()[0][:400]}")
+        kind, said = _outcome(None, r)
+        self.done += 1
+        if kind == PAUSED:  # --max-wall or a SIGTERM, at an epoch end (issues 52, 61)
+            paused = PhasePaused(**json.loads(said))
+            self._say(trial, paused.describe() + ("; its progress is in the store"
+                                                  if self.stage == 2 and paused.epoch >= 0
+                                                  else ""))
+        elif kind != "done":
+            self._say(trial, {
+                LANDED: f"landed in the store, sha256 {str(said)[:12]}... (training "
+                        f"{_fmt(r.get('train_time_s'), 1)} s; test mean_stm "
+                        f"{_fmt(r.get('test/mean_stm'))})",
+                NOT_LEARNING: f"stopped, not retried: {str(said).splitlines()[0][:400]}",
+                CONFIG_ERROR: "failed, not retried (its configuration cannot run): "
+                              f"{str(said).splitlines()[0][:300]}"}[kind])
+            kill_point("stage1-recorded" if kind == LANDED else "")
+        elif self.stage == 2:
+            v = r.get("test/updated_ltm")
+            if isinstance(v, (int, float)) and v == v and (self.best is None
+                                                           or v > self.best[1]):
+                self.best = (_trial_name(trial), v)
+            best_s = f"{self.best[1]:.2f} ({self.best[0]})" if self.best else "n/a"
+            say(f"[stage 2/3] {self.done}/{self.total} done: {_trial_name(trial)} "
+                f"test updated_ltm {_fmt(v)}, best val select {_fmt(r.get('best/select'))}, "
+                f"train {_fmt(r.get('train_time_s'), 1)} s; best so far {best_s}")
+            kill_point("stage2-first-result" if self.done == 1 else "stage2-last-result"
+                       if self.done == self.total else "")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._say(trial, f"failed for good: {self._error(trial)}")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        last = self.slots[self._label(trial)].work / "phase1_ckpt" / "last.ckpt"
+        if self.stage == 2:
+            self._say(trial, f"crashed ({self._error(trial)}); retrying from its last "
+                      "checkpoint")
+            return
+        last = self.slots[_trial_name(trial)].work / "phase1_ckpt" / "last.ckpt"
         self._say(trial, "the Phase-1 task started again: Tune retried it after its worker "
                   "or node was lost; it continues from "
                   + (f"its last epoch checkpoint {last}" if last.is_file() else "the start"))
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self._say(trial, f"failed: {_first_error_line(trial, None)}")  # no trial.json
 
 
 @dataclass
@@ -321,7 +373,8 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                 if p.exists():  # replaces them
                     p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
         by_label = {slot.label: slot for slot in todo}
-        console = Stage1Console(by_label, stage1_start_timeout_s(), tag=len(plan.phase1_slots) > 1)
+        console = TrialConsole(1, len(todo), bound=stage1_start_timeout_s(),
+                               tag=len(plan.phase1_slots) > 1, slots=by_label)
         trainable = tune.with_resources(tune.with_parameters(
             train_phase1_unit, slots=by_label, threads=int(res.cpus),
             compile_cache=str(plan.layout.compile_cache), deadline_s=deadline_s,
@@ -336,13 +389,12 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                 "lower --stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
         for r in grid:
             slot = by_label[r.config["unit"]]
-            kind, said = _outcome(r)
+            kind, said = _outcome(r.error, r.metrics)
             if kind == LANDED:
                 digests[slot.seed] = said
                 train_s += float(r.metrics.get("train_time_s") or 0.0)
-            elif kind == PAUSED:
+            elif kind == PAUSED:  # (the console said so)
                 paused[slot.seed] = Phase1Paused(**json.loads(said))
-                say(f"[stage 1/3] {slot.label}: {paused[slot.seed].describe()}")
             elif kind == NOT_LEARNING:
                 errors.append(f"{slot.label} is {said}")
             else:
@@ -387,13 +439,13 @@ def _tune(trainable, param_space: dict, exp: Path, max_failures: int, callbacks:
             callbacks=callbacks)).fit()
 
 
-def _outcome(r) -> tuple[str, Any]:
+def _outcome(error, metrics) -> tuple[str, Any]:
     """How a Tune trial ended, and what it said: ("error", its first error line) when it
     raised; else the key of its last report that says how (LANDED, NOT_LEARNING, PAUSED,
     CONFIG_ERROR) and its value; else ("done", None)."""
-    if r.error is not None:
-        return "error", (str(r.error) or type(r.error).__name__).splitlines()[0][:300]
-    m = r.metrics or {}
+    if error is not None:
+        return "error", (str(error) or type(error).__name__).splitlines()[0][:300]
+    m = metrics or {}
     return next(((k, m[k]) for k in (LANDED, NOT_LEARNING, PAUSED, CONFIG_ERROR) if m.get(k)),
                 ("done", None))
 
@@ -454,95 +506,8 @@ def _log_stage1(plan: Plan, runs: Runs, slot: Phase1Slot, digest: str | None, *,
 # -- Stage 2 ---------------------------------------------------------------------------------
 
 
-class ConsoleProgress(tune.Callback):
-    """One line per finished, failed or retried trial, with the best result so far."""
-
-    def __init__(self, total: int, trials_dir: str):
-        self.total, self.trials_dir = total, trials_dir
-
-    def _best(self, trials, current=None):
-        best = None
-        for t in trials:
-            v = (t.last_result or {}).get("test/updated_ltm")
-            ok = t.status == "TERMINATED" or t is current
-            if ok and isinstance(v, (int, float)) and v == v:
-                if best is None or v > best[1]:
-                    best = (t, v)
-        return best
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        kill_point("stage2-trial-started")
-        n_run = 1 + sum(t.status == "RUNNING" for t in trials if t is not trial)
-        say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        done = {t.trial_id for t in trials if t.status == "TERMINATED"} | {trial.trial_id}
-        r = trial.last_result or {}
-        if r.get(CONFIG_ERROR):
-            say(f"[stage 2/3] {_tname(trial)} failed, not retried (its configuration "
-                f"cannot run): {str(r[CONFIG_ERROR]).splitlines()[0][:300]}")
-            return
-        if r.get(NOT_LEARNING):  # the watchdog stopped it (issue 62): not finished
-            say(f"[stage 2/3] {_tname(trial)} stopped, not retried: "
-                f"{str(r[NOT_LEARNING]).splitlines()[0][:400]}")
-            return
-        if r.get(PAUSED):  # issue 61: --max-wall or a SIGTERM, at an epoch end
-            from pmnet.train import PhasePaused
-
-            paused = PhasePaused(**json.loads(r[PAUSED]))
-            say(f"[stage 2/3] {_tname(trial)} {paused.describe()}"
-                + ("; its progress is in the store" if paused.epoch >= 0 else ""))
-            return
-        v, sel = r.get("test/updated_ltm"), r.get("best/select")
-        best = self._best(list(trials), trial) or (trial, v)
-        best_s = (f"{best[1]:.2f} ({_tname(best[0])})"
-                  if isinstance(best[1], (int, float)) else "n/a")
-        say(f"[stage 2/3] {len(done)}/{self.total} done: {_tname(trial)} "
-            f"test updated_ltm {_fmt(v)}, best val select {_fmt(sel)}, "
-            f"train {_fmt(r.get('train_time_s'), 1)} s; best so far {best_s}")
-        kill_point("stage2-first-result" if len(done) == 1 else "stage2-last-result"
-                   if len(done) == self.total else "")
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        err = _first_error_line(trial, self.trials_dir)
-        say(f"[stage 2/3] {_tname(trial)} failed for good: {err}")
-
-    def on_trial_recover(self, iteration, trials, trial, **info):
-        err = _first_error_line(trial, self.trials_dir)
-        say(f"[stage 2/3] {_tname(trial)} crashed ({err}); retrying from its last checkpoint")
-
-
-def _tname(trial) -> str:
-    try:
-        return TrialId.from_config(trial.config).name
-    except Exception:
-        return str(trial)
-
-
 def _fmt(v, nd: int = 2) -> str:
     return f"{v:.{nd}f}" if isinstance(v, (int, float)) and v == v else "n/a"
-
-
-def _first_error_line(trial, trials_dir: str | None) -> str:
-    """The error the trial recorded in its trial.json (a Phase-2 trial: `trials_dir`), else
-    the first line of the last failure in Tune's error.txt (written in the trial's local
-    directory first, then synced to the storage): e.g. a lost node's `The actor ... is
-    unavailable: ... Socket closed`."""
-    if trials_dir is not None:
-        info = TrialState.read(Path(trials_dir) / _tname(trial) / "trial.json")
-        if info.state == "ERROR" and info.error:
-            return info.error.splitlines()[0][:300]
-    for base in (getattr(trial, "local_path", None), getattr(trial, "path", None)):
-        try:
-            path = Path(base) / "error.txt"
-            if base and path.is_file():
-                lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
-                last = max((i for i, ln in enumerate(lines) if ln.startswith("Failure #")),
-                           default=-1)
-                return (lines[last + 1:] or lines[-1:] or ["unknown error"])[0][:300]
-        except Exception:
-            pass
-    return "see the trial's error.txt"
 
 
 def trial_context(plan: Plan, digests: dict, *, deadline_at: float | None = None,
@@ -613,14 +578,14 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     say(f"[stage 2/3] {sp.n_trials} trials -> {exp_dir}"
         + (f" ({n_done} with a result already: reused)" if n_done else ""))
     grid = _tune(trainable, sp.param_space(), exp_dir, sp.max_failures,
-                 [ConsoleProgress(sp.n_trials, str(lay.trials_dir)), MirrorLanded(lay)],
+                 [TrialConsole(2, sp.n_trials, trials_dir=lay.trials_dir), MirrorLanded(lay)],
                  max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True)
     wall = time.time() - t0
     # NOT_LEARNING: the watchdog stopped it (issue 62), neither finished nor a crash; PAUSED
     # (issue 61): at an epoch end, its progress in the store
     n, train_s = Counter(), 0.0
     for r in grid:
-        kind, _ = _outcome(r)
+        kind, _ = _outcome(r.error, r.metrics)
         res = read_json(lay.result_path(TrialId.from_config(r.config)))
         if kind == "done" and isinstance(res, dict):
             kind, train_s = "finished", train_s + float(res.get("train_time_s") or 0.0)
