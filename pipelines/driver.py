@@ -234,7 +234,7 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
             wplan = wave_plan(plan, wave)
             trials = wplan.space.trials
             for slot in wave:  # issue 52: a unit's progress in the store, where it resumes
-                st.start_phase1(wplan, slot, accelerator)
+                st.start_unit(units, slot, str(plan.layout.run_dir), accelerator)
                 restore_progress(units, st.progress_unit(slot), checkpoint_epoch, say)
             t1 = time.time()
             left = None if plan.max_wall_s is None else plan.max_wall_s - (time.time() - t_start)

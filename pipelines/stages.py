@@ -33,7 +33,6 @@ from pipelines.phase1 import (
     Phase1Slot,
     check_phase1,
     existing_phase1,
-    install_phase1,
     phase1_config_hash,
 )
 from pipelines.plan import Plan, grid_record
@@ -329,13 +328,31 @@ def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
 def phase1_on_hand(plan: Plan) -> tuple[dict, list[Phase1Slot]]:
     """The plan's Phase-1 units the store holds (Phase-1 seed -> sha256; a `--phase1-from`
     checkpoint is imported first), and the slots still to train."""
+    from pipelines.store import land_phase1
+    from pmnet.io import atomic_copy, sha256_file
+    from pmnet.train import write_sha256
+
     slots = plan.phase1_slots
     have, todo = {}, []
     for slot in slots:
         digest = existing_phase1(slot, repair=True)
         src = plan.phase1_from
         if digest is None and src is not None and src.slot_seed == slot.seed:
-            digest = install_phase1(slot, src)  # recorded: a resume imports it again if gone
+            # `--phase1-from`: copied in and landed as a trained unit lands (recorded: a
+            # resume imports it again if gone)
+            say(f"[stage 1/3] {slot.label}: importing the Phase-1 checkpoint "
+                f"{src.checkpoint} (sha256 {src.sha256[:12]}...)")
+            atomic_copy(src.checkpoint, slot.work / "phase1.pt")
+            if sha256_file(slot.work / "phase1.pt") != src.sha256:  # changed since planning
+                raise PipelineError(f"Phase-1 checkpoint {src.checkpoint} changed since it "
+                                    "was checked (its sha256 differs now); start again")
+            write_sha256(slot.work / "phase1.pt", src.sha256)
+            write_json(slot.work / "phase1_metrics.json", src.metrics)
+            digest = land_phase1(slot, Stage1Record(
+                config_hash=phase1_config_hash(slot.cfg), sha256=src.sha256,
+                checkpoint=str(slot.ckpt), imported_from=str(src.checkpoint),
+                phase1_seed=slot.cfg.phase1_seed, train_time_s=src.metrics.get("train_time_s"),
+                wall_s=0.0, metrics=canon(src.metrics.get("test", {}))), None)
             write_meta(plan, phase1_from=src.to_dict(),
                        **({"phase1_sha256": digest} if slot.seed is None else {}))
         if digest is not None:

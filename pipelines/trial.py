@@ -271,7 +271,8 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
                 epoch=-1, max_epochs=int(cfg.max_epochs), reason="max-wall, not started",
                 last_ckpt="", train_time_s=0.0, phase=2), info_path, trial_info)
             return
-        prov = None if done else st.start_trial(ctx, trial, cfg, digest, assigned_device())
+        prov = None if done else st.start_unit(layout.units, trial, str(layout.run_dir),
+                                               assigned_device(), cfg, digest)
         # 2. + 3. train (or reuse the store's result of this checkpoint), then land the unit
         # in the store: its diagnostics and provenance, then its result last (the commit
         # record)

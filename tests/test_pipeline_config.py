@@ -146,7 +146,6 @@ ACCELERATOR_WORDS: dict[tuple[str, str], tuple[int, str]] = {
     ("provenance.py", "device_kind"): (1, "the default of its `accelerator` argument"),
     ("run.py", "build_parser"): (1, "default_preset('cpu') in the --preset help"),
     ("stages.py", "stage1"): (1, "Tune's resource key of a Phase-1 trial: {'cpu': ...}"),
-    ("store.py", "start_provenance"): (1, "the default of its `accelerator` argument"),
     ("trial.py", "assigned_device"): (2, "the device Ray gave a trial: 'gpu', else 'cpu'"),
 }
 

@@ -100,13 +100,12 @@ CONCERN = {
     "open_store": VALID, "flatten": STORE,
     "unit_config": STORE, "config_hash": STORE,
     "phase1_unit_config": STORE, "check_store_units": VALID,
-    "start_provenance": RECORD, "write_started": RECORD,
+    "start_unit": RECORD,
     "landed": RECORD, "_move": STORE, "units_left": STORE, "_diagnose": STORE,
     "_trained_phase1_config": VALID,
     # one layout, one path (issue 51)
-    "finish": ORCH, "record_phase1": RECORD, "install_phase1": STUDY,
-    "start_phase1": RECORD,
-    "land_phase1": RECORD, "start_trial": RECORD, "land_trial": RECORD,
+    "finish": ORCH, "record_phase1": RECORD,
+    "land_phase1": RECORD, "land_trial": RECORD,
     "run_layout": ORCH,
     # a long Phase 1 in durable pieces (issue 52): phase1_progress.py, driver._publish_paused
     # (the progress itself moved to pmnet/store_progress.py)
