@@ -230,7 +230,7 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
             f"{size}; the trials of each follow it; store {units.root}")
     runs = Runs()
     totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
-              "compile_warm_s": 0.0, "paused": 0}
+              "paused": 0}
     p1_train = stage1_wall = 0.0
     stopped = False
     accelerator = "gpu" if uses_gpu(plan) else "cpu"
@@ -245,7 +245,7 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
             wplan = wave_plan(plan, wave)
             trials = wplan.space.trials
             for slot in wave:  # issue 52: a unit's progress in the store, where it resumes
-                st.start_phase1(wplan, slot, accelerator)
+                st.start_unit(units, slot, str(plan.layout.run_dir), accelerator)
                 restore_progress(units, st.progress_unit(slot), checkpoint_epoch, say)
             t1 = time.time()
             left = None if deadline_at is None else deadline_at - time.time()
@@ -304,14 +304,14 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
     stage3(plan, runs)
     if runs.parent:
         runs.safe("timing", runs.tracker.log_metrics, runs.parent,
-                  {f"pipeline/{k}": v for k, v in timing.to_dict().items()
+                  {f"pipeline/{k}": v for k, v in timing.items()
                    if isinstance(v, (int, float))})
         runs.safe("finish", runs.tracker.finish, runs.parent,
                   "FAILED" if status == "failed" else "FINISHED")
     done = sp.n_trials - tr_left
     say(f"[pipeline] {status}: {done}/{sp.n_trials} trials finished, {totals['errored']} "
-        f"errored; wall {timing.wall_s:.1f} s (trials' own training "
-        f"{timing.sum_trial_train_s:.1f} s)")
+        f"errored; wall {timing['wall_s']:.1f} s (trials' own training "
+        f"{timing['sum_trial_train_s']:.1f} s)")
     say(f"[pipeline] results: {lay.results_dir}   report: {lay.report_dir}")
     if stopped:
         _stop_at_deadline(plan, stopped if isinstance(stopped, str) else None)

@@ -10,13 +10,11 @@ every trial `check_phase1` before it trains (Phase1Refused: the trial ends, not 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.console import say
 from pipelines.layout import PipelineError, read_json
 from pipelines.records import Stage1Record, canon, normalized_config
 from pmnet.conditions import LATE_FIELD_DEFAULTS, PHASE2_ONLY_FIELDS
@@ -209,32 +207,3 @@ def check_phase1_source(path: str | os.PathLike, slots: list[Phase1Slot]) -> Pha
         raise PipelineError(f"--phase1-from {ckpt} matches its sha256 but is not a loadable "
                             f"Phase-1 model file for this config ({type(e).__name__})") from e
     return Phase1Source(checkpoint=ckpt, sha256=digest, metrics=metrics, slot_seed=slot.seed)
-
-
-def install_phase1(slot: Phase1Slot, src: Phase1Source) -> str:
-    """Copy a checked Phase-1 checkpoint (`--phase1-from`) and its metrics into the slot's
-    unit, each file atomically, then write its stage1.json (the commit record) last; return
-    its sha256."""
-    import stat
-
-    from pmnet.io import atomic_write_bytes, atomic_write_json
-    from pmnet.train import write_sha256
-
-    data = src.checkpoint.read_bytes()
-    if hashlib.sha256(data).hexdigest() != src.sha256:  # changed since planning
-        raise PipelineError(f"Phase-1 checkpoint {src.checkpoint} changed since it was "
-                            "checked (its sha256 differs now); start again")
-    say(f"[stage 1/3] {slot.label}: importing the Phase-1 checkpoint {src.checkpoint} "
-        f"(sha256 {src.sha256[:12]}...)")
-    slot.dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(slot.metrics_json, src.metrics)
-    atomic_write_bytes(slot.ckpt, data)
-    write_sha256(slot.ckpt, src.sha256)
-    for p in (slot.ckpt, slot.sidecar):  # read-only, as trained
-        p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    Stage1Record(config_hash=phase1_config_hash(slot.cfg), sha256=src.sha256,
-                 checkpoint=str(slot.ckpt), imported_from=str(src.checkpoint),
-                 phase1_seed=slot.cfg.phase1_seed,
-                 train_time_s=src.metrics.get("train_time_s"), wall_s=0.0,
-                 metrics=canon(src.metrics.get("test", {}))).write(slot.stage1_json)
-    return src.sha256

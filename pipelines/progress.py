@@ -6,7 +6,7 @@ Phase-1 trainer by the trial, `pipelines.stages.train_phase1_unit`) records, at 
 `every_s` seconds plus at every validation, the step, the epoch, the elapsed time, an
 estimate of the time left and the per-epoch validation history: atomically into
 `progress.json` beside the training (for a person, or a test, on the node), and through
-`report` (Tune's `tune.report`) to the driver, whose `stages.Stage1Console` prints one line
+`report` (Tune's `tune.report`) to the driver, whose `stages.TrialConsole` prints one line
 per unit at a steady rate (`describe`).
 """
 

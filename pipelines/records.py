@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from pmnet.io import atomic_write_json
@@ -198,59 +197,6 @@ class PipelineRecord(Record):
     # another: a Phase 1 retrained on a resume then trains with the same threads (on some
     # CPUs the thread count changes fp32 rounding, so the checkpoint's bytes)
     stage1_cpus: float | None = None
-
-
-@dataclass
-class Timing(Record):
-    """One invocation's times in `timing.json` (`stages.timing_record` says what each is)."""
-
-    wall_s: float = 0.0
-    stage1_wall_s: float = 0.0
-    stage2_wall_s: float = 0.0
-    compile_warm_s: float = 0.0
-    phase1_train_s: float = 0.0
-    sum_trial_train_s: float = 0.0
-    trials_finished: int = 0
-    overhead_s: float = 0.0
-    overhead_ratio: float = 0.0
-    max_concurrent: int = 0
-    resumed: bool = False
-    host: str | None = None
-    cpus: int | None = None
-
-
-@dataclass
-class TimingRecord(Timing):
-    """`timing.json`: the last invocation's `Timing` and, in `invocations`, every one."""
-
-    invocations: list = field(default_factory=list)
-
-
-@dataclass
-class Attempt(Record):
-    """One line of `trials/<trial>/attempts.jsonl`: an attempt of a trial. `kind` train or
-    reuse (its result file was already there); where it ran; what it resumed from (the
-    trial's `last.ckpt` and its epoch); Lightning checkpoints it `discarded`
-    (another Phase-1 origin); its `imports_s` and `setup_s`."""
-
-    time: float | None = None
-    pid: int | None = None
-    host: str | None = None
-    node_id: str | None = None
-    cuda_visible_devices: str | None = None
-    accelerator: str | None = None
-    kind: str | None = None
-    resume_from: str | None = None
-    resume_epoch: int | None = None
-    discarded: str | None = None
-    imports_s: float | None = None
-    setup_s: float | None = None
-
-    def append(self, path: str | os.PathLike) -> None:
-        """Add this attempt, every field (None too), as one line of the JSON-lines `path`."""
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(dataclasses.asdict(self), sort_keys=True) + "\n")
 
 
 @dataclass

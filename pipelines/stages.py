@@ -12,7 +12,6 @@ Stage 3  `pmnet.report.main_report(<run>)`; a failure there is logged, results a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ import socket
 import stat
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,6 @@ from pipelines.phase1 import (
     Phase1Slot,
     check_phase1,
     existing_phase1,
-    install_phase1,
     phase1_config_hash,
 )
 from pipelines.plan import Plan, grid_record
@@ -43,14 +42,12 @@ from pipelines.records import (
     Progress,
     Stage1Record,
     Started,
-    Timing,
-    TimingRecord,
     TrialState,
     canon,
 )
 from pipelines.tracking import MirrorLanded, Runs, log_claims, model_as_artifact, stage_run
 from pipelines.tracking_uri import EMBEDDED
-from pipelines.trial import NOT_LEARNING, PAUSED
+from pipelines.trial import CONFIG_ERROR, NOT_LEARNING, PAUSED, train_trial
 from pmnet.trial_id import TrialId
 
 
@@ -151,26 +148,45 @@ def train_phase1_unit(config: dict, *, slots: dict, threads: int, compile_cache:
                  "test/mean_stm": res.get("metrics", {}).get("mean_stm", float("nan"))})
 
 
-class Stage1Console(tune.Callback, tune.Stopper):
-    """The driver's view of Stage 1's trials: a progress line per running unit at a steady
-    rate (`progress_every_s`, from the progress Tune reports), a line when a unit lands,
-    pauses, stops, fails or starts again (Tune retried it after its worker or node was
-    lost), and the start bound: as a Tune `Stopper` it ends the experiment when no trial
-    has started within `bound` seconds (`timed_out`; the driver then says why)."""
+class TrialConsole(tune.Callback, tune.Stopper):
+    """The driver's view of a stage's Tune trials, keyed on what they report: a line when a
+    Phase-2 trial starts, when a trial ends (by its last report: `LANDED`, `NOT_LEARNING`,
+    `PAUSED`, `CONFIG_ERROR`, else its result and the best so far), fails for good or starts
+    again (Tune retried it after a crash or a lost worker); in Stage 1 a progress line per
+    running unit at a steady rate (`progress_every_s`, from the `progress.REPORT_KEY`
+    reports), and the start bound: as a Tune `Stopper` it ends the experiment when no trial
+    has started within `bound` seconds (`timed_out`; the driver then says why). `slots`:
+    Stage 1's units by label; `trials_dir`: Stage 2's, whose trial.json names its error."""
 
-    def __init__(self, slots: dict, bound: float, tag: bool):
-        self.slots, self.bound, self.tag = slots, bound, tag
+    def __init__(self, stage: int, total: int, *, bound: float = float("inf"),
+                 tag: bool = True, slots: dict | None = None, trials_dir: Path | None = None):
+        self.stage, self.total, self.bound, self.tag = stage, total, bound, tag
+        self.slots, self.trials_dir = slots or {}, trials_dir
         self.t0 = time.time()
         self.last_line = 0.0
         self.started = self.timed_out = False
         self.progress: dict[str, Progress] = {}
         self.since: dict[str, float] = {}
-
-    def _label(self, trial) -> str:
-        return str((trial.config or {}).get("unit"))
+        self.done, self.best = 0, None
 
     def _say(self, trial, text: str) -> None:
-        say(f"[stage 1/3]{' ' + self._label(trial) + ':' if self.tag else ''} {text}")
+        name = f" {_trial_name(trial)}{':' if self.stage == 1 else ''}" if self.tag else ""
+        say(f"[stage {self.stage}/3]{name} {text}")
+
+    def _error(self, trial) -> str:
+        """The error the trial recorded in its trial.json (a Phase-2 trial), else the first
+        line of the last failure in Tune's error.txt (the driver's copy,
+        `Trial.error_file`): e.g. a lost node's `The actor ... is unavailable: ... Socket
+        closed`."""
+        if self.trials_dir is not None:
+            info = TrialState.read(self.trials_dir / _trial_name(trial) / "trial.json")
+            if info.state == "ERROR" and info.error:
+                return info.error.splitlines()[0][:300]
+        try:
+            text = Path(trial.error_file).read_text().split("Failure #")[-1]
+            return next(ln.strip() for ln in text.splitlines()[1:] if ln.strip())[:300]
+        except Exception:  # noqa: BLE001 - no error file (yet), or an empty one
+            return "see the trial's error.txt"
 
     # Stopper
     def __call__(self, trial_id, result) -> bool:
@@ -186,44 +202,77 @@ class Stage1Console(tune.Callback, tune.Stopper):
         now = time.time()
         if not self.started and now - self.t0 >= self.bound:
             self.timed_out = True
-        if now - self.last_line < progress_every_s() or now - self.t0 < progress_every_s():
+        every = progress_every_s()
+        if self.stage != 1 or now - self.last_line < every or now - self.t0 < every:
             return
         self.last_line = now
         for trial in trials:
             if trial.status == "RUNNING":
-                label = self._label(trial)
+                label = _trial_name(trial)
                 say(describe(self.progress.get(label), now - self.since.get(label, now),
                              label=label if self.tag else ""))
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started = True
-        self.since.setdefault(self._label(trial), time.time())
-        kill_point("stage1-submitted")
+        self.since.setdefault(_trial_name(trial), time.time())
+        if self.stage == 1:
+            kill_point("stage1-submitted")
+            return
+        kill_point("stage2-trial-started")
+        n_run = 1 + sum(t.status == "RUNNING" for t in trials if t is not trial)
+        self._say(trial, f"started ({n_run} running)")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         from pipelines.progress import REPORT_KEY
 
         if result.get(REPORT_KEY):
-            self.progress[self._label(trial)] = Progress.from_dict(json.loads(result[REPORT_KEY]))
+            self.progress[_trial_name(trial)] = Progress.from_dict(
+                json.loads(result[REPORT_KEY]))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        from pmnet.train import PhasePaused
+
         r = trial.last_result or {}
-        if r.get(LANDED):
-            self._say(trial, f"landed in the store, sha256 {r[LANDED][:12]}... (training "
-                      f"{_fmt(r.get('train_time_s'), 1)} s; test mean_stm "
-                      f"{_fmt(r.get('test/mean_stm'))})")
-            kill_point("stage1-recorded")
-        elif r.get(NOT_LEARNING):
-            self._say(trial, f"stopped: {str(r[NOT_LEARNING]).splitlines()[0][:400]}")
+        kind, said = _outcome(None, r)
+        self.done += 1
+        if kind == PAUSED:  # --max-wall or a SIGTERM, at an epoch end (issues 52, 61)
+            paused = PhasePaused(**json.loads(said))
+            self._say(trial, paused.describe() + ("; its progress is in the store"
+                                                  if self.stage == 2 and paused.epoch >= 0
+                                                  else ""))
+        elif kind != "done":
+            self._say(trial, {
+                LANDED: f"landed in the store, sha256 {str(said)[:12]}... (training "
+                        f"{_fmt(r.get('train_time_s'), 1)} s; test mean_stm "
+                        f"{_fmt(r.get('test/mean_stm'))})",
+                NOT_LEARNING: f"stopped, not retried: {str(said).splitlines()[0][:400]}",
+                CONFIG_ERROR: "failed, not retried (its configuration cannot run): "
+                              f"{str(said).splitlines()[0][:300]}"}[kind])
+            kill_point("stage1-recorded" if kind == LANDED else "")
+        elif self.stage == 2:
+            v = r.get("test/updated_ltm")
+            if isinstance(v, (int, float)) and v == v and (self.best is None
+                                                           or v > self.best[1]):
+                self.best = (_trial_name(trial), v)
+            best_s = f"{self.best[1]:.2f} ({self.best[0]})" if self.best else "n/a"
+            say(f"[stage 2/3] {self.done}/{self.total} done: {_trial_name(trial)} "
+                f"test updated_ltm {_fmt(v)}, best val select {_fmt(r.get('best/select'))}, "
+                f"train {_fmt(r.get('train_time_s'), 1)} s; best so far {best_s}")
+            kill_point("stage2-first-result" if self.done == 1 else "stage2-last-result"
+                       if self.done == self.total else "")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._say(trial, f"failed for good: {self._error(trial)}")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        last = self.slots[self._label(trial)].work / "phase1_ckpt" / "last.ckpt"
+        if self.stage == 2:
+            self._say(trial, f"crashed ({self._error(trial)}); retrying from its last "
+                      "checkpoint")
+            return
+        last = self.slots[_trial_name(trial)].work / "phase1_ckpt" / "last.ckpt"
         self._say(trial, "the Phase-1 task started again: Tune retried it after its worker "
                   "or node was lost; it continues from "
                   + (f"its last epoch checkpoint {last}" if last.is_file() else "the start"))
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self._say(trial, f"failed: {_first_error_line(trial, None)}")  # no trial.json
 
 
 @dataclass
@@ -236,14 +285,6 @@ class Stage1Result:
     #: Phase-1 seed -> pmnet.train.Phase1Paused: units stopped at an epoch end, not finished
     #: (issue 52; their digests are None)
     paused: dict = field(default_factory=dict)
-
-    @property
-    def digest(self) -> str:
-        """One sha256 that names the set (the checkpoint's own for a single checkpoint)."""
-        if list(self.digests) == [None]:
-            return self.digests[None]
-        text = "\n".join(f"{k}:{v}" for k, v in sorted(self.digests.items()))
-        return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -287,13 +328,31 @@ def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
 def phase1_on_hand(plan: Plan) -> tuple[dict, list[Phase1Slot]]:
     """The plan's Phase-1 units the store holds (Phase-1 seed -> sha256; a `--phase1-from`
     checkpoint is imported first), and the slots still to train."""
+    from pipelines.store import land_phase1
+    from pmnet.io import atomic_copy, sha256_file
+    from pmnet.train import write_sha256
+
     slots = plan.phase1_slots
     have, todo = {}, []
     for slot in slots:
         digest = existing_phase1(slot, repair=True)
         src = plan.phase1_from
         if digest is None and src is not None and src.slot_seed == slot.seed:
-            digest = install_phase1(slot, src)  # recorded: a resume imports it again if gone
+            # `--phase1-from`: copied in and landed as a trained unit lands (recorded: a
+            # resume imports it again if gone)
+            say(f"[stage 1/3] {slot.label}: importing the Phase-1 checkpoint "
+                f"{src.checkpoint} (sha256 {src.sha256[:12]}...)")
+            atomic_copy(src.checkpoint, slot.work / "phase1.pt")
+            if sha256_file(slot.work / "phase1.pt") != src.sha256:  # changed since planning
+                raise PipelineError(f"Phase-1 checkpoint {src.checkpoint} changed since it "
+                                    "was checked (its sha256 differs now); start again")
+            write_sha256(slot.work / "phase1.pt", src.sha256)
+            write_json(slot.work / "phase1_metrics.json", src.metrics)
+            digest = land_phase1(slot, Stage1Record(
+                config_hash=phase1_config_hash(slot.cfg), sha256=src.sha256,
+                checkpoint=str(slot.ckpt), imported_from=str(src.checkpoint),
+                phase1_seed=slot.cfg.phase1_seed, train_time_s=src.metrics.get("train_time_s"),
+                wall_s=0.0, metrics=canon(src.metrics.get("test", {}))), None)
             write_meta(plan, phase1_from=src.to_dict(),
                        **({"phase1_sha256": digest} if slot.seed is None else {}))
         if digest is not None:
@@ -331,22 +390,14 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                 if p.exists():  # replaces them
                     p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
         by_label = {slot.label: slot for slot in todo}
-        console = Stage1Console(by_label, stage1_start_timeout_s(), tag=len(plan.phase1_slots) > 1)
-        exp = plan.layout.run_dir / STAGE1_DIRNAME
-        shutil.rmtree(exp, ignore_errors=True)  # no state of it is continued (see above)
+        console = TrialConsole(1, len(todo), bound=stage1_start_timeout_s(),
+                               tag=len(plan.phase1_slots) > 1, slots=by_label)
         trainable = tune.with_resources(tune.with_parameters(
             train_phase1_unit, slots=by_label, threads=int(res.cpus),
             compile_cache=str(plan.layout.compile_cache), deadline_s=deadline_s,
             stop_file=stop_file), {"cpu": res.cpus, "gpu": res.gpus})
-        os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
-        grid = tune.Tuner(
-            trainable, param_space={"unit": tune.grid_search(list(by_label))},
-            tune_config=tune.TuneConfig(trial_name_creator=_unit_name,
-                                        trial_dirname_creator=_unit_name),
-            run_config=tune.RunConfig(
-                name=exp.name, storage_path=str(exp.parent), verbose=0, stop=console,
-                failure_config=tune.FailureConfig(max_failures=1),
-                callbacks=[console])).fit()
+        grid = _tune(trainable, {"unit": tune.grid_search(list(by_label))},
+                     plan.layout.run_dir / STAGE1_DIRNAME, 1, [console], stop=console)
         if console.timed_out:
             raise PipelineError(
                 f"Stage 1 did not start within {console.bound:.0f} s: its Tune trial asks "
@@ -354,19 +405,17 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                 f"them (busy, or too small: {cluster.describe()}). Free the resources, or "
                 "lower --stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
         for r in grid:
-            slot = by_label[(r.config or {})["unit"]]
-            m = r.metrics or {}
-            if r.error is None and m.get(LANDED):
-                digests[slot.seed] = m[LANDED]
-                train_s += float(m.get("train_time_s") or 0.0)
-            elif r.error is None and m.get(PAUSED):
-                paused[slot.seed] = Phase1Paused(**json.loads(m[PAUSED]))
-                say(f"[stage 1/3] {slot.label}: {paused[slot.seed].describe()}")
-            elif r.error is None and m.get(NOT_LEARNING):
-                errors.append(f"{slot.label} is {m[NOT_LEARNING]}")
+            slot = by_label[r.config["unit"]]
+            kind, said = _outcome(r.error, r.metrics)
+            if kind == LANDED:
+                digests[slot.seed] = said
+                train_s += float(r.metrics.get("train_time_s") or 0.0)
+            elif kind == PAUSED:  # (the console said so)
+                paused[slot.seed] = Phase1Paused(**json.loads(said))
+            elif kind == NOT_LEARNING:
+                errors.append(f"{slot.label} is {said}")
             else:
-                err = (str(r.error) or type(r.error).__name__) if r.error else "no result"
-                errors.append(f"{slot.label}: {err.splitlines()[0][:300]}")
+                errors.append(f"{slot.label}: {said or 'no result'}")
     for slot in plan.phase1_slots:  # MLflow mirrors the store's units
         _log_stage1(plan, runs, slot, digests.get(slot.seed), skipped=slot.seed in have,
                     paused=slot.seed in paused)
@@ -385,8 +434,37 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
     return result
 
 
-def _unit_name(trial) -> str:
-    return str(trial.config["unit"])
+def _trial_name(trial) -> str:
+    """A Tune trial's name and directory name: its Phase-1 unit's label, or its TrialId's
+    (module level: picklable)."""
+    return str(trial.config.get("unit") or TrialId.from_config(trial.config).name)
+
+
+def _tune(trainable, param_space: dict, exp: Path, max_failures: int, callbacks: list, *,
+          stop=None, **tune_config):
+    """A new Tune experiment in `exp`, run to its end: no state of an earlier one is
+    continued (a unit continues from its own training directory, or reuses the store's);
+    a crashed trial gets a console line from the callbacks, not Tune's traceback (which
+    stays in its error.txt)."""
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+    shutil.rmtree(exp, ignore_errors=True)
+    return tune.Tuner(trainable, param_space=param_space, tune_config=tune.TuneConfig(
+        trial_name_creator=_trial_name, trial_dirname_creator=_trial_name, **tune_config),
+        run_config=tune.RunConfig(
+            name=exp.name, storage_path=str(exp.parent), verbose=0, stop=stop,
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            callbacks=callbacks)).fit()
+
+
+def _outcome(error, metrics) -> tuple[str, Any]:
+    """How a Tune trial ended, and what it said: ("error", its first error line) when it
+    raised; else the key of its last report that says how (LANDED, NOT_LEARNING, PAUSED,
+    CONFIG_ERROR) and its value; else ("done", None)."""
+    if error is not None:
+        return "error", (str(error) or type(error).__name__).splitlines()[0][:300]
+    m = metrics or {}
+    return next(((k, m[k]) for k in (LANDED, NOT_LEARNING, PAUSED, CONFIG_ERROR) if m.get(k)),
+                ("done", None))
 
 
 def record_phase1(plan: Plan, digests: dict) -> None:
@@ -445,111 +523,19 @@ def _log_stage1(plan: Plan, runs: Runs, slot: Phase1Slot, digest: str | None, *,
 # -- Stage 2 ---------------------------------------------------------------------------------
 
 
-class ConsoleProgress(tune.Callback):
-    """One line per finished, failed or retried trial, with the best result so far."""
-
-    def __init__(self, total: int, trials_dir: str):
-        self.total, self.trials_dir = total, trials_dir
-
-    def _best(self, trials, current=None):
-        best = None
-        for t in trials:
-            v = (t.last_result or {}).get("test/updated_ltm")
-            ok = t.status == "TERMINATED" or t is current
-            if ok and isinstance(v, (int, float)) and v == v:
-                if best is None or v > best[1]:
-                    best = (t, v)
-        return best
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        kill_point("stage2-trial-started")
-        n_run = 1 + sum(t.status == "RUNNING" for t in trials if t is not trial)
-        say(f"[stage 2/3] started {_tname(trial)} ({n_run} running)")
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        from pipelines.trial import CONFIG_ERROR
-
-        done = {t.trial_id for t in trials if t.status == "TERMINATED"} | {trial.trial_id}
-        r = trial.last_result or {}
-        if r.get(CONFIG_ERROR):
-            say(f"[stage 2/3] {_tname(trial)} failed, not retried (its configuration "
-                f"cannot run): {str(r[CONFIG_ERROR]).splitlines()[0][:300]}")
-            return
-        if r.get(NOT_LEARNING):  # the watchdog stopped it (issue 62): not finished
-            say(f"[stage 2/3] {_tname(trial)} stopped, not retried: "
-                f"{str(r[NOT_LEARNING]).splitlines()[0][:400]}")
-            return
-        if r.get(PAUSED):  # issue 61: --max-wall or a SIGTERM, at an epoch end
-            from pmnet.train import PhasePaused
-
-            paused = PhasePaused(**json.loads(r[PAUSED]))
-            say(f"[stage 2/3] {_tname(trial)} {paused.describe()}"
-                + ("; its progress is in the store" if paused.epoch >= 0 else ""))
-            return
-        v, sel = r.get("test/updated_ltm"), r.get("best/select")
-        best = self._best(list(trials), trial) or (trial, v)
-        best_s = (f"{best[1]:.2f} ({_tname(best[0])})"
-                  if isinstance(best[1], (int, float)) else "n/a")
-        say(f"[stage 2/3] {len(done)}/{self.total} done: {_tname(trial)} "
-            f"test updated_ltm {_fmt(v)}, best val select {_fmt(sel)}, "
-            f"train {_fmt(r.get('train_time_s'), 1)} s; best so far {best_s}")
-        kill_point("stage2-first-result" if len(done) == 1 else "stage2-last-result"
-                   if len(done) == self.total else "")
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        err = _first_error_line(trial, self.trials_dir)
-        say(f"[stage 2/3] {_tname(trial)} failed for good: {err}")
-
-    def on_trial_recover(self, iteration, trials, trial, **info):
-        err = _first_error_line(trial, self.trials_dir)
-        say(f"[stage 2/3] {_tname(trial)} crashed ({err}); retrying from its last checkpoint")
-
-
-def _tname(trial) -> str:
-    try:
-        return TrialId.from_config(trial.config).name
-    except Exception:
-        return str(trial)
-
-
 def _fmt(v, nd: int = 2) -> str:
     return f"{v:.{nd}f}" if isinstance(v, (int, float)) and v == v else "n/a"
 
 
-def _first_error_line(trial, trials_dir: str | None) -> str:
-    """The error the trial recorded in its trial.json (a Phase-2 trial: `trials_dir`), else
-    the first line of the last failure in Tune's error.txt (written in the trial's local
-    directory first, then synced to the storage): e.g. a lost node's `The actor ... is
-    unavailable: ... Socket closed`."""
-    if trials_dir is not None:
-        info = TrialState.read(Path(trials_dir) / _tname(trial) / "trial.json")
-        if info.state == "ERROR" and info.error:
-            return info.error.splitlines()[0][:300]
-    for base in (getattr(trial, "local_path", None), getattr(trial, "path", None)):
-        try:
-            path = Path(base) / "error.txt"
-            if base and path.is_file():
-                lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
-                last = max((i for i, ln in enumerate(lines) if ln.startswith("Failure #")),
-                           default=-1)
-                return (lines[last + 1:] or lines[-1:] or ["unknown error"])[0][:300]
-        except Exception:
-            pass
-    return "see the trial's error.txt"
-
-
-def trial_context(plan: Plan, p1: Stage1Result | str, *, deadline_at: float | None = None,
+def trial_context(plan: Plan, digests: dict, *, deadline_at: float | None = None,
                   stop_file: str | None = None):
+    """The trials' context: the plan's TrainConfig of every trial, resolved once here
+    (threads = the trial's CPUs where the preset leaves them open), and Stage 1's `digests`."""
     from pipelines.trial import TrialContext
 
-    if isinstance(p1, str):
-        p1 = Stage1Result({None: p1}, 0.0)
-    return TrialContext(root=str(plan.layout.root), name=plan.name, cfg=plan.cfg,
-                        space=plan.space, phase1_sha256=p1.digest,
-                        phase1_sha256s={str(k): v for k, v in p1.digests.items()
-                                        if k is not None},
-                        store=str(plan.layout.store), deadline_at=deadline_at,
-                        stop_file=stop_file)
+    sp, threads = plan.space, max(1, int(plan.space.cpus_per_trial))
+    return TrialContext(plan.layout, sp, {t.name: sp.trial_config(plan.cfg, t, threads=threads)
+                                          for t in sp.trials}, digests, deadline_at, stop_file)
 
 
 def restore_trial_progress(plan: Plan, ctx) -> None:
@@ -583,65 +569,6 @@ class TrialResources:
         return resource_dict_to_pg_factory(self.space.resources_for(TrialId.from_config(config)))
 
 
-def make_trainable(plan: Plan, ctx):
-    from pipelines.trial import train_trial
-
-    sp = plan.space
-    resources = TrialResources(sp) if sp.gpu_shares else sp.resources()
-    return tune.with_resources(tune.with_parameters(train_trial, ctx=ctx), resources)
-
-
-def _warm_task(cfg_dict: dict, condition: str, phase1_ckpt: str, compile_cache: str) -> float:
-    from pipelines.trial import assigned_device, quiet_training_logs
-
-    quiet_training_logs()
-    from pmnet.train import TrainConfig, use_compile_cache, warm_compile
-
-    use_compile_cache(compile_cache)
-    return warm_compile(TrainConfig.from_dict(cfg_dict), condition=condition,
-                        phase1_ckpt=phase1_ckpt, accelerator=assigned_device())
-
-
-def warm_compile_cache(plan: Plan, ray, ctx) -> float:
-    """Before the Tuner: compile every distinct Phase-2 step of the trials still to run
-    (one per condition and variant: the graphs do not depend on the seed) into the root's
-    compile cache, as Ray tasks side by side with the trials' resources, so that trials
-    starting together do not each compile the same graphs. Nothing when the config does not
-    compile. A failure here only costs the trials their own compile; it is reported, not
-    raised. Returns the wall time."""
-    from pipelines.trial import trial_phase1
-
-    if "phase2" not in plan.cfg.compile and "eval" not in plan.cfg.compile:
-        return 0.0
-    lay = plan.layout
-    todo = {}
-    for trial in plan.space.trials:
-        if not lay.result_path(trial).is_file():
-            todo.setdefault((trial.condition, trial.variant), trial)
-    if not todo:
-        return 0.0
-    t0 = time.time()
-    refs = {}
-    for (condition, variant), trial in todo.items():
-        cfg = ctx.config(trial)
-        res = plan.space.resources_for(trial)  # the trial's own CPUs and GPU share
-        task = ray.remote(num_cpus=res["cpu"], num_gpus=res.get("gpu", 0),
-                          max_retries=0)(_warm_task)
-        refs[(condition, variant)] = task.remote(cfg.to_dict(), condition,
-                                                 str(trial_phase1(ctx, trial)[0]),
-                                                 str(lay.compile_cache))
-    say(f"[stage 2/3] compiling {len(refs)} distinct training step(s) into "
-        f"{lay.compile_cache} before the trials")
-    for (condition, variant), ref in refs.items():
-        arm = f"{condition}{'-' + variant if variant else ''}"
-        try:
-            say(f"[stage 2/3] compiled {arm} in {ray.get(ref):.0f} s")
-        except Exception as e:  # the trials compile for themselves
-            say(f"[stage 2/3] compiling {arm} failed ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}); its trials compile it")
-    return time.time() - t0
-
-
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
            deadline_at: float | None = None, stop_file: str | None = None) -> dict:
     """The plan's trials as one new Tune experiment. As in Stage 1, no Tune state is
@@ -650,8 +577,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     paused trial from the store's progress, restored first). With `deadline_at`
     (`--max-wall`) or `stop_file` (a SIGTERM to the driver) a trial may pause at an epoch end
     into the store (issue 61). Returns the stage's counts and times."""
-    from pipelines.trial import trial_name
-
     lay, sp = plan.layout, plan.space
     if precheck:  # fail fast in the driver; every trial checks again before training
         try:
@@ -660,60 +585,39 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
         except Exception as e:
             raise PipelineError(str(e)) from e
     rid = stage_run(plan, runs, "stage2-phase2")
-    ctx = trial_context(plan, p1, deadline_at=deadline_at, stop_file=stop_file)
+    ctx = trial_context(plan, p1.digests, deadline_at=deadline_at, stop_file=stop_file)
     restore_trial_progress(plan, ctx)
-    import ray
-
-    # one console line per crashed trial (ConsoleProgress), not Tune's traceback: the trace
-    # stays in the trial's error.txt
-    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
-    warm_s = warm_compile_cache(plan, ray, ctx)
-    trainable = make_trainable(plan, ctx)
+    trainable = tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
+                                    TrialResources(sp) if sp.gpu_shares else sp.resources())
     exp_dir = lay.experiment_dir
     t0 = time.time()
     n_done = sum(1 for t in sp.trials if lay.result_path(t).is_file())
     say(f"[stage 2/3] {sp.n_trials} trials -> {exp_dir}"
         + (f" ({n_done} with a result already: reused)" if n_done else ""))
-    shutil.rmtree(exp_dir, ignore_errors=True)  # no state of it is continued (see above)
-    grid = tune.Tuner(
-        trainable, param_space=sp.param_space(),
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True,
-            trial_name_creator=trial_name, trial_dirname_creator=trial_name),
-        run_config=tune.RunConfig(
-            name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0,
-            failure_config=tune.FailureConfig(max_failures=sp.max_failures),
-            callbacks=[ConsoleProgress(sp.n_trials, str(lay.trials_dir)),
-                       MirrorLanded(lay)])).fit()
+    grid = _tune(trainable, sp.param_space(), exp_dir, sp.max_failures,
+                 [TrialConsole(2, sp.n_trials, trials_dir=lay.trials_dir), MirrorLanded(lay)],
+                 max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True)
     wall = time.time() - t0
-    finished = errored = stopped = paused = 0
-    train_times = []
+    # NOT_LEARNING: the watchdog stopped it (issue 62), neither finished nor a crash; PAUSED
+    # (issue 61): at an epoch end, its progress in the store
+    n, train_s = Counter(), 0.0
     for r in grid:
-        try:
-            path = lay.result_path(TrialId.from_config(r.config or {}))
-        except (KeyError, TypeError, ValueError):  # not one of our trials' configs
-            path = None
-        if r.error is None and path is not None and path.is_file():
-            finished += 1
-            t = (read_json(path, {}) or {}).get("train_time_s")
-            if isinstance(t, (int, float)):
-                train_times.append(float(t))
-        elif r.error is None and (r.metrics or {}).get(NOT_LEARNING):
-            stopped += 1  # the watchdog stopped it (issue 62): neither finished nor a crash
-        elif r.error is None and (r.metrics or {}).get(PAUSED):
-            paused += 1  # issue 61: at an epoch end, its progress in the store
-        else:
-            errored += 1
+        kind, _ = _outcome(r.error, r.metrics)
+        res = read_json(lay.result_path(TrialId.from_config(r.config)))
+        if kind == "done" and isinstance(res, dict):
+            kind, train_s = "finished", train_s + float(res.get("train_time_s") or 0.0)
+        n[kind if kind in ("finished", NOT_LEARNING, PAUSED) else "error"] += 1
+    finished, stopped, paused, errored = n["finished"], n[NOT_LEARNING], n[PAUSED], n["error"]
     out = {"wall_s": wall, "finished": finished, "errored": errored + stopped,
-           "not_learning": stopped, "paused": paused, "sum_trial_train_s": sum(train_times),
-           "n_trials": sp.n_trials, "compile_warm_s": warm_s}
+           "not_learning": stopped, "paused": paused, "sum_trial_train_s": train_s,
+           "n_trials": sp.n_trials}
     say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored"
         + (f", {stopped} not learning" if stopped else "")
         + (f", {paused} paused" if paused else "") + f" in {wall:.1f} s")
     if rid:
         runs.safe("stage2 metrics", runs.tracker.log_metrics, rid,
                   {"trials_finished": finished, "trials_errored": errored, "wall_s": wall,
-                   "sum_trial_train_s": sum(train_times)})
+                   "sum_trial_train_s": train_s})
         runs.safe("stage2 finish", runs.tracker.finish, rid,
                   "FAILED" if errored else "KILLED" if paused else "FINISHED")
     return out
@@ -773,23 +677,21 @@ def stage3(plan: Plan, runs: Runs) -> bool:
 
 
 def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float,
-                  stage1_wall: float) -> Timing:
-    """This invocation's times, appended to timing.json's `invocations`. Phase-1 tasks train
-    side by side, and so do trials: `phase1_train_s` and `sum_trial_train_s` are summed
-    over them and may exceed the wall time. `overhead_s` is the wall time outside the two
-    training stages (Ray's start, tracking, the result backfill), never negative: wall -
-    `stage1_wall_s` - `compile_warm_s` - `stage2_wall_s`; `overhead_ratio` = wall / (those
-    three)."""
+                  stage1_wall: float) -> dict:
+    """This invocation's times, written to timing.json with every invocation's in
+    `invocations`. Phase-1 tasks train side by side, and so do trials: `phase1_train_s` and
+    `sum_trial_train_s` are summed over them and may exceed the wall time. `overhead_s` is
+    the wall time outside the two training stages (Ray's start, tracking, the result
+    backfill), never negative: wall - `stage1_wall_s` - `stage2_wall_s`; `overhead_ratio` =
+    wall / (those two)."""
     wall = time.time() - t_start
-    stages = stage1_wall + s2.get("compile_warm_s", 0.0) + s2["wall_s"]
-    timing = Timing(
-        wall_s=wall, stage1_wall_s=stage1_wall, stage2_wall_s=s2["wall_s"],
-        phase1_train_s=p1_time, sum_trial_train_s=s2["sum_trial_train_s"],
-        trials_finished=s2["finished"], compile_warm_s=s2.get("compile_warm_s", 0.0),
-        overhead_s=max(0.0, wall - stages), overhead_ratio=wall / max(1e-9, stages),
-        max_concurrent=plan.space.max_concurrent or 0, resumed=plan.resumed,
-        host=socket.gethostname(), cpus=os.cpu_count())
-    history = TimingRecord.read(plan.layout.timing_json).invocations
-    TimingRecord(**timing.to_dict(), invocations=history + [timing.to_dict()]).write(
-        plan.layout.timing_json)
+    stages = stage1_wall + s2["wall_s"]
+    timing = {"wall_s": wall, "stage1_wall_s": stage1_wall, "stage2_wall_s": s2["wall_s"],
+              "phase1_train_s": p1_time,
+              "sum_trial_train_s": s2["sum_trial_train_s"], "trials_finished": s2["finished"],
+              "overhead_s": max(0.0, wall - stages), "overhead_ratio": wall / max(1e-9, stages),
+              "max_concurrent": plan.space.max_concurrent or 0, "resumed": plan.resumed,
+              "host": socket.gethostname(), "cpus": os.cpu_count()}
+    history = (read_json(plan.layout.timing_json, {}) or {}).get("invocations") or []
+    write_json(plan.layout.timing_json, {**timing, "invocations": history + [timing]})
     return timing

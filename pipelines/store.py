@@ -1,6 +1,6 @@
 """The write side of a run's one store (`Layout.units`: `--store DIR`, else the run's own
 directory): plan against it (`open_store`, `check_store_units`: reads only, exit 2), each
-unit's provenance from its start (`start_phase1`, `start_trial`) to its landing, and the
+unit's provenance from its start (`start_unit`) to its landing, and the
 landing itself (`land_phase1`, `land_trial`): the one function per unit kind that takes the
 unit's lock (`pmnet.store_lock.UnitLock`), writes its files and writes its commit record
 last, never over a unit already there. A unit the store holds is not trained again: the
@@ -171,26 +171,29 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
 # -- provenance ---------------------------------------------------------------------------
 
 
-def start_provenance(*, unit: str, kind: str, config: dict, digest: str, run: str,
-                     accelerator: str = "cpu", phase1_sha256: str | None = None) -> Provenance:
+def start_unit(units: StoreLayout, unit: Phase1Slot | TrialId, run: str, accelerator: str,
+               cfg=None, phase1_sha256: str | None = None) -> Provenance:
+    """A unit starts (a Phase-1 slot, or a trial with its TrainConfig `cfg`, from Phase-1
+    checkpoint `phase1_sha256`): its provenance into the store, under the unit's lock,
+    unless the unit has landed (its commit record) or its start is recorded already under
+    this configuration (kept from the first attempt or writer). Returns this start's."""
+    if isinstance(unit, Phase1Slot):
+        (config, digest), name, kind = phase1_unit_config(unit), unit.label, "phase1"
+        path, commit_record = units.phase1_provenance(unit.seed), units.stage1_json(unit.seed)
+    else:
+        config = unit_config(cfg.flat())
+        digest, name, kind = config_hash(config), unit.name, "trial"
+        path, commit_record = units.provenance(unit), units.result(unit)
     commit = git_commit()
-    return Provenance(unit=unit, kind=kind, config_hash=digest, config=config,
+    prov = Provenance(unit=name, kind=kind, config_hash=digest, config=config,
                       git_commit=commit["git_commit"], git_dirty=commit["git_dirty"],
                       torch=version("torch"), device=device_kind(accelerator),
                       host=socket.gethostname(), pid=os.getpid(), run=run,
                       started=time.time(), phase1_sha256=phase1_sha256)
-
-
-def write_started(units: StoreLayout, path: Path, prov: Provenance,
-                  commit_record: Path) -> None:
-    """A unit starts: its provenance into the store (`path`), under the unit's lock, unless
-    the unit has landed (`commit_record`) or its start is recorded already under this
-    configuration (kept from the first attempt or writer)."""
-    with UnitLock(units, prov.unit):
-        if commit_record.is_file():
-            return
-        if not path.is_file() or Provenance.read(path).config_hash != prov.config_hash:
+    with UnitLock(units, name):
+        if not commit_record.is_file() and Provenance.read(path).config_hash != digest:
             prov.write(path)
+    return prov
 
 
 def landed(scratch: Path, prov_now: Provenance) -> Provenance:
@@ -210,18 +213,6 @@ def landed(scratch: Path, prov_now: Provenance) -> Provenance:
                    threads=prov_now.threads or start.threads)
 
 
-def start_phase1(plan, slot: Phase1Slot, accelerator: str) -> None:
-    """A Phase-1 unit the store does not hold starts: its provenance into the store."""
-    units = plan.layout.units
-    if units.stage1_json(slot.seed).is_file():
-        return
-    config, digest = phase1_unit_config(slot)
-    prov = start_provenance(unit=slot.label, kind="phase1", config=config, digest=digest,
-                            run=str(plan.layout.run_dir), accelerator=accelerator)
-    write_started(units, units.phase1_provenance(slot.seed), prov,
-                  units.stage1_json(slot.seed))
-
-
 def _move(src: Path, dst: Path) -> None:
     """`src` to `dst` atomically: renamed on one file system, else copied (atomically) and
     removed."""
@@ -235,7 +226,8 @@ def _move(src: Path, dst: Path) -> None:
 
 def land_phase1(slot: Phase1Slot, record: Stage1Record, device: str | None,
                 threads: int | None = None) -> str:
-    """A Phase-1 task returned: its unit lands in the store, the one place it does. Under
+    """A Phase-1 task returned (or `--phase1-from` copied a checkpoint in: `record`'s
+    `imported_from`): its unit lands in the store, the one place it does. Under
     the unit's lock: the checkpoint and its metrics move from the training directory into
     the unit (nothing moves when the run is its own store), read-only; the provenance is
     completed (`threads`, how it ran, goes there and not into its checkpoint file, issue
@@ -270,20 +262,13 @@ def land_phase1(slot: Phase1Slot, record: Stage1Record, device: str | None,
     return record.sha256
 
 
-def start_trial(ctx, trial: TrialId, cfg, digest: str, accelerator: str) -> Provenance:
-    """A trial starts: its provenance into the store unless the store holds the unit. A
-    unit the store holds from this checkpoint (another writer's, or finished before a
-    driver died: it is reused, not trained) keeps its own."""
-    units = ctx.layout.units
-    held = read_json(units.result(trial))
-    if isinstance(held, dict) and held.get("phase1_sha256") == digest:
-        return Provenance.read(units.provenance(trial))
-    config = unit_config(cfg.flat())
-    prov = start_provenance(unit=trial.name, kind="trial", config=config,
-                            digest=config_hash(config), run=f"{ctx.root}/{ctx.name}",
-                            accelerator=accelerator, phase1_sha256=digest)
-    write_started(units, units.provenance(trial), prov, units.result(trial))
-    return prov
+def stored_result(units: StoreLayout, trial: TrialId, digest: str) -> dict | None:
+    """The store's result of `trial` when it was trained from Phase-1 checkpoint `digest`
+    (another writer's, or finished before a driver died: reused, not trained again), else
+    None. Planning refused a store whose units have another configuration
+    (`check_store_units`)."""
+    res = read_json(units.result(trial))
+    return res if isinstance(res, dict) and res.get("phase1_sha256") == digest else None
 
 
 #: a trial's diagnostics in its training directory, before its unit lands

@@ -9,20 +9,21 @@ has the details.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipelines.faults import epoch_pause
-from pipelines.layout import Layout, check_name, read_json, trial_key
+from pipelines.layout import Layout, trial_key
 from pipelines.phase1 import Phase1Refused, check_phase1
-from pipelines.records import Attempt, TrialState, as_float
+from pipelines.records import TrialState, as_float
 from pmnet.conditions import seed_problem
 from pmnet.trial_id import TrialId
 
@@ -33,69 +34,29 @@ FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
 @dataclass(frozen=True)
 class TrialContext:
     """What the driver hands every Stage-2 trial (pickled once by `tune.with_parameters`:
-    the one place a trial's configuration crosses a process boundary, as typed objects).
+    the one place a trial's configuration crosses a process boundary, as typed objects;
+    `stages.trial_context` makes it).
 
-    root, name: the pipeline's storage root and name (`Layout(root, name)`).
-    cfg: the pipeline's TrainConfig; space: its grid (`tune_spaces.Space`), which builds a
-        trial's own TrainConfig (`Space.trial_config`) and says which trials are diagnosed.
-    phase1_sha256: the hash Stage 1 recorded; the trial refuses any other checkpoint.
-    phase1_sha256s: with K Phase-1 checkpoints ({str(phase1_seed): sha256}), the hash of each;
-        a trial with `phase1_seed` k loads `phase1-p1s<k>/phase1.pt` and checks it against
-        this one (`phase1_sha256` then names the set).
-    store: the run's `--store` (where its units land, `Layout.units`), or None: the run
-        is its own store.
-    configs: {trial name: TrainConfig} of every trial of the grid, resolved once where the
-        context is made (the driver, `Space.trial_config`) and pickled with it: a worker
-        looks its trial's configuration up, it does not build it again.
+    layout: the run's `Layout` (its root, name and store, where its units land).
+    space: its grid (`tune_spaces.Space`): which trials are diagnosed, a variant's overrides.
+    configs: {trial name: TrainConfig} of every trial of the grid, resolved once by the
+        driver (`Space.trial_config`): a worker looks its trial's configuration up, it does
+        not build it again.
+    digests: {Phase-1 seed (None: the pipeline's single checkpoint): sha256} that Stage 1
+        recorded; a trial of Phase-1 seed k loads `phase1-p1s<k>/phase1.pt` and refuses any
+        checkpoint but the one of this hash.
     deadline_at, stop_file (issue 61: a Phase 2 in pieces): the wall-clock time (`time.time()`)
         by which a trial stops at an epoch end (`--max-wall`), and the run's stop file (a
         SIGTERM to the driver writes it); a trial stopped so pauses, its progress goes into
         the store (`PAUSED`), and the next run of the unit continues it.
     """
 
-    root: str
-    name: str
-    cfg: Any
+    layout: Layout
     space: Any
-    phase1_sha256: str
-    phase1_sha256s: dict = field(default_factory=dict)
-    store: str | None = None
-    configs: dict = field(default_factory=dict)
+    configs: dict
+    digests: dict
     deadline_at: float | None = None
     stop_file: str | None = None
-
-    def __post_init__(self):
-        check_name(self.name)
-        at = self.deadline_at
-        if at is not None and not (isinstance(at, (int, float)) and at == at):
-            raise ValueError(f"TrialContext.deadline_at must be a time in seconds or None, got "
-                             f"{self.deadline_at!r}")
-        if not Path(self.root).is_absolute():
-            raise ValueError(f"TrialContext.root must be absolute, got {self.root!r}")
-        if not hasattr(self.cfg, "flat") or not hasattr(self.space, "trial_config"):
-            raise ValueError("TrialContext needs the pipeline's TrainConfig and Space")
-        if not (isinstance(self.phase1_sha256, str) and len(self.phase1_sha256) == 64):
-            raise ValueError(f"TrialContext.phase1_sha256 must be a sha256 hex digest, got "
-                             f"{self.phase1_sha256!r}")
-        if not isinstance(self.phase1_sha256s, dict) or not all(
-                isinstance(k, str) and k.isdigit() and isinstance(v, str) and len(v) == 64
-                for k, v in self.phase1_sha256s.items()):
-            raise ValueError("TrialContext.phase1_sha256s must be {str(phase1_seed): sha256}, "
-                             f"got {self.phase1_sha256s!r}")
-        if not self.configs:
-            object.__setattr__(self, "configs", self._resolve())
-
-    def _resolve(self) -> dict:
-        return {t.name: self.space.trial_config(self.cfg, t, threads=self.threads)
-                for t in self.space.trials}
-
-    @property
-    def layout(self) -> Layout:
-        return Layout(self.root, self.name, store=self.store)
-
-    @property
-    def threads(self) -> int:
-        return max(1, int(self.space.cpus_per_trial))
 
     def config(self, trial: TrialId):
         """The trial's TrainConfig, resolved when the context was made (`configs`:
@@ -117,11 +78,6 @@ class TrialContext:
 
         left = None if self.deadline_at is None else self.deadline_at - time.time()
         return StopAtEpochEnd(left, self.stop_file)
-
-    def variant_overrides(self, trial: TrialId) -> dict | None:
-        """The overrides of a named variant's trial (sorted), None for the default."""
-        return None if trial.is_default else dict(sorted(
-            self.space.variant(trial.variant).as_dict().items()))
 
 
 class TrialConfigError(Exception):
@@ -260,53 +216,25 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str):
     return TuneReport()
 
 
-def _result_matches(path: Path, digest: str, cfg, record: dict) -> dict | None:
-    """The stored result if it was trained from this Phase-1 checkpoint, preset and variant
-    (`record`: the variant keys the trial writes into its result), else None."""
-    res = read_json(path)
-    if not isinstance(res, dict):
-        return None
-    if res.get("phase1_sha256") != digest or res.get("preset") != cfg.preset:
-        return None
-    if any(res.get(k) != v for k, v in record.items()):
-        return None
-    return res
-
-
-def variant_record(trial: TrialId, overrides: dict) -> dict:
-    """The keys a trial adds to its result.json: none for the default variant (its result is
-    exactly run_phase2's), else the trial's identity keys and the variant's overrides."""
-    if trial.is_default:
-        return {}
-    return {**trial.to_result(), "variant_overrides": dict(sorted(overrides.items()))}
-
-
 def trial_phase1(ctx: TrialContext, trial: TrialId) -> tuple[Path, str]:
     """(the Phase-1 checkpoint the trial starts from, the sha256 Stage 1 recorded for it)."""
-    layout = ctx.layout
-    if trial.phase1_seed is None:
-        if ctx.phase1_sha256s:
-            raise ValueError(f"trial {trial.name}: this pipeline trains one Phase-1 checkpoint "
-                             f"per Phase-1 seed ({', '.join(sorted(ctx.phase1_sha256s))}); "
-                             "the trial names none")
-        return layout.phase1_ckpt, ctx.phase1_sha256
-    key = str(trial.phase1_seed)
-    if key not in ctx.phase1_sha256s:
-        have = ", ".join(sorted(ctx.phase1_sha256s)) or "none: it has a single checkpoint"
+    if trial.phase1_seed not in ctx.digests:
+        have = ", ".join(str(k) for k in ctx.digests if k is not None) or \
+            "none: it has a single checkpoint"
         raise ValueError(f"trial {trial.name}: the pipeline has no Phase-1 checkpoint for "
                          f"phase1_seed {trial.phase1_seed} (its Phase-1 seeds: {have})")
-    return layout.phase1_dir_for(trial.phase1_seed) / "phase1.pt", ctx.phase1_sha256s[key]
+    return (ctx.layout.phase1_dir_for(trial.phase1_seed) / "phase1.pt",
+            ctx.digests[trial.phase1_seed])
 
 
 def train_trial(config: dict, ctx: TrialContext) -> None:
     """The Tune trainable. `config`: `TrialId.to_config()`; `ctx`: set by the driver."""
     t_enter = time.time()
-    from ray import tune
-
     quiet_training_logs()
+    from pipelines import store as st
     from pmnet.train import NotLearningError, PhasePaused, get_condition, use_compile_cache
 
-    use_compile_cache(ctx.layout.compile_cache)  # the graphs Stage 2 compiled beforehand
+    use_compile_cache(ctx.layout.compile_cache)  # the graphs compiled under this root
 
     t_imported = time.time()
 
@@ -323,41 +251,37 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     except ValueError as e:
         _refuse(trial, info_path, TrialConfigError(str(e)), trial.to_config())
         return
-    key = trial_key(layout.name, trial)
-    record = variant_record(trial, ctx.variant_overrides(trial) or {})
-
-    trial_info = {**trial.to_config(), **record, "trial_key": key}
-    result_path = layout.result_path(trial)
+    # the keys a named variant adds to its result.json (the default's is exactly run_phase2's)
+    record = {} if trial.is_default else {**trial.to_result(), "variant_overrides": dict(
+        sorted(ctx.space.variant(trial.variant).as_dict().items()))}
+    trial_info = {**trial.to_config(), **record, "trial_key": trial_key(layout.name, trial)}
+    p1_ckpt, p1_sha = trial_phase1(ctx, trial)
+    done = st.stored_result(layout.units, trial, p1_sha)  # reused, not trained again
     stopped = TrialState.read(info_path)
-    if stopped.state == NOT_LEARNING and not result_path.is_file():  # a resume leaves it
-        tune.report({NOT_LEARNING: stopped.error or NOT_LEARNING, "finished": 0}
-                    | trial.to_config())
+    if stopped.state == NOT_LEARNING and done is None:  # a resume leaves it
+        _end(trial, info_path, {NOT_LEARNING: stopped.error or NOT_LEARNING})
         return
     try:
-        # 1. the Phase-1 checkpoint, before anything else
-        p1_ckpt, p1_sha = trial_phase1(ctx, trial)
-        digest = check_phase1(p1_ckpt, p1_sha)
+        digest = check_phase1(p1_ckpt, p1_sha)  # 1. the Phase-1 checkpoint, before anything
         setup = {"imports_s": t_imported - t_enter, "setup_s": time.time() - t_enter}
         TrialState.update(info_path, **trial_info, state="RUNNING")
-
-        from pipelines import store as st
-
         if ctx.deadline_at is not None and time.time() >= ctx.deadline_at \
-                and not result_path.is_file():  # issue 61: started after --max-wall
+                and done is None:  # issue 61: started after --max-wall
             _pause(layout, trial, cfg, digest, PhasePaused(
                 epoch=-1, max_epochs=int(cfg.max_epochs), reason="max-wall, not started",
                 last_ckpt="", train_time_s=0.0, phase=2), info_path, trial_info)
             return
-        prov = st.start_trial(ctx, trial, cfg, digest, assigned_device())
+        prov = None if done else st.start_unit(layout.units, trial, str(layout.run_dir),
+                                               assigned_device(), cfg, digest)
         # 2. + 3. train (or reuse the store's result of this checkpoint), then land the unit
         # in the store: its diagnostics and provenance, then its result last (the commit
         # record)
-        final, trained = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest,
-                                           result_path, setup, ctx.stopper())
+        final = _train_and_record(layout, cfg, cond, trial, record, p1_ckpt, digest, done,
+                                  setup, ctx.stopper())
         if isinstance(final, PhasePaused):  # issue 61: its progress into the store
             _pause(layout, trial, cfg, digest, final, info_path, trial_info)
             return
-        if trained:
+        if done is None:
             if ctx.space.diagnosed(trial) and (tdir / "best_model.pt").is_file():
                 _diagnose(tdir, tdir / st.TRIAL_DIAGNOSTICS)
             what = st.land_trial(layout.units, trial, tdir, prov)
@@ -368,8 +292,8 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         return
     except NotLearningError as e:  # the watchdog (issue 62): deterministic, not retried
         log.error("trial %s %s", trial.name, e)
-        TrialState.update(info_path, **trial_info, state=NOT_LEARNING, error=str(e)[:2000])
-        tune.report({NOT_LEARNING: str(e)[:2000], "finished": 0} | trial.to_config())
+        _end(trial, info_path, {NOT_LEARNING: str(e)[:2000]}, **trial_info,
+             state=NOT_LEARNING, error=str(e)[:2000])
         return
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
@@ -378,9 +302,19 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         raise
     finally:
         release_device_memory()
-    TrialState.update(info_path, **trial_info, state="FINISHED", result=str(result_path))
-    tune.report({k: (float("nan") if v is None else v) for k, v in final.items()}
-                | trial.to_config())
+    _end(trial, info_path, {k: (float("nan") if v is None else v) for k, v in final.items()},
+         **trial_info, state="FINISHED", result=str(layout.result_path(trial)))
+
+
+def _end(trial: TrialId, info_path: Path, report: dict, **state) -> None:
+    """A trial's one way out without raising: its trial.json updated with `state` (when
+    given) and its last Tune report, `report` with the trial's identity (`finished` 0 unless
+    `report` says 1)."""
+    from ray import tune
+
+    if state:
+        TrialState.update(info_path, **state)
+    tune.report({"finished": 0} | report | trial.to_config())
 
 
 def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
@@ -391,9 +325,6 @@ def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
     report says `PAUSED` (the trial returns: Tune does not retry it). A trial that starts
     after the run's deadline pauses at once, before epoch 1 (`paused.epoch` -1)."""
     import dataclasses
-    import json
-
-    from ray import tune
 
     from pipelines import store as st
     from pmnet.store_progress import land_progress
@@ -403,9 +334,8 @@ def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
         land_progress(layout.units,
                       st.trial_unit(trial, cfg, digest, layout.trial_dir(trial)),
                       paused.reason, checkpoint_epoch, paused.train_time_s, say=log.info)
-    TrialState.update(info_path, **trial_info, state=PAUSED_STATE)
-    tune.report({PAUSED: json.dumps(dataclasses.asdict(paused)), "finished": 0}
-                | trial.to_config())
+    _end(trial, info_path, {PAUSED: json.dumps(dataclasses.asdict(paused))}, **trial_info,
+         state=PAUSED_STATE)
 
 
 def _diagnose(tdir: Path, out: Path) -> None:
@@ -437,12 +367,10 @@ def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> No
     `config_error`), and its one Tune report carries the reason, so the trial ends once
     (Tune does not retry a trial that returns) and the driver counts it as errored (it has no
     result file)."""
-    from ray import tune
-
     message = f"{type(error).__name__}: {error}"
     log.error("trial %s refused: %s", trial.name, message)
-    TrialState.update(info_path, **info, state="ERROR", error=message[:2000], config_error=True)
-    tune.report({CONFIG_ERROR: message[:2000], "finished": 0} | trial.to_config())
+    _end(trial, info_path, {CONFIG_ERROR: message[:2000]}, **info, state="ERROR",
+         error=message[:2000], config_error=True)
 
 
 def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
@@ -467,46 +395,46 @@ def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
 
 
 def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: Path,
-                      digest, result_path, setup, stop=None) -> tuple[Any, bool]:
-    """(the trial's final Tune report, whether it trained now: its unit is then landed by
-    the caller) -- a matching result already in the run is reused, not retrained. With
-    `stop` (a `StopAtEpochEnd`) the training may pause: the report is then the
+                      digest, done: dict | None, setup, stop=None):
+    """The trial's final Tune report: `done`, the store's result from this checkpoint, is
+    reused, not retrained; else the trial trains (its unit is then landed by the caller).
+    With `stop` (a `StopAtEpochEnd`) the training may pause: the report is then the
     `PhasePaused`."""
     from pmnet.train import checkpoint_epoch, run_phase2
 
     tdir = layout.trial_dir(trial)
-    # already finished (driver died before Tune recorded it)? then report, don't retrain
-    done = _result_matches(result_path, digest, cfg, record)
-    attempt = Attempt(time=time.time(), pid=os.getpid(), host=socket.gethostname(),
-                      node_id=_node_id(),
-                      cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                      accelerator=assigned_device(), kind="reuse" if done else "train", **setup)
-    attempts = tdir / "attempts.jsonl"
+    # one line of trials/<trial>/attempts.jsonl, every key (None too): where the attempt ran,
+    # whether it trains or reuses, Lightning checkpoints it discarded (another Phase-1
+    # origin), what it resumed from (its last.ckpt, the truth: the epoch it continues from)
+    attempt = {"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
+               "node_id": _node_id(),
+               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+               "accelerator": assigned_device(), "kind": "reuse" if done else "train",
+               "discarded": None if done else discard_foreign_checkpoints(tdir, digest),
+               "resume_from": None, "resume_epoch": None, **setup}
+    last = tdir / "ckpt" / "last.ckpt"
+    resume_from = last if done is None and last.is_file() else None
+    if resume_from is not None:
+        attempt.update(resume_from=str(last), resume_epoch=checkpoint_epoch(last))
+    tdir.mkdir(parents=True, exist_ok=True)
+    with open(tdir / "attempts.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(attempt, sort_keys=True) + "\n")
+    result = done
     if done is None:
-        attempt.discarded = discard_foreign_checkpoints(tdir, digest)
-        last = tdir / "ckpt" / "last.ckpt"  # the truth: the epoch an attempt continues from
-        resume_from = last if last.is_file() else None
-        if resume_from is not None:
-            attempt.resume_from = str(resume_from)
-            attempt.resume_epoch = checkpoint_epoch(resume_from)
-        attempt.append(attempts)
         cb = make_report_callback(trial_dir=tdir, trial=trial, select=cond.select)
         result = run_phase2(cfg, condition=trial.condition, seed=trial.seed,
                             phase1_ckpt=p1_ckpt, out_dir=tdir, callbacks=[cb],
                             resume_from=resume_from, progress=False, record=record,
-                            accelerator=attempt.accelerator,
+                            accelerator=attempt["accelerator"],
                             gpu_share=assigned_gpu_share(), stop=stop)
         if not isinstance(result, dict):  # a PhasePaused (issue 61)
-            return result, True
-    else:
-        attempt.append(attempts)
-        result = done
+            return result
 
     test = result.get("test") or {}
     return {"test/updated_ltm": test.get("updated_ltm"),
             "best/select": (result.get("val") or {}).get(cond.select),
             "train_time_s": result.get("train_time_s"),
-            "best_epoch": result.get("best_epoch"), "finished": 1}, done is None
+            "best_epoch": result.get("best_epoch"), "finished": 1}
 
 
 def _node_id() -> str | None:
@@ -516,9 +444,3 @@ def _node_id() -> str | None:
         return ray.get_runtime_context().get_node_id()
     except Exception:
         return None
-
-
-def trial_name(trial) -> str:
-    """A Tune trial's name and directory name: its TrialId's (module level: picklable)."""
-    return TrialId.from_config(trial.config).name
-

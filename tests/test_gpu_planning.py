@@ -290,7 +290,7 @@ def test_stage1_not_scheduled_within_the_bound_says_why_and_stops(tmp_path, monk
     finally:
         ray.shutdown()
     assert not plan.phase1_slots[0].stage1_json.exists()
-    console = stages.Stage1Console({}, bound=3600.0, tag=False)
+    console = stages.TrialConsole(1, 1, bound=3600.0, tag=False)
     console.on_step_begin(0, [])
     assert not console.stop_all()  # within the bound
     console.started, console.t0 = True, 0.0

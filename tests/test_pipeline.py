@@ -714,7 +714,7 @@ def test_a_sqlite_tracking_uri_is_written_by_the_driver_directly(tmp_path, monke
                              tracking_uri="sqlite:///user.db")
     write_meta(plan, status="running")
     runs = open_tracking(plan)
-    ctx = trial_context(plan, "0" * 64)  # the trials get nothing of MLflow
+    ctx = trial_context(plan, {None: "0" * 64})  # the trials get nothing of MLflow
     assert "user.db" not in str(ctx) and not any("tracking" in k for k in vars(ctx))
     recorded = TrackingRecord.read(plan.layout.tracking_json)
     assert recorded.tracking_uri == plan.tracking_uri == f"sqlite:///{tmp_path / 'user.db'}"

@@ -47,7 +47,7 @@ class _Trial:
 
 
 def test_driver_prints_a_progress_line_per_unit_at_a_steady_rate(tmp_path, monkeypatch, capsys):
-    """Stage1Console: what the Phase-1 trials report (Phase1Progress's `report`, one JSON
+    """TrialConsole in Stage 1: what the Phase-1 trials report (Phase1Progress's `report`, one JSON
     string) becomes one line per running unit, at most every PMNET_PROGRESS_EVERY_S."""
     from pipelines.progress import REPORT_KEY
 
@@ -64,7 +64,7 @@ def test_driver_prints_a_progress_line_per_unit_at_a_steady_rate(tmp_path, monke
     [sent] = reports
     assert list(sent) == [REPORT_KEY]  # one string: no key of Tune's own ("done") is set
     assert json.loads(sent[REPORT_KEY])["history"] == history[-1:]
-    console = stages.Stage1Console({}, bound=600.0, tag=True)
+    console = stages.TrialConsole(1, 2, bound=600.0)
     a, b = _Trial("phase1-p1s0"), _Trial("phase1-p1s1")
     console.on_trial_start(0, [a, b], a)
     console.on_trial_start(0, [a, b], b)
@@ -78,6 +78,34 @@ def test_driver_prints_a_progress_line_per_unit_at_a_steady_rate(tmp_path, monke
                      r"11\.00; .*min left at most", lines[0]), lines[0]
     assert "phase1-p1s1: running for" in lines[1]  # nothing reported yet
     assert console.started and not console.stop_all()
+
+
+def test_stage2_lines_follow_each_trials_last_report(capsys):
+    """TrialConsole in Stage 2: a line per ended trial, keyed on its last report: its result
+    with the best so far, or why it ended without one (here its configuration)."""
+    from pipelines.trial import CONFIG_ERROR
+    from pmnet.trial_id import TrialId
+
+    def ended(condition, seed, last):
+        trial = _Trial("")
+        trial.config, trial.status = TrialId(condition, seed).to_config(), "TERMINATED"
+        trial.last_result = last
+        return trial
+
+    console = stages.TrialConsole(2, 3)
+    for trial in (ended("consolidator_only", 42, {"test/updated_ltm": 50.0, "finished": 1}),
+                  ended("learned_full", 42, {"test/updated_ltm": 60.0, "best/select": 40.0,
+                                             "train_time_s": 3.0, "finished": 1}),
+                  ended("learned_full", 43, {CONFIG_ERROR: "ValueError: bad\nmore"})):
+        console.on_trial_complete(0, [], trial)
+    lines = [ln.split("] ", 1)[1] for ln in capsys.readouterr().out.splitlines()]
+    assert lines[0].endswith("1/3 done: consolidator_only-s42 test updated_ltm 50.00, best "
+                             "val select n/a, train n/a s; best so far 50.00 "
+                             "(consolidator_only-s42)"), lines
+    assert lines[1].endswith("2/3 done: learned_full-s42 test updated_ltm 60.00, best val "
+                             "select 40.00, train 3.0 s; best so far 60.00 (learned_full-s42)")
+    assert lines[2].endswith("learned_full-s43 failed, not retried (its configuration cannot "
+                             "run): ValueError: bad"), lines
 
 
 def test_progress_line_without_a_file_says_how_long_it_has_waited():

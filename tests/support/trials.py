@@ -81,5 +81,5 @@ def trial_ctx(root: Path, phase1: dict, variants: dict | None = None, **override
     conditions = ("consolidator_only", "learned_full", "identity_accum")
     space = Space("t", conditions, (42, 43), variants=tuple(
         Variant(name, dict(over)) for name, over in (variants or {"": {}}).items()))
-    return TrialContext(root=str(root), name="t", cfg=cfg, space=space,
-                        phase1_sha256=phase1["sha256"])
+    return TrialContext(lay, space, {t.name: space.trial_config(cfg, t) for t in space.trials},
+                        {None: phase1["sha256"]})
