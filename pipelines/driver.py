@@ -273,7 +273,7 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
         return finish(plan, runs, t_start, totals, p1_train, stage1_wall, stopped)
     except BaseException:
         if runs.parent:
-            runs.safe("finish", runs.tracker.finish, runs.parent, "FAILED")
+            runs.safe("finish", runs.tracker.client.set_terminated, runs.parent, "FAILED")
         raise
 
 
@@ -293,10 +293,10 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
     kill_point("stage3-start")
     stage3(plan, runs)
     if runs.parent:
-        runs.safe("timing", runs.tracker.log_metrics, runs.parent,
-                  {f"pipeline/{k}": v for k, v in timing.to_dict().items()
-                   if isinstance(v, (int, float))})
-        runs.safe("finish", runs.tracker.finish, runs.parent,
+        runs.safe("timing", runs.tracker.log_metric_rows, runs.parent, [(0, {
+            f"pipeline/{k}": v for k, v in timing.to_dict().items()
+            if isinstance(v, (int, float))})])
+        runs.safe("finish", runs.tracker.client.set_terminated, runs.parent,
                   "FAILED" if status == "failed" else "FINISHED")
     done = sp.n_trials - tr_left
     say(f"[pipeline] {status}: {done}/{sp.n_trials} trials finished, {totals['errored']} "

@@ -409,14 +409,14 @@ def _log_stage1(plan: Plan, runs: Runs, slot: Phase1Slot, digest: str | None, *,
         return
     tr = runs.tracker
     if digest is None:
-        runs.safe("stage1 finish", tr.finish, rid, "KILLED" if paused else "FAILED")
+        runs.safe("stage1 finish", tr.client.set_terminated, rid, "KILLED" if paused else "FAILED")
         return
     if skipped:
         tags = {"skipped": "true", "phase1_sha256": digest}
         if plan.phase1_from is not None and plan.phase1_from.slot_seed == slot.seed:
             tags["imported_from"] = str(plan.phase1_from.checkpoint)
         runs.safe("stage1 tags", tr.set_tags, rid, tags)
-        runs.safe("stage1 finish", tr.finish, rid)
+        runs.safe("stage1 finish", tr.client.set_terminated, rid)
         return
     info = Stage1Record.read(slot.stage1_json)
     runs.safe("stage1 params", tr.log_params_once, rid,
@@ -428,18 +428,18 @@ def _log_stage1(plan: Plan, runs: Runs, slot: Phase1Slot, digest: str | None, *,
         (row["epoch"], {k: v for k, v in row.items() if k != "epoch"})
         for row in (read_json(slot.metrics_json, {}) or {}).get("history", [])
         if isinstance(row.get("epoch"), int)])
-    runs.safe("stage1 metrics", tr.log_metrics, rid,
-              {**{f"test/{k}": v for k, v in (info.metrics or {}).items()},
-               "train_time_s": info.train_time_s or 0})
+    runs.safe("stage1 metrics", tr.log_metric_rows, rid, [(0, {
+        **{f"test/{k}": v for k, v in (info.metrics or {}).items()},
+        "train_time_s": info.train_time_s or 0})])
     if slot.metrics_json.is_file():
-        runs.safe("stage1 artifact", tr.log_artifact, rid, slot.metrics_json)
+        runs.safe("stage1 artifact", tr.client.log_artifact, rid, str(slot.metrics_json))
     if info.routes:
-        runs.safe("stage1 metrics", tr.log_metrics, rid,
-                  {"val/random_route_drop": info.routes["stm_random_routes"]["drop"]})
+        runs.safe("stage1 metrics", tr.log_metric_rows, rid,
+                  [(0, {"val/random_route_drop": info.routes["stm_random_routes"]["drop"]})])
     if model_as_artifact(slot.ckpt):
-        runs.safe("stage1 artifact", tr.log_artifact, rid, slot.ckpt, "checkpoint")
-        runs.safe("stage1 artifact", tr.log_artifact, rid, slot.sidecar, "checkpoint")
-    runs.safe("stage1 finish", tr.finish, rid)
+        runs.safe("stage1 artifact", tr.client.log_artifact, rid, str(slot.ckpt), "checkpoint")
+        runs.safe("stage1 artifact", tr.client.log_artifact, rid, str(slot.sidecar), "checkpoint")
+    runs.safe("stage1 finish", tr.client.set_terminated, rid)
 
 
 # -- Stage 2 ---------------------------------------------------------------------------------
@@ -711,10 +711,10 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
         + (f", {stopped} not learning" if stopped else "")
         + (f", {paused} paused" if paused else "") + f" in {wall:.1f} s")
     if rid:
-        runs.safe("stage2 metrics", runs.tracker.log_metrics, rid,
-                  {"trials_finished": finished, "trials_errored": errored, "wall_s": wall,
-                   "sum_trial_train_s": sum(train_times)})
-        runs.safe("stage2 finish", runs.tracker.finish, rid,
+        runs.safe("stage2 metrics", runs.tracker.log_metric_rows, rid, [(0, {
+            "trials_finished": finished, "trials_errored": errored, "wall_s": wall,
+            "sum_trial_train_s": sum(train_times)})])
+        runs.safe("stage2 finish", runs.tracker.client.set_terminated, rid,
                   "FAILED" if errored else "KILLED" if paused else "FINISHED")
     return out
 
@@ -733,7 +733,7 @@ def stage3(plan: Plan, runs: Runs) -> bool:
     if not n:  # e.g. a Phase 1 paused in the first wave (issue 52)
         say("[stage 3/3] no result file yet: no report")
         if rid:
-            runs.safe("stage3 finish", runs.tracker.finish, rid)
+            runs.safe("stage3 finish", runs.tracker.client.set_terminated, rid)
         return True
     say(f"[stage 3/3] statistics and report from {n} result file(s) -> {lay.report_dir}")
     t0 = time.time()
@@ -754,21 +754,21 @@ def stage3(plan: Plan, runs: Runs) -> bool:
             f"traceback in {lay.logs_dir / 'report-error.txt'}")
         if rid:
             runs.safe("stage3 tags", runs.tracker.set_tags, rid, {"error": msg[:5000]})
-            runs.safe("stage3 finish", runs.tracker.finish, rid, "FAILED")
+            runs.safe("stage3 finish", runs.tracker.client.set_terminated, rid, "FAILED")
         return False
     kill_point("stage3-report-written")
     say(f"[stage 3/3] report written in {time.time() - t0:.1f} s: "
         f"{', '.join(sorted(str(k) for k in (written or {}))[:6])}")
     if runs.parent and lay.report_dir.is_dir():
-        runs.safe("report artifacts", runs.tracker.log_artifacts, runs.parent, lay.report_dir,
-                  "report")
+        runs.safe("report artifacts", runs.tracker.client.log_artifacts, runs.parent,
+                  str(lay.report_dir), "report")
     from pmnet.report.build import CLAIMS_FILE
 
     if n_claims := log_claims(runs, (written or {}).get(CLAIMS_FILE)):  # the answer, in MLflow
         say(f"[stage 3/3] {n_claims} claims (effect, 95% CI, verdict) on the parent run "
             f"{runs.parent}: its claims/* metrics and tags")
     if rid:
-        runs.safe("stage3 finish", runs.tracker.finish, rid)
+        runs.safe("stage3 finish", runs.tracker.client.set_terminated, rid)
     return True
 
 

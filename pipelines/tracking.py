@@ -8,14 +8,13 @@ tracking never fails the pipeline. docs/pipeline.md, "MLflow layout", has the de
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +39,7 @@ log = logging.getLogger("pipelines.tracking")
 # the printed address names the runs page and the sidebar's workflow instead (ui_address)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
-MAX_PARAM_LEN = 6000
+MAX_PARAM_LEN, TAG_MAX = 6000, 5000  # param and tag values are cut there
 #: A model file at most this large goes into MLflow as an artifact (Stage 1's checkpoint, a
 #: trial's selected one): the `debug` and `cpu` presets' (about 1.1 MB for `cpu`); `small`'s
 #: (3.8 MB), `medium`'s (29 MB) and `paper`'s (120 MB) stay on disk, their path a tag. A size,
@@ -55,134 +54,55 @@ def model_as_artifact(path: str | os.PathLike) -> bool:
     return p.is_file() and p.stat().st_size <= ARTIFACT_MODEL_MAX_BYTES
 
 
-# "database is locked": another driver holds the SQLite file's write lock (measured in
-# docs/pipeline.md, "MLflow layout"); retried this many times, 1 s apart
-SQLITE_LOCK_RETRIES = 10
-
-
 # -- bounded calls ----------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class HttpLimits:
-    """How long one MLflow call may take, and how long to leave a failing server alone.
-
-    MLflow's REST client reads these environment variables at every request
-    (`mlflow.utils.rest_utils.http_request`). Its defaults (7 retries, backoff factor 2,
-    120 s per attempt) keep one call against a dead server busy for minutes; here one call
-    takes at most `worst_case_s()` (32.5 s against a server that accepts but never answers,
-    about 3 s against a refused connection). `cooldown_s`: after a failed call the guard
-    skips calls for this long, so a dead server costs one bounded call, not one per epoch.
-    """
-
-    max_retries: int = 2
-    backoff_factor: int = 1
-    backoff_jitter: float = 0.5
-    timeout_s: int = 10
-    cooldown_s: float = 120.0
-
-    def env(self) -> dict[str, str]:
-        return {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(self.max_retries),
-                "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(self.backoff_factor),
-                "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": str(self.backoff_jitter),
-                "MLFLOW_HTTP_REQUEST_TIMEOUT": str(self.timeout_s)}
-
-    def worst_case_s(self) -> float:
-        """Upper bound of one MLflow call under these limits (every attempt times out)."""
-        sleeps = sum(self.backoff_factor * 2 ** k + self.backoff_jitter
-                     for k in range(1, self.max_retries))
-        return (self.max_retries + 1) * self.timeout_s + sleeps
-
-    @contextlib.contextmanager
-    def applied(self) -> Iterator[None]:
-        """These limits for the MLflow calls inside the block (the previous values after)."""
-        new = self.env()
-        old = {k: os.environ.get(k) for k in new}
-        os.environ.update(new)
-        try:
-            yield
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
-TRACKING_LIMITS = HttpLimits()
+#: How long one MLflow call may take. MLflow's REST client reads these variables at every
+#: request (`mlflow.utils.rest_utils.http_request`); its defaults (7 retries, backoff factor 2,
+#: 120 s per attempt) keep one call against a dead server busy for minutes. Under these a
+#: call takes at most 3 x 10 s + (2 + 0.5) s = 32.5 s against a server that accepts but never
+#: answers, about 3 s against a refused connection. Set for the whole process by its first
+#: `Tracker` (the driver's, or `report`'s: a value in their environment is overridden there).
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+#: after a failed call the guard skips calls for this long, so a dead server costs one
+#: bounded call, not one per epoch
+COOLDOWN_S = 120.0
 
 
 class TrackingGuard:
     """Runs MLflow calls so that none can stall or fail the driver.
 
-    Each call runs under `limits`; SQLite's "database is locked" is retried
-    (SQLITE_LOCK_RETRIES); any other exception becomes `last_error`, a console warning the
-    first time (`on_failure`), and a cooldown of `limits.cooldown_s` in which calls are
-    skipped at once (reported as not done).
+    MLflow bounds each HTTP call (HTTP_LIMITS); a SQLite store waits for another writer's
+    lock itself (MLflow sets `PRAGMA busy_timeout = 20000` on each session,
+    `mlflow.store.db.utils._get_managed_session_maker`). Any exception becomes `last_error`,
+    a console warning the first time (`on_failure`), and a cooldown of COOLDOWN_S in which
+    calls are skipped at once (reported as not done).
     """
 
-    def __init__(self, limits: HttpLimits = TRACKING_LIMITS,
-                 on_failure: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.limits, self.on_failure, self.clock = limits, on_failure, clock
+    def __init__(self, on_failure: Callable[[str], None] | None = None):
+        self.on_failure = on_failure
         self.last_error: str | None = None
         self.failures = 0
         self._retry_at = float("-inf")
 
-    @property
-    def cooling_down(self) -> bool:
-        return self.clock() < self._retry_at
-
     def call(self, what: str, fn: Callable[..., Any], *args, **kwargs) -> tuple[bool, Any]:
         """(True, fn's value), or (False, None) when it failed or was skipped."""
-        if self.cooling_down:
+        if time.monotonic() < self._retry_at:
             return False, None
-        for attempt in range(SQLITE_LOCK_RETRIES + 1):
-            try:
-                with self.limits.applied():
-                    return True, fn(*args, **kwargs)
-            except Exception as e:  # tracking must never take training or results down
-                if "database is locked" in str(e) and attempt < SQLITE_LOCK_RETRIES:
-                    time.sleep(1.0)
-                    continue
-                self._retry_at = self.clock() + self.limits.cooldown_s
-                self.last_error = f"{what} failed: {type(e).__name__}: {e}"[:1000]
-                self.failures += 1
-                log.warning("MLflow: %s; MLflow calls are skipped for %.0f s",
-                            self.last_error, self.limits.cooldown_s)
-                if self.on_failure is not None and self.failures == 1:
-                    self.on_failure(self.last_error)
-                return False, None
-        return False, None  # not reached
+        try:
+            return True, fn(*args, **kwargs)
+        except Exception as e:  # tracking must never take training or results down
+            self._retry_at = time.monotonic() + COOLDOWN_S
+            self.last_error = f"{what} failed: {type(e).__name__}: {e}"[:1000]
+            self.failures += 1
+            log.warning("MLflow: %s; MLflow calls are skipped for %.0f s", self.last_error,
+                        COOLDOWN_S)
+            if self.on_failure is not None and self.failures == 1:
+                self.on_failure(self.last_error)
+            return False, None
 
 
 # -- the client ----------------------------------------------------------------------------
-
-
-def _param_str(value: Any) -> str:
-    """One spelling per value: a tuple and the list a result file reads back are the same
-    JSON list (`[1, 1, 8, 8]`), so a param logged from the config and again from the result
-    is not seen as changed (issue 37)."""
-    s = value if isinstance(value, str) else (
-        json.dumps(value) if isinstance(value, (list, tuple)) else str(value))
-    return s if len(s) <= MAX_PARAM_LEN else s[: MAX_PARAM_LEN - 3] + "..."
-
-
-#: a param whose value differs from the logged one on resume: tag `param_changed.<key>`
-#: = "logged <old>; this attempt <new>" (the logged value stays, as MLflow params are
-#: immutable); tag values are cut at TAG_MAX characters
-PARAM_CHANGED, TAG_MAX = "param_changed.", 5000
-
-
-def _same_param(logged: str, value: Any) -> bool:
-    """Whether `logged` spells `value`: today's spelling, or one of the two an earlier version
-    wrote (`str` of the tuple or of the list), so a run logged then is not changed by a
-    resume now."""
-    spellings = {_param_str(value)}
-    if isinstance(value, (list, tuple)):
-        spellings |= {str(tuple(value)), str(list(value))}
-    cut = {x if len(x) <= MAX_PARAM_LEN else x[: MAX_PARAM_LEN - 3] + "..." for x in spellings}
-    return logged in cut
 
 
 class Tracker:
@@ -191,6 +111,7 @@ class Tracker:
     def __init__(self, uri: str):
         from mlflow import MlflowClient
 
+        os.environ.update(HTTP_LIMITS)  # every MLflow call of this process is bounded
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
 
@@ -213,12 +134,6 @@ class Tracker:
             self.client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
 
-    def find_run(self, experiment_id: str, key: str):
-        runs = self.client.search_runs(
-            [experiment_id], filter_string=f"tags.run_key = '{key}'",
-            order_by=["attributes.start_time ASC"], max_results=10)
-        return runs[0] if runs else None
-
     def attach_run(self, experiment_id: str, key: str, *, run_name: str,
                    tags: dict[str, Any] | None = None, parent_run_id: str | None = None,
                    run_id: str | None = None) -> tuple[str, bool]:
@@ -239,7 +154,10 @@ class Tracker:
             except MlflowException:
                 run = None
         if run is None:
-            run = self.find_run(experiment_id, key)
+            found = self.client.search_runs(
+                [experiment_id], filter_string=f"tags.run_key = '{key}'",
+                order_by=["attributes.start_time ASC"], max_results=1)
+            run = found[0] if found else None
         if run is None:
             run = self.client.create_run(experiment_id, tags=tags, run_name=run_name)
             return run.info.run_id, True
@@ -249,34 +167,23 @@ class Tracker:
         self.set_tags(rid, {k: v for k, v in tags.items() if run.data.tags.get(k) != v})
         return rid, False
 
-    def log_params_once(self, run_id: str, params: dict[str, Any]) -> list[str]:
-        """Log the params the run lacks; return the keys whose logged value differs."""
+    def log_params_once(self, run_id: str, params: dict[str, Any]) -> None:
+        """Log the params the run lacks (a logged one is immutable; a resume with another
+        config is refused at planning). A list or tuple is spelled as JSON (`[1, 1, 8, 8]`),
+        so a config's tuple and its result file's list are one value (issue 37)."""
         from mlflow.entities import Param
 
         existing = self.client.get_run(run_id).data.params
-        todo, differ = [], []
-        for k, v in params.items():
-            s = _param_str(v)
-            if k not in existing:
-                todo.append(Param(k, s))
-            elif not _same_param(existing[k], v):
-                differ.append(k)
+        todo = [Param(k, (json.dumps(v) if isinstance(v, (list, tuple)) else str(v))
+                      [:MAX_PARAM_LEN]) for k, v in params.items() if k not in existing]
         for i in range(0, len(todo), 100):
             self.client.log_batch(run_id, params=todo[i:i + 100])
-        if differ:  # a real difference on resume: recorded on the run, not printed
-            self.set_tags(run_id, {f"{PARAM_CHANGED}{k}": f"logged {existing[k]}; this attempt "
-                                   f"{_param_str(params[k])}"[:TAG_MAX] for k in differ})
-            log.debug("run %s already has different values for params %s", run_id, differ)
-        return differ
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
         if tags:
             self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-
-    def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int | None = None) -> None:
-        self.log_metric_rows(run_id, [(int(step or 0), metrics)])
 
     def log_metric_rows(self, run_id: str, rows: list[tuple[int, dict[str, Any]]]) -> None:
         """Several steps' metrics in as few requests as possible (1000 values per batch)."""
@@ -287,19 +194,6 @@ class Tracker:
                  for k, v in metrics.items() if (f := as_float(v)) is not None]
         for i in range(0, len(items), 1000):
             self.client.log_batch(run_id, metrics=items[i:i + 1000])
-
-    def logged_steps(self, run_id: str, key: str) -> set[int]:
-        return {m.step for m in self.client.get_metric_history(run_id, key)}
-
-    def log_artifact(self, run_id: str, path: str | os.PathLike, artifact_path: str | None = None):
-        self.client.log_artifact(run_id, str(path), artifact_path)
-
-    def log_artifacts(self, run_id: str, path: str | os.PathLike,
-                      artifact_path: str | None = None):
-        self.client.log_artifacts(run_id, str(path), artifact_path)
-
-    def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        self.client.set_terminated(run_id, status=status)
 
 
 # -- the pipeline's runs ---------------------------------------------------------------------
@@ -362,13 +256,8 @@ def experiment_name(plan: Plan) -> str:
 
 def open_tracking(plan: Plan) -> Runs:
     """Attach the pipeline's experiment and parent run, and record them in tracking.json.
-    Bounded by TRACKING_LIMITS, but fatal: it runs before any trial starts, and a server
+    Bounded by HTTP_LIMITS, but fatal: it runs before any trial starts, and a server
     was checked reachable while planning."""
-    with TRACKING_LIMITS.applied():
-        return _open_tracking(plan)
-
-
-def _open_tracking(plan: Plan) -> Runs:
     lay = plan.layout
     uri = store_uri(lay.root, plan.tracking_uri)
     t_open_ms = int(time.time() * 1000) - 1000  # a store made from here on is this run's
@@ -496,7 +385,7 @@ def log_claims(runs: Runs, claims_file: str | os.PathLike | None) -> int:
         return 0
     metrics, tags = claim_entries(records)
     ok, _ = runs.guard.call("logging the claims", lambda: (
-        runs.tracker.log_metrics(runs.parent, metrics),
+        runs.tracker.log_metric_rows(runs.parent, [(0, metrics)]),
         runs.tracker.set_tags(runs.parent, tags)))
     return len(records) if ok else 0
 
@@ -547,7 +436,7 @@ def record_result(tracker: Tracker, run_id: str, result: dict,
     trial, select = TrialId.from_result(result), result["select"]
     tracker.log_params_once(run_id, trial_params(result.get("config") or {}, trial,
                                                  result.get("variant_overrides")))
-    logged = tracker.logged_steps(run_id, "epoch")
+    logged = {m.step for m in tracker.client.get_metric_history(run_id, "epoch")}
     rows, best = [], float("-inf")
     for row in result.get("history") or []:
         value = as_float(row.get(f"val/{select}"))
@@ -560,19 +449,19 @@ def record_result(tracker: Tracker, run_id: str, result: dict,
     tracker.log_metric_rows(run_id, rows)
     test = {f"test/{k}": v for k, v in (result.get("test") or {}).items()
             if isinstance(v, (int, float))}
-    tracker.log_metrics(run_id, {**test, "train_time_s": result.get("train_time_s") or 0,
-                                 "trainable_params": result.get("trainable_params") or 0},
-                        step=int(result.get("best_epoch") or 0))
-    tracker.log_artifact(run_id, result_path, "result")
+    tracker.log_metric_rows(run_id, [(int(result.get("best_epoch") or 0), {
+        **test, "train_time_s": result.get("train_time_s") or 0,
+        "trainable_params": result.get("trainable_params") or 0})])
+    tracker.client.log_artifact(run_id, str(result_path), "result")
     trained_on = {k: result[k] for k in ("device", "precision") if result.get(k)}
     if trained_on:  # where the trial actually trained (pmnet.train.trained_on)
         tracker.set_tags(run_id, trained_on)
     best_model = result.get("best_model")
     if best_model and Path(best_model).is_file():
         if model_as_artifact(best_model):
-            tracker.log_artifact(run_id, best_model, "checkpoint")
+            tracker.client.log_artifact(run_id, best_model, "checkpoint")
         tracker.set_tags(run_id, {"best_model_path": best_model})
-    tracker.finish(run_id, "FINISHED")
+    tracker.client.set_terminated(run_id, "FINISHED")
 
 
 def _finished_runs(runs: Runs, pipeline: str) -> dict[str, str]:

@@ -348,7 +348,7 @@ def test_the_mlflow_run_records_device_and_precision():
 
     class Recorder:
         def __init__(self):
-            self.tags = {}
+            self.tags, self.client = {}, self
 
         def __getattr__(self, name):
             return lambda *a, **k: set()

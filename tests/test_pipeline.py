@@ -672,9 +672,9 @@ from pipelines.tracking import Tracker, TrackingGuard
 tracker, guard = Tracker(sys.argv[1]), TrackingGuard()
 exp = tracker.experiment("two-writers")
 rid, _ = tracker.attach_run(exp, sys.argv[2], run_name=sys.argv[2])
-ok = [guard.call("log", tracker.log_metrics, rid, {"x": float(i)}, step=i)[0]
+ok = [guard.call("log", tracker.client.log_metric, rid, "x", float(i), step=i)[0]
       for i in range(int(sys.argv[3]))]
-tracker.finish(rid)
+tracker.client.set_terminated(rid)
 print(sum(ok), guard.failures, flush=True)
 """
 

@@ -440,8 +440,8 @@ def test_trial_runs_are_named_and_reattached(tracker):
                                       tags={"condition": "learned_full", "seed": 42})
     assert created
     tracker.log_params_once(rid, {"lr": 0.001, "model.hidden": 32})
-    tracker.log_metrics(rid, {"val/updated_ltm": 10.0, "epoch": 0}, step=0)
-    tracker.finish(rid, "FAILED")
+    tracker.log_metric_rows(rid, [(0, {"val/updated_ltm": 10.0, "epoch": 0})])
+    tracker.client.set_terminated(rid, "FAILED")
     # a retried / resumed trial finds the same run, by tag or by id
     again, created = tracker.attach_run(exp, key, run_name="learned_full-s42",
                                         parent_run_id=parent, tags={"seed": 42})
@@ -451,26 +451,17 @@ def test_trial_runs_are_named_and_reattached(tracker):
     assert run_.info.status == "RUNNING" and run_.info.run_name == "learned_full-s42"
     assert run_.data.tags["run_key"] == key and run_.data.tags["condition"] == "learned_full"
     assert run_.data.tags["mlflow.parentRunId"] == parent
-    # params: identical values are not re-sent; a different value is reported, not a crash
-    assert tracker.log_params_once(rid, {"lr": 0.001, "model.hidden": 32, "new": "x"}) == []
-    assert tracker.log_params_once(rid, {"lr": 0.5}) == ["lr"]
+    # params: only the missing ones are sent (MLflow refuses to change a logged param; a
+    # pipeline resumed with another config is refused at planning)
+    tracker.log_params_once(rid, {"lr": 0.5, "model.hidden": 32, "new": "x"})
     assert tracker.client.get_run(rid).data.params == {"lr": "0.001", "model.hidden": "32",
                                                        "new": "x"}
-    assert tracker.logged_steps(rid, "epoch") == {0}
+    assert {m.step for m in tracker.client.get_metric_history(rid, "epoch")} == {0}
     assert len(tracker.client.search_runs([exp], f"tags.run_key = '{key}'")) == 1
     # issue 37: a tuple from the config and the list its result file reads back are one
-    # spelling, nested too; a run logged with the old spelling (str of a tuple) is unchanged
-    assert tracker.log_params_once(rid, {"model.write_dims": (1, 1, 8, 8)}) == []
-    assert tracker.log_params_once(rid, {"model.write_dims": [1, 1, 8, 8]}) == []
+    # spelling, a JSON list
+    tracker.log_params_once(rid, {"model.write_dims": (1, 1, 8, 8)})
     assert tracker.client.get_run(rid).data.params["model.write_dims"] == "[1, 1, 8, 8]"
-    tracker.client.log_param(rid, "seeds", str((42, 43)))  # as an older version logged it
-    assert tracker.log_params_once(rid, {"seeds": [42, 43]}) == []
-    assert tracker.log_params_once(rid, {"seeds": [42, 44]}) == ["seeds"]
-    # a real difference is kept on the run as a tag (params are immutable), not printed
-    tags = tracker.client.get_run(rid).data.tags
-    assert tags["param_changed.lr"] == "logged 0.001; this attempt 0.5"
-    assert tags["param_changed.seeds"] == "logged (42, 43); this attempt [42, 44]"
-    assert "param_changed.model.write_dims" not in tags
 
 
 # -- status from disk -----------------------------------------------------------------------
@@ -738,7 +729,7 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, 
     import shutil
 
     from pipelines.records import TrackingRecord
-    from pipelines.tracking import TRACKING_LIMITS
+    from pipelines.tracking import HTTP_LIMITS
 
     lay = Layout(tmp_path / "runs", "t")
     shutil.copytree(trials_here["lay"].run_dir, lay.run_dir)
@@ -758,27 +749,34 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, 
     assert time.time() - t0 < 30
     assert cb.runs.guard.failures == 1 and "listing" in cb.runs.guard.last_error
     assert TrackingRecord.read(lay.tracking_json).trials == {}  # nothing claimed
-    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "7"  # left as it was
-    assert TRACKING_LIMITS.worst_case_s() < 40
+    # the process's own bound, set by its first Tracker (monkeypatch restores the user's)
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == HTTP_LIMITS[
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    # a hung server: (retries + 1) x timeout plus the backoffs, 32.5 s
+    assert (int(HTTP_LIMITS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) + 1) * float(
+        HTTP_LIMITS["MLFLOW_HTTP_REQUEST_TIMEOUT"]) < 40
 
 
-def test_tracking_limits_bound_a_server_that_never_answers(tmp_path):
+def test_tracking_limits_bound_a_server_that_never_answers(tmp_path, monkeypatch):
     """MLflow applies the timeout and retry variables: a server that accepts connections
     but never answers costs (retries + 1) x timeout, not MLflow's 8 x 120 s."""
-    from pipelines.tracking import HttpLimits, TrackingGuard
+    from pipelines import tracking
 
+    for k, v in {"MAX_RETRIES": "1", "BACKOFF_FACTOR": "0", "BACKOFF_JITTER": "0.0",
+                 "TIMEOUT": "1"}.items():  # Tracker sets them for the process: restored after
+        monkeypatch.setitem(tracking.HTTP_LIMITS, f"MLFLOW_HTTP_REQUEST_{k}", v)
+        monkeypatch.setenv(f"MLFLOW_HTTP_REQUEST_{k}", v)
     with socket.socket() as hung:  # listening, never accepting: connects, never answers
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)
         uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
-        guard = TrackingGuard(HttpLimits(max_retries=1, backoff_factor=0, backoff_jitter=0.0,
-                                         timeout_s=1, cooldown_s=3600))
+        guard = tracking.TrackingGuard()
         tracker = Tracker(uri)
         t0 = time.time()
         ok, _ = guard.call("attaching", tracker.attach_run, "1", "t/x-s1", run_name="x-s1")
         first = time.time() - t0
         for epoch in range(5):  # cooling down: skipped at once, not retried per epoch
-            assert guard.call(f"epoch {epoch}", tracker.log_metrics, "r", {"x": 1.0},
+            assert guard.call(f"epoch {epoch}", tracker.client.log_metric, "r", "x", 1.0,
                               step=epoch) == (False, None)
         total = time.time() - t0
     assert not ok and 1.5 < first < 10, first
@@ -786,21 +784,32 @@ def test_tracking_limits_bound_a_server_that_never_answers(tmp_path):
     assert "Timeout" in guard.last_error and guard.failures == 1
 
 
-def test_sqlite_lock_is_retried_not_fatal(monkeypatch):
+def test_sqlite_lock_is_waited_for_not_fatal(tmp_path):
+    """Another writer's SQLite lock is waited for (MLflow's own `busy_timeout` of 20 s,
+    beyond pysqlite's 5 s), and a call that fails with "database is locked" all the same is
+    a skipped call, not an exception."""
+    import sqlite3
+    import threading
+
     from pipelines import tracking
 
-    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
-    calls = []
+    db = tmp_path / "mlflow.db"
+    tracker, guard = Tracker(f"sqlite:///{db}"), tracking.TrackingGuard()
+    exp = tracker.experiment("locked")
+    rid, _ = tracker.attach_run(exp, "r", run_name="r")
+    other = sqlite3.connect(db, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")  # another driver's write, held for 6 s
+    threading.Timer(6.0, other.rollback).start()
+    t0 = time.time()
+    ok, _ = guard.call("log", tracker.log_metric_rows, rid, [(0, {"x": 1.0})])
+    assert ok and guard.failures == 0 and time.time() - t0 > 5
+    other.close()
+    assert tracker.client.get_run(rid).data.metrics == {"x": 1.0}
 
-    def locked_twice():
-        calls.append(1)
-        if len(calls) <= 2:
-            raise RuntimeError("(sqlite3.OperationalError) database is locked")
-        return "done"
+    def locked():
+        raise RuntimeError("(sqlite3.OperationalError) database is locked")
 
-    guard = tracking.TrackingGuard()
-    assert guard.call("log", locked_twice) == (True, "done") and len(calls) == 3
-    assert guard.failures == 0
+    assert guard.call("log", locked) == (False, None) and guard.failures == 1
 
 
 def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_here,
@@ -824,7 +833,7 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
     c1, s1 = HERE_TRIALS[1]
     early, _ = tracker.attach_run(exp, trial_key("t", TrialId(c1, s1)),
                                   run_name=TrialId(c1, s1).name, parent_run_id=parent)
-    tracker.log_metrics(early, {"epoch": 0, "val/updated_ltm": 1.0}, step=0)
+    tracker.log_metric_rows(early, [(0, {"epoch": 0, "val/updated_ltm": 1.0})])
     runs = Runs.reopen(lay)
     assert backfill_results(lay, runs, HERE_IDS) == {"logged": 2, "pending": 0}
     client = tracker.client
