@@ -116,7 +116,7 @@ def check_cluster(plan: Plan, ray) -> ClusterInfo:
 
 def ui_hint(plan: Plan, runs: Runs) -> str:
     """Where to see this pipeline's training runs in the MLflow UI."""
-    from pipelines.tracking_uri import UI_DEFAULT, ui_address
+    from pipelines.addresses import UI_DEFAULT, ui_address
 
     if runs.experiment_id is None:
         return "not tracked (MLflow failed; `make resume` logs the runs from the results)"

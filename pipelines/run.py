@@ -329,8 +329,14 @@ def ui_plan(root: Path, host: str, port: int, allowed_hosts: str | None = None,
     or a database (`postgresql://...`), each served by `mlflow server --backend-store-uri`;
     a tracking server (http/https) has its own UI, whose address is printed instead. Reads
     only."""
-    from pipelines.addresses import hide_password
-    from pipelines.tracking_uri import EMBEDDED, run_address, sqlite_path, store_uri, ui_address
+    from pipelines.addresses import (
+        EMBEDDED,
+        hide_password,
+        run_address,
+        sqlite_path,
+        store_uri,
+        ui_address,
+    )
 
     name, record = ui_source(root, name)
     uri = store_uri(root, record.tracking_uri)
@@ -372,8 +378,7 @@ def cmd_ui(a) -> int:
     """`mlflow server` on the store the last (or --name) pipeline logged to (`ui_plan`),
     or, for a tracking server, its address; prints the address of the pipeline's parent
     run and training runs."""
-    from pipelines.addresses import ui_bind
-    from pipelines.tracking_uri import sqlite_path
+    from pipelines.addresses import sqlite_path, ui_bind
 
     root = Path(a.root).expanduser().absolute()
     ui = ui_plan(root, a.host, a.port, a.allowed_hosts, a.name)

@@ -26,6 +26,7 @@ from typing import Any
 
 from ray import tune
 
+from pipelines.addresses import EMBEDDED
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write_json
@@ -49,7 +50,6 @@ from pipelines.records import (
     canon,
 )
 from pipelines.tracking import MirrorLanded, Runs, log_claims, model_as_artifact, stage_run
-from pipelines.tracking_uri import EMBEDDED
 from pipelines.trial import NOT_LEARNING, PAUSED
 from pmnet.trial_id import TrialId
 

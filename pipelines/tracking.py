@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
-from pipelines.addresses import hide_password
+from pipelines.addresses import EMBEDDED, HTTP_LIMITS, artifact_location, hide_password, store_uri
 from pipelines.console import say
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
 from pipelines.records import TrackingRecord, TrialRecord, as_float
-from pipelines.tracking_uri import EMBEDDED, artifact_location, store_uri
 from pmnet.trial_id import TrialId
 
 if TYPE_CHECKING:
@@ -56,14 +55,6 @@ def model_as_artifact(path: str | os.PathLike) -> bool:
 
 # -- bounded calls ----------------------------------------------------------------------------
 
-#: How long one MLflow call may take. MLflow's REST client reads these variables at every
-#: request (`mlflow.utils.rest_utils.http_request`); its defaults (7 retries, backoff factor 2,
-#: 120 s per attempt) keep one call against a dead server busy for minutes. Under these a
-#: call takes at most 3 x 10 s + (2 + 0.5) s = 32.5 s against a server that accepts but never
-#: answers, about 3 s against a refused connection. Set for the whole process by its first
-#: `Tracker` (the driver's, or `report`'s: a value in their environment is overridden there).
-HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-               "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 #: after a failed call the guard skips calls for this long, so a dead server costs one
 #: bounded call, not one per epoch
 COOLDOWN_S = 120.0

@@ -15,6 +15,7 @@ import pytest
 
 from pipelines import plan as planning
 from pipelines import run, stages
+from pipelines.addresses import check_tracking_uri
 from pipelines.layout import (
     Layout,
     PipelineError,
@@ -25,7 +26,6 @@ from pipelines.layout import (
 from pipelines.phase1 import Phase1Refused, check_phase1, existing_phase1, phase1_config_hash
 from pipelines.status import status_text, trial_rows
 from pipelines.tracking import Tracker
-from pipelines.tracking_uri import check_tracking_uri
 from pmnet.trial_id import TrialId
 from tests.support.net import free_port
 from tests.support.trials import FakeTune, run_trial_here, trial_ctx
@@ -662,8 +662,8 @@ class _TuneTrial:
 
 
 def _open_store(lay: Layout, uri: str) -> tuple:
+    from pipelines.addresses import artifact_location
     from pipelines.records import TrackingRecord
-    from pipelines.tracking_uri import artifact_location
 
     tracker = Tracker(uri)  # artifacts where the driver puts them, never the repo's ./mlruns
     exp = tracker.experiment("pmnet/t", artifact_location=artifact_location(uri, "t", lay.root))
@@ -863,7 +863,7 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
 
 
 def test_the_ui_address_opens_the_experiments_training_runs(tmp_path):
-    from pipelines.tracking_uri import ui_address
+    from pipelines.addresses import ui_address
 
     lay = Layout(tmp_path / "runs", "t")
     tracker, exp, _ = _open_store(lay, f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -975,7 +975,7 @@ def test_a_trial_that_starts_past_the_runs_deadline_does_not_train(tmp_path, pha
 
 
 def test_sqlite_tracking_uri_is_made_absolute_and_recorded_for_resume(tmp_path, monkeypatch):
-    from pipelines.tracking_uri import store_uri
+    from pipelines.addresses import store_uri
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(PipelineError, match="does not exist"):  # nothing is created

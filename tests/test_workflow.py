@@ -366,7 +366,7 @@ def test_the_parent_run_holds_each_claims_effect_ci_and_verdict(tmp_path, capsys
     from mlflow.entities import ViewType
 
     from pipelines import tracking
-    from pipelines.tracking_uri import store_uri
+    from pipelines.addresses import store_uri
 
     # the grid of the fixtures' trials: the run's report reads the run's grid's units
     plan = _plan(tmp_path, name="answer", grid="default", seeds="42,43,44")

@@ -81,7 +81,7 @@ CONCERN = {
     "_finished_runs": TRACK, "_backfill_one": TRACK, "backfill_results": TRACK,
     "sqlite_path": TRACK, "absolute_sqlite_uri": TRACK, "store_uri": TRACK,
     "artifact_location": TRACK, "requested_tracking_uri": TRACK, "check_tracking_uri": VALID,
-    "_check_server": VALID, "ui_address": TRACK,
+    "ui_address": TRACK,
     "storage_root": VALID, "database_backend": VALID, "check_database": VALID,
     "hide_password": VALID, "is_loopback": VALID, "ui_bind": VALID,
     "TrialContext": ORCH, "TrialConfigError": FAULT, "assigned_device": CLUSTER,
