@@ -251,7 +251,6 @@ def open_tracking(plan: Plan) -> Runs:
     was checked reachable while planning."""
     lay = plan.layout
     uri = store_uri(lay.root, plan.tracking_uri)
-    t_open_ms = int(time.time() * 1000) - 1000  # a store made from here on is this run's
     tracker = Tracker(uri)
     exp_id = tracker.experiment(experiment_name(plan),
                                 tags={"pipeline": plan.name, "storage_root": str(lay.root)},
@@ -272,7 +271,6 @@ def open_tracking(plan: Plan) -> Runs:
         **plan.cfg.flat(), **grid_params,
         "resources.cpus_per_trial": sp.cpus_per_trial,
         "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
-    drop_empty_default(tracker, own_store=plan.tracking_uri is None, since_ms=t_open_ms)
     same_store = known.experiment_id == exp_id
     record = TrackingRecord(tracking_uri=plan.tracking_uri or EMBEDDED,
                             experiment_name=experiment_name(plan), experiment_id=exp_id,
@@ -284,36 +282,6 @@ def open_tracking(plan: Plan) -> Runs:
     say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent}; "
         f"tracking URI {where}")
     return runs
-
-
-DEFAULT_EXPERIMENT_ID = "0"
-
-
-def drop_empty_default(tracker: Tracker, *, own_store: bool, since_ms: int) -> bool:
-    """Delete (restorably) the empty experiment "Default" (id 0) that MLflow's SQL store
-    makes in every new database, where the pipeline never logs, so that the UI lists the
-    pipeline's experiments only. Only where the pipeline owns it: the embedded store, or a
-    database this call's run created (its "Default" made at or after `since_ms`); a
-    tracking server's is the server's, and a Default holding any run is kept. True when
-    deleted."""
-    from mlflow.entities import ViewType
-    from mlflow.exceptions import MlflowException
-
-    if tracker.uri.lower().startswith(("http://", "https://")):
-        return False
-    try:
-        exp = tracker.client.get_experiment(DEFAULT_EXPERIMENT_ID)
-    except MlflowException:
-        return False
-    if exp is None or exp.name != "Default" or exp.lifecycle_stage != "active":
-        return False
-    if not own_store and (exp.creation_time or 0) < since_ms:
-        return False  # a database that was there before: its Default is not ours
-    if tracker.client.search_runs([DEFAULT_EXPERIMENT_ID], run_view_type=ViewType.ALL,
-                                  max_results=1):
-        return False
-    tracker.client.delete_experiment(DEFAULT_EXPERIMENT_ID)
-    return True
 
 
 # -- the answer on the parent run ------------------------------------------------------------

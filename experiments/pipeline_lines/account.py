@@ -118,7 +118,7 @@ CONCERN = {
     # ui` on the run's own store, the Ray address kept for resume, the answer in MLflow
     "UiPlan": TRACK, "ui_source": TRACK,
     "ui_plan": TRACK, "run_address": TRACK, "resume_ray_address": CLUSTER,
-    "epoch_shown": VIEW, "drop_empty_default": TRACK, "claim_key": TRACK,
+    "epoch_shown": VIEW, "claim_key": TRACK,
     "claim_entries": TRACK, "_fmt2": TRACK, "log_claims": TRACK,
 }
 
