@@ -659,7 +659,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
                 check_phase1(slot.ckpt, p1.digests[slot.seed])
         except Exception as e:
             raise PipelineError(str(e)) from e
-    rid = stage_run(plan, runs, "stage2-phase2")
     ctx = trial_context(plan, p1, deadline_at=deadline_at, stop_file=stop_file)
     restore_trial_progress(plan, ctx)
     import ray
@@ -710,12 +709,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored"
         + (f", {stopped} not learning" if stopped else "")
         + (f", {paused} paused" if paused else "") + f" in {wall:.1f} s")
-    if rid:
-        runs.safe("stage2 metrics", runs.tracker.log_metric_rows, rid, [(0, {
-            "trials_finished": finished, "trials_errored": errored, "wall_s": wall,
-            "sum_trial_train_s": sum(train_times)})])
-        runs.safe("stage2 finish", runs.tracker.client.set_terminated, rid,
-                  "FAILED" if errored else "KILLED" if paused else "FINISHED")
     return out
 
 
@@ -728,12 +721,9 @@ def stage3(plan: Plan, runs: Runs) -> bool:
     the store) in `<store>/report/`. A failure is logged, the units are kept."""
     lay = plan.layout
     units = lay.units
-    rid = stage_run(plan, runs, "stage3-report")
     n = sum(units.result(t).is_file() for t in plan.space.trials)
     if not n:  # e.g. a Phase 1 paused in the first wave (issue 52)
         say("[stage 3/3] no result file yet: no report")
-        if rid:
-            runs.safe("stage3 finish", runs.tracker.client.set_terminated, rid)
         return True
     say(f"[stage 3/3] statistics and report from {n} result file(s) -> {lay.report_dir}")
     t0 = time.time()
@@ -752,9 +742,6 @@ def stage3(plan: Plan, runs: Runs) -> bool:
         (lay.logs_dir / "report-error.txt").write_text(traceback.format_exc())
         say(f"[stage 3/3] report failed ({msg}); the results are kept in {lay.results_dir}; "
             f"traceback in {lay.logs_dir / 'report-error.txt'}")
-        if rid:
-            runs.safe("stage3 tags", runs.tracker.set_tags, rid, {"error": msg[:5000]})
-            runs.safe("stage3 finish", runs.tracker.client.set_terminated, rid, "FAILED")
         return False
     kill_point("stage3-report-written")
     say(f"[stage 3/3] report written in {time.time() - t0:.1f} s: "
@@ -767,8 +754,6 @@ def stage3(plan: Plan, runs: Runs) -> bool:
     if n_claims := log_claims(runs, (written or {}).get(CLAIMS_FILE)):  # the answer, in MLflow
         say(f"[stage 3/3] {n_claims} claims (effect, 95% CI, verdict) on the parent run "
             f"{runs.parent}: its claims/* metrics and tags")
-    if rid:
-        runs.safe("stage3 finish", runs.tracker.client.set_terminated, rid)
     return True
 
 
