@@ -25,7 +25,7 @@ from pipelines.addresses import EMBEDDED, HTTP_LIMITS, artifact_location, hide_p
 from pipelines.console import say
 from pipelines.layout import Layout, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import TrackingRecord, TrialRecord, as_float
+from pipelines.records import TrackingRecord, as_float
 from pmnet.trial_id import TrialId
 
 if TYPE_CHECKING:
@@ -220,15 +220,6 @@ class Runs:
         if self.layout is not None:
             self.record.write(self.layout.tracking_json)
 
-    def note(self, *, stage: str | None = None, trial: str | None = None,
-             value: str | TrialRecord | None = None) -> None:
-        """Record one stage's run id or one trial's TrialRecord in tracking.json. Read,
-        changed and written at once: the driver's and the callback's `Runs` share the file."""
-        if self.layout is not None:
-            self.record = TrackingRecord.read(self.layout.tracking_json)
-        (self.record.stages if stage else self.record.trials)[stage or trial] = value
-        self.save()
-
     @classmethod
     def reopen(cls, layout: Layout, uri: str | None = None) -> Runs:
         """The runs tracking.json records, for a later process (the Tune callback after a
@@ -274,8 +265,7 @@ def open_tracking(plan: Plan) -> Runs:
     same_store = known.experiment_id == exp_id
     record = TrackingRecord(tracking_uri=plan.tracking_uri or EMBEDDED,
                             experiment_name=experiment_name(plan), experiment_id=exp_id,
-                            parent_run_id=parent, stages=known.stages if same_store else {},
-                            trials=known.trials if same_store else {})
+                            parent_run_id=parent, stages=known.stages if same_store else {})
     runs = Runs(tracker=tracker, layout=lay, record=record)
     runs.save()
     where = hide_password(uri) + (" (the embedded store)" if plan.tracking_uri is None else "")
@@ -361,7 +351,8 @@ def stage_run(plan: Plan, runs: Runs, stage: str) -> str | None:
                     run_id=runs.record.stages.get(stage))
     if got is None:
         return None
-    runs.note(stage=stage, value=got[0])
+    runs.record.stages[stage] = got[0]
+    runs.save()
     return got[0]
 
 
@@ -423,21 +414,19 @@ def record_result(tracker: Tracker, run_id: str, result: dict,
     tracker.client.set_terminated(run_id, "FINISHED")
 
 
-def _finished_runs(runs: Runs, pipeline: str) -> dict[str, str]:
-    """{trial_key: run id} of the pipeline's FINISHED trial runs."""
+def _finished_runs(runs: Runs, pipeline: str) -> set[str]:
+    """The trial keys of the pipeline's FINISHED trial runs."""
     found = runs.tracker.client.search_runs(
         [runs.experiment_id], max_results=50000,
         filter_string=f"tags.pipeline = '{pipeline}' and attributes.status = 'FINISHED'")
-    return {r.data.tags["trial_key"]: r.info.run_id for r in found if "trial_key" in r.data.tags}
+    return {r.data.tags["trial_key"] for r in found if "trial_key" in r.data.tags}
 
 
 def _backfill_one(runs: Runs, pipeline: str, trial: TrialId, result: dict, path: Path) -> str:
-    known = runs.record.trials.get(trial.name)
     rid, _ = runs.tracker.attach_run(
         runs.experiment_id, trial_key(pipeline, trial), run_name=trial.name,
-        parent_run_id=runs.parent, run_id=known.run_id if known else None,
-        tags=trial_run_tags(pipeline, trial, result["phase1_sha256"], result["preset"],
-                            result["select"]))
+        parent_run_id=runs.parent, tags=trial_run_tags(
+            pipeline, trial, result["phase1_sha256"], result["preset"], result["select"]))
     record_result(runs.tracker, rid, result, path)
     return rid
 
@@ -446,7 +435,7 @@ def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId], *,
                      quiet: bool = False) -> dict[str, int]:
     """MLflow as a mirror of the store: each unit of `trials` (the run's) that the run's
     store holds and whose run is not FINISHED (trained by another writer, or logged only in
-    part) is attached (by run id or trial_key; created if missing) and logged completely by
+    part) is attached (by its trial_key; created if missing) and logged completely by
     `record_result`. Idempotent: a FINISHED run is left as it is. Bounded and non-fatal:
     when MLflow fails the rest stays for the next call. Returns {"logged": n, "pending": m}."""
     out = {"logged": 0, "pending": 0}
@@ -461,14 +450,10 @@ def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId], *,
             trial = TrialId.from_result(result)
         except (AttributeError, KeyError, TypeError, ValueError):  # not a trial's result
             continue
-        if ok and (rid := finished.get(trial_key(layout.name, trial))):
-            if not runs.record.trials.get(trial.name, TrialRecord()).finished:
-                runs.note(trial=trial.name, value=TrialRecord(run_id=rid, finished=True))
+        if ok and trial_key(layout.name, trial) in finished:
             continue
         rid = runs.safe(f"logging {trial.name} from its result file", _backfill_one, runs,
                         layout.name, trial, result, path) if ok else None
-        if rid is not None:
-            runs.note(trial=trial.name, value=TrialRecord(run_id=rid, finished=True))
         out["logged" if rid else "pending"] += 1
     if (out["logged"] and not quiet) or out["pending"]:
         say(f"[mlflow] {out['logged']} trial run(s) written from their units in the store"

@@ -475,17 +475,13 @@ def _dead_driver_lock(lay: Layout) -> None:
 
 
 def test_status_reads_the_pipelines_own_records_only(tmp_path):
-    from pipelines.records import TrackingRecord, TrialRecord
-
     plan = _plan(tmp_path)
     lay: Layout = plan.layout
     stages.write_meta(plan, status="running")
     _dead_driver_lock(lay)
     write_json(lay.result_path(TrialId("learned_full", 42)), {
-        "condition": "learned_full", "seed": 42, "val": {"updated_ltm": 55.0},
-        "test": {"updated_ltm": 50.5}})
-    TrackingRecord(experiment_id="1", trials={
-        "learned_full-s42": TrialRecord("abc", finished=False)}).write(lay.tracking_json)
+        "condition": "learned_full", "seed": 42, "select": "mean_stm",
+        "val": {"updated_ltm": 55.0, "mean_stm": 61.0}, "test": {"updated_ltm": 50.5}})
     write_json(lay.trial_dir(TrialId("consolidator_only", 42)) / "trial.json",
                {"state": "RUNNING", "failures": 1, "epoch": 0, "best_select": 12.5})
     # Tune's private files are not read: a state file saying otherwise changes nothing
@@ -494,7 +490,7 @@ def test_status_reads_the_pipelines_own_records_only(tmp_path):
     rows = {(r["condition"], r["seed"]): r for r in trial_rows(lay)}
     assert rows[("learned_full", 42)]["state"] == "FINISHED"
     assert rows[("learned_full", 42)]["test updated_ltm"] == 50.5
-    assert rows[("learned_full", 42)]["mlflow run"] == "abc (pending)"  # not closed yet
+    assert rows[("learned_full", 42)]["best val (select)"] == 61.0  # the result's own `select`
     # the recorded driver is gone, so a RUNNING trial was interrupted
     assert rows[("consolidator_only", 42)]["state"] == "INTERRUPTED"
     assert rows[("consolidator_only", 42)]["failures"] == 1
@@ -502,6 +498,7 @@ def test_status_reads_the_pipelines_own_records_only(tmp_path):
     assert rows[("learned_full", 43)]["state"] == "NOT STARTED"
     text = status_text(lay)
     assert "interrupted" in text and "learned_full-s" not in text.split("\n")[0]
+    assert "mlflow run" not in text  # a trial's run is found in MLflow by its trial_key
     assert len(rows) == 4
 
 
@@ -687,7 +684,6 @@ def test_a_trial_run_is_written_once_from_its_unit_as_the_trial_lands(trials_her
     backfill add nothing; a trial whose unit did not land gets no run."""
     import shutil
 
-    from pipelines.records import TrackingRecord
     from pipelines.tracking import Runs, backfill_results
 
     lay = Layout(tmp_path / "runs", "t")
@@ -714,7 +710,6 @@ def test_a_trial_run_is_written_once_from_its_unit_as_the_trial_lands(trials_her
     assert [a.path for a in client.list_artifacts(rid, "result")] == [
         f"result/{trial.name}.json"]
     assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', other)}'") == []
-    assert TrackingRecord.read(lay.tracking_json).trials[trial.name].finished
     lay.result_path(other).write_bytes(landed)  # it lands: the wave's mirror writes it
     runs = Runs.reopen(lay)
     assert backfill_results(lay, runs, [trial, other]) == {"logged": 1, "pending": 0}
@@ -729,7 +724,7 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, 
     import shutil
 
     from pipelines.records import TrackingRecord
-    from pipelines.tracking import HTTP_LIMITS
+    from pipelines.tracking import HTTP_LIMITS, backfill_results
 
     lay = Layout(tmp_path / "runs", "t")
     shutil.copytree(trials_here["lay"].run_dir, lay.run_dir)
@@ -748,7 +743,11 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, 
     # MLflow's defaults (7 retries, backoff 2) the first call alone takes minutes
     assert time.time() - t0 < 30
     assert cb.runs.guard.failures == 1 and "listing" in cb.runs.guard.last_error
-    assert TrackingRecord.read(lay.tracking_json).trials == {}  # nothing claimed
+    # nothing was written: both stay pending (the guard still cooling down, at once)
+    t0 = time.time()
+    assert backfill_results(lay, cb.runs, [TrialId(c, s) for c, s in HERE_TRIALS]) == {
+        "logged": 0, "pending": 2}
+    assert time.time() - t0 < 1
     # the process's own bound, set by its first Tracker (monkeypatch restores the user's)
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == HTTP_LIMITS[
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
@@ -837,7 +836,6 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
     runs = Runs.reopen(lay)
     assert backfill_results(lay, runs, HERE_IDS) == {"logged": 2, "pending": 0}
     client = tracker.client
-    record = TrackingRecord.read(lay.tracking_json)
     for c, s in HERE_TRIALS:
         res = read_json(lay.result_path(TrialId(c, s)))
         found = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c, s))}'")
@@ -852,8 +850,6 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
         assert steps == [h["epoch"] for h in res["history"]]  # each epoch once
         assert [a.path for a in client.list_artifacts(run.info.run_id, "result")] == [
             f"result/{TrialId(c, s).name}.json"]
-        assert record.trials[TrialId(c, s).name].run_id == run.info.run_id
-        assert record.trials[TrialId(c, s).name].finished
     assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c1, s1))}'")[
         0].info.run_id == early
     # nothing left: a second pass logs nothing and duplicates nothing
