@@ -118,13 +118,12 @@ class TrialState(Record):
 class TrackingRecord(Record):
     """`tracking.json`: where the pipeline's runs are. `tracking_uri` is the store the user
     asked for (`embedded`, a `sqlite:` URI or a server) that `resume`, `report` and `ui`
-    use again; `stages` {stage: run id} (a trial's run is found by its `trial_key` tag)."""
+    use again (a unit's run is found by its `run_key` tag)."""
 
     tracking_uri: str | None = None
     experiment_name: str | None = None
     experiment_id: str | None = None
     parent_run_id: str | None = None
-    stages: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

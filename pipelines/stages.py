@@ -29,7 +29,7 @@ from ray import tune
 from pipelines.addresses import EMBEDDED
 from pipelines.console import say
 from pipelines.faults import kill_point
-from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write_json
+from pipelines.layout import PipelineError, read_json, write_json
 from pipelines.phase1 import (
     Phase1Slot,
     check_phase1,
@@ -49,7 +49,7 @@ from pipelines.records import (
     TrialState,
     canon,
 )
-from pipelines.tracking import MirrorLanded, Runs, log_claims, model_as_artifact, stage_run
+from pipelines.tracking import MirrorLanded, Runs, log_claims, mirror
 from pipelines.trial import NOT_LEARNING, PAUSED
 from pmnet.trial_id import TrialId
 
@@ -367,9 +367,7 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
             else:
                 err = (str(r.error) or type(r.error).__name__) if r.error else "no result"
                 errors.append(f"{slot.label}: {err.splitlines()[0][:300]}")
-    for slot in plan.phase1_slots:  # MLflow mirrors the store's units
-        _log_stage1(plan, runs, slot, digests.get(slot.seed), skipped=slot.seed in have,
-                    paused=slot.seed in paused)
+    mirror(plan.layout, runs, plan.phase1_slots, quiet=True)  # MLflow mirrors the store
     if errors:
         raise PipelineError(f"Stage 1 (Phase 1) failed: {'; '.join(errors)}")
     result = Stage1Result(digests={s.seed: digests.get(s.seed) for s in plan.phase1_slots},
@@ -397,49 +395,6 @@ def record_phase1(plan: Plan, digests: dict) -> None:
     else:
         known = PipelineRecord.read(plan.layout.pipeline_json).phase1_sha256s or {}
         write_meta(plan, phase1_sha256s={**known, **{str(k): v for k, v in digests.items()}})
-
-
-def _log_stage1(plan: Plan, runs: Runs, slot: Phase1Slot, digest: str | None, *,
-                skipped: bool, paused: bool) -> None:
-    """The unit's Stage-1 MLflow run, from what the store holds: skipped (or imported),
-    landed (params, per-epoch validation, test metrics, artifacts), paused (KILLED) or
-    failed."""
-    rid = stage_run(plan, runs, f"stage1-{slot.label}")
-    if not rid:
-        return
-    tr = runs.tracker
-    if digest is None:
-        runs.safe("stage1 finish", tr.client.set_terminated, rid, "KILLED" if paused else "FAILED")
-        return
-    if skipped:
-        tags = {"skipped": "true", "phase1_sha256": digest}
-        if plan.phase1_from is not None and plan.phase1_from.slot_seed == slot.seed:
-            tags["imported_from"] = str(plan.phase1_from.checkpoint)
-        runs.safe("stage1 tags", tr.set_tags, rid, tags)
-        runs.safe("stage1 finish", tr.client.set_terminated, rid)
-        return
-    info = Stage1Record.read(slot.stage1_json)
-    runs.safe("stage1 params", tr.log_params_once, rid,
-              {k: v for k, v in slot.cfg.flat().items()
-               if k.split(".")[0] not in PHASE2_ONLY_FIELDS})
-    runs.safe("stage1 tags", tr.set_tags, rid, {"phase1_sha256": digest, "skipped": "false",
-                                                 "checkpoint_path": str(slot.ckpt)})
-    runs.safe("stage1 metrics", tr.log_metric_rows, rid, [
-        (row["epoch"], {k: v for k, v in row.items() if k != "epoch"})
-        for row in (read_json(slot.metrics_json, {}) or {}).get("history", [])
-        if isinstance(row.get("epoch"), int)])
-    runs.safe("stage1 metrics", tr.log_metric_rows, rid, [(0, {
-        **{f"test/{k}": v for k, v in (info.metrics or {}).items()},
-        "train_time_s": info.train_time_s or 0})])
-    if slot.metrics_json.is_file():
-        runs.safe("stage1 artifact", tr.client.log_artifact, rid, str(slot.metrics_json))
-    if info.routes:
-        runs.safe("stage1 metrics", tr.log_metric_rows, rid,
-                  [(0, {"val/random_route_drop": info.routes["stm_random_routes"]["drop"]})])
-    if model_as_artifact(slot.ckpt):
-        runs.safe("stage1 artifact", tr.client.log_artifact, rid, str(slot.ckpt), "checkpoint")
-        runs.safe("stage1 artifact", tr.client.log_artifact, rid, str(slot.sidecar), "checkpoint")
-    runs.safe("stage1 finish", tr.client.set_terminated, rid)
 
 
 # -- Stage 2 ---------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """MLflow for the pipeline, a mirror of the run's store with the driver as its only writer
 (trials never open MLflow): the tracking store (`--tracking-uri`, else the embedded
-`<root>/mlflow.db`), runs found again by their `run_key` tag, each trial's run written from
-its unit in the store by one function (`backfill_results`: as the trial lands,
-`MirrorLanded`, after each wave and at the end), every call bounded by a `TrackingGuard`, so
-tracking never fails the pipeline. docs/pipeline.md, "MLflow layout", has the details.
+`<root>/mlflow.db`), runs found again by their `run_key` tag, each unit's run (a Phase-1
+checkpoint's, a trial's) written from the store by one function (`mirror`: after Stage 1,
+as a trial lands, `MirrorLanded`, after each wave and at the end), every call bounded by a
+`TrackingGuard`, so tracking never fails the pipeline. docs/pipeline.md, "MLflow layout",
+has the details.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from ray import tune
 
 from pipelines.addresses import EMBEDDED, HTTP_LIMITS, artifact_location, hide_password, store_uri
 from pipelines.console import say
-from pipelines.layout import Layout, read_json, trial_key
+from pipelines.layout import PHASE2_ONLY_FIELDS, Layout, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import TrackingRecord, as_float
+from pipelines.records import Stage1Record, TrackingRecord, as_float
 from pmnet.trial_id import TrialId
 
 if TYPE_CHECKING:
+    from pipelines.phase1 import Phase1Slot
     from pipelines.plan import Plan
 
 log = logging.getLogger("pipelines.tracking")
@@ -196,7 +198,6 @@ class Runs:
     through `safe`, bounded and non-fatal."""
 
     tracker: Tracker | None = None
-    layout: Layout | None = None
     record: TrackingRecord = field(default_factory=TrackingRecord)
     guard: TrackingGuard = field(default_factory=lambda: TrackingGuard(
         on_failure=lambda reason: say(f"[mlflow] {reason}; training goes on, the runs are "
@@ -216,10 +217,6 @@ class Runs:
             return None
         return self.guard.call(what, fn, *args, **kwargs)[1]
 
-    def save(self) -> None:
-        if self.layout is not None:
-            self.record.write(self.layout.tracking_json)
-
     @classmethod
     def reopen(cls, layout: Layout, uri: str | None = None) -> Runs:
         """The runs tracking.json records, for a later process (the Tune callback after a
@@ -227,9 +224,9 @@ class Runs:
         no record."""
         record = TrackingRecord.read(layout.tracking_json)
         if record.experiment_id is None:
-            return cls(layout=layout, record=record)
+            return cls(record=record)
         return cls(tracker=Tracker(store_uri(layout.root, uri or record.tracking_uri)),
-                   layout=layout, record=record)
+                   record=record)
 
 
 def experiment_name(plan: Plan) -> str:
@@ -262,16 +259,14 @@ def open_tracking(plan: Plan) -> Runs:
         **plan.cfg.flat(), **grid_params,
         "resources.cpus_per_trial": sp.cpus_per_trial,
         "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
-    same_store = known.experiment_id == exp_id
     record = TrackingRecord(tracking_uri=plan.tracking_uri or EMBEDDED,
                             experiment_name=experiment_name(plan), experiment_id=exp_id,
-                            parent_run_id=parent, stages=known.stages if same_store else {})
-    runs = Runs(tracker=tracker, layout=lay, record=record)
-    runs.save()
+                            parent_run_id=parent)
+    record.write(lay.tracking_json)
     where = hide_password(uri) + (" (the embedded store)" if plan.tracking_uri is None else "")
     say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent}; "
         f"tracking URI {where}")
-    return runs
+    return Runs(tracker=tracker, record=record)
 
 
 # -- the answer on the parent run ------------------------------------------------------------
@@ -339,124 +334,121 @@ def log_claims(runs: Runs, claims_file: str | os.PathLike | None) -> int:
     return len(records) if ok else 0
 
 
-def stage_run(plan: Plan, runs: Runs, stage: str) -> str | None:
-    """The stage's run id (re-attached by its run_key), or None when tracking is off or
-    failed (the stage then runs untracked)."""
-    if runs.tracker is None:
+# -- the units' runs: MLflow mirrors the store ------------------------------------------------
+
+
+def trial_run(name: str, path: Path) -> dict | None:
+    """The run of a trial's unit, from its result file at `path` (None: none there):
+    tags its key, identity (`TrialId.to_config`), provenance and where it trained; params its
+    flat TrainConfig (the variant's overrides applied), identity and a named variant's
+    overrides as `variant.<field>`; each epoch with the running best at `best/select`, the
+    test metrics at the best epoch; the result file and the selected checkpoint when small
+    (`model_as_artifact`; else only its path, a tag) as artifacts."""
+    result = read_json(path)
+    try:
+        trial = TrialId.from_result(result)
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
-    got = runs.safe(f"attaching the {stage} run", runs.tracker.attach_run,
-                    runs.experiment_id, f"{plan.name}/{stage}", run_name=stage,
-                    parent_run_id=runs.parent,
-                    tags={"pipeline": plan.name, "stage": stage, "preset": plan.cfg.preset},
-                    run_id=runs.record.stages.get(stage))
-    if got is None:
-        return None
-    runs.record.stages[stage] = got[0]
-    runs.save()
-    return got[0]
-
-
-# -- trial runs ------------------------------------------------------------------------------
-
-
-def trial_run_tags(name: str, trial: TrialId, phase1_sha256: str, preset: str,
-                   select: str) -> dict[str, Any]:
-    """The tags of a trial's run: its key, identity (`TrialId.to_config`) and provenance."""
-    return {"trial_key": trial_key(name, trial), "pipeline": name, "stage": "phase2",
-            **trial.to_config(), "phase1_sha256": phase1_sha256, "preset": preset,
-            "select_metric": select}
-
-
-def trial_params(flat_config: dict[str, Any], trial: TrialId,
-                 variant_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The params of a trial's run: its flat TrainConfig (the variant's overrides applied)
-    and its identity; a named variant adds its overrides as `variant.<field>`."""
-    overrides = variant_overrides or {}
-    return {**flat_config, **trial.to_config(),
-            **{f"variant.{k}": v for k, v in sorted(overrides.items())}}
-
-
-def record_result(tracker: Tracker, run_id: str, result: dict,
-                  result_path: str | os.PathLike) -> None:
-    """Log a finished trial completely from its result file and finish its run: params, the
-    epochs the run lacks (from the result's history, with the running best at `best/select`),
-    the test metrics, the result file (and the selected checkpoint when small:
-    `model_as_artifact`) as
-    artifacts. Idempotent: params and epochs already logged are not sent again."""
-    trial, select = TrialId.from_result(result), result["select"]
-    tracker.log_params_once(run_id, trial_params(result.get("config") or {}, trial,
-                                                 result.get("variant_overrides")))
-    logged = {m.step for m in tracker.client.get_metric_history(run_id, "epoch")}
-    rows, best = [], float("-inf")
+    select, rows, best = result.get("select"), [], float("-inf")
     for row in result.get("history") or []:
         value = as_float(row.get(f"val/{select}"))
-        if value is not None and value > best:
-            best = value
+        best = value if value is not None and value > best else best
         step = int(row.get("epoch", len(rows)))
-        if step not in logged:
-            rows.append((step, {**row, "epoch": step}
-                         | ({"best/select": best} if best > float("-inf") else {})))
-    tracker.log_metric_rows(run_id, rows)
-    test = {f"test/{k}": v for k, v in (result.get("test") or {}).items()
-            if isinstance(v, (int, float))}
-    tracker.log_metric_rows(run_id, [(int(result.get("best_epoch") or 0), {
-        **test, "train_time_s": result.get("train_time_s") or 0,
-        "trainable_params": result.get("trainable_params") or 0})])
-    tracker.client.log_artifact(run_id, str(result_path), "result")
-    trained_on = {k: result[k] for k in ("device", "precision") if result.get(k)}
-    if trained_on:  # where the trial actually trained (pmnet.train.trained_on)
-        tracker.set_tags(run_id, trained_on)
-    best_model = result.get("best_model")
-    if best_model and Path(best_model).is_file():
-        if model_as_artifact(best_model):
-            tracker.client.log_artifact(run_id, best_model, "checkpoint")
-        tracker.set_tags(run_id, {"best_model_path": best_model})
-    tracker.client.set_terminated(run_id, "FINISHED")
+        rows.append((step, {**row, "epoch": step}
+                     | ({"best/select": best} if best > float("-inf") else {})))
+    model = result.get("best_model")
+    model = model if model and Path(model).is_file() else None
+    return {"key": trial_key(name, trial), "run_name": trial.name, "tags": {
+        "trial_key": trial_key(name, trial), "pipeline": name, "stage": "phase2",
+        **trial.to_config(), "phase1_sha256": result.get("phase1_sha256"),
+        "preset": result.get("preset"), "select_metric": select,
+        **{k: result[k] for k in ("device", "precision") if result.get(k)},  # trained_on
+        **({"best_model_path": model} if model else {})},
+        "params": {**(result.get("config") or {}), **trial.to_config(), **{
+            f"variant.{k}": v for k, v in sorted((result.get("variant_overrides") or {}).items())}},
+        "rows": rows, "step": int(result.get("best_epoch") or 0), "final": {
+            **{f"test/{k}": v for k, v in (result.get("test") or {}).items()},
+            "train_time_s": result.get("train_time_s") or 0,
+            "trainable_params": result.get("trainable_params") or 0},
+        "files": [(path, "result")]
+        + ([(model, "checkpoint")] if model and model_as_artifact(model) else [])}
+
+
+def phase1_run(name: str, slot: Phase1Slot) -> dict | None:
+    """The run `stage1-<unit>` of a Phase-1 unit the store holds (None: not landed): its
+    Phase-1 params, per-epoch validation, test metrics, sha256 (and `imported_from`), the
+    metrics file and, when small, the checkpoint itself as artifacts."""
+    info = Stage1Record.read(slot.stage1_json)
+    if not info.sha256:
+        return None
+    stage = f"stage1-{slot.label}"
+    history = (read_json(slot.metrics_json, {}) or {}).get("history", [])
+    return {"key": f"{name}/{stage}", "run_name": stage, "tags": {
+        "pipeline": name, "stage": stage, "preset": slot.cfg.preset,
+        "phase1_sha256": info.sha256, "checkpoint_path": str(slot.ckpt),
+        **({"imported_from": info.imported_from} if info.imported_from else {})},
+        "params": {k: v for k, v in slot.cfg.flat().items()
+                   if k.split(".")[0] not in PHASE2_ONLY_FIELDS},
+        "rows": [(row["epoch"], row) for row in history if isinstance(row.get("epoch"), int)],
+        "step": 0, "final": {
+            **{f"test/{k}": v for k, v in (info.metrics or {}).items()},
+            "train_time_s": info.train_time_s or 0, **({"val/random_route_drop": info.routes[
+                "stm_random_routes"]["drop"]} if info.routes else {})},
+        "files": [(f, None) for f in [slot.metrics_json] if f.is_file()]
+        + ([(slot.ckpt, "checkpoint"), (slot.sidecar, "checkpoint")]
+           if model_as_artifact(slot.ckpt) else [])}
+
+
+def _write_run(runs: Runs, unit: dict) -> None:
+    """A unit's run attached by its key (created if missing) and written completely: params,
+    the epochs it lacks (an `epoch` step already logged is not sent again), the final
+    metrics, the artifacts; FINISHED."""
+    tracker = runs.tracker
+    rid, _ = tracker.attach_run(runs.experiment_id, unit["key"], run_name=unit["run_name"],
+                                parent_run_id=runs.parent, tags=unit["tags"])
+    tracker.log_params_once(rid, unit["params"])
+    logged = {m.step for m in tracker.client.get_metric_history(rid, "epoch")}
+    tracker.log_metric_rows(rid, [(s, row) for s, row in unit["rows"] if s not in logged]
+                            + [(unit["step"], unit["final"])])
+    for path, where in unit["files"]:
+        tracker.client.log_artifact(rid, str(path), where)
+    tracker.client.set_terminated(rid, "FINISHED")
 
 
 def _finished_runs(runs: Runs, pipeline: str) -> set[str]:
-    """The trial keys of the pipeline's FINISHED trial runs."""
+    """The run keys of the pipeline's FINISHED runs."""
     found = runs.tracker.client.search_runs(
         [runs.experiment_id], max_results=50000,
         filter_string=f"tags.pipeline = '{pipeline}' and attributes.status = 'FINISHED'")
-    return {r.data.tags["trial_key"] for r in found if "trial_key" in r.data.tags}
+    return {r.data.tags["run_key"] for r in found if "run_key" in r.data.tags}
 
 
-def _backfill_one(runs: Runs, pipeline: str, trial: TrialId, result: dict, path: Path) -> str:
-    rid, _ = runs.tracker.attach_run(
-        runs.experiment_id, trial_key(pipeline, trial), run_name=trial.name,
-        parent_run_id=runs.parent, tags=trial_run_tags(
-            pipeline, trial, result["phase1_sha256"], result["preset"], result["select"]))
-    record_result(runs.tracker, rid, result, path)
-    return rid
-
-
-def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId], *,
-                     quiet: bool = False) -> dict[str, int]:
-    """MLflow as a mirror of the store: each unit of `trials` (the run's) that the run's
-    store holds and whose run is not FINISHED (trained by another writer, or logged only in
-    part) is attached (by its trial_key; created if missing) and logged completely by
-    `record_result`. Idempotent: a FINISHED run is left as it is. Bounded and non-fatal:
-    when MLflow fails the rest stays for the next call. Returns {"logged": n, "pending": m}."""
+def mirror(layout: Layout, runs: Runs, slots: Iterable[Phase1Slot] = (),
+           trials: Iterable[TrialId] = (), *, quiet: bool = False) -> dict[str, int]:
+    """MLflow as a mirror of the store, for both kinds of unit: each Phase-1 unit of `slots`
+    and each trial of `trials` that the run's store holds and whose run is not FINISHED
+    (trained by another writer, or logged only in part) gets its run written completely
+    (`_write_run`); a unit that did not land (failed, paused) has none. Idempotent: a FINISHED
+    run is left as it is. Bounded and non-fatal: when MLflow fails the rest stays for the
+    next call. Returns {"logged": n, "pending": m}."""
     out = {"logged": 0, "pending": 0}
-    paths = [p for t in trials if (p := layout.units.result(t)).is_file()]
-    if runs.tracker is None or not paths:
+    if runs.tracker is None:
+        return out
+    units = [u for u in [*(phase1_run(layout.name, slot) for slot in slots),
+                         *(trial_run(layout.name, layout.units.result(t)) for t in trials)]
+             if u]
+    if not units:
         return out
     ok, finished = runs.guard.call("listing the finished runs", _finished_runs, runs,
                                    layout.name)
-    for path in paths:
-        result = read_json(path)
-        try:
-            trial = TrialId.from_result(result)
-        except (AttributeError, KeyError, TypeError, ValueError):  # not a trial's result
+    for unit in units:
+        if ok and unit["key"] in finished:
             continue
-        if ok and trial_key(layout.name, trial) in finished:
-            continue
-        rid = runs.safe(f"logging {trial.name} from its result file", _backfill_one, runs,
-                        layout.name, trial, result, path) if ok else None
-        out["logged" if rid else "pending"] += 1
+        done = ok and runs.guard.call(f"logging {unit['run_name']} from the store", _write_run,
+                                      runs, unit)[0]
+        out["logged" if done else "pending"] += 1
     if (out["logged"] and not quiet) or out["pending"]:
-        say(f"[mlflow] {out['logged']} trial run(s) written from their units in the store"
+        say(f"[mlflow] {out['logged']} run(s) written from their units in the store"
             + (f"; {out['pending']} left pending (MLflow failed: {runs.guard.last_error}); "
                "the next `make resume` logs them" if out["pending"] else ""))
     return out
@@ -464,7 +456,7 @@ def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId], *,
 
 class MirrorLanded(tune.Callback):
     """Stage 2's Tune callback: as a trial completes, its unit (if it landed) is mirrored to
-    MLflow by `backfill_results`, the one writer of trial runs, so a run's trials appear in
+    MLflow by `mirror`, the one writer of the units' runs, so a run's trials appear in
     the MLflow UI as they finish rather than at the wave's end. A trial without a result
     (failed, or stopped by the watchdog) gets no run: `make status` shows it."""
 
@@ -484,4 +476,4 @@ class MirrorLanded(tune.Callback):
             tid = TrialId.from_config(trial.config)
         except (KeyError, TypeError, ValueError):
             return
-        backfill_results(self.layout, self.runs, [tid], quiet=True)
+        mirror(self.layout, self.runs, trials=[tid], quiet=True)

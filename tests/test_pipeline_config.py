@@ -684,7 +684,7 @@ def test_a_trial_run_is_written_once_from_its_unit_as_the_trial_lands(trials_her
     backfill add nothing; a trial whose unit did not land gets no run."""
     import shutil
 
-    from pipelines.tracking import Runs, backfill_results
+    from pipelines.tracking import Runs, mirror
 
     lay = Layout(tmp_path / "runs", "t")
     shutil.copytree(trials_here["lay"].run_dir, lay.run_dir)
@@ -712,8 +712,8 @@ def test_a_trial_run_is_written_once_from_its_unit_as_the_trial_lands(trials_her
     assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', other)}'") == []
     lay.result_path(other).write_bytes(landed)  # it lands: the wave's mirror writes it
     runs = Runs.reopen(lay)
-    assert backfill_results(lay, runs, [trial, other]) == {"logged": 1, "pending": 0}
-    assert backfill_results(lay, runs, [trial, other]) == {"logged": 0, "pending": 0}
+    assert mirror(lay, runs, trials=[trial, other]) == {"logged": 1, "pending": 0}
+    assert mirror(lay, runs, trials=[trial, other]) == {"logged": 0, "pending": 0}
     assert len(client.search_runs([exp], "tags.trial_key != ''")) == 2
 
 
@@ -724,7 +724,7 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, 
     import shutil
 
     from pipelines.records import TrackingRecord
-    from pipelines.tracking import HTTP_LIMITS, backfill_results
+    from pipelines.tracking import HTTP_LIMITS, mirror
 
     lay = Layout(tmp_path / "runs", "t")
     shutil.copytree(trials_here["lay"].run_dir, lay.run_dir)
@@ -745,7 +745,7 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, 
     assert cb.runs.guard.failures == 1 and "listing" in cb.runs.guard.last_error
     # nothing was written: both stay pending (the guard still cooling down, at once)
     t0 = time.time()
-    assert backfill_results(lay, cb.runs, [TrialId(c, s) for c, s in HERE_TRIALS]) == {
+    assert mirror(lay, cb.runs, trials=[TrialId(c, s) for c, s in HERE_TRIALS]) == {
         "logged": 0, "pending": 2}
     assert time.time() - t0 < 1
     # the process's own bound, set by its first Tracker (monkeypatch restores the user's)
@@ -814,15 +814,15 @@ def test_sqlite_lock_is_waited_for_not_fatal(tmp_path):
 def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_here,
                                                                         tmp_path):
     from pipelines.records import TrackingRecord
-    from pipelines.tracking import Runs, backfill_results
+    from pipelines.tracking import Runs, mirror
 
     lay = trials_here["lay"]
     HERE_IDS = [TrialId(c, s) for c, s in HERE_TRIALS]  # noqa: N806
     # a dead server: bounded, non-fatal, everything stays pending
-    dead = Runs(tracker=Tracker(f"http://127.0.0.1:{free_port()}"), layout=lay,
+    dead = Runs(tracker=Tracker(f"http://127.0.0.1:{free_port()}"),
                 record=TrackingRecord(experiment_id="1"))
     t0 = time.time()
-    assert backfill_results(lay, dead, HERE_IDS) == {"logged": 0, "pending": 2}
+    assert mirror(lay, dead, trials=HERE_IDS) == {"logged": 0, "pending": 2}
     assert time.time() - t0 < 20
 
     # a real store; one trial already has a RUNNING run with epoch 0 logged (the driver
@@ -834,7 +834,7 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
                                   run_name=TrialId(c1, s1).name, parent_run_id=parent)
     tracker.log_metric_rows(early, [(0, {"epoch": 0, "val/updated_ltm": 1.0})])
     runs = Runs.reopen(lay)
-    assert backfill_results(lay, runs, HERE_IDS) == {"logged": 2, "pending": 0}
+    assert mirror(lay, runs, trials=HERE_IDS) == {"logged": 2, "pending": 0}
     client = tracker.client
     for c, s in HERE_TRIALS:
         res = read_json(lay.result_path(TrialId(c, s)))
@@ -853,9 +853,27 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
     assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c1, s1))}'")[
         0].info.run_id == early
     # nothing left: a second pass logs nothing and duplicates nothing
-    assert backfill_results(lay, Runs.reopen(lay), HERE_IDS) == {"logged": 0, "pending": 0}
+    assert mirror(lay, Runs.reopen(lay), trials=HERE_IDS) == {"logged": 0, "pending": 0}
     assert len(client.get_metric_history(early, "epoch")) == len(
         read_json(lay.result_path(TrialId(c1, s1)))["history"])
+    # the Phase-1 unit, by the same mirror: one FINISHED run `stage1-phase1` from the store,
+    # its Phase-1 params only; a slot whose unit did not land gets none
+    from pipelines.layout import PHASE2_ONLY_FIELDS
+    from pipelines.phase1 import Phase1Slot
+    from pipelines.records import Stage1Record
+    from pmnet.train import TrainConfig
+
+    cfg = TrainConfig.from_name("debug", threads=1)
+    slots = [Phase1Slot(None, cfg, lay.phase1_dir), Phase1Slot(7, cfg, tmp_path / "none")]
+    assert mirror(lay, Runs.reopen(lay), slots, HERE_IDS) == {"logged": 1, "pending": 0}
+    assert mirror(lay, Runs.reopen(lay), slots, HERE_IDS) == {"logged": 0, "pending": 0}
+    [p1] = client.search_runs([exp], "tags.run_key = 't/stage1-phase1'")
+    assert p1.info.status == "FINISHED" and p1.info.run_name == "stage1-phase1"
+    assert p1.data.tags["phase1_sha256"] == Stage1Record.read(lay.stage1_json).sha256
+    assert p1.data.tags["mlflow.parentRunId"] == parent and "trial_key" not in p1.data.tags
+    assert p1.data.params and not any(k.split(".")[0] in PHASE2_ONLY_FIELDS
+                                      for k in p1.data.params)
+    assert client.search_runs([exp], "tags.run_key = 't/stage1-phase1-p1s7'") == []
 
 
 def test_the_ui_address_opens_the_experiments_training_runs(tmp_path):
