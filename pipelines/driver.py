@@ -37,7 +37,7 @@ from pipelines.stages import (
     timing_record,
     write_meta,
 )
-from pipelines.tracking import Runs, backfill_results, open_tracking
+from pipelines.tracking import Runs, mirror, open_tracking
 from pmnet.store_layout import init_store
 
 #: the run's file a SIGTERM writes, which every Phase-1 task and trial polls at epoch ends
@@ -276,14 +276,14 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
             for k in totals:
                 totals[k] += s2.get(k, 0.0)
             kill_point("stage2-done")
-            backfill_results(plan.layout, runs, plan.space.trials)  # MLflow mirrors the store
+            mirror(plan.layout, runs, trials=plan.space.trials)  # MLflow mirrors the store
             if s2.get("paused") or stop_file.exists():  # issue 61: trials paused in the store
                 stopped = "by SIGTERM" if stop_file.exists() else True
                 break
         return finish(plan, runs, t_start, totals, p1_train, stage1_wall, stopped)
     except BaseException:
         if runs.parent:
-            runs.safe("finish", runs.tracker.finish, runs.parent, "FAILED")
+            runs.safe("finish", runs.tracker.client.set_terminated, runs.parent, "FAILED")
         raise
 
 
@@ -293,7 +293,7 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
     included), the records, the report (the run's, and the store's), the timing logged to
     the parent run, and the closing lines."""
     lay, sp = plan.layout, plan.space
-    backfill_results(lay, runs, sp.trials)  # MLflow mirrors the store's units of the run
+    mirror(lay, runs, plan.phase1_slots, sp.trials)  # MLflow mirrors the run's units
     p1_left, tr_left = st.units_left(lay.units, plan.phase1_slots, sp.trials)
     status = "stopped" if stopped else (
         "finished" if p1_left == tr_left == 0 and not totals["errored"] else "failed")
@@ -306,7 +306,7 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
         runs.safe("timing", runs.tracker.log_metrics, runs.parent,
                   {f"pipeline/{k}": v for k, v in timing.items()
                    if isinstance(v, (int, float))})
-        runs.safe("finish", runs.tracker.finish, runs.parent,
+        runs.safe("finish", runs.tracker.client.set_terminated, runs.parent,
                   "FAILED" if status == "failed" else "FINISHED")
     done = sp.n_trials - tr_left
     say(f"[pipeline] {status}: {done}/{sp.n_trials} trials finished, {totals['errored']} "

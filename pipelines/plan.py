@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.addresses import storage_root
+from pipelines.addresses import EMBEDDED, check_tracking_uri, requested_tracking_uri, storage_root
 from pipelines.cluster import ClusterInfo, check_storage, describe_cluster
 from pipelines.layout import (
     Layout,
@@ -29,7 +29,6 @@ from pipelines.layout import (
 )
 from pipelines.phase1 import Phase1Slot, Phase1Source, check_phase1_source, existing_phase1
 from pipelines.records import PipelineRecord, canon, normalized_config
-from pipelines.tracking_uri import EMBEDDED, check_tracking_uri, requested_tracking_uri
 from tune_spaces import Space, get_space
 
 

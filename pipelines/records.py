@@ -114,28 +114,15 @@ class TrialState(Record):
 
 
 @dataclass
-class TrialRecord(Record):
-    """A trial's MLflow run, as the driver's callback left it (tracking.json `trials`):
-    `finished` once the run was closed from the trial's result file."""
-
-    run_id: str | None = None
-    finished: bool = False
-
-
-@dataclass
 class TrackingRecord(Record):
     """`tracking.json`: where the pipeline's runs are. `tracking_uri` is the store the user
     asked for (`embedded`, a `sqlite:` URI or a server) that `resume`, `report` and `ui`
-    use again; `stages` {stage: run id}; `trials` {trial name: TrialRecord}."""
-
-    _nested: ClassVar[dict[str, type]] = {"trials": TrialRecord}
+    use again (a unit's run is found by its `run_key` tag)."""
 
     tracking_uri: str | None = None
     experiment_name: str | None = None
     experiment_id: str | None = None
     parent_run_id: str | None = None
-    stages: dict[str, str] = field(default_factory=dict)
-    trials: dict[str, TrialRecord] = field(default_factory=dict)
 
 
 @dataclass

@@ -303,10 +303,16 @@ def ui_plan(root: Path, host: str = "127.0.0.1", port: int = 5000,
     or a database (`postgresql://...`), None for a tracking server (http/https), which has
     its own UI; `lines`, where to look, the store's password hidden (also the run's closing
     lines, `run_plan`). Reads only."""
-    from pipelines.addresses import hide_password
+    from pipelines.addresses import (
+        EMBEDDED,
+        hide_password,
+        run_address,
+        sqlite_path,
+        store_uri,
+        ui_address,
+    )
     from pipelines.layout import Layout, check_name, last_pipeline
     from pipelines.records import PipelineRecord, TrackingRecord
-    from pipelines.tracking_uri import EMBEDDED, run_address, sqlite_path, store_uri, ui_address
 
     record = TrackingRecord()
     if name is None:
@@ -357,8 +363,7 @@ def cmd_ui(a) -> int:
     """`mlflow server` on the store the last (or --name) pipeline logged to (`ui_plan`),
     or, for a tracking server, its address; prints the address of the pipeline's parent
     run and training runs."""
-    from pipelines.addresses import ui_bind
-    from pipelines.tracking_uri import sqlite_path
+    from pipelines.addresses import sqlite_path, ui_bind
 
     root = Path(a.root).expanduser().absolute()
     args, lines = ui_plan(root, a.host, a.port, a.allowed_hosts, a.name)

@@ -26,9 +26,10 @@ from typing import Any
 
 from ray import tune
 
+from pipelines.addresses import EMBEDDED
 from pipelines.console import say
 from pipelines.faults import kill_point
-from pipelines.layout import PHASE2_ONLY_FIELDS, PipelineError, read_json, write_json
+from pipelines.layout import PipelineError, read_json, write_json
 from pipelines.phase1 import (
     Phase1Slot,
     check_phase1,
@@ -45,8 +46,7 @@ from pipelines.records import (
     TrialState,
     canon,
 )
-from pipelines.tracking import MirrorLanded, Runs, log_claims, model_as_artifact, stage_run
-from pipelines.tracking_uri import EMBEDDED
+from pipelines.tracking import MirrorLanded, Runs, log_claims, mirror
 from pipelines.trial import CONFIG_ERROR, NOT_LEARNING, PAUSED, train_trial
 from pmnet.trial_id import TrialId
 
@@ -416,9 +416,7 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                 errors.append(f"{slot.label} is {said}")
             else:
                 errors.append(f"{slot.label}: {said or 'no result'}")
-    for slot in plan.phase1_slots:  # MLflow mirrors the store's units
-        _log_stage1(plan, runs, slot, digests.get(slot.seed), skipped=slot.seed in have,
-                    paused=slot.seed in paused)
+    mirror(plan.layout, runs, plan.phase1_slots, quiet=True)  # MLflow mirrors the store
     if errors:
         raise PipelineError(f"Stage 1 (Phase 1) failed: {'; '.join(errors)}")
     result = Stage1Result(digests={s.seed: digests.get(s.seed) for s in plan.phase1_slots},
@@ -475,49 +473,6 @@ def record_phase1(plan: Plan, digests: dict) -> None:
     else:
         known = PipelineRecord.read(plan.layout.pipeline_json).phase1_sha256s or {}
         write_meta(plan, phase1_sha256s={**known, **{str(k): v for k, v in digests.items()}})
-
-
-def _log_stage1(plan: Plan, runs: Runs, slot: Phase1Slot, digest: str | None, *,
-                skipped: bool, paused: bool) -> None:
-    """The unit's Stage-1 MLflow run, from what the store holds: skipped (or imported),
-    landed (params, per-epoch validation, test metrics, artifacts), paused (KILLED) or
-    failed."""
-    rid = stage_run(plan, runs, f"stage1-{slot.label}")
-    if not rid:
-        return
-    tr = runs.tracker
-    if digest is None:
-        runs.safe("stage1 finish", tr.finish, rid, "KILLED" if paused else "FAILED")
-        return
-    if skipped:
-        tags = {"skipped": "true", "phase1_sha256": digest}
-        if plan.phase1_from is not None and plan.phase1_from.slot_seed == slot.seed:
-            tags["imported_from"] = str(plan.phase1_from.checkpoint)
-        runs.safe("stage1 tags", tr.set_tags, rid, tags)
-        runs.safe("stage1 finish", tr.finish, rid)
-        return
-    info = Stage1Record.read(slot.stage1_json)
-    runs.safe("stage1 params", tr.log_params_once, rid,
-              {k: v for k, v in slot.cfg.flat().items()
-               if k.split(".")[0] not in PHASE2_ONLY_FIELDS})
-    runs.safe("stage1 tags", tr.set_tags, rid, {"phase1_sha256": digest, "skipped": "false",
-                                                 "checkpoint_path": str(slot.ckpt)})
-    runs.safe("stage1 metrics", tr.log_metric_rows, rid, [
-        (row["epoch"], {k: v for k, v in row.items() if k != "epoch"})
-        for row in (read_json(slot.metrics_json, {}) or {}).get("history", [])
-        if isinstance(row.get("epoch"), int)])
-    runs.safe("stage1 metrics", tr.log_metrics, rid,
-              {**{f"test/{k}": v for k, v in (info.metrics or {}).items()},
-               "train_time_s": info.train_time_s or 0})
-    if slot.metrics_json.is_file():
-        runs.safe("stage1 artifact", tr.log_artifact, rid, slot.metrics_json)
-    if info.routes:
-        runs.safe("stage1 metrics", tr.log_metrics, rid,
-                  {"val/random_route_drop": info.routes["stm_random_routes"]["drop"]})
-    if model_as_artifact(slot.ckpt):
-        runs.safe("stage1 artifact", tr.log_artifact, rid, slot.ckpt, "checkpoint")
-        runs.safe("stage1 artifact", tr.log_artifact, rid, slot.sidecar, "checkpoint")
-    runs.safe("stage1 finish", tr.finish, rid)
 
 
 # -- Stage 2 ---------------------------------------------------------------------------------
@@ -584,7 +539,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
                 check_phase1(slot.ckpt, p1.digests[slot.seed])
         except Exception as e:
             raise PipelineError(str(e)) from e
-    rid = stage_run(plan, runs, "stage2-phase2")
     ctx = trial_context(plan, p1.digests, deadline_at=deadline_at, stop_file=stop_file)
     restore_trial_progress(plan, ctx)
     trainable = tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
@@ -614,12 +568,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
     say(f"[stage 2/3] {finished}/{sp.n_trials} finished, {errored} errored"
         + (f", {stopped} not learning" if stopped else "")
         + (f", {paused} paused" if paused else "") + f" in {wall:.1f} s")
-    if rid:
-        runs.safe("stage2 metrics", runs.tracker.log_metrics, rid,
-                  {"trials_finished": finished, "trials_errored": errored, "wall_s": wall,
-                   "sum_trial_train_s": train_s})
-        runs.safe("stage2 finish", runs.tracker.finish, rid,
-                  "FAILED" if errored else "KILLED" if paused else "FINISHED")
     return out
 
 
@@ -632,12 +580,9 @@ def stage3(plan: Plan, runs: Runs) -> bool:
     the store) in `<store>/report/`. A failure is logged, the units are kept."""
     lay = plan.layout
     units = lay.units
-    rid = stage_run(plan, runs, "stage3-report")
     n = sum(units.result(t).is_file() for t in plan.space.trials)
     if not n:  # e.g. a Phase 1 paused in the first wave (issue 52)
         say("[stage 3/3] no result file yet: no report")
-        if rid:
-            runs.safe("stage3 finish", runs.tracker.finish, rid)
         return True
     say(f"[stage 3/3] statistics and report from {n} result file(s) -> {lay.report_dir}")
     t0 = time.time()
@@ -656,23 +601,18 @@ def stage3(plan: Plan, runs: Runs) -> bool:
         (lay.logs_dir / "report-error.txt").write_text(traceback.format_exc())
         say(f"[stage 3/3] report failed ({msg}); the results are kept in {lay.results_dir}; "
             f"traceback in {lay.logs_dir / 'report-error.txt'}")
-        if rid:
-            runs.safe("stage3 tags", runs.tracker.set_tags, rid, {"error": msg[:5000]})
-            runs.safe("stage3 finish", runs.tracker.finish, rid, "FAILED")
         return False
     kill_point("stage3-report-written")
     say(f"[stage 3/3] report written in {time.time() - t0:.1f} s: "
         f"{', '.join(sorted(str(k) for k in (written or {}))[:6])}")
     if runs.parent and lay.report_dir.is_dir():
-        runs.safe("report artifacts", runs.tracker.log_artifacts, runs.parent, lay.report_dir,
-                  "report")
+        runs.safe("report artifacts", runs.tracker.client.log_artifacts, runs.parent,
+                  str(lay.report_dir), "report")
     from pmnet.report.build import CLAIMS_FILE
 
     if n_claims := log_claims(runs, (written or {}).get(CLAIMS_FILE)):  # the answer, in MLflow
         say(f"[stage 3/3] {n_claims} claims (effect, 95% CI, verdict) on the parent run "
             f"{runs.parent}: its claims/* metrics and tags")
-    if rid:
-        runs.safe("stage3 finish", runs.tracker.finish, rid)
     return True
 
 

@@ -1,10 +1,10 @@
 """`status`: the trials of a pipeline, read from the pipeline's own records only (no Ray,
 no MLflow, none of Tune's files).
 
-Sources, most authoritative first: `results/<trial>.json` (finished), each trial's
-`trials/<trial>/trial.json` (state, failures, last reported epoch and best selection
-metric, last error), `tracking.json` (the trial's MLflow run, and whether the driver closed
-it), and the run lock (is the driver alive?).
+Sources, most authoritative first: `results/<trial>.json` (finished, and its selection
+metric), each trial's `trials/<trial>/trial.json` (state, failures, last reported epoch and
+best selection metric, last error), and the run lock (is the driver alive?); `tracking.json`
+names the pipeline's MLflow experiment and parent run in the head.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pipelines.layout import Layout, read_json
 from pipelines.lock import driver_alive
 from pipelines.records import PipelineRecord, TrackingRecord, TrialState
 
-COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test updated_ltm",
-           "mlflow run")
+COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test updated_ltm")
 #: with named variants the table gains a `variant` column after `condition`
 VARIANT_COLUMNS = ("condition", "variant", *COLUMNS[1:])
 #: with several Phase-1 checkpoints (`Space.phase1_seeds`) a `phase1` column before `seed`:
@@ -36,8 +35,6 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
 
     meta = PipelineRecord.read(layout.pipeline_json)
     live = meta.status == "running" and driver_alive(layout.run_dir)
-    tracked = TrackingRecord.read(layout.tracking_json).trials
-    from_conditions = _select_metrics()
     try:
         trials = Space.from_dict(meta.space).trials
     except (KeyError, TypeError, ValueError):  # a damaged record: no rows, the head says so
@@ -47,40 +44,25 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
         cond = trial.condition
         info = TrialState.read(layout.trial_dir(trial) / "trial.json")
         res = read_json(layout.result_path(trial))
-        select = from_conditions.get(cond, "updated_ltm")
-        run = tracked.get(trial.name)
         if isinstance(res, dict):
             state = "FINISHED"
-            best = (res.get("val") or {}).get(select)
+            best = (res.get("val") or {}).get(res.get("select") or "updated_ltm")
             test = (res.get("test") or {}).get("updated_ltm")
         else:
             state = info.state or "NOT STARTED"
             if state == "RUNNING" and not live:
                 state = "INTERRUPTED"
             best, test = info.best_select, None
-        pending = run is not None and state == "FINISHED" and not run.finished
         rows.append({
             "condition": cond, "variant": trial.variant, "seed": trial.seed,
             PHASE1_COLUMN: None if trial.phase1_seed is None else f"p1s{trial.phase1_seed}",
             "trial": trial.name, "state": state, "failures": info.failures,
-            "best val (select)": _num(best), "select": select,
-            "test updated_ltm": _num(test),
-            "mlflow run": (run.run_id if run and run.run_id else "-")
-            + (" (pending)" if pending else ""),
+            "best val (select)": _num(best), "test updated_ltm": _num(test),
             # a trial the watchdog stopped (state NOT LEARNING, issue 62) says why, as an error
             "error": info.error if state in ("ERROR", "NOT LEARNING") else None,
             "epoch": info.epoch,
         })
     return rows
-
-
-def _select_metrics() -> dict[str, str]:
-    try:
-        from pmnet.train import ALL_CONDITIONS
-
-        return {name: c.select for name, c in ALL_CONDITIONS.items()}
-    except Exception:  # status must work even if the training layer cannot be imported
-        return {}
 
 
 def _num(v) -> float | None:

@@ -1,36 +1,36 @@
 """MLflow for the pipeline, a mirror of the run's store with the driver as its only writer
 (trials never open MLflow): the tracking store (`--tracking-uri`, else the embedded
-`<root>/mlflow.db`), runs found again by their `run_key` tag, each trial's run written from
-its unit in the store by one function (`backfill_results`: as the trial lands,
-`MirrorLanded`, after each wave and at the end), every call bounded by a `TrackingGuard`, so
-tracking never fails the pipeline. docs/pipeline.md, "MLflow layout", has the details.
+`<root>/mlflow.db`), runs found again by their `run_key` tag, each unit's run (a Phase-1
+checkpoint's, a trial's) written from the store by one function (`mirror`: after Stage 1,
+as a trial lands, `MirrorLanded`, after each wave and at the end), every call bounded by a
+`TrackingGuard`, so tracking never fails the pipeline. docs/pipeline.md, "MLflow layout",
+has the details.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
-from pipelines.addresses import hide_password
+from pipelines.addresses import EMBEDDED, HTTP_LIMITS, artifact_location, hide_password, store_uri
 from pipelines.console import say
-from pipelines.layout import Layout, read_json, trial_key
+from pipelines.layout import PHASE2_ONLY_FIELDS, Layout, read_json, trial_key
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import TrackingRecord, TrialRecord, as_float
-from pipelines.tracking_uri import EMBEDDED, artifact_location, store_uri
+from pipelines.records import Stage1Record, TrackingRecord, as_float
 from pmnet.trial_id import TrialId
 
 if TYPE_CHECKING:
+    from pipelines.phase1 import Phase1Slot
     from pipelines.plan import Plan
 
 log = logging.getLogger("pipelines.tracking")
@@ -40,7 +40,7 @@ log = logging.getLogger("pipelines.tracking")
 # the printed address names the runs page and the sidebar's workflow instead (ui_address)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
-MAX_PARAM_LEN = 6000
+MAX_PARAM_LEN, TAG_MAX = 6000, 5000  # param and tag values are cut there
 #: A model file at most this large goes into MLflow as an artifact (Stage 1's checkpoint, a
 #: trial's selected one): the `debug` and `cpu` presets' (about 1.1 MB for `cpu`); `small`'s
 #: (3.8 MB), `medium`'s (29 MB) and `paper`'s (120 MB) stay on disk, their path a tag. A size,
@@ -55,134 +55,47 @@ def model_as_artifact(path: str | os.PathLike) -> bool:
     return p.is_file() and p.stat().st_size <= ARTIFACT_MODEL_MAX_BYTES
 
 
-# "database is locked": another driver holds the SQLite file's write lock (measured in
-# docs/pipeline.md, "MLflow layout"); retried this many times, 1 s apart
-SQLITE_LOCK_RETRIES = 10
-
-
 # -- bounded calls ----------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class HttpLimits:
-    """How long one MLflow call may take, and how long to leave a failing server alone.
-
-    MLflow's REST client reads these environment variables at every request
-    (`mlflow.utils.rest_utils.http_request`). Its defaults (7 retries, backoff factor 2,
-    120 s per attempt) keep one call against a dead server busy for minutes; here one call
-    takes at most `worst_case_s()` (32.5 s against a server that accepts but never answers,
-    about 3 s against a refused connection). `cooldown_s`: after a failed call the guard
-    skips calls for this long, so a dead server costs one bounded call, not one per epoch.
-    """
-
-    max_retries: int = 2
-    backoff_factor: int = 1
-    backoff_jitter: float = 0.5
-    timeout_s: int = 10
-    cooldown_s: float = 120.0
-
-    def env(self) -> dict[str, str]:
-        return {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(self.max_retries),
-                "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(self.backoff_factor),
-                "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": str(self.backoff_jitter),
-                "MLFLOW_HTTP_REQUEST_TIMEOUT": str(self.timeout_s)}
-
-    def worst_case_s(self) -> float:
-        """Upper bound of one MLflow call under these limits (every attempt times out)."""
-        sleeps = sum(self.backoff_factor * 2 ** k + self.backoff_jitter
-                     for k in range(1, self.max_retries))
-        return (self.max_retries + 1) * self.timeout_s + sleeps
-
-    @contextlib.contextmanager
-    def applied(self) -> Iterator[None]:
-        """These limits for the MLflow calls inside the block (the previous values after)."""
-        new = self.env()
-        old = {k: os.environ.get(k) for k in new}
-        os.environ.update(new)
-        try:
-            yield
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
-TRACKING_LIMITS = HttpLimits()
+#: after a failed call the guard skips calls for this long, so a dead server costs one
+#: bounded call, not one per epoch
+COOLDOWN_S = 120.0
 
 
 class TrackingGuard:
     """Runs MLflow calls so that none can stall or fail the driver.
 
-    Each call runs under `limits`; SQLite's "database is locked" is retried
-    (SQLITE_LOCK_RETRIES); any other exception becomes `last_error`, a console warning the
-    first time (`on_failure`), and a cooldown of `limits.cooldown_s` in which calls are
-    skipped at once (reported as not done).
+    MLflow bounds each HTTP call (HTTP_LIMITS); a SQLite store waits for another writer's
+    lock itself (MLflow sets `PRAGMA busy_timeout = 20000` on each session,
+    `mlflow.store.db.utils._get_managed_session_maker`). Any exception becomes `last_error`,
+    a console warning the first time (`on_failure`), and a cooldown of COOLDOWN_S in which
+    calls are skipped at once (reported as not done).
     """
 
-    def __init__(self, limits: HttpLimits = TRACKING_LIMITS,
-                 on_failure: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.limits, self.on_failure, self.clock = limits, on_failure, clock
+    def __init__(self, on_failure: Callable[[str], None] | None = None):
+        self.on_failure = on_failure
         self.last_error: str | None = None
         self.failures = 0
         self._retry_at = float("-inf")
 
-    @property
-    def cooling_down(self) -> bool:
-        return self.clock() < self._retry_at
-
     def call(self, what: str, fn: Callable[..., Any], *args, **kwargs) -> tuple[bool, Any]:
         """(True, fn's value), or (False, None) when it failed or was skipped."""
-        if self.cooling_down:
+        if time.monotonic() < self._retry_at:
             return False, None
-        for attempt in range(SQLITE_LOCK_RETRIES + 1):
-            try:
-                with self.limits.applied():
-                    return True, fn(*args, **kwargs)
-            except Exception as e:  # tracking must never take training or results down
-                if "database is locked" in str(e) and attempt < SQLITE_LOCK_RETRIES:
-                    time.sleep(1.0)
-                    continue
-                self._retry_at = self.clock() + self.limits.cooldown_s
-                self.last_error = f"{what} failed: {type(e).__name__}: {e}"[:1000]
-                self.failures += 1
-                log.warning("MLflow: %s; MLflow calls are skipped for %.0f s",
-                            self.last_error, self.limits.cooldown_s)
-                if self.on_failure is not None and self.failures == 1:
-                    self.on_failure(self.last_error)
-                return False, None
-        return False, None  # not reached
+        try:
+            return True, fn(*args, **kwargs)
+        except Exception as e:  # tracking must never take training or results down
+            self._retry_at = time.monotonic() + COOLDOWN_S
+            self.last_error = f"{what} failed: {type(e).__name__}: {e}"[:1000]
+            self.failures += 1
+            log.warning("MLflow: %s; MLflow calls are skipped for %.0f s", self.last_error,
+                        COOLDOWN_S)
+            if self.on_failure is not None and self.failures == 1:
+                self.on_failure(self.last_error)
+            return False, None
 
 
 # -- the client ----------------------------------------------------------------------------
-
-
-def _param_str(value: Any) -> str:
-    """One spelling per value: a tuple and the list a result file reads back are the same
-    JSON list (`[1, 1, 8, 8]`), so a param logged from the config and again from the result
-    is not seen as changed (issue 37)."""
-    s = value if isinstance(value, str) else (
-        json.dumps(value) if isinstance(value, (list, tuple)) else str(value))
-    return s if len(s) <= MAX_PARAM_LEN else s[: MAX_PARAM_LEN - 3] + "..."
-
-
-#: a param whose value differs from the logged one on resume: tag `param_changed.<key>`
-#: = "logged <old>; this attempt <new>" (the logged value stays, as MLflow params are
-#: immutable); tag values are cut at TAG_MAX characters
-PARAM_CHANGED, TAG_MAX = "param_changed.", 5000
-
-
-def _same_param(logged: str, value: Any) -> bool:
-    """Whether `logged` spells `value`: today's spelling, or one of the two an earlier version
-    wrote (`str` of the tuple or of the list), so a run logged then is not changed by a
-    resume now."""
-    spellings = {_param_str(value)}
-    if isinstance(value, (list, tuple)):
-        spellings |= {str(tuple(value)), str(list(value))}
-    cut = {x if len(x) <= MAX_PARAM_LEN else x[: MAX_PARAM_LEN - 3] + "..." for x in spellings}
-    return logged in cut
 
 
 class Tracker:
@@ -191,6 +104,7 @@ class Tracker:
     def __init__(self, uri: str):
         from mlflow import MlflowClient
 
+        os.environ.update(HTTP_LIMITS)  # every MLflow call of this process is bounded
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
 
@@ -213,12 +127,6 @@ class Tracker:
             self.client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
 
-    def find_run(self, experiment_id: str, key: str):
-        runs = self.client.search_runs(
-            [experiment_id], filter_string=f"tags.run_key = '{key}'",
-            order_by=["attributes.start_time ASC"], max_results=10)
-        return runs[0] if runs else None
-
     def attach_run(self, experiment_id: str, key: str, *, run_name: str,
                    tags: dict[str, Any] | None = None, parent_run_id: str | None = None,
                    run_id: str | None = None) -> tuple[str, bool]:
@@ -239,7 +147,10 @@ class Tracker:
             except MlflowException:
                 run = None
         if run is None:
-            run = self.find_run(experiment_id, key)
+            found = self.client.search_runs(
+                [experiment_id], filter_string=f"tags.run_key = '{key}'",
+                order_by=["attributes.start_time ASC"], max_results=1)
+            run = found[0] if found else None
         if run is None:
             run = self.client.create_run(experiment_id, tags=tags, run_name=run_name)
             return run.info.run_id, True
@@ -249,34 +160,23 @@ class Tracker:
         self.set_tags(rid, {k: v for k, v in tags.items() if run.data.tags.get(k) != v})
         return rid, False
 
-    def log_params_once(self, run_id: str, params: dict[str, Any]) -> list[str]:
-        """Log the params the run lacks; return the keys whose logged value differs."""
+    def log_params_once(self, run_id: str, params: dict[str, Any]) -> None:
+        """Log the params the run lacks (a logged one is immutable; a resume with another
+        config is refused at planning). A list or tuple is spelled as JSON (`[1, 1, 8, 8]`),
+        so a config's tuple and its result file's list are one value (issue 37)."""
         from mlflow.entities import Param
 
         existing = self.client.get_run(run_id).data.params
-        todo, differ = [], []
-        for k, v in params.items():
-            s = _param_str(v)
-            if k not in existing:
-                todo.append(Param(k, s))
-            elif not _same_param(existing[k], v):
-                differ.append(k)
+        todo = [Param(k, (json.dumps(v) if isinstance(v, (list, tuple)) else str(v))
+                      [:MAX_PARAM_LEN]) for k, v in params.items() if k not in existing]
         for i in range(0, len(todo), 100):
             self.client.log_batch(run_id, params=todo[i:i + 100])
-        if differ:  # a real difference on resume: recorded on the run, not printed
-            self.set_tags(run_id, {f"{PARAM_CHANGED}{k}": f"logged {existing[k]}; this attempt "
-                                   f"{_param_str(params[k])}"[:TAG_MAX] for k in differ})
-            log.debug("run %s already has different values for params %s", run_id, differ)
-        return differ
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
         if tags:
             self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-
-    def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int | None = None) -> None:
-        self.log_metric_rows(run_id, [(int(step or 0), metrics)])
 
     def log_metric_rows(self, run_id: str, rows: list[tuple[int, dict[str, Any]]]) -> None:
         """Several steps' metrics in as few requests as possible (1000 values per batch)."""
@@ -288,19 +188,6 @@ class Tracker:
         for i in range(0, len(items), 1000):
             self.client.log_batch(run_id, metrics=items[i:i + 1000])
 
-    def logged_steps(self, run_id: str, key: str) -> set[int]:
-        return {m.step for m in self.client.get_metric_history(run_id, key)}
-
-    def log_artifact(self, run_id: str, path: str | os.PathLike, artifact_path: str | None = None):
-        self.client.log_artifact(run_id, str(path), artifact_path)
-
-    def log_artifacts(self, run_id: str, path: str | os.PathLike,
-                      artifact_path: str | None = None):
-        self.client.log_artifacts(run_id, str(path), artifact_path)
-
-    def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        self.client.set_terminated(run_id, status=status)
-
 
 # -- the pipeline's runs ---------------------------------------------------------------------
 
@@ -311,7 +198,6 @@ class Runs:
     through `safe`, bounded and non-fatal."""
 
     tracker: Tracker | None = None
-    layout: Layout | None = None
     record: TrackingRecord = field(default_factory=TrackingRecord)
     guard: TrackingGuard = field(default_factory=lambda: TrackingGuard(
         on_failure=lambda reason: say(f"[mlflow] {reason}; training goes on, the runs are "
@@ -331,19 +217,6 @@ class Runs:
             return None
         return self.guard.call(what, fn, *args, **kwargs)[1]
 
-    def save(self) -> None:
-        if self.layout is not None:
-            self.record.write(self.layout.tracking_json)
-
-    def note(self, *, stage: str | None = None, trial: str | None = None,
-             value: str | TrialRecord | None = None) -> None:
-        """Record one stage's run id or one trial's TrialRecord in tracking.json. Read,
-        changed and written at once: the driver's and the callback's `Runs` share the file."""
-        if self.layout is not None:
-            self.record = TrackingRecord.read(self.layout.tracking_json)
-        (self.record.stages if stage else self.record.trials)[stage or trial] = value
-        self.save()
-
     @classmethod
     def reopen(cls, layout: Layout, uri: str | None = None) -> Runs:
         """The runs tracking.json records, for a later process (the Tune callback after a
@@ -351,9 +224,9 @@ class Runs:
         no record."""
         record = TrackingRecord.read(layout.tracking_json)
         if record.experiment_id is None:
-            return cls(layout=layout, record=record)
+            return cls(record=record)
         return cls(tracker=Tracker(store_uri(layout.root, uri or record.tracking_uri)),
-                   layout=layout, record=record)
+                   record=record)
 
 
 def experiment_name(plan: Plan) -> str:
@@ -362,16 +235,10 @@ def experiment_name(plan: Plan) -> str:
 
 def open_tracking(plan: Plan) -> Runs:
     """Attach the pipeline's experiment and parent run, and record them in tracking.json.
-    Bounded by TRACKING_LIMITS, but fatal: it runs before any trial starts, and a server
+    Bounded by HTTP_LIMITS, but fatal: it runs before any trial starts, and a server
     was checked reachable while planning."""
-    with TRACKING_LIMITS.applied():
-        return _open_tracking(plan)
-
-
-def _open_tracking(plan: Plan) -> Runs:
     lay = plan.layout
     uri = store_uri(lay.root, plan.tracking_uri)
-    t_open_ms = int(time.time() * 1000) - 1000  # a store made from here on is this run's
     tracker = Tracker(uri)
     exp_id = tracker.experiment(experiment_name(plan),
                                 tags={"pipeline": plan.name, "storage_root": str(lay.root)},
@@ -392,48 +259,14 @@ def _open_tracking(plan: Plan) -> Runs:
         **plan.cfg.flat(), **grid_params,
         "resources.cpus_per_trial": sp.cpus_per_trial,
         "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
-    drop_empty_default(tracker, own_store=plan.tracking_uri is None, since_ms=t_open_ms)
-    same_store = known.experiment_id == exp_id
     record = TrackingRecord(tracking_uri=plan.tracking_uri or EMBEDDED,
                             experiment_name=experiment_name(plan), experiment_id=exp_id,
-                            parent_run_id=parent, stages=known.stages if same_store else {},
-                            trials=known.trials if same_store else {})
-    runs = Runs(tracker=tracker, layout=lay, record=record)
-    runs.save()
+                            parent_run_id=parent)
+    record.write(lay.tracking_json)
     where = hide_password(uri) + (" (the embedded store)" if plan.tracking_uri is None else "")
     say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent}; "
         f"tracking URI {where}")
-    return runs
-
-
-DEFAULT_EXPERIMENT_ID = "0"
-
-
-def drop_empty_default(tracker: Tracker, *, own_store: bool, since_ms: int) -> bool:
-    """Delete (restorably) the empty experiment "Default" (id 0) that MLflow's SQL store
-    makes in every new database, where the pipeline never logs, so that the UI lists the
-    pipeline's experiments only. Only where the pipeline owns it: the embedded store, or a
-    database this call's run created (its "Default" made at or after `since_ms`); a
-    tracking server's is the server's, and a Default holding any run is kept. True when
-    deleted."""
-    from mlflow.entities import ViewType
-    from mlflow.exceptions import MlflowException
-
-    if tracker.uri.lower().startswith(("http://", "https://")):
-        return False
-    try:
-        exp = tracker.client.get_experiment(DEFAULT_EXPERIMENT_ID)
-    except MlflowException:
-        return False
-    if exp is None or exp.name != "Default" or exp.lifecycle_stage != "active":
-        return False
-    if not own_store and (exp.creation_time or 0) < since_ms:
-        return False  # a database that was there before: its Default is not ours
-    if tracker.client.search_runs([DEFAULT_EXPERIMENT_ID], run_view_type=ViewType.ALL,
-                                  max_results=1):
-        return False
-    tracker.client.delete_experiment(DEFAULT_EXPERIMENT_ID)
-    return True
+    return Runs(tracker=tracker, record=record)
 
 
 # -- the answer on the parent run ------------------------------------------------------------
@@ -496,134 +329,126 @@ def log_claims(runs: Runs, claims_file: str | os.PathLike | None) -> int:
         return 0
     metrics, tags = claim_entries(records)
     ok, _ = runs.guard.call("logging the claims", lambda: (
-        runs.tracker.log_metrics(runs.parent, metrics),
+        runs.tracker.log_metric_rows(runs.parent, [(0, metrics)]),
         runs.tracker.set_tags(runs.parent, tags)))
     return len(records) if ok else 0
 
 
-def stage_run(plan: Plan, runs: Runs, stage: str) -> str | None:
-    """The stage's run id (re-attached by its run_key), or None when tracking is off or
-    failed (the stage then runs untracked)."""
-    if runs.tracker is None:
+# -- the units' runs: MLflow mirrors the store ------------------------------------------------
+
+
+def trial_run(name: str, path: Path) -> dict | None:
+    """The run of a trial's unit, from its result file at `path` (None: none there):
+    tags its key, identity (`TrialId.to_config`), provenance and where it trained; params its
+    flat TrainConfig (the variant's overrides applied), identity and a named variant's
+    overrides as `variant.<field>`; each epoch with the running best at `best/select`, the
+    test metrics at the best epoch; the result file and the selected checkpoint when small
+    (`model_as_artifact`; else only its path, a tag) as artifacts."""
+    result = read_json(path)
+    try:
+        trial = TrialId.from_result(result)
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
-    got = runs.safe(f"attaching the {stage} run", runs.tracker.attach_run,
-                    runs.experiment_id, f"{plan.name}/{stage}", run_name=stage,
-                    parent_run_id=runs.parent,
-                    tags={"pipeline": plan.name, "stage": stage, "preset": plan.cfg.preset},
-                    run_id=runs.record.stages.get(stage))
-    if got is None:
-        return None
-    runs.note(stage=stage, value=got[0])
-    return got[0]
-
-
-# -- trial runs ------------------------------------------------------------------------------
-
-
-def trial_run_tags(name: str, trial: TrialId, phase1_sha256: str, preset: str,
-                   select: str) -> dict[str, Any]:
-    """The tags of a trial's run: its key, identity (`TrialId.to_config`) and provenance."""
-    return {"trial_key": trial_key(name, trial), "pipeline": name, "stage": "phase2",
-            **trial.to_config(), "phase1_sha256": phase1_sha256, "preset": preset,
-            "select_metric": select}
-
-
-def trial_params(flat_config: dict[str, Any], trial: TrialId,
-                 variant_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The params of a trial's run: its flat TrainConfig (the variant's overrides applied)
-    and its identity; a named variant adds its overrides as `variant.<field>`."""
-    overrides = variant_overrides or {}
-    return {**flat_config, **trial.to_config(),
-            **{f"variant.{k}": v for k, v in sorted(overrides.items())}}
-
-
-def record_result(tracker: Tracker, run_id: str, result: dict,
-                  result_path: str | os.PathLike) -> None:
-    """Log a finished trial completely from its result file and finish its run: params, the
-    epochs the run lacks (from the result's history, with the running best at `best/select`),
-    the test metrics, the result file (and the selected checkpoint when small:
-    `model_as_artifact`) as
-    artifacts. Idempotent: params and epochs already logged are not sent again."""
-    trial, select = TrialId.from_result(result), result["select"]
-    tracker.log_params_once(run_id, trial_params(result.get("config") or {}, trial,
-                                                 result.get("variant_overrides")))
-    logged = tracker.logged_steps(run_id, "epoch")
-    rows, best = [], float("-inf")
+    select, rows, best = result.get("select"), [], float("-inf")
     for row in result.get("history") or []:
         value = as_float(row.get(f"val/{select}"))
-        if value is not None and value > best:
-            best = value
+        best = value if value is not None and value > best else best
         step = int(row.get("epoch", len(rows)))
-        if step not in logged:
-            rows.append((step, {**row, "epoch": step}
-                         | ({"best/select": best} if best > float("-inf") else {})))
-    tracker.log_metric_rows(run_id, rows)
-    test = {f"test/{k}": v for k, v in (result.get("test") or {}).items()
-            if isinstance(v, (int, float))}
-    tracker.log_metrics(run_id, {**test, "train_time_s": result.get("train_time_s") or 0,
-                                 "trainable_params": result.get("trainable_params") or 0},
-                        step=int(result.get("best_epoch") or 0))
-    tracker.log_artifact(run_id, result_path, "result")
-    trained_on = {k: result[k] for k in ("device", "precision") if result.get(k)}
-    if trained_on:  # where the trial actually trained (pmnet.train.trained_on)
-        tracker.set_tags(run_id, trained_on)
-    best_model = result.get("best_model")
-    if best_model and Path(best_model).is_file():
-        if model_as_artifact(best_model):
-            tracker.log_artifact(run_id, best_model, "checkpoint")
-        tracker.set_tags(run_id, {"best_model_path": best_model})
-    tracker.finish(run_id, "FINISHED")
+        rows.append((step, {**row, "epoch": step}
+                     | ({"best/select": best} if best > float("-inf") else {})))
+    model = result.get("best_model")
+    model = model if model and Path(model).is_file() else None
+    return {"key": trial_key(name, trial), "run_name": trial.name, "tags": {
+        "trial_key": trial_key(name, trial), "pipeline": name, "stage": "phase2",
+        **trial.to_config(), "phase1_sha256": result.get("phase1_sha256"),
+        "preset": result.get("preset"), "select_metric": select,
+        **{k: result[k] for k in ("device", "precision") if result.get(k)},  # trained_on
+        **({"best_model_path": model} if model else {})},
+        "params": {**(result.get("config") or {}), **trial.to_config(), **{
+            f"variant.{k}": v for k, v in sorted((result.get("variant_overrides") or {}).items())}},
+        "rows": rows, "step": int(result.get("best_epoch") or 0), "final": {
+            **{f"test/{k}": v for k, v in (result.get("test") or {}).items()},
+            "train_time_s": result.get("train_time_s") or 0,
+            "trainable_params": result.get("trainable_params") or 0},
+        "files": [(path, "result")]
+        + ([(model, "checkpoint")] if model and model_as_artifact(model) else [])}
 
 
-def _finished_runs(runs: Runs, pipeline: str) -> dict[str, str]:
-    """{trial_key: run id} of the pipeline's FINISHED trial runs."""
+def phase1_run(name: str, slot: Phase1Slot) -> dict | None:
+    """The run `stage1-<unit>` of a Phase-1 unit the store holds (None: not landed): its
+    Phase-1 params, per-epoch validation, test metrics, sha256 (and `imported_from`), the
+    metrics file and, when small, the checkpoint itself as artifacts."""
+    info = Stage1Record.read(slot.stage1_json)
+    if not info.sha256:
+        return None
+    stage = f"stage1-{slot.label}"
+    history = (read_json(slot.metrics_json, {}) or {}).get("history", [])
+    return {"key": f"{name}/{stage}", "run_name": stage, "tags": {
+        "pipeline": name, "stage": stage, "preset": slot.cfg.preset,
+        "phase1_sha256": info.sha256, "checkpoint_path": str(slot.ckpt),
+        **({"imported_from": info.imported_from} if info.imported_from else {})},
+        "params": {k: v for k, v in slot.cfg.flat().items()
+                   if k.split(".")[0] not in PHASE2_ONLY_FIELDS},
+        "rows": [(row["epoch"], row) for row in history if isinstance(row.get("epoch"), int)],
+        "step": 0, "final": {
+            **{f"test/{k}": v for k, v in (info.metrics or {}).items()},
+            "train_time_s": info.train_time_s or 0, **({"val/random_route_drop": info.routes[
+                "stm_random_routes"]["drop"]} if info.routes else {})},
+        "files": [(f, None) for f in [slot.metrics_json] if f.is_file()]
+        + ([(slot.ckpt, "checkpoint"), (slot.sidecar, "checkpoint")]
+           if model_as_artifact(slot.ckpt) else [])}
+
+
+def _write_run(runs: Runs, unit: dict) -> None:
+    """A unit's run attached by its key (created if missing) and written completely: params,
+    the epochs it lacks (an `epoch` step already logged is not sent again), the final
+    metrics, the artifacts; FINISHED."""
+    tracker = runs.tracker
+    rid, _ = tracker.attach_run(runs.experiment_id, unit["key"], run_name=unit["run_name"],
+                                parent_run_id=runs.parent, tags=unit["tags"])
+    tracker.log_params_once(rid, unit["params"])
+    logged = {m.step for m in tracker.client.get_metric_history(rid, "epoch")}
+    tracker.log_metric_rows(rid, [(s, row) for s, row in unit["rows"] if s not in logged]
+                            + [(unit["step"], unit["final"])])
+    for path, where in unit["files"]:
+        tracker.client.log_artifact(rid, str(path), where)
+    tracker.client.set_terminated(rid, "FINISHED")
+
+
+def _finished_runs(runs: Runs, pipeline: str) -> set[str]:
+    """The run keys of the pipeline's FINISHED runs."""
     found = runs.tracker.client.search_runs(
         [runs.experiment_id], max_results=50000,
         filter_string=f"tags.pipeline = '{pipeline}' and attributes.status = 'FINISHED'")
-    return {r.data.tags["trial_key"]: r.info.run_id for r in found if "trial_key" in r.data.tags}
+    return {r.data.tags["run_key"] for r in found if "run_key" in r.data.tags}
 
 
-def _backfill_one(runs: Runs, pipeline: str, trial: TrialId, result: dict, path: Path) -> str:
-    known = runs.record.trials.get(trial.name)
-    rid, _ = runs.tracker.attach_run(
-        runs.experiment_id, trial_key(pipeline, trial), run_name=trial.name,
-        parent_run_id=runs.parent, run_id=known.run_id if known else None,
-        tags=trial_run_tags(pipeline, trial, result["phase1_sha256"], result["preset"],
-                            result["select"]))
-    record_result(runs.tracker, rid, result, path)
-    return rid
-
-
-def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId], *,
-                     quiet: bool = False) -> dict[str, int]:
-    """MLflow as a mirror of the store: each unit of `trials` (the run's) that the run's
-    store holds and whose run is not FINISHED (trained by another writer, or logged only in
-    part) is attached (by run id or trial_key; created if missing) and logged completely by
-    `record_result`. Idempotent: a FINISHED run is left as it is. Bounded and non-fatal:
-    when MLflow fails the rest stays for the next call. Returns {"logged": n, "pending": m}."""
+def mirror(layout: Layout, runs: Runs, slots: Iterable[Phase1Slot] = (),
+           trials: Iterable[TrialId] = (), *, quiet: bool = False) -> dict[str, int]:
+    """MLflow as a mirror of the store, for both kinds of unit: each Phase-1 unit of `slots`
+    and each trial of `trials` that the run's store holds and whose run is not FINISHED
+    (trained by another writer, or logged only in part) gets its run written completely
+    (`_write_run`); a unit that did not land (failed, paused) has none. Idempotent: a FINISHED
+    run is left as it is. Bounded and non-fatal: when MLflow fails the rest stays for the
+    next call. Returns {"logged": n, "pending": m}."""
     out = {"logged": 0, "pending": 0}
-    paths = [p for t in trials if (p := layout.units.result(t)).is_file()]
-    if runs.tracker is None or not paths:
+    if runs.tracker is None:
+        return out
+    units = [u for u in [*(phase1_run(layout.name, slot) for slot in slots),
+                         *(trial_run(layout.name, layout.units.result(t)) for t in trials)]
+             if u]
+    if not units:
         return out
     ok, finished = runs.guard.call("listing the finished runs", _finished_runs, runs,
                                    layout.name)
-    for path in paths:
-        result = read_json(path)
-        try:
-            trial = TrialId.from_result(result)
-        except (AttributeError, KeyError, TypeError, ValueError):  # not a trial's result
+    for unit in units:
+        if ok and unit["key"] in finished:
             continue
-        if ok and (rid := finished.get(trial_key(layout.name, trial))):
-            if not runs.record.trials.get(trial.name, TrialRecord()).finished:
-                runs.note(trial=trial.name, value=TrialRecord(run_id=rid, finished=True))
-            continue
-        rid = runs.safe(f"logging {trial.name} from its result file", _backfill_one, runs,
-                        layout.name, trial, result, path) if ok else None
-        if rid is not None:
-            runs.note(trial=trial.name, value=TrialRecord(run_id=rid, finished=True))
-        out["logged" if rid else "pending"] += 1
+        done = ok and runs.guard.call(f"logging {unit['run_name']} from the store", _write_run,
+                                      runs, unit)[0]
+        out["logged" if done else "pending"] += 1
     if (out["logged"] and not quiet) or out["pending"]:
-        say(f"[mlflow] {out['logged']} trial run(s) written from their units in the store"
+        say(f"[mlflow] {out['logged']} run(s) written from their units in the store"
             + (f"; {out['pending']} left pending (MLflow failed: {runs.guard.last_error}); "
                "the next `make resume` logs them" if out["pending"] else ""))
     return out
@@ -631,7 +456,7 @@ def backfill_results(layout: Layout, runs: Runs, trials: Iterable[TrialId], *,
 
 class MirrorLanded(tune.Callback):
     """Stage 2's Tune callback: as a trial completes, its unit (if it landed) is mirrored to
-    MLflow by `backfill_results`, the one writer of trial runs, so a run's trials appear in
+    MLflow by `mirror`, the one writer of the units' runs, so a run's trials appear in
     the MLflow UI as they finish rather than at the wave's end. A trial without a result
     (failed, or stopped by the watchdog) gets no run: `make status` shows it."""
 
@@ -651,4 +476,4 @@ class MirrorLanded(tune.Callback):
             tid = TrialId.from_config(trial.config)
         except (KeyError, TypeError, ValueError):
             return
-        backfill_results(self.layout, self.runs, [tid], quiet=True)
+        mirror(self.layout, self.runs, trials=[tid], quiet=True)

@@ -13,13 +13,13 @@ REPO = Path(__file__).resolve().parent.parent
 def no_mlruns_in_the_repository():
     """A test that makes an MLflow experiment without an artifact location writes its
     artifacts into `./mlruns` of the directory it runs in, here the repository: the session
-    ends with an error naming it (the driver always gives one, `tracking_uri.artifact_location`)."""
+    ends with an error naming it (the driver always gives one, `addresses.artifact_location`)."""
     mlruns = REPO / "mlruns"
     before = mlruns.exists()
     yield
     if not before and mlruns.exists():
         pytest.fail(f"a test left {mlruns}: give MLflow experiments an artifact location "
-                    "(pipelines.tracking_uri.artifact_location), as the driver does; delete "
+                    "(pipelines.addresses.artifact_location), as the driver does; delete "
                     "it before the next run", pytrace=False)
 
 

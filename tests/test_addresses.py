@@ -180,7 +180,7 @@ def test_a_postgres_database_that_answers_passes_planning(postgres, tmp_path):
     driver), the plan keeps the URI, and nothing is created, neither a table in the database
     nor the storage root."""
     from pipelines import plan as planning
-    from pipelines.tracking_uri import check_tracking_uri
+    from pipelines.addresses import check_tracking_uri
 
     uri = postgres.uri(database="probe")
     postgres.createdb("probe")
@@ -199,7 +199,7 @@ def test_a_password_from_pgpassword_keeps_it_out_of_the_uri(postgres, monkeypatc
     libpq, under psycopg, reads it, so the URI that the run directory records and the
     console prints holds none (docs/pipeline.md, "One tracking server for many machines");
     without it the server refuses."""
-    from pipelines.tracking_uri import check_tracking_uri
+    from pipelines.addresses import check_tracking_uri
 
     uri = postgres.uri(password="")
     assert postgres.password not in uri
@@ -376,12 +376,12 @@ def test_make_ui_passes_host_port_and_allowed_hosts():
 
 def test_the_printed_ui_address_is_a_route_of_the_installed_mlflow_ui():
     """`make ui` prints `<ui>/#/experiments/<id>/runs?workflowType=machine_learning`
-    (`tracking_uri.ui_address`; opened in headless Chromium on MLflow 3.17, docs/pipeline.md
+    (`addresses.ui_address`; opened in headless Chromium on MLflow 3.17, docs/pipeline.md
     "The UI"). The installed MLflow's UI bundle still has that route and that toggle, and
     its server the options `make ui` passes."""
     import mlflow
 
-    from pipelines.tracking_uri import ui_address
+    from pipelines.addresses import ui_address
 
     assert ui_address("http://h:1", "7") == (
         "http://h:1/#/experiments/7/runs?workflowType=machine_learning")

@@ -357,24 +357,16 @@ def test_a_trial_given_no_gpu_trains_on_cpu_and_records_it(tmp_path, phase1, mon
     assert facts["trained on (from results)"] == f"{result['device']}, 32-true: 1 trial"
 
 
-def test_the_mlflow_run_records_device_and_precision():
-    from pipelines.tracking import record_result
+def test_the_mlflow_run_records_device_and_precision(tmp_path):
+    from pipelines.layout import write_json
+    from pipelines.tracking import trial_run
 
-    class Recorder:
-        def __init__(self):
-            self.tags = {}
-
-        def __getattr__(self, name):
-            return lambda *a, **k: set()
-
-        def set_tags(self, run_id, tags):
-            self.tags.update(tags)
-
-    rec = Recorder()
     result = {"condition": "learned_full", "seed": 42, "select": "updated_ltm", "history": [],
-              "test": {}, "device": "NVIDIA H100 (cuda:0)", "precision": "bf16-mixed"}
-    record_result(rec, "run", result, "/nonexistent/result.json")
-    assert rec.tags == {"device": "NVIDIA H100 (cuda:0)", "precision": "bf16-mixed"}
+              "test": {}, "device": "NVIDIA H100 (cuda:0)", "precision": "bf16-mixed",
+              "phase1_sha256": "a" * 64, "preset": "paper"}
+    write_json(tmp_path / "result.json", result)
+    tags = trial_run("p", tmp_path / "result.json")["tags"]
+    assert (tags["device"], tags["precision"]) == ("NVIDIA H100 (cuda:0)", "bf16-mixed")
 
 
 # -- configuration errors are not retried; GPU memory is freed between trials ---------------

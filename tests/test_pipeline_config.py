@@ -15,6 +15,7 @@ import pytest
 
 from pipelines import plan as planning
 from pipelines import run, stages
+from pipelines.addresses import check_tracking_uri
 from pipelines.layout import (
     Layout,
     PipelineError,
@@ -25,7 +26,6 @@ from pipelines.layout import (
 from pipelines.phase1 import Phase1Refused, check_phase1, existing_phase1, phase1_config_hash
 from pipelines.status import status_text, trial_rows
 from pipelines.tracking import Tracker
-from pipelines.tracking_uri import check_tracking_uri
 from pmnet.trial_id import TrialId
 from tests.support.net import free_port
 from tests.support.trials import FakeTune, run_trial_here, trial_ctx
@@ -438,8 +438,8 @@ def test_trial_runs_are_named_and_reattached(tracker):
                                       tags={"condition": "learned_full", "seed": 42})
     assert created
     tracker.log_params_once(rid, {"lr": 0.001, "model.hidden": 32})
-    tracker.log_metrics(rid, {"val/updated_ltm": 10.0, "epoch": 0}, step=0)
-    tracker.finish(rid, "FAILED")
+    tracker.log_metric_rows(rid, [(0, {"val/updated_ltm": 10.0, "epoch": 0})])
+    tracker.client.set_terminated(rid, "FAILED")
     # a retried / resumed trial finds the same run, by tag or by id
     again, created = tracker.attach_run(exp, key, run_name="learned_full-s42",
                                         parent_run_id=parent, tags={"seed": 42})
@@ -449,26 +449,17 @@ def test_trial_runs_are_named_and_reattached(tracker):
     assert run_.info.status == "RUNNING" and run_.info.run_name == "learned_full-s42"
     assert run_.data.tags["run_key"] == key and run_.data.tags["condition"] == "learned_full"
     assert run_.data.tags["mlflow.parentRunId"] == parent
-    # params: identical values are not re-sent; a different value is reported, not a crash
-    assert tracker.log_params_once(rid, {"lr": 0.001, "model.hidden": 32, "new": "x"}) == []
-    assert tracker.log_params_once(rid, {"lr": 0.5}) == ["lr"]
+    # params: only the missing ones are sent (MLflow refuses to change a logged param; a
+    # pipeline resumed with another config is refused at planning)
+    tracker.log_params_once(rid, {"lr": 0.5, "model.hidden": 32, "new": "x"})
     assert tracker.client.get_run(rid).data.params == {"lr": "0.001", "model.hidden": "32",
                                                        "new": "x"}
-    assert tracker.logged_steps(rid, "epoch") == {0}
+    assert {m.step for m in tracker.client.get_metric_history(rid, "epoch")} == {0}
     assert len(tracker.client.search_runs([exp], f"tags.run_key = '{key}'")) == 1
     # issue 37: a tuple from the config and the list its result file reads back are one
-    # spelling, nested too; a run logged with the old spelling (str of a tuple) is unchanged
-    assert tracker.log_params_once(rid, {"model.write_dims": (1, 1, 8, 8)}) == []
-    assert tracker.log_params_once(rid, {"model.write_dims": [1, 1, 8, 8]}) == []
+    # spelling, a JSON list
+    tracker.log_params_once(rid, {"model.write_dims": (1, 1, 8, 8)})
     assert tracker.client.get_run(rid).data.params["model.write_dims"] == "[1, 1, 8, 8]"
-    tracker.client.log_param(rid, "seeds", str((42, 43)))  # as an older version logged it
-    assert tracker.log_params_once(rid, {"seeds": [42, 43]}) == []
-    assert tracker.log_params_once(rid, {"seeds": [42, 44]}) == ["seeds"]
-    # a real difference is kept on the run as a tag (params are immutable), not printed
-    tags = tracker.client.get_run(rid).data.tags
-    assert tags["param_changed.lr"] == "logged 0.001; this attempt 0.5"
-    assert tags["param_changed.seeds"] == "logged (42, 43); this attempt [42, 44]"
-    assert "param_changed.model.write_dims" not in tags
 
 
 # -- status from disk -----------------------------------------------------------------------
@@ -481,17 +472,13 @@ def _dead_driver_lock(lay: Layout) -> None:
 
 
 def test_status_reads_the_pipelines_own_records_only(tmp_path):
-    from pipelines.records import TrackingRecord, TrialRecord
-
     plan = _plan(tmp_path)
     lay: Layout = plan.layout
     stages.write_meta(plan, status="running")
     _dead_driver_lock(lay)
     write_json(lay.result_path(TrialId("learned_full", 42)), {
-        "condition": "learned_full", "seed": 42, "val": {"updated_ltm": 55.0},
-        "test": {"updated_ltm": 50.5}})
-    TrackingRecord(experiment_id="1", trials={
-        "learned_full-s42": TrialRecord("abc", finished=False)}).write(lay.tracking_json)
+        "condition": "learned_full", "seed": 42, "select": "mean_stm",
+        "val": {"updated_ltm": 55.0, "mean_stm": 61.0}, "test": {"updated_ltm": 50.5}})
     write_json(lay.trial_dir(TrialId("consolidator_only", 42)) / "trial.json",
                {"state": "RUNNING", "failures": 1, "epoch": 0, "best_select": 12.5})
     # Tune's private files are not read: a state file saying otherwise changes nothing
@@ -500,7 +487,7 @@ def test_status_reads_the_pipelines_own_records_only(tmp_path):
     rows = {(r["condition"], r["seed"]): r for r in trial_rows(lay)}
     assert rows[("learned_full", 42)]["state"] == "FINISHED"
     assert rows[("learned_full", 42)]["test updated_ltm"] == 50.5
-    assert rows[("learned_full", 42)]["mlflow run"] == "abc (pending)"  # not closed yet
+    assert rows[("learned_full", 42)]["best val (select)"] == 61.0  # the result's own `select`
     # the recorded driver is gone, so a RUNNING trial was interrupted
     assert rows[("consolidator_only", 42)]["state"] == "INTERRUPTED"
     assert rows[("consolidator_only", 42)]["failures"] == 1
@@ -508,6 +495,7 @@ def test_status_reads_the_pipelines_own_records_only(tmp_path):
     assert rows[("learned_full", 43)]["state"] == "NOT STARTED"
     text = status_text(lay)
     assert "interrupted" in text and "learned_full-s" not in text.split("\n")[0]
+    assert "mlflow run" not in text  # a trial's run is found in MLflow by its trial_key
     assert len(rows) == 4
 
 
@@ -644,8 +632,8 @@ class _TuneTrial:
 
 
 def _open_store(lay: Layout, uri: str) -> tuple:
+    from pipelines.addresses import artifact_location
     from pipelines.records import TrackingRecord
-    from pipelines.tracking_uri import artifact_location
 
     tracker = Tracker(uri)  # artifacts where the driver puts them, never the repo's ./mlruns
     exp = tracker.experiment("pmnet/t", artifact_location=artifact_location(uri, "t", lay.root))
@@ -669,8 +657,7 @@ def test_a_trial_run_is_written_once_from_its_unit_as_the_trial_lands(trials_her
     backfill add nothing; a trial whose unit did not land gets no run."""
     import shutil
 
-    from pipelines.records import TrackingRecord
-    from pipelines.tracking import Runs, backfill_results
+    from pipelines.tracking import Runs, mirror
 
     lay = Layout(tmp_path / "runs", "t")
     shutil.copytree(trials_here["lay"].run_dir, lay.run_dir)
@@ -696,11 +683,10 @@ def test_a_trial_run_is_written_once_from_its_unit_as_the_trial_lands(trials_her
     assert [a.path for a in client.list_artifacts(rid, "result")] == [
         f"result/{trial.name}.json"]
     assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', other)}'") == []
-    assert TrackingRecord.read(lay.tracking_json).trials[trial.name].finished
     lay.result_path(other).write_bytes(landed)  # it lands: the wave's mirror writes it
     runs = Runs.reopen(lay)
-    assert backfill_results(lay, runs, [trial, other]) == {"logged": 1, "pending": 0}
-    assert backfill_results(lay, runs, [trial, other]) == {"logged": 0, "pending": 0}
+    assert mirror(lay, runs, trials=[trial, other]) == {"logged": 1, "pending": 0}
+    assert mirror(lay, runs, trials=[trial, other]) == {"logged": 0, "pending": 0}
     assert len(client.search_runs([exp], "tags.trial_key != ''")) == 2
 
 
@@ -711,7 +697,7 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, 
     import shutil
 
     from pipelines.records import TrackingRecord
-    from pipelines.tracking import TRACKING_LIMITS
+    from pipelines.tracking import HTTP_LIMITS, mirror
 
     lay = Layout(tmp_path / "runs", "t")
     shutil.copytree(trials_here["lay"].run_dir, lay.run_dir)
@@ -730,28 +716,39 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, 
     # MLflow's defaults (7 retries, backoff 2) the first call alone takes minutes
     assert time.time() - t0 < 30
     assert cb.runs.guard.failures == 1 and "listing" in cb.runs.guard.last_error
-    assert TrackingRecord.read(lay.tracking_json).trials == {}  # nothing claimed
-    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "7"  # left as it was
-    assert TRACKING_LIMITS.worst_case_s() < 40
+    # nothing was written: both stay pending (the guard still cooling down, at once)
+    t0 = time.time()
+    assert mirror(lay, cb.runs, trials=[TrialId(c, s) for c, s in HERE_TRIALS]) == {
+        "logged": 0, "pending": 2}
+    assert time.time() - t0 < 1
+    # the process's own bound, set by its first Tracker (monkeypatch restores the user's)
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == HTTP_LIMITS[
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    # a hung server: (retries + 1) x timeout plus the backoffs, 32.5 s
+    assert (int(HTTP_LIMITS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) + 1) * float(
+        HTTP_LIMITS["MLFLOW_HTTP_REQUEST_TIMEOUT"]) < 40
 
 
-def test_tracking_limits_bound_a_server_that_never_answers(tmp_path):
+def test_tracking_limits_bound_a_server_that_never_answers(tmp_path, monkeypatch):
     """MLflow applies the timeout and retry variables: a server that accepts connections
     but never answers costs (retries + 1) x timeout, not MLflow's 8 x 120 s."""
-    from pipelines.tracking import HttpLimits, TrackingGuard
+    from pipelines import tracking
 
+    for k, v in {"MAX_RETRIES": "1", "BACKOFF_FACTOR": "0", "BACKOFF_JITTER": "0.0",
+                 "TIMEOUT": "1"}.items():  # Tracker sets them for the process: restored after
+        monkeypatch.setitem(tracking.HTTP_LIMITS, f"MLFLOW_HTTP_REQUEST_{k}", v)
+        monkeypatch.setenv(f"MLFLOW_HTTP_REQUEST_{k}", v)
     with socket.socket() as hung:  # listening, never accepting: connects, never answers
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)
         uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
-        guard = TrackingGuard(HttpLimits(max_retries=1, backoff_factor=0, backoff_jitter=0.0,
-                                         timeout_s=1, cooldown_s=3600))
+        guard = tracking.TrackingGuard()
         tracker = Tracker(uri)
         t0 = time.time()
         ok, _ = guard.call("attaching", tracker.attach_run, "1", "t/x-s1", run_name="x-s1")
         first = time.time() - t0
         for epoch in range(5):  # cooling down: skipped at once, not retried per epoch
-            assert guard.call(f"epoch {epoch}", tracker.log_metrics, "r", {"x": 1.0},
+            assert guard.call(f"epoch {epoch}", tracker.client.log_metric, "r", "x", 1.0,
                               step=epoch) == (False, None)
         total = time.time() - t0
     assert not ok and 1.5 < first < 10, first
@@ -759,35 +756,46 @@ def test_tracking_limits_bound_a_server_that_never_answers(tmp_path):
     assert "Timeout" in guard.last_error and guard.failures == 1
 
 
-def test_sqlite_lock_is_retried_not_fatal(monkeypatch):
+def test_sqlite_lock_is_waited_for_not_fatal(tmp_path):
+    """Another writer's SQLite lock is waited for (MLflow's own `busy_timeout` of 20 s,
+    beyond pysqlite's 5 s), and a call that fails with "database is locked" all the same is
+    a skipped call, not an exception."""
+    import sqlite3
+    import threading
+
     from pipelines import tracking
 
-    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
-    calls = []
+    db = tmp_path / "mlflow.db"
+    tracker, guard = Tracker(f"sqlite:///{db}"), tracking.TrackingGuard()
+    exp = tracker.experiment("locked")
+    rid, _ = tracker.attach_run(exp, "r", run_name="r")
+    other = sqlite3.connect(db, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")  # another driver's write, held for 6 s
+    threading.Timer(6.0, other.rollback).start()
+    t0 = time.time()
+    ok, _ = guard.call("log", tracker.log_metric_rows, rid, [(0, {"x": 1.0})])
+    assert ok and guard.failures == 0 and time.time() - t0 > 5
+    other.close()
+    assert tracker.client.get_run(rid).data.metrics == {"x": 1.0}
 
-    def locked_twice():
-        calls.append(1)
-        if len(calls) <= 2:
-            raise RuntimeError("(sqlite3.OperationalError) database is locked")
-        return "done"
+    def locked():
+        raise RuntimeError("(sqlite3.OperationalError) database is locked")
 
-    guard = tracking.TrackingGuard()
-    assert guard.call("log", locked_twice) == (True, "done") and len(calls) == 3
-    assert guard.failures == 0
+    assert guard.call("log", locked) == (False, None) and guard.failures == 1
 
 
 def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_here,
                                                                         tmp_path):
     from pipelines.records import TrackingRecord
-    from pipelines.tracking import Runs, backfill_results
+    from pipelines.tracking import Runs, mirror
 
     lay = trials_here["lay"]
     HERE_IDS = [TrialId(c, s) for c, s in HERE_TRIALS]  # noqa: N806
     # a dead server: bounded, non-fatal, everything stays pending
-    dead = Runs(tracker=Tracker(f"http://127.0.0.1:{free_port()}"), layout=lay,
+    dead = Runs(tracker=Tracker(f"http://127.0.0.1:{free_port()}"),
                 record=TrackingRecord(experiment_id="1"))
     t0 = time.time()
-    assert backfill_results(lay, dead, HERE_IDS) == {"logged": 0, "pending": 2}
+    assert mirror(lay, dead, trials=HERE_IDS) == {"logged": 0, "pending": 2}
     assert time.time() - t0 < 20
 
     # a real store; one trial already has a RUNNING run with epoch 0 logged (the driver
@@ -797,11 +805,10 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
     c1, s1 = HERE_TRIALS[1]
     early, _ = tracker.attach_run(exp, trial_key("t", TrialId(c1, s1)),
                                   run_name=TrialId(c1, s1).name, parent_run_id=parent)
-    tracker.log_metrics(early, {"epoch": 0, "val/updated_ltm": 1.0}, step=0)
+    tracker.log_metric_rows(early, [(0, {"epoch": 0, "val/updated_ltm": 1.0})])
     runs = Runs.reopen(lay)
-    assert backfill_results(lay, runs, HERE_IDS) == {"logged": 2, "pending": 0}
+    assert mirror(lay, runs, trials=HERE_IDS) == {"logged": 2, "pending": 0}
     client = tracker.client
-    record = TrackingRecord.read(lay.tracking_json)
     for c, s in HERE_TRIALS:
         res = read_json(lay.result_path(TrialId(c, s)))
         found = client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c, s))}'")
@@ -816,18 +823,34 @@ def test_backfill_logs_what_the_callback_could_not_from_the_result_files(trials_
         assert steps == [h["epoch"] for h in res["history"]]  # each epoch once
         assert [a.path for a in client.list_artifacts(run.info.run_id, "result")] == [
             f"result/{TrialId(c, s).name}.json"]
-        assert record.trials[TrialId(c, s).name].run_id == run.info.run_id
-        assert record.trials[TrialId(c, s).name].finished
     assert client.search_runs([exp], f"tags.trial_key = '{trial_key('t', TrialId(c1, s1))}'")[
         0].info.run_id == early
     # nothing left: a second pass logs nothing and duplicates nothing
-    assert backfill_results(lay, Runs.reopen(lay), HERE_IDS) == {"logged": 0, "pending": 0}
+    assert mirror(lay, Runs.reopen(lay), trials=HERE_IDS) == {"logged": 0, "pending": 0}
     assert len(client.get_metric_history(early, "epoch")) == len(
         read_json(lay.result_path(TrialId(c1, s1)))["history"])
+    # the Phase-1 unit, by the same mirror: one FINISHED run `stage1-phase1` from the store,
+    # its Phase-1 params only; a slot whose unit did not land gets none
+    from pipelines.layout import PHASE2_ONLY_FIELDS
+    from pipelines.phase1 import Phase1Slot
+    from pipelines.records import Stage1Record
+    from pmnet.train import TrainConfig
+
+    cfg = TrainConfig.from_name("debug", threads=1)
+    slots = [Phase1Slot(None, cfg, lay.phase1_dir), Phase1Slot(7, cfg, tmp_path / "none")]
+    assert mirror(lay, Runs.reopen(lay), slots, HERE_IDS) == {"logged": 1, "pending": 0}
+    assert mirror(lay, Runs.reopen(lay), slots, HERE_IDS) == {"logged": 0, "pending": 0}
+    [p1] = client.search_runs([exp], "tags.run_key = 't/stage1-phase1'")
+    assert p1.info.status == "FINISHED" and p1.info.run_name == "stage1-phase1"
+    assert p1.data.tags["phase1_sha256"] == Stage1Record.read(lay.stage1_json).sha256
+    assert p1.data.tags["mlflow.parentRunId"] == parent and "trial_key" not in p1.data.tags
+    assert p1.data.params and not any(k.split(".")[0] in PHASE2_ONLY_FIELDS
+                                      for k in p1.data.params)
+    assert client.search_runs([exp], "tags.run_key = 't/stage1-phase1-p1s7'") == []
 
 
 def test_the_ui_address_opens_the_experiments_training_runs(tmp_path):
-    from pipelines.tracking_uri import ui_address
+    from pipelines.addresses import ui_address
 
     lay = Layout(tmp_path / "runs", "t")
     tracker, exp, _ = _open_store(lay, f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -939,7 +962,7 @@ def test_a_trial_that_starts_past_the_runs_deadline_does_not_train(tmp_path, pha
 
 
 def test_sqlite_tracking_uri_is_made_absolute_and_recorded_for_resume(tmp_path, monkeypatch):
-    from pipelines.tracking_uri import store_uri
+    from pipelines.addresses import store_uri
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(PipelineError, match="does not exist"):  # nothing is created

@@ -38,7 +38,7 @@ def _plan(tmp_path: Path, uri: str, name: str, **kw):
 def test_tracking_layer_logs_runs_to_postgres_and_reads_them_back(postgres, tmp_path,
                                                                    monkeypatch, capsys):
     """`open_tracking` makes the experiment and the parent run in PostgreSQL (MLflow
-    migrates the empty database first), `backfill_results` logs two trials from their
+    migrates the empty database first), `mirror` logs two trials from their
     result files; a fresh client reads one FINISHED run per trial with its params, every
     epoch and the test metrics, and the artifacts under the storage root. A second backfill
     (another driver, a resume) finds them by their tags in the database and logs nothing
@@ -61,11 +61,11 @@ def test_tracking_layer_logs_runs_to_postgres_and_reads_them_back(postgres, tmp_
     for c, s in TRIALS:
         write_json(lay.result_path(TrialId(c, s)), _result(c, s))
     ids = [TrialId(c, s) for c, s in TRIALS]
-    assert tracking.backfill_results(lay, runs, ids) == {"logged": 2, "pending": 0}
+    assert tracking.mirror(lay, runs, trials=ids) == {"logged": 2, "pending": 0}
 
     again = tracking.Runs.reopen(lay)  # a later driver of the same pipeline
     assert again.tracker.uri == uri
-    assert tracking.backfill_results(lay, again, ids) == {"logged": 0, "pending": 0}
+    assert tracking.mirror(lay, again, trials=ids) == {"logged": 0, "pending": 0}
 
     client = MlflowClient(uri)  # what another machine's client sees
     exp = client.get_experiment_by_name("pmnet/pg")
@@ -95,7 +95,6 @@ def test_tracking_layer_logs_runs_to_postgres_and_reads_them_back(postgres, tmp_
         assert arts == [f"result/{TrialId(c, s).name}.json"]
         assert (lay.root / "mlartifacts" / "pg" / run.info.run_id / "artifacts" / "result"
                 / f"{TrialId(c, s).name}.json").is_file()
-        assert TrackingRecord.read(lay.tracking_json).trials[TrialId(c, s).name].finished
     assert not (tmp_path / "mlruns").exists()
     said = capsys.readouterr().out
     assert "postgresql://postgres:***@127.0.0.1" in said and postgres.password not in said
@@ -126,7 +125,7 @@ def test_two_drivers_find_each_others_runs_in_one_postgres_database(postgres, tm
             write_json(lay.result_path(TrialId(c, s)), _result(c, s))
         want = {"a": {"logged": 1, "pending": 0}, "b": {"logged": 1, "pending": 0}}[machine]
         ids = [TrialId(c, s) for c, s in trials]
-        assert tracking.backfill_results(lay, runs, ids) == want, machine
+        assert tracking.mirror(lay, runs, trials=ids) == want, machine
     assert made["a"] == made["b"]  # one parent run
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("pmnet/study")

@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import socket
-import time
 import tomllib
 from pathlib import Path
 
@@ -361,12 +360,12 @@ def test_the_parent_run_holds_each_claims_effect_ci_and_verdict(tmp_path, capsys
     """Stage 3 on an embedded store in tmp_path: the report's claims table
     (`data/claims.json`) becomes metrics and tags of the pipeline's parent run, with valid
     MLflow keys and the run's description a table of them; the log names the tracking URI;
-    the store holds the pipeline's experiment only (no empty "Default")."""
+    the store holds the pipeline's experiment and MLflow's own empty "Default"."""
     from mlflow import MlflowClient
     from mlflow.entities import ViewType
 
     from pipelines import tracking
-    from pipelines.tracking_uri import store_uri
+    from pipelines.addresses import store_uri
 
     # the grid of the fixtures' trials: the run's report reads the run's grid's units
     plan = _plan(tmp_path, name="answer", grid="default", seeds="42,43,44")
@@ -380,8 +379,8 @@ def test_the_parent_run_holds_each_claims_effect_ci_and_verdict(tmp_path, capsys
 
     client = MlflowClient(uri)
     active = client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
-    assert [e.name for e in active] == ["pmnet/answer"]
-    assert client.get_experiment("0").lifecycle_stage == "deleted"  # restorable
+    assert sorted(e.name for e in active) == ["Default", "pmnet/answer"]
+    assert client.search_runs(["0"], run_view_type=ViewType.ALL) == []  # never logged to
 
     _results_into(lay)
     assert stages.stage3(plan, runs)
@@ -412,27 +411,6 @@ def test_the_parent_run_holds_each_claims_effect_ci_and_verdict(tmp_path, capsys
     said = capsys.readouterr().out
     assert f"[stage 3/3] {len(claims)} claims (effect, 95% CI, verdict) on the parent run " \
         f"{runs.parent}" in said, said
-
-
-def test_a_database_that_was_there_keeps_its_default_experiment(tmp_path):
-    """Only the pipeline's own store loses its empty "Default": a `sqlite:` database made
-    before the run (someone's own) keeps it; one the run makes does not."""
-    from mlflow import MlflowClient
-    from mlflow.entities import ViewType
-
-    from pipelines import tracking
-
-    theirs = f"sqlite:///{tmp_path / 'theirs.db'}"
-    MlflowClient(theirs).search_experiments()  # the database and its Default, made now
-    time.sleep(1.2)
-    tracking.open_tracking(_plan(tmp_path, name="a", tracking_uri=theirs))
-    names = {e.name for e in MlflowClient(theirs).search_experiments(
-        view_type=ViewType.ACTIVE_ONLY)}
-    assert names == {"Default", "pmnet/a"}
-    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
-    tracking.open_tracking(_plan(tmp_path, name="b", tracking_uri=fresh))
-    assert [e.name for e in MlflowClient(fresh).search_experiments(
-        view_type=ViewType.ACTIVE_ONLY)] == ["pmnet/b"]
 
 
 def test_claim_keys_are_mlflow_keys():

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from pipelines.layout import Layout, read_json, trial_key
-from pipelines.records import TrackingRecord
 from pmnet.trial_id import TrialId
 from tests.support.net import free_port
 
@@ -127,8 +126,6 @@ def check_trial_runs(client, runs, name: str, lay: Layout) -> dict:
         val = client.get_metric_history(run.info.run_id, "val/updated_ltm")
         assert sorted(m.step for m in val) == steps
         assert run.data.metrics["test/updated_ltm"] == pytest.approx(res["test"]["updated_ltm"])
-        recorded = TrackingRecord.read(lay.tracking_json).trials[TrialId(c, s).name]
-        assert recorded.run_id == run.info.run_id and recorded.finished
     return by_key
 
 
