@@ -303,9 +303,8 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
     kill_point("stage3-start")
     stage3(plan, runs)
     if runs.parent:
-        runs.safe("timing", runs.tracker.log_metrics, runs.parent,
-                  {f"pipeline/{k}": v for k, v in timing.items()
-                   if isinstance(v, (int, float))})
+        runs.safe("timing", runs.tracker.log_metric_rows, runs.parent, [(0, {
+            f"pipeline/{k}": v for k, v in timing.items() if isinstance(v, (int, float))})])
         runs.safe("finish", runs.tracker.client.set_terminated, runs.parent,
                   "FAILED" if status == "failed" else "FINISHED")
     done = sp.n_trials - tr_left
