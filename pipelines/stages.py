@@ -77,16 +77,6 @@ STAGE1_DIRNAME = "stage1"  # the run's Stage-1 Tune experiment (`<run>/stage1/`)
 LANDED = "phase1_sha256"  # ... its unit landed in the store, with this sha256
 
 
-def stage1_start_timeout_s() -> float:
-    """How long the driver waits for the first Phase-1 trial to start before it says why and
-    stops (PMNET_STAGE1_START_TIMEOUT_S; default 600 s: worker start, runtime environment
-    and imports take seconds to a few minutes on a cluster)."""
-    try:
-        return max(1.0, float(os.environ.get("PMNET_STAGE1_START_TIMEOUT_S", 600)))
-    except ValueError:
-        return 600.0
-
-
 def progress_every_s() -> float:
     """Seconds between the driver's Stage-1 progress lines (PMNET_PROGRESS_EVERY_S)."""
     try:
@@ -148,23 +138,21 @@ def train_phase1_unit(config: dict, *, slots: dict, threads: int, compile_cache:
                  "test/mean_stm": res.get("metrics", {}).get("mean_stm", float("nan"))})
 
 
-class TrialConsole(tune.Callback, tune.Stopper):
+class TrialConsole(tune.Callback):
     """The driver's view of a stage's Tune trials, keyed on what they report: a line when a
     Phase-2 trial starts, when a trial ends (by its last report: `LANDED`, `NOT_LEARNING`,
     `PAUSED`, `CONFIG_ERROR`, else its result and the best so far), fails for good or starts
     again (Tune retried it after a crash or a lost worker); in Stage 1 a progress line per
     running unit at a steady rate (`progress_every_s`, from the `progress.REPORT_KEY`
-    reports), and the start bound: as a Tune `Stopper` it ends the experiment when no trial
-    has started within `bound` seconds (`timed_out`; the driver then says why). `slots`:
-    Stage 1's units by label; `trials_dir`: Stage 2's, whose trial.json names its error."""
+    reports). `slots`: Stage 1's units by label; `trials_dir`: Stage 2's, whose trial.json
+    names its error."""
 
-    def __init__(self, stage: int, total: int, *, bound: float = float("inf"),
-                 tag: bool = True, slots: dict | None = None, trials_dir: Path | None = None):
-        self.stage, self.total, self.bound, self.tag = stage, total, bound, tag
+    def __init__(self, stage: int, total: int, *, tag: bool = True, slots: dict | None = None,
+                 trials_dir: Path | None = None):
+        self.stage, self.total, self.tag = stage, total, tag
         self.slots, self.trials_dir = slots or {}, trials_dir
         self.t0 = time.time()
         self.last_line = 0.0
-        self.started = self.timed_out = False
         self.progress: dict[str, Progress] = {}
         self.since: dict[str, float] = {}
         self.done, self.best = 0, None
@@ -188,20 +176,10 @@ class TrialConsole(tune.Callback, tune.Stopper):
         except Exception:  # noqa: BLE001 - no error file (yet), or an empty one
             return "see the trial's error.txt"
 
-    # Stopper
-    def __call__(self, trial_id, result) -> bool:
-        return False
-
-    def stop_all(self) -> bool:
-        return self.timed_out
-
-    # Callback
     def on_step_begin(self, iteration, trials, **info):
         from pipelines.progress import describe
 
         now = time.time()
-        if not self.started and now - self.t0 >= self.bound:
-            self.timed_out = True
         every = progress_every_s()
         if self.stage != 1 or now - self.last_line < every or now - self.t0 < every:
             return
@@ -213,7 +191,6 @@ class TrialConsole(tune.Callback, tune.Stopper):
                              label=label if self.tag else ""))
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.started = True
         self.since.setdefault(_trial_name(trial), time.time())
         if self.stage == 1:
             kill_point("stage1-submitted")
@@ -390,20 +367,13 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                 if p.exists():  # replaces them
                     p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
         by_label = {slot.label: slot for slot in todo}
-        console = TrialConsole(1, len(todo), bound=stage1_start_timeout_s(),
-                               tag=len(plan.phase1_slots) > 1, slots=by_label)
+        console = TrialConsole(1, len(todo), tag=len(plan.phase1_slots) > 1, slots=by_label)
         trainable = tune.with_resources(tune.with_parameters(
             train_phase1_unit, slots=by_label, threads=int(res.cpus),
             compile_cache=str(plan.layout.compile_cache), deadline_s=deadline_s,
             stop_file=stop_file), {"cpu": res.cpus, "gpu": res.gpus})
         grid = _tune(trainable, {"unit": tune.grid_search(list(by_label))},
-                     plan.layout.run_dir / STAGE1_DIRNAME, 1, [console], stop=console)
-        if console.timed_out:
-            raise PipelineError(
-                f"Stage 1 did not start within {console.bound:.0f} s: its Tune trial asks "
-                f"for {res.cpus:g} CPU and {res.gpus:g} GPU on one node, and no node gave "
-                f"them (busy, or too small: {cluster.describe()}). Free the resources, or "
-                "lower --stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
+                     plan.layout.run_dir / STAGE1_DIRNAME, 1, [console])
         for r in grid:
             slot = by_label[r.config["unit"]]
             kind, said = _outcome(r.error, r.metrics)
@@ -438,8 +408,8 @@ def _trial_name(trial) -> str:
     return str(trial.config.get("unit") or TrialId.from_config(trial.config).name)
 
 
-def _tune(trainable, param_space: dict, exp: Path, max_failures: int, callbacks: list, *,
-          stop=None, **tune_config):
+def _tune(trainable, param_space: dict, exp: Path, max_failures: int, callbacks: list,
+          **tune_config):
     """A new Tune experiment in `exp`, run to its end: no state of an earlier one is
     continued (a unit continues from its own training directory, or reuses the store's);
     a crashed trial gets a console line from the callbacks, not Tune's traceback (which
@@ -449,7 +419,7 @@ def _tune(trainable, param_space: dict, exp: Path, max_failures: int, callbacks:
     return tune.Tuner(trainable, param_space=param_space, tune_config=tune.TuneConfig(
         trial_name_creator=_trial_name, trial_dirname_creator=_trial_name, **tune_config),
         run_config=tune.RunConfig(
-            name=exp.name, storage_path=str(exp.parent), verbose=0, stop=stop,
+            name=exp.name, storage_path=str(exp.parent), verbose=0,
             failure_config=tune.FailureConfig(max_failures=max_failures),
             callbacks=callbacks)).fit()
 

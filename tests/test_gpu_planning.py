@@ -271,33 +271,6 @@ def test_stage1_on_one_node_with_fewer_cpus_than_checkpoints_trains_them_all_at_
     assert stages.stage1_resources(gpu_plan, gpu_plan.cluster, n_tasks=3).cpus == 1
 
 
-def test_stage1_not_scheduled_within_the_bound_says_why_and_stops(tmp_path, monkeypatch):
-    """A real Tune experiment on a local Ray of 1 CPU and no GPU: the plan's Phase-1 trial
-    asks for 16 CPUs and a GPU (a busy cluster), never starts, and the console's stopper
-    ends the experiment at the bound with the reason; nothing landed."""
-    from pipelines.cluster import init_ray
-    from pipelines.tracking import Runs
-
-    monkeypatch.setenv("PMNET_STAGE1_START_TIMEOUT_S", "3")
-    plan = _plan(tmp_path, cluster(HEAD, RTX))
-    ray = init_ray(None, 1)
-    try:
-        t0 = time.time()
-        with pytest.raises(PipelineError, match=r"Stage 1 did not start within 3 s: its Tune "
-                                                r"trial asks for 16 CPU and 1 GPU on one node"):
-            stages.stage1(plan, plan.cluster, Runs())
-        assert time.time() - t0 < 120
-    finally:
-        ray.shutdown()
-    assert not plan.phase1_slots[0].stage1_json.exists()
-    console = stages.TrialConsole(1, 1, bound=3600.0, tag=False)
-    console.on_step_begin(0, [])
-    assert not console.stop_all()  # within the bound
-    console.started, console.t0 = True, 0.0
-    console.on_step_begin(1, [])
-    assert not console.stop_all()  # a trial that started is waited for, however long
-
-
 # -- device truth ----------------------------------------------------------------------------
 
 

@@ -62,7 +62,7 @@ CONCERN = {
     "Exit": FAULT, "_common": ORCH, "_compute": ORCH, "build_parser": ORCH, "cmd_start": ORCH,
     "cmd_resume": FAULT, "run_plan": FAULT, "_save_traceback": FAULT, "cmd_status": VIEW,
     "cmd_report": ORCH, "cmd_ui": TRACK, "main": ORCH,
-    "write_meta": RECORD, "stage1_start_timeout_s": FAULT, "train_phase1_unit": ORCH,
+    "write_meta": RECORD, "train_phase1_unit": ORCH,
     "progress_every_s": VIEW, "TrialConsole": VIEW,
     "Stage1Result": ORCH, "Stage1Resources": CLUSTER, "_trial_name": ORCH,
     "stage1_resources": CLUSTER, "phase1_on_hand": ORCH, "import_phase1": STUDY,
