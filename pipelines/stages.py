@@ -77,20 +77,12 @@ STAGE1_DIRNAME = "stage1"  # the run's Stage-1 Tune experiment (`<run>/stage1/`)
 LANDED = "phase1_sha256"  # ... its unit landed in the store, with this sha256
 
 
-def progress_every_s() -> float:
-    """Seconds between the driver's Stage-1 progress lines (PMNET_PROGRESS_EVERY_S)."""
-    try:
-        return max(0.5, float(os.environ.get("PMNET_PROGRESS_EVERY_S", 60)))
-    except ValueError:
-        return 60.0
-
-
 def train_phase1_unit(config: dict, *, slots: dict, threads: int, compile_cache: str,
                       deadline_s: float | None = None, stop_file: str | None = None) -> None:
     """Stage 1's Tune trainable: trains the Phase-1 unit `config["unit"]` (a label of
     `slots`) in its training directory and lands it in the store (`store.land_phase1`), as
-    a Phase-2 trial lands its own unit. It reports progress to Tune at a bounded rate and at
-    every validation (`progress.Phase1Progress`), and ends with one last result: the
+    a Phase-2 trial lands its own unit. It reports progress to Tune at every validation
+    (`progress.Phase1Progress`), and ends with one last result: the
     landed sha256 (`LANDED`), a pause at an epoch end (`PAUSED`, issue 52: `deadline_s`,
     `stop_file`), or the watchdog's stop (`trial.NOT_LEARNING`, issue 62: not raised, so Tune
     does not retry it). Another exception is Tune's to retry (`FailureConfig`): the retry
@@ -143,18 +135,13 @@ class TrialConsole(tune.Callback):
     Phase-2 trial starts, when a trial ends (by its last report: `LANDED`, `NOT_LEARNING`,
     `PAUSED`, `CONFIG_ERROR`, else its result and the best so far), fails for good or starts
     again (Tune retried it after a crash or a lost worker); in Stage 1 a progress line per
-    running unit at a steady rate (`progress_every_s`, from the `progress.REPORT_KEY`
-    reports). `slots`: Stage 1's units by label; `trials_dir`: Stage 2's, whose trial.json
-    names its error."""
+    unit at each of its validations (its `progress.REPORT_KEY` reports). `slots`: Stage 1's
+    units by label; `trials_dir`: Stage 2's, whose trial.json names its error."""
 
     def __init__(self, stage: int, total: int, *, tag: bool = True, slots: dict | None = None,
                  trials_dir: Path | None = None):
         self.stage, self.total, self.tag = stage, total, tag
         self.slots, self.trials_dir = slots or {}, trials_dir
-        self.t0 = time.time()
-        self.last_line = 0.0
-        self.progress: dict[str, Progress] = {}
-        self.since: dict[str, float] = {}
         self.done, self.best = 0, None
 
     def _say(self, trial, text: str) -> None:
@@ -176,22 +163,7 @@ class TrialConsole(tune.Callback):
         except Exception:  # noqa: BLE001 - no error file (yet), or an empty one
             return "see the trial's error.txt"
 
-    def on_step_begin(self, iteration, trials, **info):
-        from pipelines.progress import describe
-
-        now = time.time()
-        every = progress_every_s()
-        if self.stage != 1 or now - self.last_line < every or now - self.t0 < every:
-            return
-        self.last_line = now
-        for trial in trials:
-            if trial.status == "RUNNING":
-                label = _trial_name(trial)
-                say(describe(self.progress.get(label), now - self.since.get(label, now),
-                             label=label if self.tag else ""))
-
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.since.setdefault(_trial_name(trial), time.time())
         if self.stage == 1:
             kill_point("stage1-submitted")
             return
@@ -200,11 +172,10 @@ class TrialConsole(tune.Callback):
         self._say(trial, f"started ({n_run} running)")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        from pipelines.progress import REPORT_KEY
+        from pipelines.progress import REPORT_KEY, describe
 
         if result.get(REPORT_KEY):
-            self.progress[_trial_name(trial)] = Progress.from_dict(
-                json.loads(result[REPORT_KEY]))
+            self._say(trial, describe(Progress.from_dict(json.loads(result[REPORT_KEY]))))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         from pmnet.train import PhasePaused

@@ -63,7 +63,7 @@ CONCERN = {
     "cmd_resume": FAULT, "run_plan": FAULT, "_save_traceback": FAULT, "cmd_status": VIEW,
     "cmd_report": ORCH, "cmd_ui": TRACK, "main": ORCH,
     "write_meta": RECORD, "train_phase1_unit": ORCH,
-    "progress_every_s": VIEW, "TrialConsole": VIEW,
+    "TrialConsole": VIEW,
     "Stage1Result": ORCH, "Stage1Resources": CLUSTER, "_trial_name": ORCH,
     "stage1_resources": CLUSTER, "phase1_on_hand": ORCH, "import_phase1": STUDY,
     "stage1": ORCH,
