@@ -83,7 +83,7 @@ CONCERN = {
     "storage_root": VALID, "database_backend": VALID, "check_database": VALID,
     "hide_password": VALID, "is_loopback": VALID, "ui_bind": VALID,
     "TrialContext": ORCH, "TrialConfigError": FAULT, "assigned_device": CLUSTER,
-    "release_device_memory": CLUSTER, "assigned_gpu_share": CLUSTER,
+    "assigned_gpu_share": CLUSTER,
     "quiet_training_logs": VIEW,
     "_scalar_metrics": ORCH, "_is_final": FAULT, "make_report_callback": ORCH,
     "_end": FAULT, "stored_result": STORE,
@@ -99,7 +99,7 @@ CONCERN = {
     "unit_config": STORE, "config_hash": STORE,
     "phase1_unit_config": STORE, "check_store_units": VALID,
     "start_unit": RECORD,
-    "landed": RECORD, "_move": STORE, "units_left": STORE, "_diagnose": STORE,
+    "landed": RECORD, "_move": STORE, "units_left": STORE,
     "_trained_phase1_config": VALID,
     # one layout, one path (issue 51)
     "finish": ORCH, "record_phase1": RECORD,
