@@ -1,12 +1,5 @@
-"""The pipeline's three stages, each one function the driver calls in order.
-
-Stage 1  a `ray.tune.Tuner` over the Phase-1 units the store lacks; each trial
-         (`train_phase1_unit`) runs `pmnet.train.run_phase1` in its training directory and
-         lands its unit in the store; a unit the store holds is skipped (idempotent).
-Stage 2  a new `ray.tune.Tuner` over the grid; each trial is `pipelines.trial.train_trial`
-         with `tune.with_resources`; no Tune state is restored: a trial reuses its result in
-         the store, or continues from its own last.ckpt.
-Stage 3  `pmnet.report.main_report(<run>)`; a failure there is logged, results are kept.
+"""The pipeline's three stages, each one function the driver calls in order: docs/pipeline.md,
+"Stages", and docs/design.md.
 """
 
 from __future__ import annotations
@@ -30,22 +23,10 @@ from pipelines.addresses import EMBEDDED
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import PipelineError, read_json, write_json
-from pipelines.phase1 import (
-    Phase1Slot,
-    check_phase1,
-    existing_phase1,
-    phase1_config_hash,
-)
+from pipelines.phase1 import Phase1Slot, check_phase1, existing_phase1, phase1_config_hash
 from pipelines.plan import Plan, grid_record
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import (
-    PipelineRecord,
-    Progress,
-    Stage1Record,
-    Started,
-    TrialState,
-    canon,
-)
+from pipelines.records import PipelineRecord, Progress, Stage1Record, Started, TrialState, canon
 from pipelines.tracking import MirrorLanded, Runs, log_claims, mirror
 from pipelines.trial import CONFIG_ERROR, NOT_LEARNING, PAUSED, train_trial
 from pmnet.trial_id import TrialId
@@ -80,13 +61,9 @@ LANDED = "phase1_sha256"  # ... its unit landed in the store, with this sha256
 def train_phase1_unit(config: dict, *, slots: dict, threads: int, compile_cache: str,
                       deadline_s: float | None = None, stop_file: str | None = None) -> None:
     """Stage 1's Tune trainable: trains the Phase-1 unit `config["unit"]` (a label of
-    `slots`) in its training directory and lands it in the store (`store.land_phase1`), as
-    a Phase-2 trial lands its own unit. It reports progress to Tune at every validation
-    (`progress.Phase1Progress`), and ends with one last result: the
-    landed sha256 (`LANDED`), a pause at an epoch end (`PAUSED`, issue 52: `deadline_s`,
-    `stop_file`), or the watchdog's stop (`trial.NOT_LEARNING`, issue 62: not raised, so Tune
-    does not retry it). Another exception is Tune's to retry (`FailureConfig`): the retry
-    continues from the last epoch checkpoint in the training directory."""
+    `slots`) in its training directory and lands it in the store. Its last report says how it
+    ended: `LANDED`, `PAUSED` (issue 52) or `NOT_LEARNING` (issue 62); another exception is
+    Tune's to retry, from the last epoch checkpoint."""
     import ray
 
     from pipelines.progress import PROGRESS_FILE, Phase1Progress
@@ -150,9 +127,7 @@ class TrialConsole(tune.Callback):
 
     def _error(self, trial) -> str:
         """The error the trial recorded in its trial.json (a Phase-2 trial), else the first
-        line of the last failure in Tune's error.txt (the driver's copy,
-        `Trial.error_file`): e.g. a lost node's `The actor ... is unavailable: ... Socket
-        closed`."""
+        line of the last failure in Tune's error.txt (`Trial.error_file`)."""
         if self.trials_dir is not None:
             info = TrialState.read(self.trials_dir / _trial_name(trial) / "trial.json")
             if info.state == "ERROR" and info.error:
@@ -225,38 +200,27 @@ class TrialConsole(tune.Callback):
 
 @dataclass
 class Stage1Result:
-    """What Stage 1 provides to Stage 2: the sha256 of every Phase-1 checkpoint, by
-    Phase-1 seed (None: the pipeline's single checkpoint)."""
+    """What Stage 1 provides to Stage 2."""
 
-    digests: dict[int | None, str]
+    digests: dict[int | None, str]  # Phase-1 seed (None: the single checkpoint) -> sha256
     train_time_s: float  # Phase-1 training done by this invocation (summed over units)
-    #: Phase-1 seed -> pmnet.train.Phase1Paused: units stopped at an epoch end, not finished
-    #: (issue 52; their digests are None)
-    paused: dict = field(default_factory=dict)
+    paused: dict = field(default_factory=dict)  # Phase-1 seed -> Phase1Paused (issue 52)
 
 
 @dataclass(frozen=True)
 class Stage1Resources:
-    """What each Phase-1 trial asks Ray for: a whole GPU when the trials train on GPUs, and
-    the CPUs (also its torch threads) of the node it can run on."""
+    """What each Phase-1 trial asks Ray for (its CPUs are also its torch threads)."""
 
     cpus: float
     gpus: int
 
 
 def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
-    """--stage1-cpus, else the CPUs of the largest node that can run the task, shared among
-    the tasks (at least one each; Ray queues what does not fit): with GPU trials the largest
-    GPU node (the task needs its GPU), without them the largest node. Planning checked that
-    such a node exists (`pipelines.plan.fit_to_cluster`).
-
-    One exception: on a single node without GPU trials and with fewer CPUs than tasks, every
-    task gets an equal fraction of the CPUs (one torch thread each) and all of them train at
-    once. Queued, the last task would train alone on one core while the others idle (the
-    `cpu` preset's three checkpoints on 2 cores: two, then one); side by side, three 1-thread
-    Phase-1 processes on 2 cores made 11.8 steps/s in all against 12.2 for two (docs/choices.md,
-    "Stage 1 on fewer cores than checkpoints"), so the three finish in about a fifth less time.
-    A cluster keeps whole CPUs, so that Ray spreads the tasks over its nodes."""
+    """--stage1-cpus, else the CPUs of the largest node that can run the task (the largest
+    GPU node with GPU trials, each task then taking a whole GPU), shared among the tasks, at
+    least one each. On a single node without GPU trials and with fewer CPUs than tasks, each
+    gets an equal fraction so that all train at once (docs/choices.md, "Stage 1 on fewer
+    cores than checkpoints"); a cluster keeps whole CPUs, so Ray spreads the tasks."""
     from pipelines.plan import uses_gpu
 
     gpu = uses_gpu(plan)
@@ -316,11 +280,8 @@ def phase1_on_hand(plan: Plan) -> tuple[dict, list[Phase1Slot]]:
 def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
            stop_file: str | None = None) -> Stage1Result:
     """Every Phase-1 unit of the plan: skipped when the store holds it, imported
-    (`--phase1-from`), else trained by a Tune experiment over the units still to train
-    (`train_phase1_unit`: each lands itself in the store as it finishes, so a failure of
-    one loses none that finished); then each unit's Stage-1 MLflow run, from the store.
-    No Tune state is restored: a unit's own training directory (Lightning's last.ckpt) is
-    what a later run continues from, here or from the store's progress (issue 52)."""
+    (`--phase1-from`), else trained by a new Tune experiment over the units still to train,
+    each landing itself as it finishes; then each unit's MLflow run, from the store."""
     have, todo = phase1_on_hand(plan)
     digests: dict = {**have}
     paused: dict = {}
@@ -364,9 +325,13 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                           train_time_s=train_s, paused=paused)
     if paused:  # issue 52: the driver publishes their progress and stops
         return result
-    record_phase1(plan, result.digests)
+    single = list(result.digests) == [None]  # else pipeline.json keeps the earlier waves'
+    if single:
+        write_meta(plan, phase1_sha256=result.digests[None])
+    else:
+        known = PipelineRecord.read(plan.layout.pipeline_json).phase1_sha256s or {}
+        write_meta(plan, phase1_sha256s={**known, **{str(k): v for k, v in result.digests.items()}})
     if runs.parent:
-        single = list(result.digests) == [None]
         runs.safe("parent tags", runs.tracker.set_tags, runs.parent,
                   {"phase1_sha256": result.digests[None]} if single else
                   {f"phase1_sha256.p1s{k}": v for k, v in result.digests.items()})
@@ -381,10 +346,8 @@ def _trial_name(trial) -> str:
 
 def _tune(trainable, param_space: dict, exp: Path, max_failures: int, callbacks: list,
           **tune_config):
-    """A new Tune experiment in `exp`, run to its end: no state of an earlier one is
-    continued (a unit continues from its own training directory, or reuses the store's);
-    a crashed trial gets a console line from the callbacks, not Tune's traceback (which
-    stays in its error.txt)."""
+    """A new Tune experiment in `exp` (an earlier one's state is removed), run to its end; a
+    crashed trial's traceback stays in its error.txt (the callbacks say a line)."""
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     shutil.rmtree(exp, ignore_errors=True)
     return tune.Tuner(trainable, param_space=param_space, tune_config=tune.TuneConfig(
@@ -406,16 +369,6 @@ def _outcome(error, metrics) -> tuple[str, Any]:
                 ("done", None))
 
 
-def record_phase1(plan: Plan, digests: dict) -> None:
-    """pipeline.json's sha256 of the Phase-1 checkpoints (`phase1_sha256` for a grid's
-    single one; `phase1_sha256s` by Phase-1 seed, beside the earlier waves')."""
-    if list(digests) == [None]:
-        write_meta(plan, phase1_sha256=digests[None])
-    else:
-        known = PipelineRecord.read(plan.layout.pipeline_json).phase1_sha256s or {}
-        write_meta(plan, phase1_sha256s={**known, **{str(k): v for k, v in digests.items()}})
-
-
 # -- Stage 2 ---------------------------------------------------------------------------------
 
 
@@ -435,9 +388,8 @@ def trial_context(plan: Plan, digests: dict, *, deadline_at: float | None = None
 
 
 def restore_trial_progress(plan: Plan, ctx) -> None:
-    """Issue 61: every trial of the plan without a result whose paused progress is in the
-    store continues from it (`pmnet.store_progress.restore_progress`: into its trial
-    directory, unless the run's own last.ckpt is as far)."""
+    """Issue 61: every trial without a result whose paused progress is in the store
+    continues from it (unless its own last.ckpt is as far)."""
     from pipelines.store import trial_unit
     from pipelines.trial import trial_phase1
     from pmnet.store_progress import restore_progress
@@ -467,12 +419,9 @@ class TrialResources:
 
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
            deadline_at: float | None = None, stop_file: str | None = None) -> dict:
-    """The plan's trials as one new Tune experiment. As in Stage 1, no Tune state is
-    restored: a trial whose result the store holds reuses it, one the watchdog stopped stays
-    stopped (its trial.json), and every other trial continues from its own last.ckpt (a
-    paused trial from the store's progress, restored first). With `deadline_at`
-    (`--max-wall`) or `stop_file` (a SIGTERM to the driver) a trial may pause at an epoch end
-    into the store (issue 61). Returns the stage's counts and times."""
+    """The plan's trials as one new Tune experiment (a paused trial's progress restored
+    first); with `deadline_at` or `stop_file` a trial may pause (issue 61). Returns the
+    stage's counts and times."""
     lay, sp = plan.layout, plan.space
     if precheck:  # fail fast in the driver; every trial checks again before training
         try:
@@ -493,8 +442,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
                  [TrialConsole(2, sp.n_trials, trials_dir=lay.trials_dir), MirrorLanded(lay)],
                  max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True)
     wall = time.time() - t0
-    # NOT_LEARNING: the watchdog stopped it (issue 62), neither finished nor a crash; PAUSED
-    # (issue 61): at an epoch end, its progress in the store
     n, train_s = Counter(), 0.0
     for r in grid:
         kind, _ = _outcome(r.error, r.metrics)
@@ -516,9 +463,8 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
 
 
 def stage3(plan: Plan, runs: Runs) -> bool:
-    """The report of the run's units (read where they landed, the run's store) into
-    `<run>/report/`; a run with a `--store` also rebuilds the store's report (every unit of
-    the store) in `<store>/report/`. A failure is logged, the units are kept."""
+    """The report of the run's units into `<run>/report/`, and with a `--store` the store's
+    report of all its units in `<store>/report/`. A failure is logged, the units are kept."""
     lay = plan.layout
     units = lay.units
     n = sum(units.result(t).is_file() for t in plan.space.trials)
@@ -560,11 +506,8 @@ def stage3(plan: Plan, runs: Runs) -> bool:
 def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float,
                   stage1_wall: float) -> dict:
     """This invocation's times, written to timing.json with every invocation's in
-    `invocations`. Phase-1 tasks train side by side, and so do trials: `phase1_train_s` and
-    `sum_trial_train_s` are summed over them and may exceed the wall time. `overhead_s` is
-    the wall time outside the two training stages (Ray's start, tracking, the result
-    backfill), never negative: wall - `stage1_wall_s` - `stage2_wall_s`; `overhead_ratio` =
-    wall / (those two)."""
+    `invocations`. `phase1_train_s` and `sum_trial_train_s` are summed over units that train
+    side by side, so they may exceed the wall; `overhead_s` is the wall outside Stages 1-2."""
     wall = time.time() - t_start
     stages = stage1_wall + s2["wall_s"]
     timing = {"wall_s": wall, "stage1_wall_s": stage1_wall, "stage2_wall_s": s2["wall_s"],

@@ -102,7 +102,7 @@ CONCERN = {
     "landed": RECORD, "_move": STORE, "units_left": STORE,
     "_trained_phase1_config": VALID,
     # one layout, one path (issue 51)
-    "finish": ORCH, "record_phase1": RECORD,
+    "finish": ORCH,
     "land_phase1": RECORD, "land_trial": RECORD,
     "run_layout": ORCH,
     # a long Phase 1 in durable pieces (issue 52): driver.sigterm_writes_stop_file, driver._pause
