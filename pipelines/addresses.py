@@ -11,9 +11,8 @@ says what to use instead (`PipelineError`, exit 2).
   `mysql://`, `mssql://`, `check_database`) accept a connection, with short timeouts, so a
   bad one fails before Stage 1. `store_uri`: the store the driver writes (the embedded
   SQLite file under the root by default), `artifact_location`: where its artifacts go.
-- `ui_bind`: the host and port `make ui` serves on, and the warning when that is beyond
-  loopback (the MLflow UI has no authentication); `ui_address`: the page of a pipeline's
-  runs.
+- `ui_warning`: the warning when `make ui` serves beyond loopback (the MLflow UI has no
+  authentication); `ui_address`: the page of a pipeline's runs.
 """
 
 from __future__ import annotations
@@ -287,28 +286,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def ui_bind(host: str, port: int) -> str | None:
-    """Check that `make ui` can serve on host:port (the name resolves, the port is free
-    there); PipelineError if not. Returns the warning to print when `host` is beyond
-    loopback, else None."""
-    if not 0 < port < 65536:
-        raise PipelineError(f"--port {port} is not a TCP port (1..65535); use PORT= for make")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as e:
-        raise PipelineError(f"the UI host {host!r} is not an address of this machine "
-                            f"({e}); use HOST=127.0.0.1 (default), HOST=0.0.0.0 for every "
-                            "interface, or one of this machine's addresses") from e
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as e:
-            raise PipelineError(
-                f"the UI cannot listen on {host}:{port} ({e.strerror or e}): another "
-                "program may hold the port (choose another with PORT=... for make, "
-                "--port), or the host is not one of this machine's addresses") from e
+def ui_warning(host: str, port: int) -> str | None:
+    """What `make ui` prints when it serves beyond loopback, else None. A busy port or a
+    foreign host is `mlflow server`'s own error ("[Errno 98] ... address already in use")."""
     if is_loopback(host):
         return None
     return (f"warning: serving the MLflow UI on {host}:{port}, beyond this machine: the "

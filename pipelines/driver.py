@@ -1,14 +1,6 @@
-"""The pipeline driver: runs a validated `Plan` (pipelines.plan) through the three stages.
-
-`execute(plan)` takes the run lock, starts Ray and runs every pipeline the same way
-(`execute_waves`, issue 51): the grid's Phase-1 checkpoints in waves (one wave when the
-machine trains them all at once), each wave adopting what a `--store` holds, then Stage 1
-(its checkpoints), Stage 2 (their trials, each unit published to the store as it lands);
-`--max-wall` stops between waves. Every run ends with Stage 3: MLflow completed for every
-unit of the run (adopted ones included), the report in the run directory (and in the
-store's `report/`), the timing on the parent run. Planning and validation live in
-pipelines.plan, Ray set-up in pipelines.cluster, MLflow (the driver is its only writer)
-in pipelines.tracking, the units in pipelines.store.
+"""The pipeline driver: runs a validated `Plan` (pipelines.plan) through the three stages,
+its Phase-1 checkpoints in waves (issue 51), as docs/design.md ("One run, from `make
+pipeline` to the report") tells step by step.
 """
 
 from __future__ import annotations
@@ -53,6 +45,7 @@ def execute(plan: Plan) -> int:
 
 def _execute(plan: Plan) -> int:
     t_start = time.time()
+    deadline_at = None if plan.max_wall_s is None else t_start + plan.max_wall_s  # --max-wall
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     lay = plan.layout
     lay.run_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +73,7 @@ def _execute(plan: Plan) -> int:
 
         init_store(lay.units)
         quarantine_damaged(lay.units, say)  # the waves below see whole units only (issue 53)
-    if plan.max_wall_s is not None and time.time() - t_start >= plan.max_wall_s:
+    if deadline_at is not None and time.time() >= deadline_at:
         return _stop_at_deadline(plan)
     ray = None
     try:
@@ -92,7 +85,7 @@ def _execute(plan: Plan) -> int:
             where += (" (the address this run recorded; --ray-address local / "
                       "RAY_ADDRESS=local runs it here)")
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
-        return execute_waves(plan, cluster, t_start)
+        return execute_waves(plan, cluster, t_start, deadline_at)
     except BaseException:
         write_meta(plan, status="interrupted")
         raise
@@ -105,9 +98,8 @@ def _execute(plan: Plan) -> int:
 
 
 def check_cluster(plan: Plan, ray) -> ClusterInfo:
-    """What must hold before Stage 1: the grid still fits the running cluster (planning
-    checked it; a cluster can change since), and every node sees the root. Returns the
-    cluster as it is now (local Ray: as planned)."""
+    """The cluster as it is now (local Ray: as planned), checked again as planning did: the
+    grid still fits it, and every node sees the root."""
     cluster = plan.cluster if (plan.cluster is not None and not plan.ray_address) \
         else describe_ray(ray)
     problem = resource_problem(plan, cluster)
@@ -167,11 +159,8 @@ def _stop_at_deadline(plan: Plan, why: str | None = None) -> int:
 
 
 def _pause(plan: Plan, wave: list, paused: dict) -> None:
-    """A wave's Phase 1 stopped at an epoch end (`paused`: Phase-1 seed -> Phase1Paused) or
-    the driver got a SIGTERM (issue 52): say what paused where, and put each paused unit's
-    progress into the store, where the next run of the unit (`make resume`, or another
-    machine's run on the store) continues it. The run then ends as a stop at --max-wall
-    does."""
+    """A wave's Phase 1 paused at an epoch end (`paused`: Phase-1 seed -> Phase1Paused) or
+    a SIGTERM came (issue 52): each paused unit's progress goes into the store."""
     from pmnet.store_progress import land_progress
     from pmnet.train import checkpoint_epoch
 
@@ -187,11 +176,9 @@ def _pause(plan: Plan, wave: list, paused: dict) -> None:
 
 @contextlib.contextmanager
 def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
-    """While the driver waits for its Phase-1 tasks or its trials (issues 52, 61): the first
-    SIGTERM writes the run's stop file, which each task or trial polls at its epoch ends
-    (`pmnet.train.StopAtEpochEnd(stop_file=...)`), and restores the previous handler, so a
-    second SIGTERM ends the driver as before. Outside (and off the main thread) SIGTERM
-    keeps its usual effect. The paused unit's progress is `pmnet.store_progress`."""
+    """Within the block (issues 52, 61) the first SIGTERM writes the stop file, which each
+    task or trial polls at its epoch ends (`pmnet.train.StopAtEpochEnd`), and restores the
+    previous handler, so a second SIGTERM ends the driver as before."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -212,13 +199,11 @@ def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
-    """Every run: its Phase-1 checkpoints in waves of `wave_size`; each wave trains the
-    checkpoints its store lacks (each lands in the store as its task returns), then the
-    trials of those checkpoints that the store lacks (each lands itself) before the next
-    wave starts, so a run stopped between waves (`--max-wall`) leaves whole units. MLflow
-    mirrors the store's units of the run after each wave. Then Stage 3 (`finish`). Returns
-    0 when every unit of the run is done (or the deadline stopped it), else 1."""
+def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float,
+                  deadline_at: float | None) -> int:
+    """Each wave's missing checkpoints, then their missing trials, before the next wave (a
+    stop between waves leaves whole units); then Stage 3 (`finish`). 0, or 1 if a unit
+    failed."""
     from pmnet.store_progress import drop_progress, restore_progress
     from pmnet.train import checkpoint_epoch
 
@@ -234,7 +219,6 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
     p1_train = stage1_wall = 0.0
     stopped = False
     accelerator = "gpu" if uses_gpu(plan) else "cpu"
-    deadline_at = None if plan.max_wall_s is None else t_start + plan.max_wall_s
     stop_file = plan.layout.run_dir / STOP_FILENAME  # issue 52: a SIGTERM writes it
     stop_file.unlink(missing_ok=True)
     try:
@@ -289,9 +273,8 @@ def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
 
 def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float,
            stage1_wall: float, stopped: bool | str) -> int:
-    """Stage 3 of every run: MLflow completed from every unit of the run (adopted ones
-    included), the records, the report (the run's, and the store's), the timing logged to
-    the parent run, and the closing lines."""
+    """Stage 3: MLflow completed from the run's units, the records, the report, the timing
+    on the parent run, and the closing lines."""
     lay, sp = plan.layout, plan.space
     mirror(lay, runs, plan.phase1_slots, sp.trials)  # MLflow mirrors the run's units
     p1_left, tr_left = st.units_left(lay.units, plan.phase1_slots, sp.trials)

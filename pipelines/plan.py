@@ -1,11 +1,6 @@
-"""Planning: every input of a pipeline validated before any compute and before any write.
-
-`plan_new(...)` and `plan_resume(...)` read the command line, the presets, the grid and the
-stored records of an existing pipeline and return a `Plan`, or raise PipelineError /
-SpaceError with a message that names the problem. They create nothing on disk, start no
-process and train nothing: the driver (`pipelines.driver.execute`) does that afterwards. On a
-running Ray cluster, last, they check that every node sees the storage root (one small task
-per node reads a token file written under the root, which is then removed).
+"""Planning: `plan_new` and `plan_resume` validate every input of a pipeline (the command
+line, the presets, the grid, an existing pipeline's records) into a `Plan`, or raise
+PipelineError / SpaceError naming the problem, before any compute and before any write.
 """
 
 from __future__ import annotations
@@ -158,18 +153,8 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
              check_tracking: bool = True, cluster: ClusterInfo | None = None,
              gpu_mem_gib: float | None = None, allow_cpu_paper: bool = False,
              store: str | os.PathLike | None = None, max_wall_s: float | None = None) -> Plan:
-    """Validate a new pipeline (no training, nothing written). PipelineError/SpaceError if bad.
-
-    `store`: a durable store the run publishes its units to and adopts from
-    (`pipelines.store`). `phase1_seeds` sets the grid's Phase-1 checkpoints, with or without
-    a store (a piece of a store's study is the grid over some of its checkpoints).
-    `max_wall_s`: stop between waves of checkpoints after this many seconds.
-
-    `cluster`: the nodes to plan for (default: `describe_cluster`: this machine without
-    starting Ray, or the running cluster at the Ray address). `gpu_mem_gib`: the memory of
-    each GPU in GiB, instead of what `nvidia-smi` reports on the GPU nodes.
-    `allow_cpu_paper`: run a preset built for a GPU (`TrainConfig.needs_gpu`) even where the
-    chosen nodes have no GPU."""
+    """A new pipeline's plan (the arguments are `start`'s flags, pipelines.run). `cluster`:
+    the nodes to plan for (default: `describe_cluster`, without starting Ray)."""
     from pmnet.train import TrainConfig
 
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib,
@@ -210,18 +195,15 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None,
                         max_wall_s=None) -> None:
-    """The numeric compute flags, before anything looks at the cluster."""
-    if max_wall_s is not None and (isinstance(max_wall_s, bool) or not isinstance(
-            max_wall_s, (int, float)) or not max_wall_s > 0 or max_wall_s != max_wall_s):
+    """The numeric compute flags (argparse gave their types), before the cluster is asked."""
+    if max_wall_s is not None and not max_wall_s > 0:  # (NaN too)
         raise PipelineError(f"--max-wall must be a positive number of seconds, got "
                             f"{max_wall_s!r}")
-    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)
-                                 or num_cpus < 1):
+    if num_cpus is not None and not num_cpus >= 1:
         raise PipelineError(f"--num-cpus must be a positive integer, got {num_cpus!r}")
     if stage1_cpus is not None and not stage1_cpus > 0:
         raise PipelineError(f"--stage1-cpus must be > 0, got {stage1_cpus!r}")
-    if gpu_mem_gib is not None and not (isinstance(gpu_mem_gib, (int, float))
-                                        and 0 < gpu_mem_gib < 10_000):
+    if gpu_mem_gib is not None and not 0 < gpu_mem_gib < 10_000:
         raise PipelineError(f"--gpu-mem must be the memory of one GPU in GiB (e.g. 24 or 80), "
                             f"got {gpu_mem_gib!r}")
 
@@ -282,10 +264,11 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
     cluster, sp, cfg = plan.cluster, plan.space, plan.cfg
     gpu = uses_gpu(plan)
     where = cluster.where
-    if gpu and not cluster.has_gpu:
-        raise PipelineError(
-            f"the grid asks {sp.gpus_per_trial:g} GPU per trial but no node of {where} has a "
-            f"GPU ({cluster.describe()}); use --gpus-per-trial 0 (or a CPU preset)")
+    problem = resource_problem(plan, cluster)
+    if problem:
+        raise PipelineError(problem + ("; use --gpus-per-trial 0 (or a CPU preset)"
+                                       if gpu and not cluster.has_gpu
+                                       else "; lower --cpus-per-trial"))
     if gpu:  # issue 36: nvidia-smi sees a card, but the torch that would train cannot use it
         blind = [n for n in cluster.gpu_nodes if n.torch is not None and not n.torch.ok]
         if blind:
@@ -297,10 +280,6 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
                 "train on CPUs (--gpus-per-trial 0 with a CPU preset)")
     kind = "GPU node" if gpu else "node"
     largest = cluster.largest_cpus(gpu=gpu)
-    if sp.cpus_per_trial > largest:
-        raise PipelineError(
-            f"the grid asks {sp.cpus_per_trial:g} CPUs per trial but the largest {kind} of "
-            f"{where} has {largest:g} ({cluster.describe()}); lower --cpus-per-trial")
     if plan.stage1_cpus is not None and plan.stage1_cpus > largest:
         raise PipelineError(
             f"--stage1-cpus {plan.stage1_cpus:g}: Stage 1 runs on one {kind} and the largest "
@@ -355,17 +334,17 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
 
 
 def resource_problem(plan: Plan, cluster: ClusterInfo) -> str | None:
-    """Why the stored grid cannot run on `cluster` (a resume, or the cluster changed since
-    planning), None when it can."""
+    """Why the grid cannot run on `cluster`, None when it can."""
     sp = plan.space
     gpu = uses_gpu(plan)
     if gpu and not cluster.has_gpu:
-        return (f"the grid asks up to {sp.gpus_per_trial:g} GPU per trial but no node of "
+        return (f"the grid asks {sp.gpus_per_trial:g} GPU per trial but no node of "
                 f"{cluster.where} has a GPU ({cluster.describe()})")
     largest = cluster.largest_cpus(gpu=gpu)
     if sp.cpus_per_trial > largest:
         return (f"the grid asks {sp.cpus_per_trial:g} CPUs per trial but the largest "
-                f"{'GPU node' if gpu else 'node'} of {cluster.where} has {largest:g}")
+                f"{'GPU node' if gpu else 'node'} of {cluster.where} has {largest:g} "
+                f"({cluster.describe()})")
     return None
 
 
@@ -478,11 +457,9 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
 
 def resume_ray_address(given: str | None, meta: PipelineRecord, lay: Layout, *,
                        use_recorded: bool = True) -> tuple[str | None, bool]:
-    """(the Ray address a resume runs on, whether it is the recorded one): `given`
-    (--ray-address), else RAY_ADDRESS, else, when `use_recorded`, the address the run last
-    ran on (pipeline.json `ray_address`), so that a cluster run resumes on its cluster.
-    `local` (--ray-address local, RAY_ADDRESS=local) runs it on local Ray. Checked like a
-    given one: a recorded cluster that no longer answers is refused with how to go on."""
+    """(the Ray address a resume runs on, whether it is the recorded one): --ray-address,
+    else RAY_ADDRESS, else (`use_recorded`) pipeline.json's `ray_address`, so that a cluster
+    run resumes on its cluster; checked as a given one is."""
     requested = given or os.environ.get("RAY_ADDRESS")
     recorded = meta.ray_address if use_recorded else None
     if requested or not recorded:
@@ -499,15 +476,10 @@ def resume_ray_address(given: str | None, meta: PipelineRecord, lay: Layout, *,
 
 def _validate(plan: Plan, phase1_from=None, on_cluster: bool = False,
               store: bool = True) -> Plan:
-    """What both plans check last, reading only. `phase1_from`: a Phase-1 checkpoint to
-    import, checked against the plan's. A new plan's name holds no other experiment
-    (`_check_existing`). A Phase-1 checkpoint already in the run's directory: a damaged one
-    is refused (exit 2, naming what to delete), as is one other than `--phase1-from`'s. A
-    `--store`'s checkpoints are not judged here: the driver's quarantine pre-pass moves its
-    damaged ones aside and they train again, so that one machine's damage does not stop
-    every machine that shares the store (`pmnet.store_repair`). `store`: the store's units
-    (and paused progress) this run would reuse were made with its configuration. Last, on
-    a running cluster (`on_cluster`), every node sees the storage root."""
+    """What both plans check last, reading only: `--phase1-from`, the name, the run's own
+    Phase-1 checkpoints (a `--store`'s damaged ones are the driver's quarantine's, so one
+    machine's damage stops no other), the store's units and paused progress (`store`), and
+    last, on a running cluster, that every node sees the storage root."""
     from pipelines.records import Stage1Record
     from pipelines.store import check_store_units, progress_unit, trial_unit
     from pmnet.store_progress import check_progress

@@ -363,14 +363,14 @@ def cmd_ui(a) -> int:
     """`mlflow server` on the store the last (or --name) pipeline logged to (`ui_plan`),
     or, for a tracking server, its address; prints the address of the pipeline's parent
     run and training runs."""
-    from pipelines.addresses import sqlite_path, ui_bind
+    from pipelines.addresses import sqlite_path, ui_warning
 
     root = Path(a.root).expanduser().absolute()
     args, lines = ui_plan(root, a.host, a.port, a.allowed_hosts, a.name)
     if args is None:  # a tracking server: its own UI
         print("\n".join(lines), flush=True)
         return Exit.DONE
-    warning = ui_bind(a.host, a.port)  # before anything is written: exit 2 if it cannot
+    warning = ui_warning(a.host, a.port)
     if warning:
         print(warning, file=sys.stderr, flush=True)
     db = sqlite_path(args[1])  # --backend-store-uri

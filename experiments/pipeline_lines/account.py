@@ -81,7 +81,7 @@ CONCERN = {
     "artifact_location": TRACK, "requested_tracking_uri": TRACK, "check_tracking_uri": VALID,
     "ui_address": TRACK,
     "storage_root": VALID, "database_backend": VALID, "check_database": VALID,
-    "hide_password": VALID, "is_loopback": VALID, "ui_bind": VALID,
+    "hide_password": VALID, "is_loopback": VALID, "ui_warning": VALID,
     "TrialContext": ORCH, "TrialConfigError": FAULT, "assigned_device": CLUSTER,
     "release_device_memory": CLUSTER, "assigned_gpu_share": CLUSTER,
     "quiet_training_logs": VIEW,
