@@ -182,9 +182,7 @@ def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is None:
-        previous = signal.SIG_DFL
+    previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL  # None: not set from Python
 
     def handler(signum, frame):
         Path(path).touch()

@@ -51,9 +51,7 @@ class Plan:
     memory: dict = field(default_factory=dict)
     # the Ray nodes (NodeIDs) that saw the storage root when planning checked it (a cluster)
     storage_nodes: frozenset = frozenset()
-    # the run's wall-time bound (`--max-wall`: stop between waves); the run's one store is
-    # its layout's (`Layout.units`: `--store`, else the run directory)
-    max_wall_s: float | None = None
+    max_wall_s: float | None = None  # --max-wall (stop between waves)
 
     @property
     def name(self) -> str:
@@ -69,9 +67,8 @@ class Plan:
 
 
 def choose_preset(preset: str | None, cluster: ClusterInfo) -> tuple[str, str]:
-    """(preset, why): an explicit preset wins; else the registry's default on GPU nodes when a
-    node of the cluster has a GPU (Ray's resources, not the driver's own torch), its default
-    on CPU nodes when none has (`pmnet.config.default_preset`: a preset's `default_on`)."""
+    """(preset, why): an explicit preset wins; else `default_preset` for GPU nodes when a node
+    of the cluster has a GPU (Ray's resources, not the driver's own torch), else for CPUs."""
     from pmnet.config import default_preset
 
     if preset:
@@ -216,22 +213,6 @@ def uses_gpu(plan: Plan) -> bool:
     return plan.space.gpus_per_trial > 0
 
 
-def memory_arms(cfg, space: Space) -> dict[tuple[str, str], Any]:
-    """The memory model's `TrialMemory` of every arm (condition x variant) of the grid on a
-    GPU, in the precision the trials will train in there."""
-    from pmnet.gpu.footprint import StepSpec, trial_memory
-
-    precision = cfg.resolved_precision("gpu")
-    out = {}
-    for v in space.variants:
-        vcfg = v.apply(cfg)
-        for c in space.conditions:
-            out[(c, v.name)] = trial_memory(vcfg.model, c, batch_size=vcfg.batch_size,
-                                            precision=precision,
-                                            spec=StepSpec.from_config(vcfg))
-    return out
-
-
 def _arm(condition: str, variant: str) -> str:
     return f"{condition}-{variant}" if variant else condition
 
@@ -259,7 +240,7 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
     """Check every resource the pipeline will ask for against `plan.cluster`, and choose each
     arm's GPU share from the memory model (unless --gpus-per-trial gave one, which is then
     checked against it). PipelineError naming the problem; nothing is started or written."""
-    from pmnet.gpu.footprint import describe_bytes, gpu_share, usable_bytes
+    from pmnet.gpu.footprint import StepSpec, describe_bytes, gpu_share, trial_memory, usable_bytes
 
     cluster, sp, cfg = plan.cluster, plan.space, plan.cfg
     gpu = uses_gpu(plan)
@@ -303,7 +284,13 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
         raise PipelineError(
             f"the memory of the GPUs of {where} is unknown (nvidia-smi gave nothing there: "
             f"{cluster.describe()}); give each GPU's memory with --gpu-mem GiB (e.g. 24)")
-    memories = memory_arms(cfg, sp)
+    memories = {}  # each arm's (condition x variant) peak, in the precision it trains in
+    for v in sp.variants:
+        vcfg = v.apply(cfg)
+        for c in sp.conditions:
+            memories[(c, v.name)] = trial_memory(vcfg.model, c, batch_size=vcfg.batch_size,
+                                                 precision=cfg.resolved_precision("gpu"),
+                                                 spec=StepSpec.from_config(vcfg))
     plan.memory = {k: m.peak for k, m in memories.items()}
     usable = usable_bytes(card)
     card_s = f"a {card / 2**30:.0f} GiB card ({describe_bytes(usable)} usable)"
@@ -370,11 +357,9 @@ def _check_existing(plan: Plan) -> None:
               "grid": PipelineRecord.read(lay.pipeline_json).grid}
     mine = {"train_config": canon(plan.cfg.to_dict()), "grid": grid_record(plan.space)}
     if stored != mine:
-        diff = []
-        a, b = stored.get("train_config") or {}, mine["train_config"]
-        diff += [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-        if stored.get("grid") != mine["grid"]:
-            diff.append("grid")
+        a, b = stored["train_config"] or {}, mine["train_config"]
+        diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        diff += ["grid"] if stored["grid"] != mine["grid"] else []
         raise PipelineError(
             f"pipeline {plan.name!r} already exists under {lay.root} with a different "
             f"configuration ({', '.join(diff) or 'config'} differ); use another --name, "
@@ -387,12 +372,9 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 num_cpus: int | None = None,
                 stage1_cpus: float | None = None, cluster: ClusterInfo | None = None,
                 check_resources: bool = True, max_wall_s: float | None = None) -> Plan:
-    """The plan of an existing pipeline, read back from its pipeline.json/config.json.
-
-    The grid, its resources and `max_failures` are the stored ones: Tune restores its own
-    run configuration, so a resume cannot change them (errored trials get a new round of
-    retries on every resume); they are checked against the cluster found now, unless
-    `check_resources` is False (`report` computes nothing)."""
+    """The plan of an existing pipeline from its pipeline.json/config.json: its grid,
+    resources and `max_failures` are the stored ones, checked against the cluster found now
+    unless `check_resources` is False (`report` computes nothing)."""
     from pipelines.layout import last_pipeline
     from pmnet.train import ALL_CONDITIONS, TrainConfig
 
