@@ -44,6 +44,12 @@ def execute(plan: Plan) -> int:
 
 
 def _execute(plan: Plan) -> int:
+    """The run's records, Ray, then each wave's missing checkpoints and their missing
+    trials before the next wave (a stop between waves leaves whole units), then Stage 3
+    (`finish`). 0, or 1 if a unit failed."""
+    from pmnet.store_progress import drop_progress, restore_progress
+    from pmnet.train import checkpoint_epoch
+
     t_start = time.time()
     deadline_at = None if plan.max_wall_s is None else t_start + plan.max_wall_s  # --max-wall
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -75,7 +81,7 @@ def _execute(plan: Plan) -> int:
         quarantine_damaged(lay.units, say)  # the waves below see whole units only (issue 53)
     if deadline_at is not None and time.time() >= deadline_at:
         return _stop_at_deadline(plan)
-    ray = None
+    ray, runs = None, Runs()
     try:
         t_ray = time.time()
         ray = init_ray(plan.ray_address, plan.num_cpus, plan.cluster)
@@ -85,8 +91,65 @@ def _execute(plan: Plan) -> int:
             where += (" (the address this run recorded; --ray-address local / "
                       "RAY_ADDRESS=local runs it here)")
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
-        return execute_waves(plan, cluster, t_start, deadline_at)
+        slots, units = plan.phase1_slots, lay.units
+        size = wave_size(plan, cluster)
+        waves = [slots[i:i + size] for i in range(0, len(slots), size)]
+        if len(waves) > 1 or lay.store_elsewhere:
+            say(f"[pipeline] {len(slots)} Phase-1 checkpoint(s) in {len(waves)} wave(s) of up to "
+                f"{size}; the trials of each follow it; store {units.root}")
+        totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
+                  "paused": 0}
+        p1_train = stage1_wall = 0.0
+        stopped = False
+        accelerator = "gpu" if uses_gpu(plan) else "cpu"
+        stop_file = lay.run_dir / STOP_FILENAME  # issue 52: a SIGTERM writes it
+        stop_file.unlink(missing_ok=True)
+        for i, wave in enumerate(waves):
+            if i and deadline_at is not None and time.time() >= deadline_at:
+                stopped = True
+                break
+            wplan = wave_plan(plan, wave)
+            trials = wplan.space.trials
+            for slot in wave:  # issue 52: a unit's progress in the store, where it resumes
+                st.start_unit(units, slot, str(lay.run_dir), accelerator)
+                restore_progress(units, st.progress_unit(slot), checkpoint_epoch, say)
+            t1 = time.time()
+            left = None if deadline_at is None else deadline_at - time.time()
+            # issue 52: from submission to the last Phase-1 result, SIGTERM pauses Phase 1
+            if runs.tracker is None:
+                runs = open_tracking(plan)
+            with sigterm_writes_stop_file(stop_file):
+                p1 = stage1(wplan, cluster, runs, deadline_s=left, stop_file=str(stop_file))
+            stage1_wall += time.time() - t1
+            p1_train += p1.train_time_s
+            for slot in wave:
+                if slot.seed not in p1.paused:
+                    drop_progress(units, slot.seed)  # issue 52: the unit landed
+            if p1.paused or stop_file.exists():  # issue 52: --max-wall or SIGTERM in Phase 1
+                _pause(plan, wave, p1.paused)
+                stopped = "by SIGTERM" if stop_file.exists() else True
+                break
+            if any((read_json(units.result(t)) or {}).get("phase1_sha256")
+                   != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
+                # issue 61: --max-wall or a SIGTERM pauses a trial at an epoch end
+                with sigterm_writes_stop_file(stop_file):
+                    s2 = stage2(wplan, runs, p1, deadline_at=deadline_at,
+                                stop_file=str(stop_file))
+            else:
+                say(f"[stage 2/3] every trial of {', '.join(s.label for s in wave)} has its "
+                    "result from its checkpoint in the store")
+                s2 = {"finished": len(trials)}
+            for k in totals:
+                totals[k] += s2.get(k, 0.0)
+            kill_point("stage2-done")
+            mirror(lay, runs, trials=plan.space.trials)  # MLflow mirrors the store
+            if s2.get("paused") or stop_file.exists():  # issue 61: trials paused in the store
+                stopped = "by SIGTERM" if stop_file.exists() else True
+                break
+        return finish(plan, runs, t_start, totals, p1_train, stage1_wall, stopped)
     except BaseException:
+        if runs.parent:
+            runs.safe("finish", runs.tracker.client.set_terminated, runs.parent, "FAILED")
         write_meta(plan, status="interrupted")
         raise
     finally:
@@ -195,78 +258,6 @@ def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float,
-                  deadline_at: float | None) -> int:
-    """Each wave's missing checkpoints, then their missing trials, before the next wave (a
-    stop between waves leaves whole units); then Stage 3 (`finish`). 0, or 1 if a unit
-    failed."""
-    from pmnet.store_progress import drop_progress, restore_progress
-    from pmnet.train import checkpoint_epoch
-
-    slots, units = plan.phase1_slots, plan.layout.units
-    size = wave_size(plan, cluster)
-    waves = [slots[i:i + size] for i in range(0, len(slots), size)]
-    if len(waves) > 1 or plan.layout.store_elsewhere:
-        say(f"[pipeline] {len(slots)} Phase-1 checkpoint(s) in {len(waves)} wave(s) of up to "
-            f"{size}; the trials of each follow it; store {units.root}")
-    runs = Runs()
-    totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
-              "paused": 0}
-    p1_train = stage1_wall = 0.0
-    stopped = False
-    accelerator = "gpu" if uses_gpu(plan) else "cpu"
-    stop_file = plan.layout.run_dir / STOP_FILENAME  # issue 52: a SIGTERM writes it
-    stop_file.unlink(missing_ok=True)
-    try:
-        for i, wave in enumerate(waves):
-            if i and deadline_at is not None and time.time() >= deadline_at:
-                stopped = True
-                break
-            wplan = wave_plan(plan, wave)
-            trials = wplan.space.trials
-            for slot in wave:  # issue 52: a unit's progress in the store, where it resumes
-                st.start_unit(units, slot, str(plan.layout.run_dir), accelerator)
-                restore_progress(units, st.progress_unit(slot), checkpoint_epoch, say)
-            t1 = time.time()
-            left = None if deadline_at is None else deadline_at - time.time()
-            # issue 52: from submission to the last Phase-1 result, SIGTERM pauses Phase 1
-            if runs.tracker is None:
-                runs = open_tracking(plan)
-            with sigterm_writes_stop_file(stop_file):
-                p1 = stage1(wplan, cluster, runs, deadline_s=left, stop_file=str(stop_file))
-            stage1_wall += time.time() - t1
-            p1_train += p1.train_time_s
-            for slot in wave:
-                if slot.seed not in p1.paused:
-                    drop_progress(units, slot.seed)  # issue 52: the unit landed
-            if p1.paused or stop_file.exists():  # issue 52: --max-wall or SIGTERM in Phase 1
-                _pause(plan, wave, p1.paused)
-                stopped = "by SIGTERM" if stop_file.exists() else True
-                break
-            if any((read_json(units.result(t)) or {}).get("phase1_sha256")
-                   != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
-                # issue 61: --max-wall or a SIGTERM pauses a trial at an epoch end
-                with sigterm_writes_stop_file(stop_file):
-                    s2 = stage2(wplan, runs, p1, deadline_at=deadline_at,
-                                stop_file=str(stop_file))
-            else:
-                say(f"[stage 2/3] every trial of {', '.join(s.label for s in wave)} has its "
-                    "result from its checkpoint in the store")
-                s2 = {"finished": len(trials)}
-            for k in totals:
-                totals[k] += s2.get(k, 0.0)
-            kill_point("stage2-done")
-            mirror(plan.layout, runs, trials=plan.space.trials)  # MLflow mirrors the store
-            if s2.get("paused") or stop_file.exists():  # issue 61: trials paused in the store
-                stopped = "by SIGTERM" if stop_file.exists() else True
-                break
-        return finish(plan, runs, t_start, totals, p1_train, stage1_wall, stopped)
-    except BaseException:
-        if runs.parent:
-            runs.safe("finish", runs.tracker.client.set_terminated, runs.parent, "FAILED")
-        raise
 
 
 def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float,

@@ -92,7 +92,7 @@ CONCERN = {
     "_node_id": CLUSTER, "_tune": ORCH, "_outcome": ORCH,
     # the durable store (issue 45)
     "wave_size": STORE, "wave_plan": STORE,
-    "_stop_at_deadline": STORE, "execute_waves": STORE,
+    "_stop_at_deadline": STORE,
     "device_kind": RECORD,
     "Provenance": RECORD, "_max_wall": STORE, "report_store": STORE,
     "open_store": VALID, "flatten": STORE,
