@@ -23,7 +23,9 @@ from pipelines.layout import (
     run_layout,
 )
 from pipelines.phase1 import Phase1Slot, Phase1Source, check_phase1_source, existing_phase1
-from pipelines.records import PipelineRecord, canon, normalized_config
+from pipelines.records import PipelineRecord, Stage1Record, canon, normalized_config
+from pipelines.store import check_store_units, open_store, progress_unit, trial_unit
+from pmnet.store_progress import check_progress
 from tune_spaces import Space, get_space
 
 
@@ -36,19 +38,16 @@ class Plan:
     overrides: dict = field(default_factory=dict)
     tracking_uri: str | None = None  # None: the embedded store
     ray_address: str | None = None
-    # a resume on the Ray address the run recorded (pipeline.json `ray_address`), not one
-    # given with --ray-address / RAY_ADDRESS
+    # the Ray address the run recorded (pipeline.json), not --ray-address / RAY_ADDRESS
     ray_address_recorded: bool = False
     num_cpus: int | None = None
     stage1_cpus: float | None = None  # None: every CPU of the largest node
     resumed: bool = False
-    # a finished Phase-1 checkpoint of another run that Stage 1 copies in instead of
-    # training (`start --phase1-from`), checked against this pipeline's Phase-1 config
+    # `--phase1-from`'s checkpoint, which Stage 1 copies in instead of training
     phase1_from: Phase1Source | None = None
     # the nodes the pipeline runs on, as planning saw them (`pipelines.cluster`)
     cluster: ClusterInfo | None = None
-    # per arm, the memory model's peak on the GPU (planning with GPUs), for the log
-    memory: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)  # per arm, its GPU peak (for the log)
     # the Ray nodes (NodeIDs) that saw the storage root when planning checked it (a cluster)
     storage_nodes: frozenset = frozenset()
     max_wall_s: float | None = None  # --max-wall (stop between waves)
@@ -92,10 +91,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
 def _parse_list(value, kind=str) -> tuple | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.split(",") if p.strip() != ""]
-    else:
-        parts = list(value)
+    parts = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
     try:
         return tuple(kind(p) for p in parts)
     except ValueError as e:
@@ -158,8 +154,6 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
                         max_wall_s=max_wall_s)
     root = check_writable(storage_root(root))  # before Ray is asked: a bad root costs nothing
     if store is not None:
-        from pipelines.store import open_store
-
         store = open_store(store).root
     ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
     on_cluster = bool(ray_address) and cluster is None  # a running cluster, asked here
@@ -420,8 +414,6 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
     if lay.store_elsewhere and check_resources:  # `report` reads it without this check
-        from pipelines.store import open_store
-
         open_store(lay.store)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.preset_reason or "",
                 overrides=meta.overrides, tracking_uri=uri,
@@ -462,10 +454,6 @@ def _validate(plan: Plan, phase1_from=None, on_cluster: bool = False,
     Phase-1 checkpoints (a `--store`'s damaged ones are the driver's quarantine's, so one
     machine's damage stops no other), the store's units and paused progress (`store`), and
     last, on a running cluster, that every node sees the storage root."""
-    from pipelines.records import Stage1Record
-    from pipelines.store import check_store_units, progress_unit, trial_unit
-    from pmnet.store_progress import check_progress
-
     if phase1_from is not None:
         plan.phase1_from = check_phase1_source(phase1_from, plan.phase1_slots)
     if not plan.resumed:

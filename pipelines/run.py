@@ -342,6 +342,8 @@ def ui_plan(root: Path, host: str = "127.0.0.1", port: int = 5000,
     where = f"; pipeline {name}'s training runs: {ui_address(base, exp)}" if exp else ""
     what = "the embedded store " if record.tracking_uri in (None, EMBEDDED) else ""
     lines.insert(0, f"MLflow UI for {what}{hide_password(uri)}: {base}{where}")
+    if db is not None and not db.is_file():
+        lines.append(f"note: no MLflow store at {db} yet; the UI starts empty")
     args = ["--backend-store-uri", uri, "--artifacts-destination", str(artifacts),
             "--host", host, "--port", str(port), "--workers", "1"]
     if allowed_hosts:
@@ -351,7 +353,7 @@ def ui_plan(root: Path, host: str = "127.0.0.1", port: int = 5000,
 
 def cmd_ui(a) -> int:
     """`mlflow server` on the store the pipeline logged to (`ui_plan`), or a server's address."""
-    from pipelines.addresses import sqlite_path, ui_warning
+    from pipelines.addresses import ui_warning
 
     root = Path(a.root).expanduser().absolute()
     args, lines = ui_plan(root, a.host, a.port, a.allowed_hosts, a.name)
@@ -361,9 +363,6 @@ def cmd_ui(a) -> int:
     warning = ui_warning(a.host, a.port)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    db = sqlite_path(args[1])  # --backend-store-uri
-    if db is not None and not db.is_file():
-        print(f"note: no MLflow store at {db} yet; the UI starts empty", file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
     print("\n".join([lines[0] + "  (Ctrl-C to stop)", *lines[1:]]), flush=True)
     os.environ["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner needed
