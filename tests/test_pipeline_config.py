@@ -140,7 +140,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: adds its line here with the reason, and a place that means the preset reads the preset's
 #: entry instead (`pmnet.config.PRESETS`, `TrainConfig.needs_gpu`, `default_preset`).
 ACCELERATOR_WORDS: dict[tuple[str, str], tuple[int, str]] = {
-    ("driver.py", "execute_waves"): (1, "the units' accelerator: 'gpu' if the grid uses one"),
+    ("driver.py", "_execute"): (1, "the units' accelerator: 'gpu' if the grid uses one"),
     ("plan.py", "choose_preset"): (1, "default_preset('cpu'): the default on GPU-less nodes"),
     ("plan.py", "fit_to_cluster"): (1, "default_preset('cpu'), named in the GPU refusal"),
     ("provenance.py", "device_kind"): (1, "the default of its `accelerator` argument"),
