@@ -19,6 +19,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,43 +50,31 @@ class GpuCard:
 
 @dataclass(frozen=True)
 class TorchCuda:
-    """What the Python that trains on a node sees of CUDA (issue 36): its torch version,
-    `torch.version.cuda` (None for a CPU build) and `torch.cuda.is_available()`; `error`
-    when torch could not be asked."""
+    """What the Python that trains on a node sees of CUDA (issue 36), in words; `ok` when its
+    torch is a CUDA build that sees a card."""
 
-    torch: str
-    cuda: str | None
-    available: bool
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.cuda is not None and self.available
+    ok: bool
+    seen: str
 
     def describe(self) -> str:
-        if self.error:
-            return f"torch could not be asked ({self.error})"
-        return (f"torch {self.torch}, torch.version.cuda={self.cuda}, "
-                f"torch.cuda.is_available()={self.available}")
+        return self.seen
 
 
-TORCH_CUDA_CODE = ("import json, torch; print(json.dumps([torch.__version__, torch.version.cuda,"
-                   " bool(torch.cuda.is_available())]))")
+TORCH_CUDA_CODE = ("import torch; c, a = torch.version.cuda, torch.cuda.is_available(); print(c "
+                   "is not None and a, f'torch {torch.__version__}, torch.version.cuda={c}, "
+                   "torch.cuda.is_available()={a}')")
 
 
-def torch_cuda(python: str | None = None, timeout: float = 120.0) -> TorchCuda:
-    """Ask a fresh `python` (default: this interpreter, the one Ray's workers run) what torch
-    sees of CUDA; never initialises CUDA in this process."""
-    import json
-    import sys
-
+def torch_cuda(timeout: float = 120.0) -> TorchCuda:
+    """Ask a fresh Python (this interpreter, the one Ray's workers run) what torch sees of
+    CUDA; never initialises CUDA in this process."""
     try:
-        out = subprocess.run([python or sys.executable, "-c", TORCH_CUDA_CODE],
-                             capture_output=True, text=True, timeout=timeout, check=True)
-        version, cuda, available = json.loads(out.stdout.strip().splitlines()[-1])
-        return TorchCuda(str(version), None if cuda is None else str(cuda), bool(available))
+        out = subprocess.run([sys.executable, "-c", TORCH_CUDA_CODE], capture_output=True,
+                             text=True, timeout=timeout, check=True).stdout
+        ok, seen = out.strip().splitlines()[-1].split(" ", 1)
+        return TorchCuda(ok == "True", seen)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
-        return TorchCuda("unknown", None, False, error=f"{type(e).__name__}: {e}"[:300])
+        return TorchCuda(False, f"torch could not be asked ({type(e).__name__}: {e})"[:300])
 
 
 @dataclass(frozen=True)
@@ -99,11 +88,6 @@ class NodeInfo:
     gpus: float = 0.0
     cards: tuple[GpuCard, ...] = ()
     torch: TorchCuda | None = None
-
-    @property
-    def card_bytes(self) -> int | None:
-        """The memory of this node's smallest card (None: no GPU, or unknown)."""
-        return min(c.memory_bytes for c in self.cards) if self.cards else None
 
 
 @dataclass(frozen=True)
@@ -132,8 +116,7 @@ class ClusterInfo:
     def card_bytes(self) -> int | None:
         """The smallest card of the GPU nodes (a fractional GPU share must fit every card
         Ray may place it on); None when no GPU node's cards are known."""
-        known = [n.card_bytes for n in self.gpu_nodes if n.card_bytes is not None]
-        return min(known) if known else None
+        return min((c.memory_bytes for n in self.gpu_nodes for c in n.cards), default=None)
 
     def fits(self, cpus: float, gpus: float) -> bool:
         """Whether one node has `cpus` CPUs and `gpus` GPUs at once (one task or actor)."""
@@ -232,8 +215,7 @@ def describe_ray(ray, *, timeout: float = 120.0) -> ClusterInfo:
         ok, got = found.get(node["NodeID"], (False, None))
         cards, torch = got if ok else ((), None)
         nodes.append(NodeInfo(label=node_label(node), cpus=float(res.get("CPU", 0)),
-                              gpus=float(res.get("GPU", 0)), cards=tuple(cards),
-                              torch=torch if isinstance(torch, TorchCuda) else None))
+                              gpus=float(res.get("GPU", 0)), cards=tuple(cards), torch=torch))
     return ClusterInfo(nodes=tuple(nodes), where="the Ray cluster")
 
 
@@ -246,11 +228,9 @@ def describe_cluster(ray_address: str | None, num_cpus: int | None = None) -> Cl
 
 
 def runtime_env() -> dict:
-    """The job's runtime environment: the project's packages as `py_modules`, so a node needs
-    the Python environment but no checkout, and the test hooks in PASS_ENV. Ray zips the
-    packages once per job (~380 KiB, ~10 ms; Ray's limit is 512 MiB) and unpacks them once
-    per node; on local Ray this measured no slower than the PYTHONPATH it replaces, so local
-    and cluster runs ship the code the same way (docs/pipeline.md, "Clusters")."""
+    """The job's runtime environment: the project's packages as `py_modules` (local and
+    cluster runs ship the code the same way, docs/pipeline.md, "Clusters") and the test hooks
+    in PASS_ENV."""
     env_vars = {k: os.environ[k] for k in PASS_ENV if os.environ.get(k)}
     # trials sharing a GPU: the caching allocator grows segments instead of carving fixed
     # ones, so fragmentation stays small (the memory model's ACTIVATION_FACTOR counts on it)
@@ -357,12 +337,9 @@ def node_label(node: dict) -> str:
 
 def check_storage(root: Path, ray=None, skip: frozenset[str] = frozenset(),
                   timeout: float = STORAGE_CHECK_TIMEOUT_S) -> dict[str, str]:
-    """Every alive node must see the storage root at the same path, or the pipeline would
-    fail late and obscurely (a missing Phase-1 checkpoint on a remote node, a refused
-    trial): each node not in `skip` (NodeIDs that passed already) runs `probe_storage` on a
-    token written under the root. Planning calls it with `ray` None (the connection
-    `describe_cluster` made) before anything is written, so a node without the shared
-    storage is refused with exit 2; the driver checks the nodes that joined since. Returns
+    """Each alive node not in `skip` (NodeIDs that passed already) runs `probe_storage` on a
+    token written under the root (planning: `ray` None, the connection `describe_cluster`
+    made, before anything is written; the driver: the nodes that joined since). Returns
     {NodeID: label} of every alive node; PipelineError names those that fail. A root that
     does not exist yet is made for the check and removed again (when still empty)."""
     if ray is None:
