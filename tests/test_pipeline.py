@@ -667,8 +667,8 @@ def _argv(pid: int) -> list[str]:
 
 WRITER = """
 import sys
-from pipelines.tracking import Tracker, TrackingGuard
-tracker, guard = Tracker(sys.argv[1]), TrackingGuard()
+from pipelines.tracking import Runs, Tracker
+tracker, guard = Tracker(sys.argv[1]), Runs()
 exp = tracker.experiment("two-writers")
 rid, _ = tracker.attach_run(exp, sys.argv[2], run_name=sys.argv[2])
 ok = [guard.call("log", tracker.client.log_metric, rid, "x", float(i), step=i)[0]
