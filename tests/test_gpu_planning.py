@@ -245,7 +245,7 @@ def test_stage1_is_sized_from_the_gpu_nodes(tmp_path):
     plan = _plan(tmp_path, cluster(HEAD, RTX))
     res = stages.stage1_resources(plan, plan.cluster, n_tasks=1)
     assert (res.cpus, res.gpus) == (16, 1)
-    assert plan.cluster.fits(res.cpus, res.gpus)
+    assert any(n.cpus >= res.cpus and n.gpus >= res.gpus for n in plan.cluster.nodes)
     assert stages.stage1_resources(plan, plan.cluster, n_tasks=3).cpus == 5  # shared
     cpu_plan = _plan(tmp_path, cluster(HEAD, RTX), gpus_per_trial=0)
     res = stages.stage1_resources(cpu_plan, cpu_plan.cluster, n_tasks=1)

@@ -33,7 +33,7 @@ CONCERN = {
     "describe_local": CLUSTER, "probe_gpus": CLUSTER, "on_each_node": CLUSTER,
     "TorchCuda": CLUSTER, "torch_cuda": CLUSTER,
     "describe_ray": CLUSTER, "describe_cluster": CLUSTER, "runtime_env": CLUSTER,
-    "_loopback_node_ip": CLUSTER, "_ray_kwargs": ORCH, "connect_ray": CLUSTER,
+    "_ray_kwargs": ORCH, "connect_ray": CLUSTER,
     "init_ray": ORCH, "probe_storage": CLUSTER, "node_label": CLUSTER,
     "check_storage": CLUSTER,
     "Console": VIEW,
@@ -99,7 +99,6 @@ CONCERN = {
     "phase1_unit_config": STORE, "check_store_units": VALID,
     "start_unit": RECORD,
     "landed": RECORD, "_move": STORE, "units_left": STORE, "_diagnose": STORE,
-    "_trained_phase1_config": VALID,
     # one layout, one path (issue 51)
     "finish": ORCH, "record_phase1": RECORD,
     "land_phase1": RECORD, "land_trial": RECORD,
