@@ -95,11 +95,10 @@ class Tracker:
         found = self.client.search_runs(
             [experiment_id], filter_string=f"tags.run_key = '{key}'",
             order_by=["attributes.start_time ASC"], max_results=1)
-        run = found[0] if found else None
-        if run is None:
+        if not found:
             run = self.client.create_run(experiment_id, tags=tags, run_name=run_name)
             return run.info.run_id, True
-        rid = run.info.run_id
+        run, rid = found[0], found[0].info.run_id
         if run.info.status != "RUNNING":
             self.client.update_run(rid, status="RUNNING")
         self.set_tags(rid, {k: v for k, v in tags.items() if run.data.tags.get(k) != v})
@@ -180,9 +179,8 @@ class Runs:
 
     @classmethod
     def reopen(cls, layout: Layout, uri: str | None = None) -> Runs:
-        """The runs tracking.json records, for a later process (the Tune callback after a
-        restore, `report`), in the store it records (or `uri`); tracking off when there is
-        no record."""
+        """The runs tracking.json records, in its store (or `uri`), for a later process;
+        tracking off when there is no record."""
         record = TrackingRecord.read(layout.tracking_json)
         if record.experiment_id is None:
             return cls(record=record)
@@ -237,10 +235,8 @@ def claim_key(claim: str) -> str:
 
 
 def claim_entries(records: list[dict]) -> tuple[dict[str, float], dict[str, str]]:
-    """(metrics, tags) of the claims (`pmnet.report.build.claim_records`) on the parent run:
-    per claim `claims/<key>/estimate`, `ci_low`, `ci_high`, `p`, `n` and `reproduces` (1 or
-    0; absent without a verdict either way) as metrics, its `verdict` and `claim` text as
-    tags; and the run's description (`mlflow.note.content`), a table of them all."""
+    """(metrics, tags) of the claims (`pmnet.report.build.claim_records`) on the parent run,
+    as docs/pipeline.md, "MLflow layout", lists them."""
     metrics: dict[str, float] = {}
     tags: dict[str, str] = {}
     rows = ["| claim | ours | 95% CI | p | verdict |", "|---|---:|---:|---:|---|"]
@@ -252,16 +248,14 @@ def claim_entries(records: list[dict]) -> tuple[dict[str, float], dict[str, str]
             key, i = f"{base}_{i}", i + 1
         seen.add(key)
         at = f"{CLAIMS_PREFIX}{key}/"
-        for field_ in ("estimate", "ci_low", "ci_high", "p", "n"):
-            v = as_float(rec.get(field_))
-            if v is not None and math.isfinite(v):
-                metrics[at + field_] = v
+        got = {k: as_float(rec.get(k)) for k in ("estimate", "ci_low", "ci_high", "p", "n")}
+        metrics.update({at + k: v for k, v in got.items() if v is not None and math.isfinite(v)})
         verdict = str(rec.get("verdict") or "")
         if verdict.startswith(("reproduces", "does not reproduce")):
             metrics[at + "reproduces"] = float(verdict.startswith("reproduces"))
         tags[at + "claim"] = str(rec.get("claim") or "")[:TAG_MAX]
         tags[at + "verdict"] = verdict[:TAG_MAX]
-        est, lo, hi, p = (as_float(rec.get(k)) for k in ("estimate", "ci_low", "ci_high", "p"))
+        est, lo, hi, p = (got[k] for k in ("estimate", "ci_low", "ci_high", "p"))
         rows.append(f"| {rec.get('claim')} | {_fmt2(est)} | "
                     f"{f'[{_fmt2(lo)}, {_fmt2(hi)}]' if lo is not None else ''} | "
                     f"{'' if p is None else f'{p:.3g}'} | {verdict} |")
@@ -291,12 +285,8 @@ def log_claims(runs: Runs, claims_file: str | os.PathLike | None) -> int:
 
 
 def trial_run(name: str, path: Path) -> dict | None:
-    """The run of a trial's unit, from its result file at `path` (None: none there):
-    tags its key, identity (`TrialId.to_config`), provenance and where it trained; params its
-    flat TrainConfig (the variant's overrides applied), identity and a named variant's
-    overrides as `variant.<field>`; each epoch with the running best at `best/select`, the
-    test metrics at the best epoch; the result file and the selected checkpoint when small
-    (`model_as_artifact`; else only its path, a tag) as artifacts."""
+    """The run of a trial's unit, from its result file at `path` (None: none there); its
+    content is docs/pipeline.md's "MLflow layout"."""
     result = read_json(path)
     try:
         trial = TrialId.from_result(result)
@@ -328,9 +318,7 @@ def trial_run(name: str, path: Path) -> dict | None:
 
 
 def phase1_run(name: str, slot: Phase1Slot) -> dict | None:
-    """The run `stage1-<unit>` of a Phase-1 unit the store holds (None: not landed): its
-    Phase-1 params, per-epoch validation, test metrics, sha256 (and `imported_from`), the
-    metrics file and, when small, the checkpoint itself as artifacts."""
+    """The run `stage1-<unit>` of a Phase-1 unit the store holds (None: not landed)."""
     info = Stage1Record.read(slot.stage1_json)
     if not info.sha256:
         return None
@@ -370,12 +358,10 @@ def _write_run(runs: Runs, unit: dict) -> None:
 
 def mirror(layout: Layout, runs: Runs, slots: Iterable[Phase1Slot] = (),
            trials: Iterable[TrialId] = (), *, quiet: bool = False) -> dict[str, int]:
-    """MLflow as a mirror of the store, for both kinds of unit: each Phase-1 unit of `slots`
-    and each trial of `trials` that the run's store holds and whose run is not FINISHED
-    (trained by another writer, or logged only in part) gets its run written completely
-    (`_write_run`); a unit that did not land (failed, paused) has none. Idempotent: a FINISHED
-    run is left as it is. Bounded and non-fatal: when MLflow fails the rest stays for the
-    next call. Returns {"logged": n, "pending": m}."""
+    """MLflow as a mirror of the store: each unit of `slots` and `trials` that the store holds
+    and whose run is not FINISHED gets its run written completely; a unit that did not land
+    has none. Idempotent, bounded and non-fatal (what failed stays for the next call).
+    Returns {"logged": n, "pending": m}."""
     out = {"logged": 0, "pending": 0}
     if runs.tracker is None:
         return out
