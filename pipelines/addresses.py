@@ -167,6 +167,13 @@ DB_SCHEMES = ("postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores besi
 DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
+DB_DRIVERS = {"postgresql": "psycopg[binary] (or psycopg2-binary with postgresql+psycopg2://)",
+              "mysql": "mysqlclient (or pymysql with mysql+pymysql://)",
+              "mssql": "pyodbc"}
+DB_TIMEOUT_ARGS = {"postgresql": "connect_timeout", "mysql": "connect_timeout",
+                   "mssql": "timeout"}
+
+
 def database_backend(uri: str) -> str | None:
     """'postgresql' / 'mysql' / 'mssql' for a database tracking URI (a `+driver` suffix
     allowed), else None."""
@@ -176,23 +183,46 @@ def database_backend(uri: str) -> str | None:
 
 
 def check_database(uri: str, timeout: float = 5.0) -> None:
-    """A TCP connect to the database's host:port within `timeout` seconds: MLflow retries a
-    dead address for minutes. A missing driver, a wrong password or database are MLflow's
-    own errors when the driver opens the store (issue 63 dropped their checks here)."""
+    """At planning, so a bad database fails before Stage 1 (MLflow retries for minutes): a
+    TCP probe of host:port, the driver's import, then `SELECT 1` within `timeout` seconds.
+    PipelineError says which failed. Creates nothing (MLflow makes its tables later)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    backend, shown = database_backend(uri), hide_password(uri)
+    fix = ("fix MLFLOW_TRACKING_URI / --tracking-uri, or unset it to use the embedded store "
+           "under the storage root")
     parsed = urlparse(uri)
-    if not parsed.hostname:  # a Unix socket (?host=/run/postgresql): the driver finds it
-        return
-    where = parsed.netloc.rpartition("@")[2]
+    if parsed.hostname:  # else a Unix socket (?host=/run/postgresql): the driver finds it
+        where = parsed.netloc.rpartition("@")[2]
+        try:
+            port = parsed.port or DB_PORTS[backend]  # ValueError: not a port
+            with socket.create_connection((parsed.hostname, port), timeout=timeout):
+                pass
+        except (OSError, ValueError) as e:
+            raise PipelineError(
+                f"no database answers at {where} for tracking URI {shown!r} "
+                f"({getattr(e, 'strerror', None) or e}); start it, {fix}") from e
     try:
-        port = parsed.port or DB_PORTS[database_backend(uri)]  # ValueError: not a port
-        with socket.create_connection((parsed.hostname, port), timeout=timeout):
-            pass
-    except (OSError, ValueError) as e:
+        engine = create_engine(uri, poolclass=NullPool,
+                               connect_args={DB_TIMEOUT_ARGS[backend]: max(1, int(timeout))})
+    except ImportError as e:
         raise PipelineError(
-            f"no database answers at {where} for tracking URI {hide_password(uri)!r} "
-            f"({getattr(e, 'strerror', None) or e}); start it, fix MLFLOW_TRACKING_URI / "
-            "--tracking-uri, or unset it to use the embedded store under the storage root"
-        ) from e
+            f"tracking URI {shown!r} needs a {backend} driver for Python that is not "
+            f"installed ({e}); install {DB_DRIVERS[backend]} in this environment (and on "
+            f"every Ray node), or {fix}") from e
+    except Exception as e:  # noqa: BLE001 - a malformed URL or an unknown +driver
+        raise PipelineError(f"tracking URI {shown!r}: SQLAlchemy cannot load its driver "
+                            f"({type(e).__name__}: {e})") from e
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except Exception as e:  # noqa: BLE001 - the driver's own reason, in one line
+        first = str(e).splitlines()[0][:300] if str(e) else ""
+        raise PipelineError(f"the database of tracking URI {shown!r} refused the connection "
+                            f"({type(e).__name__}: {first}); {fix}") from e
+    finally:
+        engine.dispose()
 
 
 def hide_password(uri: str) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import run
+from pipelines.layout import PipelineError
 from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,6 +138,26 @@ def test_every_command_refuses_an_object_store_root(tmp_path, monkeypatch):
     assert list((tmp_path / "cwd").iterdir()) == []
 
 
+def test_postgres_without_its_driver_is_refused_by_name(tmp_path, monkeypatch):
+    """Something listens at the database's port, but the Python driver is missing (here
+    hidden from the import system: `make install` installs it, the `postgres` extra): the
+    line names the package to install (before, MLflow failed after Stage 1 was
+    submitted)."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` raises ImportError
+    assert not _pg_driver()
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        uri = f"postgresql://u@127.0.0.1:{srv.getsockname()[1]}/mlflow"
+        (tmp_path / "cwd").mkdir()
+        rc, text, seconds = cli([*S, "--root", str(tmp_path / "root")],
+                                {"MLFLOW_TRACKING_URI": uri}, tmp_path / "cwd", monkeypatch)
+    assert rc == run.Exit.BAD_INPUT, text
+    assert re.search(r"needs a postgresql driver for Python that is not installed.*install "
+                     r"psycopg\[binary\]", text), text
+    assert not (tmp_path / "root").exists() and seconds < 15
+
+
 # -- a real PostgreSQL server (tests/support/postgres.py: a throwaway cluster on 127.0.0.1) --
 
 
@@ -155,8 +176,9 @@ def _tables(uri: str) -> list[str]:
 
 
 def test_a_postgres_database_that_answers_passes_planning(postgres, tmp_path):
-    """The probe against a real server: its port answers, the plan keeps the URI, and
-    nothing is created, neither a table in the database nor the storage root."""
+    """The probe against a real server: connected (`SELECT 1` through the installed
+    driver), the plan keeps the URI, and nothing is created, neither a table in the database
+    nor the storage root."""
     from pipelines import plan as planning
     from pipelines.addresses import check_tracking_uri
 
@@ -177,16 +199,16 @@ def test_a_password_from_pgpassword_keeps_it_out_of_the_uri(postgres, monkeypatc
     libpq, under psycopg, reads it, so the URI that the run directory records and the
     console prints holds none (docs/pipeline.md, "One tracking server for many machines");
     without it the server refuses."""
-    from sqlalchemy.exc import OperationalError
+    from pipelines.addresses import check_tracking_uri
 
     uri = postgres.uri(password="")
     assert postgres.password not in uri
     monkeypatch.setenv("PGPASSFILE", "/nonexistent")  # no ~/.pgpass of the user's
     monkeypatch.delenv("PGPASSWORD", raising=False)
-    with pytest.raises(OperationalError, match="password"):
-        _tables(uri)
+    with pytest.raises(PipelineError, match="refused the connection .*(password|no password)"):
+        check_tracking_uri(uri)
     monkeypatch.setenv("PGPASSWORD", postgres.password)
-    assert isinstance(_tables(uri), list)
+    check_tracking_uri(uri)
 
 
 @dataclass
@@ -198,6 +220,14 @@ class PgRefused:
 
 
 PG_REFUSED = [
+    PgRefused("MLFLOW_TRACKING_URI=postgresql://... (wrong password)", {"password": "secret"},
+              r"the database of tracking URI 'postgresql://postgres:\*\*\*@127\.0\.0\.1:PORT/"
+              r"mlflow' refused the connection \(OperationalError: .*password authentication "
+              r"failed for user \"postgres\".*" + TRACK_FIX),
+    PgRefused("MLFLOW_TRACKING_URI=postgresql://... (no such database)",
+              {"database": "nosuchdb"},
+              r"refused the connection \(OperationalError: .*database \"nosuchdb\" does not "
+              r"exist"),
     PgRefused("MLFLOW_TRACKING_URI=postgresql://... (server stopped)", {"password": "secret"},
               r"no database answers at 127\.0\.0\.1:PORT for tracking URI "
               r"'postgresql://postgres:\*\*\*@.*Connection refused.*" + TRACK_FIX,
