@@ -1,19 +1,7 @@
-"""The addresses a user types for storage, tracking and the UI, checked before anything is
-written (docs/pipeline.md, "Addresses"): each either works or is refused with a line that
-says what to use instead (`PipelineError`, exit 2).
-
-- `storage_root`: the storage root (`--root`, RUNS= for make) is a directory on a
-  filesystem every Ray node mounts; `file://` URLs are read as that path, and any other URL
-  (`s3://`, `gs://`, `hdfs://`, ...) is refused (the pipeline writes its records, locks,
-  Phase-1 checkpoints and the embedded MLflow store with ordinary file operations).
-- `check_tracking_uri`: the tracking URI a user asked for (`requested_tracking_uri`),
-  checked at planning: a server must answer MLflow's API, a database (`postgresql://`,
-  `mysql://`, `mssql://`, `check_database`) accept a connection, with short timeouts, so a
-  bad one fails before Stage 1. `store_uri`: the store the driver writes (the embedded
-  SQLite file under the root by default), `artifact_location`: where its artifacts go.
-- `ui_bind`: the host and port `make ui` serves on, and the warning when that is beyond
-  loopback (the MLflow UI has no authentication); `ui_address`: the page of a pipeline's
-  runs.
+"""The addresses a user types for storage (`storage_root`), tracking (`check_tracking_uri`)
+and the UI, checked before anything is written: each works or is refused with a line that
+says what to use instead (`PipelineError`, exit 2; the table of docs/pipeline.md,
+"Addresses"). `store_uri`: the store the driver writes; `ui_address`: a pipeline's page.
 """
 
 from __future__ import annotations
@@ -44,14 +32,10 @@ STORE_HELP = ("a store must be a directory on a filesystem (an object store moun
 
 def storage_root(root: str | os.PathLike, *, what: str = "storage root",
                  help: str = ROOT_HELP) -> Path:
-    """The storage root (or another directory the pipeline writes, named by `what`, with
-    `help` saying what to pass instead) as an absolute path. `file:///abs/path` (or
-    `file://localhost/...`) is that path; any other URL is refused (PipelineError), as is
-    `s3:/bucket` (a URL that lost a slash), which `Path` would otherwise turn into
-    `$PWD/s3:/bucket` silently."""
-    text = os.fspath(root)
-    if not isinstance(text, str):
-        text = os.fsdecode(text)
+    """The storage root (or the directory `what`) as an absolute path: `file://` URLs are
+    that path; any other URL is refused, as is `s3:/bucket` (a URL that lost a slash), which
+    `Path` would otherwise turn into `$PWD/s3:/bucket` silently."""
+    text = os.fsdecode(root)
     m = _URL.match(text)
     scheme = m.group(1).lower() if m else text.split(":", 1)[0].lower() if ":" in text else ""
     if scheme == "file" and (m or text[5:6] == "/"):  # file:///p, file://localhost/p, file:/p
@@ -75,13 +59,10 @@ def storage_root(root: str | os.PathLike, *, what: str = "storage root",
 EMBEDDED = "embedded"
 DATABRICKS = ("databricks", "databricks-uc", "uc")  # refused (docs/pipeline.md, "Addresses")
 
-#: How long one MLflow call may take. MLflow's REST client reads these variables at every
-#: request (`mlflow.utils.rest_utils.http_request`); its defaults (7 retries, backoff factor 2,
-#: 120 s per attempt) keep one call against a dead server busy for minutes. Under these a
-#: call takes at most 3 x 10 s + (2 + 0.5) s = 32.5 s against a server that accepts but never
-#: answers, about 3 s against a refused connection. Set for the whole process by its first
-#: `tracking.Tracker` (the driver's, or `report`'s: a value in their environment is overridden
-#: there), or by `check_tracking_uri`.
+#: How long one MLflow call may take, read by MLflow's REST client at every request: its
+#: defaults (7 retries, backoff 2, 120 s per attempt) keep a call on a dead server busy for
+#: minutes; these, at most 3 x 10 s + 2.5 s = 32.5 s. Set for the whole process by its first
+#: `tracking.Tracker` or by `check_tracking_uri`.
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
@@ -99,16 +80,6 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(path).expanduser().absolute()
 
 
-def absolute_sqlite_uri(uri: str) -> str:
-    """`sqlite:///runs.db` -> `sqlite:////abs/dir/runs.db` (query kept), so that `resume`
-    and `report` from another directory name the same file; other URIs unchanged."""
-    db = sqlite_path(uri)
-    if db is None:
-        return uri
-    query = uri.split("?", 1)[1] if "?" in uri else ""
-    return f"sqlite:///{db}" + (f"?{query}" if query else "")
-
-
 def store_uri(root: Path, recorded: str | None) -> str:
     """The URI the driver writes to: the recorded one (tracking.json, pipeline.json), or
     for `embedded` / None the SQLite file `<root>/mlflow.db`."""
@@ -118,11 +89,9 @@ def store_uri(root: Path, recorded: str | None) -> str:
 
 
 def artifact_location(uri: str, pipeline: str, root: Path | None = None) -> str | None:
-    """Where a new experiment keeps its artifacts: beside a SQLite store, in
-    `mlartifacts/<pipeline>`; for a database server (`postgresql://`, ...) under the storage
-    `root`, `<root>/mlartifacts/<pipeline>` (MLflow's default would be `./mlruns` of
-    whatever directory the driver ran in); None (the server decides) for a tracking
-    server."""
+    """Where a new experiment keeps its artifacts: `mlartifacts/<pipeline>` beside a SQLite
+    store, or under `root` for a database (MLflow's default: `./mlruns` of the driver's
+    working directory); None (the server decides) for a tracking server."""
     db = sqlite_path(uri)
     if db is not None:
         return (db.parent / "mlartifacts" / pipeline).as_uri()
@@ -133,21 +102,18 @@ def artifact_location(uri: str, pipeline: str, root: Path | None = None) -> str 
 
 def requested_tracking_uri(arg: str | None = None) -> str | None:
     """`--tracking-uri`, else MLFLOW_TRACKING_URI, else None (the embedded store); a relative
-    `sqlite:` path is made absolute."""
-    uri = arg or os.environ.get("MLFLOW_TRACKING_URI") or None
-    return absolute_sqlite_uri(uri.strip()) if uri else None
+    `sqlite:` path is made absolute (query kept), so a later `resume` names the same file."""
+    uri = (arg or os.environ.get("MLFLOW_TRACKING_URI") or "").strip()
+    db = sqlite_path(uri)
+    if db is not None:
+        uri = f"sqlite:///{db}" + (f"?{uri.split('?', 1)[1]}" if "?" in uri else "")
+    return uri or None
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast (PipelineError) when a tracking URI cannot be used; create nothing.
-
-    http(s): the server must answer MLflow's API (one `search_experiments`, bounded by
-    HTTP_LIMITS). `file:` stores and bare
-    paths are refused as MLflow 3 refuses them, and Databricks workspaces as unsupported.
-    Other schemes must be one MLflow knows; a database (postgresql, mysql, mssql) must accept
-    a connection (`check_database`); a `sqlite:` database's directory must exist
-    and be writable.
-    """
+    """PipelineError when a tracking URI cannot be used, creating nothing: a server must
+    answer MLflow's API, a database its port (`check_database`), a `sqlite:` file's
+    directory must be writable; `file:` stores, paths and Databricks are refused."""
     parsed = urlparse(uri)
     if uri.strip().lower() == "databricks" or parsed.scheme.lower() in DATABRICKS:
         raise PipelineError(
@@ -199,6 +165,8 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
 
 DB_SCHEMES = ("postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores besides sqlite
 DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
 DB_DRIVERS = {"postgresql": "psycopg[binary] (or psycopg2-binary with postgresql+psycopg2://)",
               "mysql": "mysqlclient (or pymysql with mysql+pymysql://)",
               "mssql": "pyodbc"}
@@ -215,54 +183,44 @@ def database_backend(uri: str) -> str | None:
 
 
 def check_database(uri: str, timeout: float = 5.0) -> None:
-    """Connect to the database of a tracking URI and run `SELECT 1`, within `timeout`
-    seconds; PipelineError saying why not: nothing answers at its host and port (a TCP probe
-    first, so a dead address fails in seconds whatever the driver), its Python driver is not
-    installed, or the database refused the connection. Creates nothing (MLflow makes its
-    tables when the driver first opens the store)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    """At planning, so a bad database fails before Stage 1 (MLflow retries for minutes): a
+    TCP probe of host:port, the driver's import, then `SELECT 1` within `timeout` seconds.
+    PipelineError says which failed. Creates nothing (MLflow makes its tables later)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
 
-    backend = database_backend(uri)
-    shown = hide_password(uri)
-    try:
-        url = make_url(uri)
-    except ArgumentError as e:
-        raise PipelineError(f"tracking URI {shown!r} is not a database URL ({e})") from e
+    backend, shown = database_backend(uri), hide_password(uri)
     fix = ("fix MLFLOW_TRACKING_URI / --tracking-uri, or unset it to use the embedded store "
            "under the storage root")
-    if url.host:  # else a Unix socket (?host=/run/postgresql): the driver finds it
-        port = url.port or DB_PORTS[backend]
+    parsed = urlparse(uri)
+    if parsed.hostname:  # else a Unix socket (?host=/run/postgresql): the driver finds it
+        where = parsed.netloc.rpartition("@")[2]
         try:
-            with socket.create_connection((url.host, port), timeout=timeout):
+            port = parsed.port or DB_PORTS[backend]  # ValueError: not a port
+            with socket.create_connection((parsed.hostname, port), timeout=timeout):
                 pass
-        except OSError as e:
+        except (OSError, ValueError) as e:
             raise PipelineError(
-                f"no database answers at {url.host}:{port} for tracking URI {shown!r} "
-                f"({e.strerror or e}); start it, {fix}") from e
+                f"no database answers at {where} for tracking URI {shown!r} "
+                f"({getattr(e, 'strerror', None) or e}); start it, {fix}") from e
     try:
-        url.get_dialect().import_dbapi()
+        engine = create_engine(uri, poolclass=NullPool,
+                               connect_args={DB_TIMEOUT_ARGS[backend]: max(1, int(timeout))})
     except ImportError as e:
         raise PipelineError(
             f"tracking URI {shown!r} needs a {backend} driver for Python that is not "
             f"installed ({e}); install {DB_DRIVERS[backend]} in this environment (and on "
             f"every Ray node), or {fix}") from e
-    except Exception as e:  # noqa: BLE001 - an unknown +driver, said as such
+    except Exception as e:  # noqa: BLE001 - a malformed URL or an unknown +driver
         raise PipelineError(f"tracking URI {shown!r}: SQLAlchemy cannot load its driver "
                             f"({type(e).__name__}: {e})") from e
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import NullPool
-
-    engine = create_engine(url, poolclass=NullPool,
-                           connect_args={DB_TIMEOUT_ARGS[backend]: max(1, int(timeout))})
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
     except Exception as e:  # noqa: BLE001 - the driver's own reason, in one line
-        raise PipelineError(
-            f"the database of tracking URI {shown!r} refused the connection "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}); {fix}"
-        ) from e
+        first = str(e).splitlines()[0][:300] if str(e) else ""
+        raise PipelineError(f"the database of tracking URI {shown!r} refused the connection "
+                            f"({type(e).__name__}: {first}); {fix}") from e
     finally:
         engine.dispose()
 
@@ -287,28 +245,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def ui_bind(host: str, port: int) -> str | None:
-    """Check that `make ui` can serve on host:port (the name resolves, the port is free
-    there); PipelineError if not. Returns the warning to print when `host` is beyond
-    loopback, else None."""
-    if not 0 < port < 65536:
-        raise PipelineError(f"--port {port} is not a TCP port (1..65535); use PORT= for make")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as e:
-        raise PipelineError(f"the UI host {host!r} is not an address of this machine "
-                            f"({e}); use HOST=127.0.0.1 (default), HOST=0.0.0.0 for every "
-                            "interface, or one of this machine's addresses") from e
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as e:
-            raise PipelineError(
-                f"the UI cannot listen on {host}:{port} ({e.strerror or e}): another "
-                "program may hold the port (choose another with PORT=... for make, "
-                "--port), or the host is not one of this machine's addresses") from e
+def ui_warning(host: str, port: int) -> str | None:
+    """What `make ui` prints when it serves beyond loopback, else None. A busy port or a
+    foreign host is `mlflow server`'s own error ("[Errno 98] ... address already in use")."""
     if is_loopback(host):
         return None
     return (f"warning: serving the MLflow UI on {host}:{port}, beyond this machine: the "
@@ -321,12 +260,8 @@ def ui_bind(host: str, port: int) -> str | None:
 
 
 def ui_address(ui: str, experiment_id: str) -> str:
-    """The page of an experiment's training runs with the sidebar on "Model training".
-
-    In a fresh browser MLflow 3's UI opens a GenAI home at its root and a GenAI overview at
-    `#/experiments/<id>`, whatever the experiment's kind tag (its sidebar toggle lives in
-    localStorage; mlflow issue 24498). `/runs` opens the runs table and `workflowType` sets
-    the toggle; checked with headless Chromium on MLflow 3.17 (docs/pipeline.md, "The UI")."""
+    """The page of an experiment's training runs with the sidebar on "Model training" (a
+    fresh browser would open MLflow 3's GenAI overview; docs/pipeline.md, "The UI address")."""
     return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 

@@ -1,13 +1,8 @@
-"""Ray for the pipeline: a local instance by default, or a cluster (RAY_ADDRESS / --ray-address).
-
-- The local instance listens on 127.0.0.1 only (GCS, raylet, object manager, workers, agents):
-  nothing of it is reachable from the network.
-- The code (`pmnet`, `pipelines`, `tune_spaces`) travels to the workers in Ray's runtime
-  environment (`py_modules`), so a cluster node needs the Python environment but not a
-  checkout of this repository.
-- Before Stage 1, one small task per alive node checks that the node sees the storage root
-  (reads a token the driver just wrote there, writes beside it): a cluster without shared
-  storage fails here with the nodes named, not later in a remote trial.
+"""Ray for the pipeline: a local instance by default, listening on 127.0.0.1 only, or a
+cluster (RAY_ADDRESS / --ray-address); what the cluster has, per node; the code shipped in
+Ray's runtime environment; and, before Stage 1, one task per node that checks the node sees
+the storage root, so a cluster without shared storage fails with the nodes named, not later
+in a remote trial (docs/pipeline.md, "Clusters").
 """
 
 from __future__ import annotations
@@ -19,10 +14,12 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 from pipelines.layout import PipelineError
 
@@ -49,43 +46,31 @@ class GpuCard:
 
 @dataclass(frozen=True)
 class TorchCuda:
-    """What the Python that trains on a node sees of CUDA (issue 36): its torch version,
-    `torch.version.cuda` (None for a CPU build) and `torch.cuda.is_available()`; `error`
-    when torch could not be asked."""
+    """What the Python that trains on a node sees of CUDA (issue 36), in words; `ok` when its
+    torch is a CUDA build that sees a card."""
 
-    torch: str
-    cuda: str | None
-    available: bool
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.cuda is not None and self.available
+    ok: bool
+    seen: str
 
     def describe(self) -> str:
-        if self.error:
-            return f"torch could not be asked ({self.error})"
-        return (f"torch {self.torch}, torch.version.cuda={self.cuda}, "
-                f"torch.cuda.is_available()={self.available}")
+        return self.seen
 
 
-TORCH_CUDA_CODE = ("import json, torch; print(json.dumps([torch.__version__, torch.version.cuda,"
-                   " bool(torch.cuda.is_available())]))")
+TORCH_CUDA_CODE = ("import torch; c, a = torch.version.cuda, torch.cuda.is_available(); print(c "
+                   "is not None and a, f'torch {torch.__version__}, torch.version.cuda={c}, "
+                   "torch.cuda.is_available()={a}')")
 
 
-def torch_cuda(python: str | None = None, timeout: float = 120.0) -> TorchCuda:
-    """Ask a fresh `python` (default: this interpreter, the one Ray's workers run) what torch
-    sees of CUDA; never initialises CUDA in this process."""
-    import json
-    import sys
-
+def torch_cuda(timeout: float = 120.0) -> TorchCuda:
+    """Ask a fresh Python (this interpreter, the one Ray's workers run) what torch sees of
+    CUDA; never initialises CUDA in this process."""
     try:
-        out = subprocess.run([python or sys.executable, "-c", TORCH_CUDA_CODE],
-                             capture_output=True, text=True, timeout=timeout, check=True)
-        version, cuda, available = json.loads(out.stdout.strip().splitlines()[-1])
-        return TorchCuda(str(version), None if cuda is None else str(cuda), bool(available))
+        out = subprocess.run([sys.executable, "-c", TORCH_CUDA_CODE], capture_output=True,
+                             text=True, timeout=timeout, check=True).stdout
+        ok, seen = out.strip().splitlines()[-1].split(" ", 1)
+        return TorchCuda(ok == "True", seen)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
-        return TorchCuda("unknown", None, False, error=f"{type(e).__name__}: {e}"[:300])
+        return TorchCuda(False, f"torch could not be asked ({type(e).__name__}: {e})"[:300])
 
 
 @dataclass(frozen=True)
@@ -99,11 +84,6 @@ class NodeInfo:
     gpus: float = 0.0
     cards: tuple[GpuCard, ...] = ()
     torch: TorchCuda | None = None
-
-    @property
-    def card_bytes(self) -> int | None:
-        """The memory of this node's smallest card (None: no GPU, or unknown)."""
-        return min(c.memory_bytes for c in self.cards) if self.cards else None
 
 
 @dataclass(frozen=True)
@@ -132,12 +112,7 @@ class ClusterInfo:
     def card_bytes(self) -> int | None:
         """The smallest card of the GPU nodes (a fractional GPU share must fit every card
         Ray may place it on); None when no GPU node's cards are known."""
-        known = [n.card_bytes for n in self.gpu_nodes if n.card_bytes is not None]
-        return min(known) if known else None
-
-    def fits(self, cpus: float, gpus: float) -> bool:
-        """Whether one node has `cpus` CPUs and `gpus` GPUs at once (one task or actor)."""
-        return any(n.cpus >= cpus and n.gpus >= gpus for n in self.nodes)
+        return min((c.memory_bytes for n in self.gpu_nodes for c in n.cards), default=None)
 
     def describe(self) -> str:
         parts = []
@@ -195,10 +170,8 @@ def probe_gpus() -> tuple[tuple[GpuCard, ...], TorchCuda]:
 
 
 def on_each_node(ray, nodes: list[dict], fn, *args, timeout: float) -> dict[str, tuple]:
-    """Run `fn(*args)` once on each of `nodes` (Ray's node dicts), pinned there with a hard
-    NodeAffinitySchedulingStrategy and no CPU taken, so busy nodes answer too. Returns
-    {NodeID: (True, its value) or (False, why not)}: the task failed there (node gone,
-    runtime environment failed), or gave no answer within `timeout` seconds."""
+    """Run `fn(*args)` once on each of `nodes` (Ray's node dicts), pinned there and taking no
+    CPU, so busy nodes answer too. Returns {NodeID: (True, its value) or (False, why not)}."""
     from ray.exceptions import GetTimeoutError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -220,9 +193,8 @@ def on_each_node(ray, nodes: list[dict], fn, *args, timeout: float) -> dict[str,
 
 
 def describe_ray(ray, *, timeout: float = 120.0) -> ClusterInfo:
-    """Every alive node of a running Ray cluster: CPUs and GPUs from Ray's resources, the
-    cards and torch's CUDA of each GPU node from `probe_gpus` run there; a node that does
-    not answer keeps no cards (memory unknown) and no torch (not asked)."""
+    """Every alive node of a running Ray cluster; each GPU node's cards and torch's CUDA from
+    `probe_gpus` run there (a node that does not answer: no cards, torch not asked)."""
     alive = [n for n in ray.nodes() if n.get("Alive")]
     gpu_nodes = [n for n in alive if float(n.get("Resources", {}).get("GPU", 0)) >= 1]
     found = on_each_node(ray, gpu_nodes, probe_gpus, timeout=timeout)
@@ -232,25 +204,20 @@ def describe_ray(ray, *, timeout: float = 120.0) -> ClusterInfo:
         ok, got = found.get(node["NodeID"], (False, None))
         cards, torch = got if ok else ((), None)
         nodes.append(NodeInfo(label=node_label(node), cpus=float(res.get("CPU", 0)),
-                              gpus=float(res.get("GPU", 0)), cards=tuple(cards),
-                              torch=torch if isinstance(torch, TorchCuda) else None))
+                              gpus=float(res.get("GPU", 0)), cards=tuple(cards), torch=torch))
     return ClusterInfo(nodes=tuple(nodes), where="the Ray cluster")
 
 
 def describe_cluster(ray_address: str | None, num_cpus: int | None = None) -> ClusterInfo:
     """The cluster a pipeline will run on: this machine (local Ray, not started here) or the
     running cluster at `ray_address` (connected to with `connect_ray`, as the driver will)."""
-    if not ray_address:
-        return describe_local(num_cpus)
-    return describe_ray(connect_ray(ray_address))
+    return describe_ray(connect_ray(ray_address)) if ray_address else describe_local(num_cpus)
 
 
 def runtime_env() -> dict:
-    """The job's runtime environment: the project's packages as `py_modules`, so a node needs
-    the Python environment but no checkout, and the test hooks in PASS_ENV. Ray zips the
-    packages once per job (~380 KiB, ~10 ms; Ray's limit is 512 MiB) and unpacks them once
-    per node; on local Ray this measured no slower than the PYTHONPATH it replaces, so local
-    and cluster runs ship the code the same way (docs/pipeline.md, "Clusters")."""
+    """The job's runtime environment: the project's packages as `py_modules` (local and
+    cluster runs ship the code the same way, docs/pipeline.md, "Clusters") and the test hooks
+    in PASS_ENV."""
     env_vars = {k: os.environ[k] for k in PASS_ENV if os.environ.get(k)}
     # trials sharing a GPU: the caching allocator grows segments instead of carving fixed
     # ones, so fragmentation stays small (the memory model's ACTIVATION_FACTOR counts on it)
@@ -260,27 +227,8 @@ def runtime_env() -> dict:
             "excludes": ["__pycache__", "*.pyc"], "env_vars": env_vars}
 
 
-@contextlib.contextmanager
-def _loopback_node_ip() -> Iterator[None]:
-    """Let `ray.init(_node_ip_address="127.0.0.1")` keep the loopback address.
-
-    A new local Ray node listens on all interfaces unless its node IP is 127.0.0.1, and
-    ray.init replaces a loopback `_node_ip_address` by the routable address
-    (`services.resolve_ip_for_localhost`) unless multi-node support is off, as it is on
-    macOS and Windows (`ray_constants.ENABLE_RAY_CLUSTER`). Ray has no public option for
-    this, so it is switched off for the one call that starts the local node and put back
-    afterwards; connecting to a cluster never goes through here."""
-    from ray._private import ray_constants as constants
-
-    before = constants.ENABLE_RAY_CLUSTER
-    constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        constants.ENABLE_RAY_CLUSTER = before
-
-
 def _ray_kwargs() -> dict:
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter: silent at 0
     return dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
                 runtime_env=runtime_env(), ignore_reinit_error=True)
 
@@ -288,7 +236,6 @@ def _ray_kwargs() -> dict:
 def connect_ray(address: str):
     """Connect to the running Ray cluster at `address` (the driver's one connection: the job's
     runtime environment is set here, so planning and the stages share it)."""
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter: silent at 0
     # Ray >= 2.59 starts clusters with token authentication, and a client connecting to one
     # needs RAY_AUTH_MODE=token (read when ray is imported; the token itself comes from
     # ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH); token mode also connects to
@@ -309,7 +256,6 @@ def init_ray(ray_address: str | None, num_cpus: int | None = None,
     """Local Ray by default (loopback only, dashboard off, quiet; `num_cpus` and the GPUs
     planning saw, `planned`: None lets Ray detect the GPUs); `ray_address` (RAY_ADDRESS /
     --ray-address): a cluster."""
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's legacy reporter: silent at 0
     if ray_address:
         return connect_ray(ray_address)
     import ray
@@ -318,9 +264,16 @@ def init_ray(ray_address: str | None, num_cpus: int | None = None,
     gpus = {}
     if planned is not None and len(planned.nodes) == 1:
         gpus = {"num_gpus": int(planned.nodes[0].gpus)}
+    # A new local Ray node listens on all interfaces unless its node IP is 127.0.0.1, and
+    # ray.init replaces a loopback `_node_ip_address` by the routable address
+    # (`services.resolve_ip_for_localhost`) unless multi-node support is off, as it is on
+    # macOS and Windows (`ray_constants.ENABLE_RAY_CLUSTER`). Ray has no public option for
+    # this, so it is switched off for the one call that starts the local node.
     # address="local": always a new local instance, never another `ray start` cluster that
     # happens to run on this machine
-    with _loopback_node_ip():
+    from ray._private import ray_constants
+
+    with mock.patch.object(ray_constants, "ENABLE_RAY_CLUSTER", False):
         ray.init(address="local", num_cpus=ncpu, _node_ip_address=LOOPBACK,
                  object_store_memory=min(2 << 30, (512 << 20) + ncpu * (128 << 20)),
                  **gpus, **_ray_kwargs())
@@ -357,12 +310,9 @@ def node_label(node: dict) -> str:
 
 def check_storage(root: Path, ray=None, skip: frozenset[str] = frozenset(),
                   timeout: float = STORAGE_CHECK_TIMEOUT_S) -> dict[str, str]:
-    """Every alive node must see the storage root at the same path, or the pipeline would
-    fail late and obscurely (a missing Phase-1 checkpoint on a remote node, a refused
-    trial): each node not in `skip` (NodeIDs that passed already) runs `probe_storage` on a
-    token written under the root. Planning calls it with `ray` None (the connection
-    `describe_cluster` made) before anything is written, so a node without the shared
-    storage is refused with exit 2; the driver checks the nodes that joined since. Returns
+    """Each alive node not in `skip` (NodeIDs that passed already) runs `probe_storage` on a
+    token written under the root (planning: `ray` None, the connection `describe_cluster`
+    made, before anything is written; the driver: the nodes that joined since). Returns
     {NodeID: label} of every alive node; PipelineError names those that fail. A root that
     does not exist yet is made for the check and removed again (when still empty)."""
     if ray is None:

@@ -7,8 +7,6 @@ from pathlib import Path
 
 
 class Console:
-    """One-line progress messages on stdout, copied to `<run>/logs/driver.log`."""
-
     def __init__(self):
         self.log_path: Path | None = None
 

@@ -1,14 +1,6 @@
-"""The pipeline driver: runs a validated `Plan` (pipelines.plan) through the three stages.
-
-`execute(plan)` takes the run lock, starts Ray and runs every pipeline the same way
-(`execute_waves`, issue 51): the grid's Phase-1 checkpoints in waves (one wave when the
-machine trains them all at once), each wave adopting what a `--store` holds, then Stage 1
-(its checkpoints), Stage 2 (their trials, each unit published to the store as it lands);
-`--max-wall` stops between waves. Every run ends with Stage 3: MLflow completed for every
-unit of the run (adopted ones included), the report in the run directory (and in the
-store's `report/`), the timing on the parent run. Planning and validation live in
-pipelines.plan, Ray set-up in pipelines.cluster, MLflow (the driver is its only writer)
-in pipelines.tracking, the units in pipelines.store.
+"""The pipeline driver: runs a validated `Plan` (pipelines.plan) through the three stages,
+its Phase-1 checkpoints in waves (issue 51), as docs/design.md ("One run, from `make
+pipeline` to the report") tells step by step.
 """
 
 from __future__ import annotations
@@ -52,7 +44,14 @@ def execute(plan: Plan) -> int:
 
 
 def _execute(plan: Plan) -> int:
+    """The run's records, Ray, then each wave's missing checkpoints and their missing
+    trials before the next wave (a stop between waves leaves whole units), then Stage 3
+    (`finish`). 0, or 1 if a unit failed."""
+    from pmnet.store_progress import drop_progress, restore_progress
+    from pmnet.train import checkpoint_epoch
+
     t_start = time.time()
+    deadline_at = None if plan.max_wall_s is None else t_start + plan.max_wall_s  # --max-wall
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     lay = plan.layout
     lay.run_dir.mkdir(parents=True, exist_ok=True)
@@ -80,9 +79,9 @@ def _execute(plan: Plan) -> int:
 
         init_store(lay.units)
         quarantine_damaged(lay.units, say)  # the waves below see whole units only (issue 53)
-    if plan.max_wall_s is not None and time.time() - t_start >= plan.max_wall_s:
+    if deadline_at is not None and time.time() >= deadline_at:
         return _stop_at_deadline(plan)
-    ray = None
+    ray, runs = None, Runs()
     try:
         t_ray = time.time()
         ray = init_ray(plan.ray_address, plan.num_cpus, plan.cluster)
@@ -92,8 +91,65 @@ def _execute(plan: Plan) -> int:
             where += (" (the address this run recorded; --ray-address local / "
                       "RAY_ADDRESS=local runs it here)")
         say(f"[pipeline] {where} up in {time.time() - t_ray:.1f} s ({cluster.describe()})")
-        return execute_waves(plan, cluster, t_start)
+        slots, units = plan.phase1_slots, lay.units
+        size = wave_size(plan, cluster)
+        waves = [slots[i:i + size] for i in range(0, len(slots), size)]
+        if len(waves) > 1 or lay.store_elsewhere:
+            say(f"[pipeline] {len(slots)} Phase-1 checkpoint(s) in {len(waves)} wave(s) of up to "
+                f"{size}; the trials of each follow it; store {units.root}")
+        totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
+                  "paused": 0}
+        p1_train = stage1_wall = 0.0
+        stopped = False
+        accelerator = "gpu" if uses_gpu(plan) else "cpu"
+        stop_file = lay.run_dir / STOP_FILENAME  # issue 52: a SIGTERM writes it
+        stop_file.unlink(missing_ok=True)
+        for i, wave in enumerate(waves):
+            if i and deadline_at is not None and time.time() >= deadline_at:
+                stopped = True
+                break
+            wplan = wave_plan(plan, wave)
+            trials = wplan.space.trials
+            for slot in wave:  # issue 52: a unit's progress in the store, where it resumes
+                st.start_unit(units, slot, str(lay.run_dir), accelerator)
+                restore_progress(units, st.progress_unit(slot), checkpoint_epoch, say)
+            t1 = time.time()
+            left = None if deadline_at is None else deadline_at - time.time()
+            # issue 52: from submission to the last Phase-1 result, SIGTERM pauses Phase 1
+            if runs.tracker is None:
+                runs = open_tracking(plan)
+            with sigterm_writes_stop_file(stop_file):
+                p1 = stage1(wplan, cluster, runs, deadline_s=left, stop_file=str(stop_file))
+            stage1_wall += time.time() - t1
+            p1_train += p1.train_time_s
+            for slot in wave:
+                if slot.seed not in p1.paused:
+                    drop_progress(units, slot.seed)  # issue 52: the unit landed
+            if p1.paused or stop_file.exists():  # issue 52: --max-wall or SIGTERM in Phase 1
+                _pause(plan, wave, p1.paused)
+                stopped = "by SIGTERM" if stop_file.exists() else True
+                break
+            if any((read_json(units.result(t)) or {}).get("phase1_sha256")
+                   != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
+                # issue 61: --max-wall or a SIGTERM pauses a trial at an epoch end
+                with sigterm_writes_stop_file(stop_file):
+                    s2 = stage2(wplan, runs, p1, deadline_at=deadline_at,
+                                stop_file=str(stop_file))
+            else:
+                say(f"[stage 2/3] every trial of {', '.join(s.label for s in wave)} has its "
+                    "result from its checkpoint in the store")
+                s2 = {"finished": len(trials)}
+            for k in totals:
+                totals[k] += s2.get(k, 0.0)
+            kill_point("stage2-done")
+            mirror(lay, runs, trials=plan.space.trials)  # MLflow mirrors the store
+            if s2.get("paused") or stop_file.exists():  # issue 61: trials paused in the store
+                stopped = "by SIGTERM" if stop_file.exists() else True
+                break
+        return finish(plan, runs, t_start, totals, p1_train, stage1_wall, stopped)
     except BaseException:
+        if runs.parent:
+            runs.safe("finish", runs.tracker.client.set_terminated, runs.parent, "FAILED")
         write_meta(plan, status="interrupted")
         raise
     finally:
@@ -105,9 +161,8 @@ def _execute(plan: Plan) -> int:
 
 
 def check_cluster(plan: Plan, ray) -> ClusterInfo:
-    """What must hold before Stage 1: the grid still fits the running cluster (planning
-    checked it; a cluster can change since), and every node sees the root. Returns the
-    cluster as it is now (local Ray: as planned)."""
+    """The cluster as it is now (local Ray: as planned), checked again as planning did: the
+    grid still fits it, and every node sees the root."""
     cluster = plan.cluster if (plan.cluster is not None and not plan.ray_address) \
         else describe_ray(ray)
     problem = resource_problem(plan, cluster)
@@ -167,11 +222,8 @@ def _stop_at_deadline(plan: Plan, why: str | None = None) -> int:
 
 
 def _pause(plan: Plan, wave: list, paused: dict) -> None:
-    """A wave's Phase 1 stopped at an epoch end (`paused`: Phase-1 seed -> Phase1Paused) or
-    the driver got a SIGTERM (issue 52): say what paused where, and put each paused unit's
-    progress into the store, where the next run of the unit (`make resume`, or another
-    machine's run on the store) continues it. The run then ends as a stop at --max-wall
-    does."""
+    """A wave's Phase 1 paused at an epoch end (`paused`: Phase-1 seed -> Phase1Paused) or
+    a SIGTERM came (issue 52): each paused unit's progress goes into the store."""
     from pmnet.store_progress import land_progress
     from pmnet.train import checkpoint_epoch
 
@@ -187,17 +239,13 @@ def _pause(plan: Plan, wave: list, paused: dict) -> None:
 
 @contextlib.contextmanager
 def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
-    """While the driver waits for its Phase-1 tasks or its trials (issues 52, 61): the first
-    SIGTERM writes the run's stop file, which each task or trial polls at its epoch ends
-    (`pmnet.train.StopAtEpochEnd(stop_file=...)`), and restores the previous handler, so a
-    second SIGTERM ends the driver as before. Outside (and off the main thread) SIGTERM
-    keeps its usual effect. The paused unit's progress is `pmnet.store_progress`."""
+    """Within the block (issues 52, 61) the first SIGTERM writes the stop file, which each
+    task or trial polls at its epoch ends (`pmnet.train.StopAtEpochEnd`), and restores the
+    previous handler, so a second SIGTERM ends the driver as before."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is None:
-        previous = signal.SIG_DFL
+    previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL  # None: not set from Python
 
     def handler(signum, frame):
         Path(path).touch()
@@ -212,86 +260,10 @@ def sigterm_writes_stop_file(path: Path) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def execute_waves(plan: Plan, cluster: ClusterInfo, t_start: float) -> int:
-    """Every run: its Phase-1 checkpoints in waves of `wave_size`; each wave trains the
-    checkpoints its store lacks (each lands in the store as its task returns), then the
-    trials of those checkpoints that the store lacks (each lands itself) before the next
-    wave starts, so a run stopped between waves (`--max-wall`) leaves whole units. MLflow
-    mirrors the store's units of the run after each wave. Then Stage 3 (`finish`). Returns
-    0 when every unit of the run is done (or the deadline stopped it), else 1."""
-    from pmnet.store_progress import drop_progress, restore_progress
-    from pmnet.train import checkpoint_epoch
-
-    slots, units = plan.phase1_slots, plan.layout.units
-    size = wave_size(plan, cluster)
-    waves = [slots[i:i + size] for i in range(0, len(slots), size)]
-    if len(waves) > 1 or plan.layout.store_elsewhere:
-        say(f"[pipeline] {len(slots)} Phase-1 checkpoint(s) in {len(waves)} wave(s) of up to "
-            f"{size}; the trials of each follow it; store {units.root}")
-    runs = Runs()
-    totals = {"wall_s": 0.0, "finished": 0, "errored": 0, "sum_trial_train_s": 0.0,
-              "paused": 0}
-    p1_train = stage1_wall = 0.0
-    stopped = False
-    accelerator = "gpu" if uses_gpu(plan) else "cpu"
-    deadline_at = None if plan.max_wall_s is None else t_start + plan.max_wall_s
-    stop_file = plan.layout.run_dir / STOP_FILENAME  # issue 52: a SIGTERM writes it
-    stop_file.unlink(missing_ok=True)
-    try:
-        for i, wave in enumerate(waves):
-            if i and deadline_at is not None and time.time() >= deadline_at:
-                stopped = True
-                break
-            wplan = wave_plan(plan, wave)
-            trials = wplan.space.trials
-            for slot in wave:  # issue 52: a unit's progress in the store, where it resumes
-                st.start_unit(units, slot, str(plan.layout.run_dir), accelerator)
-                restore_progress(units, st.progress_unit(slot), checkpoint_epoch, say)
-            t1 = time.time()
-            left = None if deadline_at is None else deadline_at - time.time()
-            # issue 52: from submission to the last Phase-1 result, SIGTERM pauses Phase 1
-            if runs.tracker is None:
-                runs = open_tracking(plan)
-            with sigterm_writes_stop_file(stop_file):
-                p1 = stage1(wplan, cluster, runs, deadline_s=left, stop_file=str(stop_file))
-            stage1_wall += time.time() - t1
-            p1_train += p1.train_time_s
-            for slot in wave:
-                if slot.seed not in p1.paused:
-                    drop_progress(units, slot.seed)  # issue 52: the unit landed
-            if p1.paused or stop_file.exists():  # issue 52: --max-wall or SIGTERM in Phase 1
-                _pause(plan, wave, p1.paused)
-                stopped = "by SIGTERM" if stop_file.exists() else True
-                break
-            if any((read_json(units.result(t)) or {}).get("phase1_sha256")
-                   != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
-                # issue 61: --max-wall or a SIGTERM pauses a trial at an epoch end
-                with sigterm_writes_stop_file(stop_file):
-                    s2 = stage2(wplan, runs, p1, deadline_at=deadline_at,
-                                stop_file=str(stop_file))
-            else:
-                say(f"[stage 2/3] every trial of {', '.join(s.label for s in wave)} has its "
-                    "result from its checkpoint in the store")
-                s2 = {"finished": len(trials)}
-            for k in totals:
-                totals[k] += s2.get(k, 0.0)
-            kill_point("stage2-done")
-            mirror(plan.layout, runs, trials=plan.space.trials)  # MLflow mirrors the store
-            if s2.get("paused") or stop_file.exists():  # issue 61: trials paused in the store
-                stopped = "by SIGTERM" if stop_file.exists() else True
-                break
-        return finish(plan, runs, t_start, totals, p1_train, stage1_wall, stopped)
-    except BaseException:
-        if runs.parent:
-            runs.safe("finish", runs.tracker.client.set_terminated, runs.parent, "FAILED")
-        raise
-
-
 def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float,
            stage1_wall: float, stopped: bool | str) -> int:
-    """Stage 3 of every run: MLflow completed from every unit of the run (adopted ones
-    included), the records, the report (the run's, and the store's), the timing logged to
-    the parent run, and the closing lines."""
+    """Stage 3: MLflow completed from the run's units, the records, the report, the timing
+    on the parent run, and the closing lines."""
     lay, sp = plan.layout, plan.space
     mirror(lay, runs, plan.phase1_slots, sp.trials)  # MLflow mirrors the run's units
     p1_left, tr_left = st.units_left(lay.units, plan.phase1_slots, sp.trials)

@@ -1,12 +1,7 @@
-"""Test hooks: SIGKILL the driver at a named point (PMNET_TEST_KILL_DRIVER_AT=<point>), and
-pause after each training epoch (PMNET_TEST_EPOCH_PAUSE_S=<seconds>).
-
-The fault tests (tests/test_faults.py) kill the driver at each of `POINTS` in turn, resume,
-and check that the final tables equal an uninterrupted run's. The cluster tests
-(tests/test_cluster_faults.py) and the random-kill soak pause each epoch of Phase 1 and of
-the trials, so that a node or the driver can be killed while a task holds a checkpoint and
-is still running; a pause changes no result. Without the variables the hooks do nothing;
-they never run in a user's pipeline unless they set them.
+"""Test hooks, inert unless their variables are set: SIGKILL the driver at a named point
+(PMNET_TEST_KILL_DRIVER_AT=<point>, tests/test_faults.py), and pause after each training
+epoch (PMNET_TEST_EPOCH_PAUSE_S=<seconds>, so that a test can kill a node or the driver while
+a task holds a checkpoint and is still running; a pause changes no result).
 """
 
 from __future__ import annotations
@@ -42,9 +37,7 @@ def kill_point(point: str) -> None:
 
 
 def epoch_pause() -> None:
-    """Sleep PMNET_TEST_EPOCH_PAUSE_S seconds; unset: return at once. Called when a trial has
-    written and reported an epoch's checkpoint, and before each Phase-1 epoch but the first
-    (the previous epoch's checkpoint is written then)."""
+    """Sleep PMNET_TEST_EPOCH_PAUSE_S seconds (after an epoch's checkpoint is written)."""
     try:
         seconds = float(os.environ.get(PAUSE_ENV) or 0)
     except ValueError:

@@ -1,13 +1,7 @@
-"""One driver per pipeline: `filelock`'s lock on `<run>/driver.lock` for the whole execution
-(a store's unit lock is `pmnet.store_lock`).
-
-Two drivers on one pipeline would retrain Phase 1 over each other, run two Tuners on one
-`stage2/` and write into the same MLflow runs. `FileLock` is an `fcntl.flock`, released by
-the kernel when the driver exits or dies, even by SIGKILL. Where the storage refuses flock
-(some network filesystems answer ENOLCK or EOPNOTSUPP), a `SoftFileLock` on
-`<run>/driver.softlock` instead: a marker with the holder's pid and host, taken over once
-that pid is gone from this host (a marker of another host stays until deleted by hand).
-The refusal names the driver that pipeline.json records (`driver`).
+"""One driver per pipeline (two would retrain and log over each other): `filelock`'s flock
+on `<run>/driver.lock`, which the kernel releases when the driver dies, even by SIGKILL;
+where the storage refuses flock (ENOLCK, EOPNOTSUPP), a `SoftFileLock` marker
+`<run>/driver.softlock`, taken over once its pid is gone from this host.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""A pipeline's Phase-1 checkpoints, and every check of one, in one place.
-
-A Phase-1 checkpoint is `phase1.pt` with its sha256 in the sidecar `phase1.pt.sha256`
-(`pmnet.train.save_model_file`) and, in its Stage-1 directory, `stage1.json` (a
-`records.Stage1Record`: the hash of the Phase-1 configuration it was trained with, and its
-sha256). Planning calls `existing_phase1` and `check_phase1_source` (PipelineError: exit 2,
-nothing written), the driver `existing_phase1` again and `check_phase1` before Stage 2, and
-every trial `check_phase1` before it trains (Phase1Refused: the trial ends, not retried).
+"""A pipeline's Phase-1 checkpoints (`phase1.pt`, its sidecar `phase1.pt.sha256`, and
+`stage1.json`), and every check of one, in one place: planning's (PipelineError: exit 2), the
+driver's, and every trial's before it trains (Phase1Refused: the trial ends, not retried).
 """
 
 from __future__ import annotations
@@ -96,13 +91,9 @@ def check_phase1(path: str | os.PathLike, expected_sha256: str | None) -> str:
 def existing_phase1(slot: Phase1Slot, *, repair: bool = False) -> str | None:
     """sha256 of a finished Phase-1 checkpoint for this config, None if there is none.
 
-    PipelineError when one is
-    there but cannot be used: it fails its sha256 (tampered), or its bytes pass the hash
-    but do not load as a weights-only pmnet model file of this model config (garbage with a
-    matching sidecar). Never retrained over silently. A missing sidecar whose checkpoint
-    matches the sha256 Stage 1 recorded is rewritten (`repair`, the driver) or accepted as
-    rewritable (planning), rather than retraining Phase 1.
-    """
+    PipelineError when one is there but fails its sha256 or does not load as a model file of
+    this config: never retrained over silently. A missing sidecar whose checkpoint matches
+    the sha256 Stage 1 recorded is rewritten (`repair`) or accepted as rewritable."""
     from pmnet.train import load_model_file, sha256_file, verify_phase1, write_sha256
 
     ckpt, sidecar = slot.ckpt, slot.sidecar
@@ -159,12 +150,10 @@ def trained_phase1_part(metrics: Any) -> dict | None:
 
 
 def check_phase1_source(path: str | os.PathLike, slots: list[Phase1Slot]) -> Phase1Source:
-    """A Phase-1 checkpoint to import (a `phase1.pt`, or a directory holding one): its sha256
-    sidecar matches, its `phase1_metrics.json` says it was trained with the Phase-1
-    configuration of one of the pipeline's Phase-1 checkpoints (`slots`; every field but the
-    Phase-2-only ones, so with several Phase-1 seeds its `phase1_seed` picks the slot), and
-    it loads weights-only as a model of this config. PipelineError naming the problem
-    otherwise. Reads only."""
+    """A Phase-1 checkpoint to import (a `phase1.pt`, or a directory holding one), checked:
+    its sha256 sidecar, the Phase-1 configuration its `phase1_metrics.json` names (that of
+    one of `slots`: its `phase1_seed` picks the slot), and that it loads as a model of this
+    config. PipelineError naming the problem otherwise. Reads only."""
     from pmnet.train import load_model_file, verify_phase1
 
     src = Path(path).expanduser()

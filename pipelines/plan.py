@@ -1,11 +1,6 @@
-"""Planning: every input of a pipeline validated before any compute and before any write.
-
-`plan_new(...)` and `plan_resume(...)` read the command line, the presets, the grid and the
-stored records of an existing pipeline and return a `Plan`, or raise PipelineError /
-SpaceError with a message that names the problem. They create nothing on disk, start no
-process and train nothing: the driver (`pipelines.driver.execute`) does that afterwards. On a
-running Ray cluster, last, they check that every node sees the storage root (one small task
-per node reads a token file written under the root, which is then removed).
+"""Planning: `plan_new` and `plan_resume` validate every input of a pipeline (the command
+line, the presets, the grid, an existing pipeline's records) into a `Plan`, or raise
+PipelineError / SpaceError naming the problem, before any compute and before any write.
 """
 
 from __future__ import annotations
@@ -28,7 +23,9 @@ from pipelines.layout import (
     run_layout,
 )
 from pipelines.phase1 import Phase1Slot, Phase1Source, check_phase1_source, existing_phase1
-from pipelines.records import PipelineRecord, canon, normalized_config
+from pipelines.records import PipelineRecord, Stage1Record, canon, normalized_config
+from pipelines.store import check_store_units, open_store, progress_unit, trial_unit
+from pmnet.store_progress import check_progress
 from tune_spaces import Space, get_space
 
 
@@ -41,24 +38,19 @@ class Plan:
     overrides: dict = field(default_factory=dict)
     tracking_uri: str | None = None  # None: the embedded store
     ray_address: str | None = None
-    # a resume on the Ray address the run recorded (pipeline.json `ray_address`), not one
-    # given with --ray-address / RAY_ADDRESS
+    # the Ray address the run recorded (pipeline.json), not --ray-address / RAY_ADDRESS
     ray_address_recorded: bool = False
     num_cpus: int | None = None
     stage1_cpus: float | None = None  # None: every CPU of the largest node
     resumed: bool = False
-    # a finished Phase-1 checkpoint of another run that Stage 1 copies in instead of
-    # training (`start --phase1-from`), checked against this pipeline's Phase-1 config
+    # `--phase1-from`'s checkpoint, which Stage 1 copies in instead of training
     phase1_from: Phase1Source | None = None
     # the nodes the pipeline runs on, as planning saw them (`pipelines.cluster`)
     cluster: ClusterInfo | None = None
-    # per arm, the memory model's peak on the GPU (planning with GPUs), for the log
-    memory: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)  # per arm, its GPU peak (for the log)
     # the Ray nodes (NodeIDs) that saw the storage root when planning checked it (a cluster)
     storage_nodes: frozenset = frozenset()
-    # the run's wall-time bound (`--max-wall`: stop between waves); the run's one store is
-    # its layout's (`Layout.units`: `--store`, else the run directory)
-    max_wall_s: float | None = None
+    max_wall_s: float | None = None  # --max-wall (stop between waves)
 
     @property
     def name(self) -> str:
@@ -74,9 +66,8 @@ class Plan:
 
 
 def choose_preset(preset: str | None, cluster: ClusterInfo) -> tuple[str, str]:
-    """(preset, why): an explicit preset wins; else the registry's default on GPU nodes when a
-    node of the cluster has a GPU (Ray's resources, not the driver's own torch), its default
-    on CPU nodes when none has (`pmnet.config.default_preset`: a preset's `default_on`)."""
+    """(preset, why): an explicit preset wins; else `default_preset` for GPU nodes when a node
+    of the cluster has a GPU (Ray's resources, not the driver's own torch), else for CPUs."""
     from pmnet.config import default_preset
 
     if preset:
@@ -100,10 +91,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
 def _parse_list(value, kind=str) -> tuple | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.split(",") if p.strip() != ""]
-    else:
-        parts = list(value)
+    parts = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
     try:
         return tuple(kind(p) for p in parts)
     except ValueError as e:
@@ -158,26 +146,14 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
              check_tracking: bool = True, cluster: ClusterInfo | None = None,
              gpu_mem_gib: float | None = None, allow_cpu_paper: bool = False,
              store: str | os.PathLike | None = None, max_wall_s: float | None = None) -> Plan:
-    """Validate a new pipeline (no training, nothing written). PipelineError/SpaceError if bad.
-
-    `store`: a durable store the run publishes its units to and adopts from
-    (`pipelines.store`). `phase1_seeds` sets the grid's Phase-1 checkpoints, with or without
-    a store (a piece of a store's study is the grid over some of its checkpoints).
-    `max_wall_s`: stop between waves of checkpoints after this many seconds.
-
-    `cluster`: the nodes to plan for (default: `describe_cluster`: this machine without
-    starting Ray, or the running cluster at the Ray address). `gpu_mem_gib`: the memory of
-    each GPU in GiB, instead of what `nvidia-smi` reports on the GPU nodes.
-    `allow_cpu_paper`: run a preset built for a GPU (`TrainConfig.needs_gpu`) even where the
-    chosen nodes have no GPU."""
+    """A new pipeline's plan (the arguments are `start`'s flags, pipelines.run). `cluster`:
+    the nodes to plan for (default: `describe_cluster`, without starting Ray)."""
     from pmnet.train import TrainConfig
 
     check_compute_flags(num_cpus=num_cpus, stage1_cpus=stage1_cpus, gpu_mem_gib=gpu_mem_gib,
                         max_wall_s=max_wall_s)
     root = check_writable(storage_root(root))  # before Ray is asked: a bad root costs nothing
     if store is not None:
-        from pipelines.store import open_store
-
         store = open_store(store).root
     ray_address = check_ray_address(ray_address or os.environ.get("RAY_ADDRESS"))
     on_cluster = bool(ray_address) and cluster is None  # a running cluster, asked here
@@ -210,18 +186,15 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None,
                         max_wall_s=None) -> None:
-    """The numeric compute flags, before anything looks at the cluster."""
-    if max_wall_s is not None and (isinstance(max_wall_s, bool) or not isinstance(
-            max_wall_s, (int, float)) or not max_wall_s > 0 or max_wall_s != max_wall_s):
+    """The numeric compute flags (argparse gave their types), before the cluster is asked."""
+    if max_wall_s is not None and not max_wall_s > 0:  # (NaN too)
         raise PipelineError(f"--max-wall must be a positive number of seconds, got "
                             f"{max_wall_s!r}")
-    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)
-                                 or num_cpus < 1):
+    if num_cpus is not None and not num_cpus >= 1:
         raise PipelineError(f"--num-cpus must be a positive integer, got {num_cpus!r}")
     if stage1_cpus is not None and not stage1_cpus > 0:
         raise PipelineError(f"--stage1-cpus must be > 0, got {stage1_cpus!r}")
-    if gpu_mem_gib is not None and not (isinstance(gpu_mem_gib, (int, float))
-                                        and 0 < gpu_mem_gib < 10_000):
+    if gpu_mem_gib is not None and not 0 < gpu_mem_gib < 10_000:
         raise PipelineError(f"--gpu-mem must be the memory of one GPU in GiB (e.g. 24 or 80), "
                             f"got {gpu_mem_gib!r}")
 
@@ -232,22 +205,6 @@ def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None,
 def uses_gpu(plan: Plan) -> bool:
     """Whether the trials (and so Stage 1) train on GPUs."""
     return plan.space.gpus_per_trial > 0
-
-
-def memory_arms(cfg, space: Space) -> dict[tuple[str, str], Any]:
-    """The memory model's `TrialMemory` of every arm (condition x variant) of the grid on a
-    GPU, in the precision the trials will train in there."""
-    from pmnet.gpu.footprint import StepSpec, trial_memory
-
-    precision = cfg.resolved_precision("gpu")
-    out = {}
-    for v in space.variants:
-        vcfg = v.apply(cfg)
-        for c in space.conditions:
-            out[(c, v.name)] = trial_memory(vcfg.model, c, batch_size=vcfg.batch_size,
-                                            precision=precision,
-                                            spec=StepSpec.from_config(vcfg))
-    return out
 
 
 def _arm(condition: str, variant: str) -> str:
@@ -277,15 +234,16 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
     """Check every resource the pipeline will ask for against `plan.cluster`, and choose each
     arm's GPU share from the memory model (unless --gpus-per-trial gave one, which is then
     checked against it). PipelineError naming the problem; nothing is started or written."""
-    from pmnet.gpu.footprint import describe_bytes, gpu_share, usable_bytes
+    from pmnet.gpu.footprint import StepSpec, describe_bytes, gpu_share, trial_memory, usable_bytes
 
     cluster, sp, cfg = plan.cluster, plan.space, plan.cfg
     gpu = uses_gpu(plan)
     where = cluster.where
-    if gpu and not cluster.has_gpu:
-        raise PipelineError(
-            f"the grid asks {sp.gpus_per_trial:g} GPU per trial but no node of {where} has a "
-            f"GPU ({cluster.describe()}); use --gpus-per-trial 0 (or a CPU preset)")
+    problem = resource_problem(plan, cluster)
+    if problem:
+        raise PipelineError(problem + ("; use --gpus-per-trial 0 (or a CPU preset)"
+                                       if gpu and not cluster.has_gpu
+                                       else "; lower --cpus-per-trial"))
     if gpu:  # issue 36: nvidia-smi sees a card, but the torch that would train cannot use it
         blind = [n for n in cluster.gpu_nodes if n.torch is not None and not n.torch.ok]
         if blind:
@@ -297,10 +255,6 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
                 "train on CPUs (--gpus-per-trial 0 with a CPU preset)")
     kind = "GPU node" if gpu else "node"
     largest = cluster.largest_cpus(gpu=gpu)
-    if sp.cpus_per_trial > largest:
-        raise PipelineError(
-            f"the grid asks {sp.cpus_per_trial:g} CPUs per trial but the largest {kind} of "
-            f"{where} has {largest:g} ({cluster.describe()}); lower --cpus-per-trial")
     if plan.stage1_cpus is not None and plan.stage1_cpus > largest:
         raise PipelineError(
             f"--stage1-cpus {plan.stage1_cpus:g}: Stage 1 runs on one {kind} and the largest "
@@ -324,7 +278,13 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
         raise PipelineError(
             f"the memory of the GPUs of {where} is unknown (nvidia-smi gave nothing there: "
             f"{cluster.describe()}); give each GPU's memory with --gpu-mem GiB (e.g. 24)")
-    memories = memory_arms(cfg, sp)
+    memories = {}  # each arm's (condition x variant) peak, in the precision it trains in
+    for v in sp.variants:
+        vcfg = v.apply(cfg)
+        for c in sp.conditions:
+            memories[(c, v.name)] = trial_memory(vcfg.model, c, batch_size=vcfg.batch_size,
+                                                 precision=cfg.resolved_precision("gpu"),
+                                                 spec=StepSpec.from_config(vcfg))
     plan.memory = {k: m.peak for k, m in memories.items()}
     usable = usable_bytes(card)
     card_s = f"a {card / 2**30:.0f} GiB card ({describe_bytes(usable)} usable)"
@@ -355,17 +315,17 @@ def fit_to_cluster(plan: Plan, *, explicit_gpus: bool = False,
 
 
 def resource_problem(plan: Plan, cluster: ClusterInfo) -> str | None:
-    """Why the stored grid cannot run on `cluster` (a resume, or the cluster changed since
-    planning), None when it can."""
+    """Why the grid cannot run on `cluster`, None when it can."""
     sp = plan.space
     gpu = uses_gpu(plan)
     if gpu and not cluster.has_gpu:
-        return (f"the grid asks up to {sp.gpus_per_trial:g} GPU per trial but no node of "
+        return (f"the grid asks {sp.gpus_per_trial:g} GPU per trial but no node of "
                 f"{cluster.where} has a GPU ({cluster.describe()})")
     largest = cluster.largest_cpus(gpu=gpu)
     if sp.cpus_per_trial > largest:
         return (f"the grid asks {sp.cpus_per_trial:g} CPUs per trial but the largest "
-                f"{'GPU node' if gpu else 'node'} of {cluster.where} has {largest:g}")
+                f"{'GPU node' if gpu else 'node'} of {cluster.where} has {largest:g} "
+                f"({cluster.describe()})")
     return None
 
 
@@ -391,11 +351,9 @@ def _check_existing(plan: Plan) -> None:
               "grid": PipelineRecord.read(lay.pipeline_json).grid}
     mine = {"train_config": canon(plan.cfg.to_dict()), "grid": grid_record(plan.space)}
     if stored != mine:
-        diff = []
-        a, b = stored.get("train_config") or {}, mine["train_config"]
-        diff += [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-        if stored.get("grid") != mine["grid"]:
-            diff.append("grid")
+        a, b = stored["train_config"] or {}, mine["train_config"]
+        diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        diff += ["grid"] if stored["grid"] != mine["grid"] else []
         raise PipelineError(
             f"pipeline {plan.name!r} already exists under {lay.root} with a different "
             f"configuration ({', '.join(diff) or 'config'} differ); use another --name, "
@@ -408,12 +366,9 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
                 num_cpus: int | None = None,
                 stage1_cpus: float | None = None, cluster: ClusterInfo | None = None,
                 check_resources: bool = True, max_wall_s: float | None = None) -> Plan:
-    """The plan of an existing pipeline, read back from its pipeline.json/config.json.
-
-    The grid, its resources and `max_failures` are the stored ones: Tune restores its own
-    run configuration, so a resume cannot change them (errored trials get a new round of
-    retries on every resume); they are checked against the cluster found now, unless
-    `check_resources` is False (`report` computes nothing)."""
+    """The plan of an existing pipeline from its pipeline.json/config.json: its grid,
+    resources and `max_failures` are the stored ones, checked against the cluster found now
+    unless `check_resources` is False (`report` computes nothing)."""
     from pipelines.layout import last_pipeline
     from pmnet.train import ALL_CONDITIONS, TrainConfig
 
@@ -459,8 +414,6 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
     if cluster is None and check_resources:
         cluster = describe_cluster(ray_address, num_cpus)
     if lay.store_elsewhere and check_resources:  # `report` reads it without this check
-        from pipelines.store import open_store
-
         open_store(lay.store)
     plan = Plan(layout=lay, cfg=cfg, space=space, preset_reason=meta.preset_reason or "",
                 overrides=meta.overrides, tracking_uri=uri,
@@ -478,11 +431,9 @@ def plan_resume(*, root: str | os.PathLike, name: str | None = None,
 
 def resume_ray_address(given: str | None, meta: PipelineRecord, lay: Layout, *,
                        use_recorded: bool = True) -> tuple[str | None, bool]:
-    """(the Ray address a resume runs on, whether it is the recorded one): `given`
-    (--ray-address), else RAY_ADDRESS, else, when `use_recorded`, the address the run last
-    ran on (pipeline.json `ray_address`), so that a cluster run resumes on its cluster.
-    `local` (--ray-address local, RAY_ADDRESS=local) runs it on local Ray. Checked like a
-    given one: a recorded cluster that no longer answers is refused with how to go on."""
+    """(the Ray address a resume runs on, whether it is the recorded one): --ray-address,
+    else RAY_ADDRESS, else (`use_recorded`) pipeline.json's `ray_address`, so that a cluster
+    run resumes on its cluster; checked as a given one is."""
     requested = given or os.environ.get("RAY_ADDRESS")
     recorded = meta.ray_address if use_recorded else None
     if requested or not recorded:
@@ -499,19 +450,10 @@ def resume_ray_address(given: str | None, meta: PipelineRecord, lay: Layout, *,
 
 def _validate(plan: Plan, phase1_from=None, on_cluster: bool = False,
               store: bool = True) -> Plan:
-    """What both plans check last, reading only. `phase1_from`: a Phase-1 checkpoint to
-    import, checked against the plan's. A new plan's name holds no other experiment
-    (`_check_existing`). A Phase-1 checkpoint already in the run's directory: a damaged one
-    is refused (exit 2, naming what to delete), as is one other than `--phase1-from`'s. A
-    `--store`'s checkpoints are not judged here: the driver's quarantine pre-pass moves its
-    damaged ones aside and they train again, so that one machine's damage does not stop
-    every machine that shares the store (`pmnet.store_repair`). `store`: the store's units
-    (and paused progress) this run would reuse were made with its configuration. Last, on
-    a running cluster (`on_cluster`), every node sees the storage root."""
-    from pipelines.records import Stage1Record
-    from pipelines.store import check_store_units, progress_unit, trial_unit
-    from pmnet.store_progress import check_progress
-
+    """What both plans check last, reading only: `--phase1-from`, the name, the run's own
+    Phase-1 checkpoints (a `--store`'s damaged ones are the driver's quarantine's, so one
+    machine's damage stops no other), the store's units and paused progress (`store`), and
+    last, on a running cluster, that every node sees the storage root."""
     if phase1_from is not None:
         plan.phase1_from = check_phase1_source(phase1_from, plan.phase1_slots)
     if not plan.resumed:

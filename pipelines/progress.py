@@ -1,13 +1,6 @@
-"""Stage-1 progress: the Phase-1 trial reports it to Tune, and keeps it in `progress.json`.
-
-Phase 1 runs as a Tune trial whose output stays in Ray's logs, and it takes 16 minutes on the
-`cpu` preset and hours at paper scale. `Phase1Progress` (a Lightning callback added to the
-Phase-1 trainer by the trial, `pipelines.stages.train_phase1_unit`) records, at most every
-`every_s` seconds plus at every validation, the step, the epoch, the elapsed time, an
-estimate of the time left and the per-epoch validation history: atomically into
-`progress.json` beside the training (for a person, or a test, on the node), and through
-`report` (Tune's `tune.report`) to the driver, whose `stages.TrialConsole` prints one line
-per unit at a steady rate (`describe`).
+"""Stage-1 progress: the Phase-1 trial keeps it in `progress.json` and reports it to Tune at
+each validation; the driver's `stages.TrialConsole` prints it (`describe`). docs/pipeline.md,
+"Console output".
 """
 
 from __future__ import annotations
@@ -27,8 +20,9 @@ REPORT_KEY = "phase1_progress"  # the result key `report` gets the record under
 
 
 class Phase1Progress(Callback):
-    """Write Phase-1 progress to `path` (JSON) at a bounded rate, and pass it to `report`
-    (`{REPORT_KEY: the record as JSON}`, with the last epoch's history only)."""
+    """Write Phase-1 progress to `path` (JSON) at a bounded rate, and at each validation and
+    the end pass it to `report` (`{REPORT_KEY: the record as JSON}`, with the last epoch's
+    history only)."""
 
     def __init__(self, path: str | Path, every_s: float = 10.0, report=None):
         self.path, self.every_s, self.report = Path(path), float(every_s), report
@@ -51,12 +45,12 @@ class Phase1Progress(Callback):
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
-            self._write(trainer, pl_module)
+            self._write(trainer, pl_module, report=True)
 
     def on_train_end(self, trainer, pl_module):
-        self._write(trainer, pl_module, done=True)
+        self._write(trainer, pl_module, done=True, report=True)
 
-    def _write(self, trainer, pl_module, done: bool = False) -> None:
+    def _write(self, trainer, pl_module, done: bool = False, report: bool = False) -> None:
         now = time.time()
         step = int(trainer.global_step)
         total = trainer.estimated_stepping_batches
@@ -71,19 +65,14 @@ class Phase1Progress(Callback):
                           max_epochs=trainer.max_epochs, elapsed_s=elapsed, eta_s=eta,
                           done=done, time=now, history=history)
         record.write(self.path)
-        if self.report is not None:  # one JSON string: no clash with Tune's keys ("done")
+        if report and self.report is not None:  # one JSON string: Tune's "done" is not set
             self.report({REPORT_KEY: json.dumps(
                 record.to_dict() | {"history": history[-1:]})})
         self._last = now
 
 
-def describe(progress: Progress | None, waited_s: float, label: str = "") -> str:
-    """One console line from a progress record (or the time waited when there is none);
-    `label` names the checkpoint when Stage 1 trains several (e.g. `phase1-p1s1`)."""
-    tag = f" {label}:" if label else ""
-    if progress is None:
-        return (f"[stage 1/3]{tag} running for {waited_s / 60:.1f} min (Phase 0 / set-up; no "
-                "Phase-1 step yet)")
+def describe(progress: Progress) -> str:
+    """One console line from a progress record."""
     step, total = progress.step, progress.total_steps
     frac = f" ({100 * step / total:.0f}%)" if total else ""
     val = progress.history[-1].get("val/mean_stm") if progress.history else None
@@ -93,16 +82,14 @@ def describe(progress: Progress | None, waited_s: float, label: str = "") -> str
              if isinstance(eta, (int, float)) else "")
     if progress.done:
         eta_s = "; training done, writing the checkpoint"
-    return (f"[stage 1/3]{tag} Phase 1 epoch {epoch_shown(progress)}/"
-            f"{progress.max_epochs or '?'}, step {step}/{total or '?'}{frac}{val_s}; "
-            f"{waited_s / 60:.1f} min so far{eta_s}")
+    return (f"Phase 1 epoch {epoch_shown(progress)}/{progress.max_epochs or '?'}, step "
+            f"{step}/{total or '?'}{frac}{val_s}; {progress.elapsed_s / 60:.1f} min so far{eta_s}")
 
 
 def epoch_shown(progress: Progress) -> int:
-    """The epoch a progress line names, 1-based: the one in progress while Phase 1 trains
-    (Lightning's `current_epoch` + 1); once it is done, the epochs it ran (Lightning counts
-    the last epoch as completed, so `current_epoch` is then their number: the last line
-    said "epoch 41/40"). Never above `max_epochs`."""
+    """The epoch a progress line names, 1-based: the one in progress (Lightning's
+    `current_epoch` + 1); once done, the epochs run (`current_epoch`). Never above
+    `max_epochs`."""
     shown = progress.epoch if progress.done else progress.epoch + 1
     if progress.max_epochs:
         shown = min(shown, int(progress.max_epochs))

@@ -1,8 +1,6 @@
-"""The pipeline's run records: one typed schema per JSON file it keeps (pipelines.layout
-says where each lives). Every record is a dataclass with `to_dict` / `from_dict`, read with
-`read(path)` (a missing or unreadable file gives the empty record) and written atomically
-with `write(path)`. Unknown keys are ignored when reading, so a record written by a newer
-version still reads.
+"""The pipeline's run records: one typed schema per JSON file it keeps (docs/pipeline.md,
+"Records"). A missing or unreadable file reads as the empty record; unknown keys are ignored,
+so a record written by a newer version still reads.
 """
 
 from __future__ import annotations
@@ -11,9 +9,9 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-from pmnet.io import atomic_write_json
+from pmnet.io import atomic_write_json, read_json
 
 
 def canon(obj):
@@ -41,41 +39,22 @@ def normalized_config(cfg_d):
 
 
 class Record:
-    """to_dict / from_dict / read / write for a record dataclass; `_nested` names fields
-    holding {key: record} maps, converted both ways."""
-
-    _nested: ClassVar[dict[str, type]] = {}
+    """to_dict / from_dict / read / write for a record dataclass."""
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, a None one left out."""
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None:
-                continue
-            if f.name in self._nested:
-                value = {k: v.to_dict() for k, v in value.items()}
-            out[f.name] = value
-        return out
+        return {
+            f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None
+        }
 
     @classmethod
     def from_dict(cls, data: Any):
         if not isinstance(data, dict):
             return cls()
-        kwargs = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in data:
-                continue
-            value = data[f.name]
-            if f.name in cls._nested:
-                value = {k: cls._nested[f.name].from_dict(v) for k, v in (value or {}).items()}
-            kwargs[f.name] = value
-        return cls(**kwargs)
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
     @classmethod
     def read(cls, path: str | os.PathLike):
-        from pipelines.layout import read_json
-
         return cls.from_dict(read_json(path))
 
     def write(self, path: str | os.PathLike) -> None:
@@ -84,12 +63,9 @@ class Record:
 
 @dataclass
 class TrialState(Record):
-    """`trials/<trial>/trial.json`: the trial's own account of itself, kept across its
-    attempts. Its identity (`TrialId.to_config()`'s keys; a named variant also its
-    `variant_overrides`) and `trial_key`; `state` RUNNING, ERROR, NOT LEARNING (stopped by
-    the watchdog, issue 62: not retried) or FINISHED; `failures` (crashed attempts); the
-    last reported `epoch` and `best_select`; the last `error` (`config_error` when its
-    configuration cannot run: not retried; the watchdog's message); the `result` file."""
+    """`trials/<trial>/trial.json`: the trial's own account of itself across its attempts.
+    `state` RUNNING, ERROR, NOT LEARNING (stopped by the watchdog, issue 62: not retried) or
+    FINISHED; `config_error` when its configuration cannot run (not retried)."""
 
     condition: str | None = None
     seed: int | None = None
@@ -115,9 +91,8 @@ class TrialState(Record):
 
 @dataclass
 class TrackingRecord(Record):
-    """`tracking.json`: where the pipeline's runs are. `tracking_uri` is the store the user
-    asked for (`embedded`, a `sqlite:` URI or a server) that `resume`, `report` and `ui`
-    use again (a unit's run is found by its `run_key` tag)."""
+    """`tracking.json`: where the pipeline's runs are; `tracking_uri` (`embedded`, a `sqlite:`
+    URI or a server) is used again by `resume`, `report` and `ui`."""
 
     tracking_uri: str | None = None
     experiment_name: str | None = None
@@ -127,9 +102,8 @@ class TrackingRecord(Record):
 
 @dataclass
 class Stage1Record(Record):
-    """`phase1[-p1s<k>]/stage1.json`: a finished Phase-1 checkpoint. `config_hash` is
-    `phase1.phase1_config_hash` of the configuration it was trained with; `imported_from`
-    the checkpoint `--phase1-from` copied in; `routes` Phase 1's route diagnostics."""
+    """`phase1[-p1s<k>]/stage1.json`, a Phase-1 unit's commit record. `config_hash`:
+    `phase1.phase1_config_hash`; `imported_from`: the checkpoint `--phase1-from` copied in."""
 
     config_hash: str | None = None
     sha256: str | None = None
@@ -144,14 +118,9 @@ class Stage1Record(Record):
 
 @dataclass
 class PipelineRecord(Record):
-    """`pipeline.json`: what the pipeline is and how it stands. Written at the start
-    (`stages.write_meta`): its name, preset (and why), the grid (`grid`: what identifies its
-    trials; `space`: the whole `tune_spaces.Space` with its resources), the `--set`
-    `overrides`, where it lives, the tracking store, the code's commit and package versions,
-    a durable `store` it fills (with its `pieces`: Phase-1 seeds, and `max_wall_s`); then
-    `status` (running, finished, failed, interrupted), the `driver`, the `ray_address` it
-    ran on (each start and resume records it; a resume without one uses it), the Phase-1
-    sha256 (`phase1_sha256s` by Phase-1 seed with several) and `phase1_from` (an import)."""
+    """`pipeline.json`: what the pipeline is (written at the start, `stages.write_meta`;
+    `grid`: what identifies its trials, `space`: the whole `tune_spaces.Space`) and how it
+    stands (`status`: running, finished, failed, interrupted)."""
 
     name: str | None = None
     preset: str | None = None
@@ -172,25 +141,19 @@ class PipelineRecord(Record):
     phase1_sha256: str | None = None
     phase1_sha256s: dict | None = None
     phase1_from: dict | None = None
-    # a run into a durable store (`pipelines.store`): the store, the Phase-1 seeds this run
-    # does (its piece of the grid; None: all of them) and its wall-time bound
     store: str | None = None
-    pieces: list | None = None
+    pieces: list | None = None  # a pre-issue-51 run's Phase-1 seeds (`plan.plan_resume`)
     max_wall_s: float | None = None
-    # the Ray cluster the run last ran on (`--ray-address` / RAY_ADDRESS; None: local Ray),
-    # which `resume` uses again unless given another (`plan.plan_resume`)
+    # the last start's or resume's Ray cluster (None: local Ray) and `--stage1-cpus`, which
+    # `resume` uses again unless given others (docs/pipeline.md, on `resume`)
     ray_address: str | None = None
-    # `--stage1-cpus` of its last start or resume, which `resume` uses again unless given
-    # another: a Phase 1 retrained on a resume then trains with the same threads (on some
-    # CPUs the thread count changes fp32 rounding, so the checkpoint's bytes)
     stage1_cpus: float | None = None
 
 
 @dataclass
 class Started(Record):
-    """`phase1[-p1s<k>]/started.json`: a Phase-1 trial began (where, when: host, pid and
-    Ray node); a retry (its node was lost) rewrites it. For a person or a test on the
-    storage: the driver learns of starts and retries from Tune."""
+    """`phase1[-p1s<k>]/started.json`: where and when a Phase-1 trial began (a retry rewrites
+    it); for a person or a test: the driver learns of starts from Tune."""
 
     time: float | None = None
     host: str | None = None
@@ -200,10 +163,8 @@ class Started(Record):
 
 @dataclass
 class Progress(Record):
-    """`phase1[-p1s<k>]/progress.json`: how far Phase 1 is (`progress.Phase1Progress`
-    writes it, and reports the same record to Tune for the driver): steps, epochs, elapsed
-    and estimated time left, `done`, the write `time`, and the per-epoch validation
-    `history`."""
+    """`phase1[-p1s<k>]/progress.json`: how far Phase 1 is (`progress.Phase1Progress` writes
+    it and reports the same record to Tune)."""
 
     phase: int = 1
     step: int = 0
@@ -219,15 +180,9 @@ class Progress(Record):
 
 @dataclass
 class Provenance(Record):
-    """A store unit's `provenance.json` (`pipelines.store`): written when the unit starts
-    (`started`), completed when it lands (`landed`, `device`). `unit` is its name
-    (`phase1[-p1s<k>]` or the trial's); `git_commit`/`git_dirty` the code, `device` the CPU
-    kind (`pmnet.hardware.cpu_kind`) or GPU name it trained on, `torch` its version; `config` the
-    configuration the unit depends on (flat `TrainConfig.flat()` keys: a trial's whole
-    config after its variant's overrides, a Phase-1 unit's Phase-1 part; execution-only
-    fields left out, `pipelines.store.EXECUTION_FIELDS`) and `config_hash` its sha256, which
-    reuse compares; `host`, `pid`, `run` (root/name) say which run wrote it, `threads` the
-    torch threads a Phase-1 unit trained with (how it ran: not in its checkpoint file)."""
+    """A store unit's `provenance.json`: written when the unit starts, completed when it
+    lands. `config` (`store.unit_config`) and its sha256 `config_hash`, which reuse compares;
+    `threads`: how a Phase-1 unit ran (not in its checkpoint file, issue 53)."""
 
     unit: str | None = None
     kind: str | None = None  # "phase1" | "trial"

@@ -53,7 +53,7 @@ def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
 
 
 def _max_wall(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-wall", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--max-wall", type=float, default=None, metavar="SECONDS", dest="max_wall_s",
                    help="stop cleanly between waves of Phase-1 checkpoints once this many "
                         "seconds have passed, and pause a Phase 1 at the last epoch end "
                         "within them (with --store: its progress into the store; exit 0; one "
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap on trials running at once (default: resources decide)")
     p.add_argument("--max-failures", type=int, default=None,
                    help="retries of a crashed trial from its last checkpoint (default 2)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="TrainConfig override, e.g. --set max_epochs=3 --set model.hidden=32")
     p.add_argument("--phase1-seeds", default=None, metavar="K1,K2,...",
                    help="nest the grid under one Phase-1 checkpoint per Phase-1 seed (the "
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "there once, as it finishes; the store's report is rebuilt at the "
                         "end. Several runs may fill one store")
     _max_wall(p)
-    p.add_argument("--gpu-mem", type=float, default=None, metavar="GIB",
+    p.add_argument("--gpu-mem", type=float, default=None, metavar="GIB", dest="gpu_mem_gib",
                    help="memory of each GPU in GiB (default: what nvidia-smi reports on the "
                         "GPU nodes); each condition's GPU share is chosen to fit it")
     gpu_presets = ", ".join(n for n, pr in PRESETS.items() if pr.needs_gpu) or "none"
@@ -160,18 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _flags(a) -> dict:
+    """The parsed flags as `plan_new`'s / `plan_resume`'s keyword arguments (their dests)."""
+    return {k: v for k, v in vars(a).items() if k != "command"}
+
+
 def cmd_start(a) -> int:
     from pipelines import plan as planning
 
-    plan = planning.plan_new(
-        root=a.root, name=a.name, preset=a.preset, grid=a.grid,
-        overrides=planning.parse_overrides(a.set), conditions=a.conditions, seeds=a.seeds,
-        variants=a.variants, cpus_per_trial=a.cpus_per_trial, gpus_per_trial=a.gpus_per_trial,
-        max_concurrent=a.max_concurrent, max_failures=a.max_failures,
-        tracking_uri=a.tracking_uri, ray_address=a.ray_address, num_cpus=a.num_cpus,
-        stage1_cpus=a.stage1_cpus, phase1_from=a.phase1_from,
-        phase1_seeds=a.phase1_seeds, gpu_mem_gib=a.gpu_mem, allow_cpu_paper=a.allow_cpu_paper,
-        store=a.store, max_wall_s=a.max_wall)
+    overrides = planning.parse_overrides(a.overrides)
+    plan = planning.plan_new(**{**_flags(a), "overrides": overrides})
     print(f"preset: {plan.cfg.preset} ({plan.preset_reason})", flush=True)
     return run_plan(plan)
 
@@ -179,10 +177,7 @@ def cmd_start(a) -> int:
 def cmd_resume(a) -> int:
     from pipelines.plan import plan_resume
 
-    plan = plan_resume(root=a.root, name=a.name, tracking_uri=a.tracking_uri,
-                       ray_address=a.ray_address, num_cpus=a.num_cpus,
-                       stage1_cpus=a.stage1_cpus, max_wall_s=a.max_wall)
-    return run_plan(plan)
+    return run_plan(plan_resume(**_flags(a)))
 
 
 def run_plan(plan) -> int:
@@ -260,11 +255,11 @@ def cmd_report(a) -> int:
 
 
 def report_store(path: str) -> int:
-    """`pmnet.report.main_report` of a durable store (laid out like a run directory):
-    `<store>/report/`. Exit 2 when it is not a store with results, or when a unit is
-    damaged (`pmnet.store_verify`: the table of what is wrong)."""
+    """`<store>/report/` of a durable store; exit 2 when it is not a store with results or
+    a unit is damaged (`pmnet.store_verify`'s table)."""
     from pipelines.addresses import STORE_HELP, storage_root
     from pmnet.store_layout import read_store_record
+    from pmnet.store_verify import verify_store
 
     root = storage_root(path, what="--store", help=STORE_HELP)
     try:
@@ -274,15 +269,13 @@ def report_store(path: str) -> int:
     if record is None or not (root / "results").is_dir():
         raise PipelineError(f"--store {root}: not a store with results (no store.json or no "
                             "results/); fill one with `make pipeline STORE=...`")
-    from pmnet.store_verify import verify_store
-
     check = verify_store(root)  # a damaged unit is never reported: refused with the table
     if not check.ok:
         raise PipelineError(f"--store {root} holds damaged units; the report reads whole "
                             f"units only:\n{check.table()}\nA run into the store (`make "
                             f"pipeline STORE={root} ...` or `make resume`) moves them to "
                             f"{root}/quarantine/ and trains them again")
-    from pmnet.report import main_report
+    from pmnet.report import main_report  # (heavy: after the refusals)
 
     try:
         written = main_report(root)
@@ -297,12 +290,9 @@ def report_store(path: str) -> int:
 
 def ui_plan(root: Path, host: str = "127.0.0.1", port: int = 5000,
             allowed_hosts: str | None = None, name: str | None = None):
-    """(args, lines) of `make ui` for the store the pipeline (`name`, else the last one)
-    logged to, as its tracking.json (else pipeline.json) records it: `args`, the options of
-    the `mlflow server` to exec for the embedded `<root>/mlflow.db`, another `sqlite:` file
-    or a database (`postgresql://...`), None for a tracking server (http/https), which has
-    its own UI; `lines`, where to look, the store's password hidden (also the run's closing
-    lines, `run_plan`). Reads only."""
+    """(args, lines) for the store the pipeline (`name`, else the last one) logged to:
+    `args`, the `mlflow server` options (None for a tracking server: its own UI); `lines`,
+    where to look, the password hidden (also the run's closing lines). Reads only."""
     from pipelines.addresses import (
         EMBEDDED,
         hide_password,
@@ -352,6 +342,8 @@ def ui_plan(root: Path, host: str = "127.0.0.1", port: int = 5000,
     where = f"; pipeline {name}'s training runs: {ui_address(base, exp)}" if exp else ""
     what = "the embedded store " if record.tracking_uri in (None, EMBEDDED) else ""
     lines.insert(0, f"MLflow UI for {what}{hide_password(uri)}: {base}{where}")
+    if db is not None and not db.is_file():
+        lines.append(f"note: no MLflow store at {db} yet; the UI starts empty")
     args = ["--backend-store-uri", uri, "--artifacts-destination", str(artifacts),
             "--host", host, "--port", str(port), "--workers", "1"]
     if allowed_hosts:
@@ -360,22 +352,17 @@ def ui_plan(root: Path, host: str = "127.0.0.1", port: int = 5000,
 
 
 def cmd_ui(a) -> int:
-    """`mlflow server` on the store the last (or --name) pipeline logged to (`ui_plan`),
-    or, for a tracking server, its address; prints the address of the pipeline's parent
-    run and training runs."""
-    from pipelines.addresses import sqlite_path, ui_bind
+    """`mlflow server` on the store the pipeline logged to (`ui_plan`), or a server's address."""
+    from pipelines.addresses import ui_warning
 
     root = Path(a.root).expanduser().absolute()
     args, lines = ui_plan(root, a.host, a.port, a.allowed_hosts, a.name)
     if args is None:  # a tracking server: its own UI
         print("\n".join(lines), flush=True)
         return Exit.DONE
-    warning = ui_bind(a.host, a.port)  # before anything is written: exit 2 if it cannot
+    warning = ui_warning(a.host, a.port)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    db = sqlite_path(args[1])  # --backend-store-uri
-    if db is not None and not db.is_file():
-        print(f"note: no MLflow store at {db} yet; the UI starts empty", file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
     print("\n".join([lines[0] + "  (Ctrl-C to stop)", *lines[1:]]), flush=True)
     os.environ["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner needed

@@ -1,12 +1,5 @@
-"""The pipeline's three stages, each one function the driver calls in order.
-
-Stage 1  a `ray.tune.Tuner` over the Phase-1 units the store lacks; each trial
-         (`train_phase1_unit`) runs `pmnet.train.run_phase1` in its training directory and
-         lands its unit in the store; a unit the store holds is skipped (idempotent).
-Stage 2  a new `ray.tune.Tuner` over the grid; each trial is `pipelines.trial.train_trial`
-         with `tune.with_resources`; no Tune state is restored: a trial reuses its result in
-         the store, or continues from its own last.ckpt.
-Stage 3  `pmnet.report.main_report(<run>)`; a failure there is logged, results are kept.
+"""The pipeline's three stages, each one function the driver calls in order: docs/pipeline.md,
+"Stages", and docs/design.md.
 """
 
 from __future__ import annotations
@@ -30,22 +23,10 @@ from pipelines.addresses import EMBEDDED
 from pipelines.console import say
 from pipelines.faults import kill_point
 from pipelines.layout import PipelineError, read_json, write_json
-from pipelines.phase1 import (
-    Phase1Slot,
-    check_phase1,
-    existing_phase1,
-    phase1_config_hash,
-)
+from pipelines.phase1 import Phase1Slot, check_phase1, existing_phase1, phase1_config_hash
 from pipelines.plan import Plan, grid_record
 from pipelines.provenance import git_commit, package_versions
-from pipelines.records import (
-    PipelineRecord,
-    Progress,
-    Stage1Record,
-    Started,
-    TrialState,
-    canon,
-)
+from pipelines.records import PipelineRecord, Progress, Stage1Record, Started, TrialState, canon
 from pipelines.tracking import MirrorLanded, Runs, log_claims, mirror
 from pipelines.trial import CONFIG_ERROR, NOT_LEARNING, PAUSED, train_trial
 from pmnet.trial_id import TrialId
@@ -77,34 +58,12 @@ STAGE1_DIRNAME = "stage1"  # the run's Stage-1 Tune experiment (`<run>/stage1/`)
 LANDED = "phase1_sha256"  # ... its unit landed in the store, with this sha256
 
 
-def stage1_start_timeout_s() -> float:
-    """How long the driver waits for the first Phase-1 trial to start before it says why and
-    stops (PMNET_STAGE1_START_TIMEOUT_S; default 600 s: worker start, runtime environment
-    and imports take seconds to a few minutes on a cluster)."""
-    try:
-        return max(1.0, float(os.environ.get("PMNET_STAGE1_START_TIMEOUT_S", 600)))
-    except ValueError:
-        return 600.0
-
-
-def progress_every_s() -> float:
-    """Seconds between the driver's Stage-1 progress lines (PMNET_PROGRESS_EVERY_S)."""
-    try:
-        return max(0.5, float(os.environ.get("PMNET_PROGRESS_EVERY_S", 60)))
-    except ValueError:
-        return 60.0
-
-
 def train_phase1_unit(config: dict, *, slots: dict, threads: int, compile_cache: str,
                       deadline_s: float | None = None, stop_file: str | None = None) -> None:
     """Stage 1's Tune trainable: trains the Phase-1 unit `config["unit"]` (a label of
-    `slots`) in its training directory and lands it in the store (`store.land_phase1`), as
-    a Phase-2 trial lands its own unit. It reports progress to Tune at a bounded rate and at
-    every validation (`progress.Phase1Progress`), and ends with one last result: the
-    landed sha256 (`LANDED`), a pause at an epoch end (`PAUSED`, issue 52: `deadline_s`,
-    `stop_file`), or the watchdog's stop (`trial.NOT_LEARNING`, issue 62: not raised, so Tune
-    does not retry it). Another exception is Tune's to retry (`FailureConfig`): the retry
-    continues from the last epoch checkpoint in the training directory."""
+    `slots`) in its training directory and lands it in the store. Its last report says how it
+    ended: `LANDED`, `PAUSED` (issue 52) or `NOT_LEARNING` (issue 62); another exception is
+    Tune's to retry, from the last epoch checkpoint."""
     import ray
 
     from pipelines.progress import PROGRESS_FILE, Phase1Progress
@@ -148,25 +107,18 @@ def train_phase1_unit(config: dict, *, slots: dict, threads: int, compile_cache:
                  "test/mean_stm": res.get("metrics", {}).get("mean_stm", float("nan"))})
 
 
-class TrialConsole(tune.Callback, tune.Stopper):
+class TrialConsole(tune.Callback):
     """The driver's view of a stage's Tune trials, keyed on what they report: a line when a
     Phase-2 trial starts, when a trial ends (by its last report: `LANDED`, `NOT_LEARNING`,
     `PAUSED`, `CONFIG_ERROR`, else its result and the best so far), fails for good or starts
     again (Tune retried it after a crash or a lost worker); in Stage 1 a progress line per
-    running unit at a steady rate (`progress_every_s`, from the `progress.REPORT_KEY`
-    reports), and the start bound: as a Tune `Stopper` it ends the experiment when no trial
-    has started within `bound` seconds (`timed_out`; the driver then says why). `slots`:
-    Stage 1's units by label; `trials_dir`: Stage 2's, whose trial.json names its error."""
+    unit at each of its validations (its `progress.REPORT_KEY` reports). `slots`: Stage 1's
+    units by label; `trials_dir`: Stage 2's, whose trial.json names its error."""
 
-    def __init__(self, stage: int, total: int, *, bound: float = float("inf"),
-                 tag: bool = True, slots: dict | None = None, trials_dir: Path | None = None):
-        self.stage, self.total, self.bound, self.tag = stage, total, bound, tag
+    def __init__(self, stage: int, total: int, *, tag: bool = True, slots: dict | None = None,
+                 trials_dir: Path | None = None):
+        self.stage, self.total, self.tag = stage, total, tag
         self.slots, self.trials_dir = slots or {}, trials_dir
-        self.t0 = time.time()
-        self.last_line = 0.0
-        self.started = self.timed_out = False
-        self.progress: dict[str, Progress] = {}
-        self.since: dict[str, float] = {}
         self.done, self.best = 0, None
 
     def _say(self, trial, text: str) -> None:
@@ -175,9 +127,7 @@ class TrialConsole(tune.Callback, tune.Stopper):
 
     def _error(self, trial) -> str:
         """The error the trial recorded in its trial.json (a Phase-2 trial), else the first
-        line of the last failure in Tune's error.txt (the driver's copy,
-        `Trial.error_file`): e.g. a lost node's `The actor ... is unavailable: ... Socket
-        closed`."""
+        line of the last failure in Tune's error.txt (`Trial.error_file`)."""
         if self.trials_dir is not None:
             info = TrialState.read(self.trials_dir / _trial_name(trial) / "trial.json")
             if info.state == "ERROR" and info.error:
@@ -188,33 +138,7 @@ class TrialConsole(tune.Callback, tune.Stopper):
         except Exception:  # noqa: BLE001 - no error file (yet), or an empty one
             return "see the trial's error.txt"
 
-    # Stopper
-    def __call__(self, trial_id, result) -> bool:
-        return False
-
-    def stop_all(self) -> bool:
-        return self.timed_out
-
-    # Callback
-    def on_step_begin(self, iteration, trials, **info):
-        from pipelines.progress import describe
-
-        now = time.time()
-        if not self.started and now - self.t0 >= self.bound:
-            self.timed_out = True
-        every = progress_every_s()
-        if self.stage != 1 or now - self.last_line < every or now - self.t0 < every:
-            return
-        self.last_line = now
-        for trial in trials:
-            if trial.status == "RUNNING":
-                label = _trial_name(trial)
-                say(describe(self.progress.get(label), now - self.since.get(label, now),
-                             label=label if self.tag else ""))
-
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.started = True
-        self.since.setdefault(_trial_name(trial), time.time())
         if self.stage == 1:
             kill_point("stage1-submitted")
             return
@@ -223,11 +147,10 @@ class TrialConsole(tune.Callback, tune.Stopper):
         self._say(trial, f"started ({n_run} running)")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        from pipelines.progress import REPORT_KEY
+        from pipelines.progress import REPORT_KEY, describe
 
         if result.get(REPORT_KEY):
-            self.progress[_trial_name(trial)] = Progress.from_dict(
-                json.loads(result[REPORT_KEY]))
+            self._say(trial, describe(Progress.from_dict(json.loads(result[REPORT_KEY]))))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         from pmnet.train import PhasePaused
@@ -277,38 +200,27 @@ class TrialConsole(tune.Callback, tune.Stopper):
 
 @dataclass
 class Stage1Result:
-    """What Stage 1 provides to Stage 2: the sha256 of every Phase-1 checkpoint, by
-    Phase-1 seed (None: the pipeline's single checkpoint)."""
+    """What Stage 1 provides to Stage 2."""
 
-    digests: dict[int | None, str]
+    digests: dict[int | None, str]  # Phase-1 seed (None: the single checkpoint) -> sha256
     train_time_s: float  # Phase-1 training done by this invocation (summed over units)
-    #: Phase-1 seed -> pmnet.train.Phase1Paused: units stopped at an epoch end, not finished
-    #: (issue 52; their digests are None)
-    paused: dict = field(default_factory=dict)
+    paused: dict = field(default_factory=dict)  # Phase-1 seed -> Phase1Paused (issue 52)
 
 
 @dataclass(frozen=True)
 class Stage1Resources:
-    """What each Phase-1 trial asks Ray for: a whole GPU when the trials train on GPUs, and
-    the CPUs (also its torch threads) of the node it can run on."""
+    """What each Phase-1 trial asks Ray for (its CPUs are also its torch threads)."""
 
     cpus: float
     gpus: int
 
 
 def stage1_resources(plan: Plan, cluster, n_tasks: int) -> Stage1Resources:
-    """--stage1-cpus, else the CPUs of the largest node that can run the task, shared among
-    the tasks (at least one each; Ray queues what does not fit): with GPU trials the largest
-    GPU node (the task needs its GPU), without them the largest node. Planning checked that
-    such a node exists (`pipelines.plan.fit_to_cluster`).
-
-    One exception: on a single node without GPU trials and with fewer CPUs than tasks, every
-    task gets an equal fraction of the CPUs (one torch thread each) and all of them train at
-    once. Queued, the last task would train alone on one core while the others idle (the
-    `cpu` preset's three checkpoints on 2 cores: two, then one); side by side, three 1-thread
-    Phase-1 processes on 2 cores made 11.8 steps/s in all against 12.2 for two (docs/choices.md,
-    "Stage 1 on fewer cores than checkpoints"), so the three finish in about a fifth less time.
-    A cluster keeps whole CPUs, so that Ray spreads the tasks over its nodes."""
+    """--stage1-cpus, else the CPUs of the largest node that can run the task (the largest
+    GPU node with GPU trials, each task then taking a whole GPU), shared among the tasks, at
+    least one each. On a single node without GPU trials and with fewer CPUs than tasks, each
+    gets an equal fraction so that all train at once (docs/choices.md, "Stage 1 on fewer
+    cores than checkpoints"); a cluster keeps whole CPUs, so Ray spreads the tasks."""
     from pipelines.plan import uses_gpu
 
     gpu = uses_gpu(plan)
@@ -368,11 +280,8 @@ def phase1_on_hand(plan: Plan) -> tuple[dict, list[Phase1Slot]]:
 def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
            stop_file: str | None = None) -> Stage1Result:
     """Every Phase-1 unit of the plan: skipped when the store holds it, imported
-    (`--phase1-from`), else trained by a Tune experiment over the units still to train
-    (`train_phase1_unit`: each lands itself in the store as it finishes, so a failure of
-    one loses none that finished); then each unit's Stage-1 MLflow run, from the store.
-    No Tune state is restored: a unit's own training directory (Lightning's last.ckpt) is
-    what a later run continues from, here or from the store's progress (issue 52)."""
+    (`--phase1-from`), else trained by a new Tune experiment over the units still to train,
+    each landing itself as it finishes; then each unit's MLflow run, from the store."""
     have, todo = phase1_on_hand(plan)
     digests: dict = {**have}
     paused: dict = {}
@@ -390,20 +299,13 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                 if p.exists():  # replaces them
                     p.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
         by_label = {slot.label: slot for slot in todo}
-        console = TrialConsole(1, len(todo), bound=stage1_start_timeout_s(),
-                               tag=len(plan.phase1_slots) > 1, slots=by_label)
+        console = TrialConsole(1, len(todo), tag=len(plan.phase1_slots) > 1, slots=by_label)
         trainable = tune.with_resources(tune.with_parameters(
             train_phase1_unit, slots=by_label, threads=int(res.cpus),
             compile_cache=str(plan.layout.compile_cache), deadline_s=deadline_s,
             stop_file=stop_file), {"cpu": res.cpus, "gpu": res.gpus})
         grid = _tune(trainable, {"unit": tune.grid_search(list(by_label))},
-                     plan.layout.run_dir / STAGE1_DIRNAME, 1, [console], stop=console)
-        if console.timed_out:
-            raise PipelineError(
-                f"Stage 1 did not start within {console.bound:.0f} s: its Tune trial asks "
-                f"for {res.cpus:g} CPU and {res.gpus:g} GPU on one node, and no node gave "
-                f"them (busy, or too small: {cluster.describe()}). Free the resources, or "
-                "lower --stage1-cpus; PMNET_STAGE1_START_TIMEOUT_S sets the bound")
+                     plan.layout.run_dir / STAGE1_DIRNAME, 1, [console])
         for r in grid:
             slot = by_label[r.config["unit"]]
             kind, said = _outcome(r.error, r.metrics)
@@ -423,9 +325,13 @@ def stage1(plan: Plan, cluster, runs: Runs, *, deadline_s: float | None = None,
                           train_time_s=train_s, paused=paused)
     if paused:  # issue 52: the driver publishes their progress and stops
         return result
-    record_phase1(plan, result.digests)
+    single = list(result.digests) == [None]  # else pipeline.json keeps the earlier waves'
+    if single:
+        write_meta(plan, phase1_sha256=result.digests[None])
+    else:
+        known = PipelineRecord.read(plan.layout.pipeline_json).phase1_sha256s or {}
+        write_meta(plan, phase1_sha256s={**known, **{str(k): v for k, v in result.digests.items()}})
     if runs.parent:
-        single = list(result.digests) == [None]
         runs.safe("parent tags", runs.tracker.set_tags, runs.parent,
                   {"phase1_sha256": result.digests[None]} if single else
                   {f"phase1_sha256.p1s{k}": v for k, v in result.digests.items()})
@@ -438,18 +344,16 @@ def _trial_name(trial) -> str:
     return str(trial.config.get("unit") or TrialId.from_config(trial.config).name)
 
 
-def _tune(trainable, param_space: dict, exp: Path, max_failures: int, callbacks: list, *,
-          stop=None, **tune_config):
-    """A new Tune experiment in `exp`, run to its end: no state of an earlier one is
-    continued (a unit continues from its own training directory, or reuses the store's);
-    a crashed trial gets a console line from the callbacks, not Tune's traceback (which
-    stays in its error.txt)."""
+def _tune(trainable, param_space: dict, exp: Path, max_failures: int, callbacks: list,
+          **tune_config):
+    """A new Tune experiment in `exp` (an earlier one's state is removed), run to its end; a
+    crashed trial's traceback stays in its error.txt (the callbacks say a line)."""
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     shutil.rmtree(exp, ignore_errors=True)
     return tune.Tuner(trainable, param_space=param_space, tune_config=tune.TuneConfig(
         trial_name_creator=_trial_name, trial_dirname_creator=_trial_name, **tune_config),
         run_config=tune.RunConfig(
-            name=exp.name, storage_path=str(exp.parent), verbose=0, stop=stop,
+            name=exp.name, storage_path=str(exp.parent), verbose=0,
             failure_config=tune.FailureConfig(max_failures=max_failures),
             callbacks=callbacks)).fit()
 
@@ -463,16 +367,6 @@ def _outcome(error, metrics) -> tuple[str, Any]:
     m = metrics or {}
     return next(((k, m[k]) for k in (LANDED, NOT_LEARNING, PAUSED, CONFIG_ERROR) if m.get(k)),
                 ("done", None))
-
-
-def record_phase1(plan: Plan, digests: dict) -> None:
-    """pipeline.json's sha256 of the Phase-1 checkpoints (`phase1_sha256` for a grid's
-    single one; `phase1_sha256s` by Phase-1 seed, beside the earlier waves')."""
-    if list(digests) == [None]:
-        write_meta(plan, phase1_sha256=digests[None])
-    else:
-        known = PipelineRecord.read(plan.layout.pipeline_json).phase1_sha256s or {}
-        write_meta(plan, phase1_sha256s={**known, **{str(k): v for k, v in digests.items()}})
 
 
 # -- Stage 2 ---------------------------------------------------------------------------------
@@ -494,9 +388,8 @@ def trial_context(plan: Plan, digests: dict, *, deadline_at: float | None = None
 
 
 def restore_trial_progress(plan: Plan, ctx) -> None:
-    """Issue 61: every trial of the plan without a result whose paused progress is in the
-    store continues from it (`pmnet.store_progress.restore_progress`: into its trial
-    directory, unless the run's own last.ckpt is as far)."""
+    """Issue 61: every trial without a result whose paused progress is in the store
+    continues from it (unless its own last.ckpt is as far)."""
     from pipelines.store import trial_unit
     from pipelines.trial import trial_phase1
     from pmnet.store_progress import restore_progress
@@ -526,12 +419,9 @@ class TrialResources:
 
 def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
            deadline_at: float | None = None, stop_file: str | None = None) -> dict:
-    """The plan's trials as one new Tune experiment. As in Stage 1, no Tune state is
-    restored: a trial whose result the store holds reuses it, one the watchdog stopped stays
-    stopped (its trial.json), and every other trial continues from its own last.ckpt (a
-    paused trial from the store's progress, restored first). With `deadline_at`
-    (`--max-wall`) or `stop_file` (a SIGTERM to the driver) a trial may pause at an epoch end
-    into the store (issue 61). Returns the stage's counts and times."""
+    """The plan's trials as one new Tune experiment (a paused trial's progress restored
+    first); with `deadline_at` or `stop_file` a trial may pause (issue 61). Returns the
+    stage's counts and times."""
     lay, sp = plan.layout, plan.space
     if precheck:  # fail fast in the driver; every trial checks again before training
         try:
@@ -552,8 +442,6 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
                  [TrialConsole(2, sp.n_trials, trials_dir=lay.trials_dir), MirrorLanded(lay)],
                  max_concurrent_trials=sp.max_concurrent or None, reuse_actors=True)
     wall = time.time() - t0
-    # NOT_LEARNING: the watchdog stopped it (issue 62), neither finished nor a crash; PAUSED
-    # (issue 61): at an epoch end, its progress in the store
     n, train_s = Counter(), 0.0
     for r in grid:
         kind, _ = _outcome(r.error, r.metrics)
@@ -575,9 +463,8 @@ def stage2(plan: Plan, runs: Runs, p1: Stage1Result, *, precheck: bool = True,
 
 
 def stage3(plan: Plan, runs: Runs) -> bool:
-    """The report of the run's units (read where they landed, the run's store) into
-    `<run>/report/`; a run with a `--store` also rebuilds the store's report (every unit of
-    the store) in `<store>/report/`. A failure is logged, the units are kept."""
+    """The report of the run's units into `<run>/report/`, and with a `--store` the store's
+    report of all its units in `<store>/report/`. A failure is logged, the units are kept."""
     lay = plan.layout
     units = lay.units
     n = sum(units.result(t).is_file() for t in plan.space.trials)
@@ -619,11 +506,8 @@ def stage3(plan: Plan, runs: Runs) -> bool:
 def timing_record(plan: Plan, t_start: float, s2: dict, p1_time: float,
                   stage1_wall: float) -> dict:
     """This invocation's times, written to timing.json with every invocation's in
-    `invocations`. Phase-1 tasks train side by side, and so do trials: `phase1_train_s` and
-    `sum_trial_train_s` are summed over them and may exceed the wall time. `overhead_s` is
-    the wall time outside the two training stages (Ray's start, tracking, the result
-    backfill), never negative: wall - `stage1_wall_s` - `stage2_wall_s`; `overhead_ratio` =
-    wall / (those two)."""
+    `invocations`. `phase1_train_s` and `sum_trial_train_s` are summed over units that train
+    side by side, so they may exceed the wall; `overhead_s` is the wall outside Stages 1-2."""
     wall = time.time() - t_start
     stages = stage1_wall + s2["wall_s"]
     timing = {"wall_s": wall, "stage1_wall_s": stage1_wall, "stage2_wall_s": s2["wall_s"],

@@ -1,14 +1,11 @@
-"""`status`: the trials of a pipeline, read from the pipeline's own records only (no Ray,
-no MLflow, none of Tune's files).
-
-Sources, most authoritative first: `results/<trial>.json` (finished, and its selection
-metric), each trial's `trials/<trial>/trial.json` (state, failures, last reported epoch and
-best selection metric, last error), and the run lock (is the driver alive?); `tracking.json`
-names the pipeline's MLflow experiment and parent run in the head.
+"""`status`: the trials of a pipeline, read from its own records only (no Ray, no MLflow,
+none of Tune's files): `results/<trial>.json` first, then each `trials/<trial>/trial.json`,
+the run lock (is the driver alive?) and `tracking.json`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from pipelines.addresses import hide_password
@@ -98,9 +95,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def status_text(layout: Layout) -> str:
     meta = PipelineRecord.read(layout.pipeline_json)
     rows = trial_rows(layout)
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    counts = Counter(r["state"] for r in rows)
     tracking = TrackingRecord.read(layout.tracking_json)
     head = [
         f"pipeline {layout.name} ({meta.preset or '?'}, {pipeline_state(layout, meta)})"

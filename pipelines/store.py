@@ -1,11 +1,7 @@
 """The write side of a run's one store (`Layout.units`: `--store DIR`, else the run's own
-directory): plan against it (`open_store`, `check_store_units`: reads only, exit 2), each
-unit's provenance from its start (`start_unit`) to its landing, and the
-landing itself (`land_phase1`, `land_trial`): the one function per unit kind that takes the
-unit's lock (`pmnet.store_lock.UnitLock`), writes its files and writes its commit record
-last, never over a unit already there. A unit the store holds is not trained again: the
-run reads it where it is. The layout is `pmnet.store_layout`; docs/pipeline.md, "The
-store", has the rules.
+directory): checks at planning (reads only, exit 2), each unit's provenance, and its landing
+(`land_phase1`, `land_trial`: under the unit's lock, the commit record last, never over a
+unit already there). docs/pipeline.md, "The store", has the rules.
 """
 
 from __future__ import annotations
@@ -45,22 +41,18 @@ from pmnet.store_progress import Phase1Unit, TrialUnit
 from pmnet.trial_id import TrialId
 from tune_spaces.grids import GRID_DECIDED_FIELDS
 
-#: TrainConfig fields left out of a unit's configuration and its hash: those the grid
-#: decides (its conditions, seeds and Phase-1 seeds: the unit's identity, its name), how a
-#: unit runs (its torch threads: the CPUs a machine gives a trial; the watchdog's settings,
-#: WATCHDOG_FIELDS: whether it is stopped) and the preset's prose; not what it computes
-#: (docs/choices.md, "What a unit's config hash covers")
+#: TrainConfig fields left out of a unit's configuration and its hash: its identity, how it
+#: runs, not what it computes (docs/choices.md, "What a unit's config hash covers")
 UNHASHED_FIELDS: tuple[str, ...] = (*GRID_DECIDED_FIELDS, *WATCHDOG_FIELDS)
 
 # -- planning (reads only) ------------------------------------------------------------------
 
 
 def open_store(path: str | os.PathLike) -> StoreLayout:
-    """The store at `path`, checked without writing: a writable directory (or one that can
-    be created), empty or holding a `store.json` of this format. PipelineError otherwise."""
+    """The store at `path`, checked without writing: a writable (or creatable) directory,
+    empty or holding a `store.json` of this format; PipelineError otherwise."""
     path = storage_root(path, what="--store", help=STORE_HELP)
-    root = check_writable(path, what="store", hint="pass a writable --store (STORE=... for "
-                          "make)")
+    root = check_writable(path, what="store", hint="pass a writable --store (STORE=... for make)")
     try:
         record = read_store_record(root)
     except ValueError as e:
@@ -72,17 +64,11 @@ def open_store(path: str | os.PathLike) -> StoreLayout:
     return StoreLayout(root)
 
 
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     """A nested dict as {dotted key: leaf value} (`model.hidden`)."""
-    if not isinstance(d, dict):
-        return {prefix: d} if prefix else {}
     out: dict[str, Any] = {}
     for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict):
-            out.update(flatten(v, key))
-        else:
-            out[key] = v
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
 
@@ -111,19 +97,11 @@ def progress_unit(slot: Phase1Slot) -> Phase1Unit:
 
 
 def trial_unit(trial: TrialId, cfg, digest: str | None, trial_dir: Path) -> TrialUnit:
-    """The trial as its stored progress is checked and copied (`pmnet.store_progress`,
-    issue 61): its configuration as its unit records it, from Phase-1 checkpoint `digest`
-    (None at planning when the store has no Phase-1 unit yet: not checked then)."""
+    """The trial as its stored progress is checked and copied (`pmnet.store_progress`, issue
+    61), from Phase-1 checkpoint `digest` (None: not checked, the store has none yet)."""
     config = unit_config(cfg.flat())
     return TrialUnit(trial, Path(trial_dir), config, config_hash(config), int(cfg.max_epochs),
                      digest)
-
-
-def _trained_phase1_config(store: StoreLayout, seed: int | None) -> dict | None:
-    """The Phase-1 part of the config a stored checkpoint was trained with (its
-    `phase1_metrics.json`), as a unit records it; None when it has none."""
-    part = trained_phase1_part(read_json(store.phase1_dir(seed) / "phase1_metrics.json"))
-    return None if part is None else unit_config(part)
 
 
 def _refuse(store: StoreLayout, unit: str, diff: str | None) -> PipelineError:
@@ -135,9 +113,8 @@ def _refuse(store: StoreLayout, unit: str, diff: str | None) -> PipelineError:
 
 def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
                       trials: list[TrialId]) -> None:
-    """Every stored unit among `slots` and `trials` (this run's piece) was made with this
-    run's configuration; PipelineError naming the first differing key otherwise. Reads
-    only."""
+    """Every stored unit among `slots` and `trials` was made with this run's configuration;
+    PipelineError naming the first differing key otherwise. Reads only."""
     for slot in slots:
         rec = Stage1Record.read(store.stage1_json(slot.seed))
         if not rec.sha256:
@@ -145,10 +122,9 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
         config, digest = phase1_unit_config(slot)
         if rec.config_hash == digest:
             continue
-        # the stored config decides; a unit without one (a migrated checkpoint: no hash, no
-        # provenance config) is compared through its phase1_metrics.json's train_config
-        prov = Provenance.read(store.phase1_provenance(slot.seed))
-        stored = prov.config or _trained_phase1_config(store, slot.seed)
+        # a unit without a stored config (migrated) is compared through phase1_metrics.json
+        stored = Provenance.read(store.phase1_provenance(slot.seed)).config or \
+            trained_phase1_part(read_json(store.phase1_dir(slot.seed) / "phase1_metrics.json"))
         diff = config_difference(unit_config(stored), config) if stored else None
         if diff or rec.config_hash is not None or not stored:
             raise _refuse(store, unit_name(slot.seed), diff)
@@ -160,8 +136,7 @@ def check_store_units(store: StoreLayout, cfg, space, slots: list[Phase1Slot],
         prov = Provenance.read(store.provenance(trial))
         if prov.config_hash == config_hash(mine):
             continue
-        # the stored config decides (the hash only summarises it); a unit without one (a
-        # migrated result) is compared through its result's own `config`
+        # a unit without a stored config (migrated) is compared through its result's `config`
         stored = prov.config if prov.config else res.get("config")
         diff = config_difference(unit_config(stored), mine) if isinstance(stored, dict) else None
         if diff or not isinstance(stored, dict):
@@ -184,9 +159,7 @@ def start_unit(units: StoreLayout, unit: Phase1Slot | TrialId, run: str, acceler
         config = unit_config(cfg.flat())
         digest, name, kind = config_hash(config), unit.name, "trial"
         path, commit_record = units.provenance(unit), units.result(unit)
-    commit = git_commit()
-    prov = Provenance(unit=name, kind=kind, config_hash=digest, config=config,
-                      git_commit=commit["git_commit"], git_dirty=commit["git_dirty"],
+    prov = Provenance(unit=name, kind=kind, config_hash=digest, config=config, **git_commit(),
                       torch=version("torch"), device=device_kind(accelerator),
                       host=socket.gethostname(), pid=os.getpid(), run=run,
                       started=time.time(), phase1_sha256=phase1_sha256)
@@ -214,8 +187,7 @@ def landed(scratch: Path, prov_now: Provenance) -> Provenance:
 
 
 def _move(src: Path, dst: Path) -> None:
-    """`src` to `dst` atomically: renamed on one file system, else copied (atomically) and
-    removed."""
+    """`src` to `dst` atomically: renamed on one file system, else copied and removed."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(src, dst)
@@ -226,15 +198,11 @@ def _move(src: Path, dst: Path) -> None:
 
 def land_phase1(slot: Phase1Slot, record: Stage1Record, device: str | None,
                 threads: int | None = None) -> str:
-    """A Phase-1 task returned (or `--phase1-from` copied a checkpoint in: `record`'s
-    `imported_from`): its unit lands in the store, the one place it does. Under
-    the unit's lock: the checkpoint and its metrics move from the training directory into
-    the unit (nothing moves when the run is its own store), read-only; the provenance is
-    completed (`threads`, how it ran, goes there and not into its checkpoint file, issue
-    53); then `record`, the commit record `stage1.json`, is written last. A unit another
-    writer landed first is kept, and this run's checkpoint stays in its training
-    directory. Returns the sha256 of the store's checkpoint, the one its trials train
-    from."""
+    """A Phase-1 task returned (or `--phase1-from` copied a checkpoint in): under the unit's
+    lock, the checkpoint and its metrics move from the training directory into the unit,
+    read-only; the provenance is completed (`threads` goes there, not into the checkpoint
+    file, issue 53); `record`, the commit record, last. A unit another writer landed first
+    is kept. Returns the sha256 of the store's checkpoint, the one its trials train from."""
     import stat
 
     units = StoreLayout(slot.dir.parent)
@@ -264,9 +232,7 @@ def land_phase1(slot: Phase1Slot, record: Stage1Record, device: str | None,
 
 def stored_result(units: StoreLayout, trial: TrialId, digest: str) -> dict | None:
     """The store's result of `trial` when it was trained from Phase-1 checkpoint `digest`
-    (another writer's, or finished before a driver died: reused, not trained again), else
-    None. Planning refused a store whose units have another configuration
-    (`check_store_units`)."""
+    (reused, not trained again), else None."""
     res = read_json(units.result(trial))
     return res if isinstance(res, dict) and res.get("phase1_sha256") == digest else None
 
@@ -276,12 +242,10 @@ TRIAL_DIAGNOSTICS = "diagnostics.json"
 
 
 def land_trial(units: StoreLayout, trial: TrialId, trial_dir: Path, prov: Provenance) -> str:
-    """A trial trained: its unit lands in the store, the one place it does. Under the
-    unit's lock, unless the store holds the unit already or its Phase-1 checkpoint is not
-    the store's: its diagnostics (where its grid declares them, from the training
-    directory), its provenance completed, then its result (the commit record) last.
-    Returns what was done, in words ("landed", "in the store already", or why not). A
-    paused sitting's progress (`progress/<trial>/`) goes once the unit is in the store."""
+    """A trial trained: under the unit's lock, unless the store holds the unit already or
+    its Phase-1 checkpoint is not the store's, its diagnostics, its provenance completed,
+    then its result (the commit record) last; a paused sitting's progress goes. Returns what
+    was done, in words ("landed", "in the store already", or why not)."""
     res = read_json(trial_dir / "result.json")
     if not isinstance(res, dict):
         raise StoreError(f"trial {trial.name}: no result.json in {trial_dir} to land")
@@ -309,7 +273,6 @@ def land_trial(units: StoreLayout, trial: TrialId, trial_dir: Path, prov: Proven
 
 def units_left(store: StoreLayout, slots: list[Phase1Slot],
                trials: list[TrialId]) -> tuple[int, int]:
-    """(Phase-1 units, trial units) of `slots`/`trials` not in `store` (a store, or a run's
-    own units)."""
+    """(Phase-1 units, trial units) of `slots`/`trials` not in `store`."""
     p1 = sum(not store.stage1_json(s.seed).is_file() for s in slots)
     return p1, sum(not store.result(t).is_file() for t in trials)

@@ -1,10 +1,7 @@
 """MLflow for the pipeline, a mirror of the run's store with the driver as its only writer
-(trials never open MLflow): the tracking store (`--tracking-uri`, else the embedded
-`<root>/mlflow.db`), runs found again by their `run_key` tag, each unit's run (a Phase-1
-checkpoint's, a trial's) written from the store by one function (`mirror`: after Stage 1,
-as a trial lands, `MirrorLanded`, after each wave and at the end), every call bounded by a
-`TrackingGuard`, so tracking never fails the pipeline. docs/pipeline.md, "MLflow layout",
-has the details.
+(trials never open MLflow): runs found again by their `run_key` tag, each unit's run written
+from the store by `mirror`, every call bounded and non-fatal (`Runs.call`).
+docs/pipeline.md, "MLflow layout", has the details.
 """
 
 from __future__ import annotations
@@ -42,57 +39,16 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN, TAG_MAX = 6000, 5000  # param and tag values are cut there
 #: A model file at most this large goes into MLflow as an artifact (Stage 1's checkpoint, a
-#: trial's selected one): the `debug` and `cpu` presets' (about 1.1 MB for `cpu`); `small`'s
-#: (3.8 MB), `medium`'s (29 MB) and `paper`'s (120 MB) stay on disk, their path a tag. A size,
-#: not a list of presets: a new preset needs no entry here.
+#: trial's selected one); a larger one stays on disk, its path a tag (docs/pipeline.md)
 ARTIFACT_MODEL_MAX_BYTES = 2 * 2**20
-
-
-def model_as_artifact(path: str | os.PathLike) -> bool:
-    """Whether the model file at `path` goes into MLflow as an artifact: a file no larger than
-    ARTIFACT_MODEL_MAX_BYTES."""
-    p = Path(path)
-    return p.is_file() and p.stat().st_size <= ARTIFACT_MODEL_MAX_BYTES
-
-
-# -- bounded calls ----------------------------------------------------------------------------
-
-#: after a failed call the guard skips calls for this long, so a dead server costs one
+#: after a failed call MLflow calls are skipped for this long, so a dead server costs one
 #: bounded call, not one per epoch
 COOLDOWN_S = 120.0
 
 
-class TrackingGuard:
-    """Runs MLflow calls so that none can stall or fail the driver.
-
-    MLflow bounds each HTTP call (HTTP_LIMITS); a SQLite store waits for another writer's
-    lock itself (MLflow sets `PRAGMA busy_timeout = 20000` on each session,
-    `mlflow.store.db.utils._get_managed_session_maker`). Any exception becomes `last_error`,
-    a console warning the first time (`on_failure`), and a cooldown of COOLDOWN_S in which
-    calls are skipped at once (reported as not done).
-    """
-
-    def __init__(self, on_failure: Callable[[str], None] | None = None):
-        self.on_failure = on_failure
-        self.last_error: str | None = None
-        self.failures = 0
-        self._retry_at = float("-inf")
-
-    def call(self, what: str, fn: Callable[..., Any], *args, **kwargs) -> tuple[bool, Any]:
-        """(True, fn's value), or (False, None) when it failed or was skipped."""
-        if time.monotonic() < self._retry_at:
-            return False, None
-        try:
-            return True, fn(*args, **kwargs)
-        except Exception as e:  # tracking must never take training or results down
-            self._retry_at = time.monotonic() + COOLDOWN_S
-            self.last_error = f"{what} failed: {type(e).__name__}: {e}"[:1000]
-            self.failures += 1
-            log.warning("MLflow: %s; MLflow calls are skipped for %.0f s", self.last_error,
-                        COOLDOWN_S)
-            if self.on_failure is not None and self.failures == 1:
-                self.on_failure(self.last_error)
-            return False, None
+def model_as_artifact(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_file() and p.stat().st_size <= ARTIFACT_MODEL_MAX_BYTES
 
 
 # -- the client ----------------------------------------------------------------------------
@@ -128,33 +84,21 @@ class Tracker:
         return exp.experiment_id
 
     def attach_run(self, experiment_id: str, key: str, *, run_name: str,
-                   tags: dict[str, Any] | None = None, parent_run_id: str | None = None,
-                   run_id: str | None = None) -> tuple[str, bool]:
-        """(run_id, created): the run with tag run_key=key (or `run_id`), else a new one;
-        an attached run is RUNNING again."""
-        from mlflow.exceptions import MlflowException
-
+                   tags: dict[str, Any] | None = None,
+                   parent_run_id: str | None = None) -> tuple[str, bool]:
+        """(run_id, created): the first run with tag run_key=key, else a new one; an attached
+        run is RUNNING again."""
         tags = {k: str(v) for k, v in (tags or {}).items()}
         tags["run_key"] = key
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
-        run = None
-        if run_id:
-            try:
-                run = self.client.get_run(run_id)
-                if run.info.lifecycle_stage == "deleted":
-                    run = None
-            except MlflowException:
-                run = None
-        if run is None:
-            found = self.client.search_runs(
-                [experiment_id], filter_string=f"tags.run_key = '{key}'",
-                order_by=["attributes.start_time ASC"], max_results=1)
-            run = found[0] if found else None
-        if run is None:
+        found = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.run_key = '{key}'",
+            order_by=["attributes.start_time ASC"], max_results=1)
+        if not found:
             run = self.client.create_run(experiment_id, tags=tags, run_name=run_name)
             return run.info.run_id, True
-        rid = run.info.run_id
+        run, rid = found[0], found[0].info.run_id
         if run.info.status != "RUNNING":
             self.client.update_run(rid, status="RUNNING")
         self.set_tags(rid, {k: v for k, v in tags.items() if run.data.tags.get(k) != v})
@@ -194,34 +138,49 @@ class Tracker:
 
 @dataclass
 class Runs:
-    """MLflow handles of one pipeline (all None when tracking is off); every call goes
-    through `safe`, bounded and non-fatal."""
+    """MLflow handles of one pipeline (tracker None: tracking off), and the guard every call
+    goes through so that none can stall or fail the driver. MLflow bounds each HTTP call
+    (HTTP_LIMITS); a SQLite store waits for another writer's lock itself (MLflow's `PRAGMA
+    busy_timeout = 20000`, `mlflow.store.db.utils._get_managed_session_maker`). A failed call
+    is `last_error`, a console line the first time, and a cooldown of COOLDOWN_S."""
 
     tracker: Tracker | None = None
     record: TrackingRecord = field(default_factory=TrackingRecord)
-    guard: TrackingGuard = field(default_factory=lambda: TrackingGuard(
-        on_failure=lambda reason: say(f"[mlflow] {reason}; training goes on, the runs are "
-                                      "completed from the result files later")))
-
-    @property
-    def experiment_id(self) -> str | None:
-        return self.record.experiment_id
+    last_error: str | None = None
+    failures: int = 0
+    retry_at: float = float("-inf")
 
     @property
     def parent(self) -> str | None:
         return self.record.parent_run_id
 
+    def call(self, what: str, fn: Callable[..., Any], *args, **kwargs) -> tuple[bool, Any]:
+        """(True, fn's value), or (False, None) when it failed or was skipped (cooling down)."""
+        if time.monotonic() < self.retry_at:
+            return False, None
+        try:
+            return True, fn(*args, **kwargs)
+        except Exception as e:  # tracking must never take training or results down
+            self.retry_at = time.monotonic() + COOLDOWN_S
+            self.last_error = f"{what} failed: {type(e).__name__}: {e}"[:1000]
+            self.failures += 1
+            log.warning("MLflow: %s; MLflow calls are skipped for %.0f s", self.last_error,
+                        COOLDOWN_S)
+            if self.failures == 1:
+                say(f"[mlflow] {self.last_error}; training goes on, the runs are completed "
+                    "from the result files later")
+            return False, None
+
     def safe(self, what: str, fn, *args, **kwargs):
         """fn(*args, **kwargs), or None when tracking is off, failed, or is cooling down."""
         if self.tracker is None:
             return None
-        return self.guard.call(what, fn, *args, **kwargs)[1]
+        return self.call(what, fn, *args, **kwargs)[1]
 
     @classmethod
     def reopen(cls, layout: Layout, uri: str | None = None) -> Runs:
-        """The runs tracking.json records, for a later process (the Tune callback after a
-        restore, `report`), in the store it records (or `uri`); tracking off when there is
-        no record."""
+        """The runs tracking.json records, in its store (or `uri`), for a later process;
+        tracking off when there is no record."""
         record = TrackingRecord.read(layout.tracking_json)
         if record.experiment_id is None:
             return cls(record=record)
@@ -229,27 +188,20 @@ class Runs:
                    record=record)
 
 
-def experiment_name(plan: Plan) -> str:
-    return f"pmnet/{plan.name}"
-
-
 def open_tracking(plan: Plan) -> Runs:
     """Attach the pipeline's experiment and parent run, and record them in tracking.json.
     Bounded by HTTP_LIMITS, but fatal: it runs before any trial starts, and a server
     was checked reachable while planning."""
-    lay = plan.layout
+    lay, name = plan.layout, f"pmnet/{plan.name}"
     uri = store_uri(lay.root, plan.tracking_uri)
     tracker = Tracker(uri)
-    exp_id = tracker.experiment(experiment_name(plan),
-                                tags={"pipeline": plan.name, "storage_root": str(lay.root)},
+    exp_id = tracker.experiment(name, tags={"pipeline": plan.name, "storage_root": str(lay.root)},
                                 artifact_location=artifact_location(uri, plan.name, lay.root))
-    known = TrackingRecord.read(lay.tracking_json)
     tags = {"pipeline": plan.name, "role": "pipeline", "preset": plan.cfg.preset,
             "preset_reason": plan.preset_reason, "grid": plan.space.name,
             "run_dir": str(lay.run_dir), **git_commit(),
             **{f"version.{k}": v for k, v in package_versions().items()}}
-    parent, _ = tracker.attach_run(exp_id, plan.name, run_name=plan.name, tags=tags,
-                                   run_id=known.parent_run_id)
+    parent, _ = tracker.attach_run(exp_id, plan.name, run_name=plan.name, tags=tags)
     sp = plan.space
     grid_params = {"grid.name": sp.name, "grid.conditions": ",".join(sp.conditions),
                    "grid.seeds": ",".join(map(str, sp.seeds)), "grid.n_trials": sp.n_trials}
@@ -260,11 +212,10 @@ def open_tracking(plan: Plan) -> Runs:
         "resources.cpus_per_trial": sp.cpus_per_trial,
         "resources.gpus_per_trial": sp.gpus_per_trial, "max_failures": sp.max_failures})
     record = TrackingRecord(tracking_uri=plan.tracking_uri or EMBEDDED,
-                            experiment_name=experiment_name(plan), experiment_id=exp_id,
-                            parent_run_id=parent)
+                            experiment_name=name, experiment_id=exp_id, parent_run_id=parent)
     record.write(lay.tracking_json)
     where = hide_password(uri) + (" (the embedded store)" if plan.tracking_uri is None else "")
-    say(f"[mlflow] experiment '{experiment_name(plan)}' (id {exp_id}), parent run {parent}; "
+    say(f"[mlflow] experiment '{name}' (id {exp_id}), parent run {parent}; "
         f"tracking URI {where}")
     return Runs(tracker=tracker, record=record)
 
@@ -284,10 +235,8 @@ def claim_key(claim: str) -> str:
 
 
 def claim_entries(records: list[dict]) -> tuple[dict[str, float], dict[str, str]]:
-    """(metrics, tags) of the claims (`pmnet.report.build.claim_records`) on the parent run:
-    per claim `claims/<key>/estimate`, `ci_low`, `ci_high`, `p`, `n` and `reproduces` (1 or
-    0; absent without a verdict either way) as metrics, its `verdict` and `claim` text as
-    tags; and the run's description (`mlflow.note.content`), a table of them all."""
+    """(metrics, tags) of the claims (`pmnet.report.build.claim_records`) on the parent run,
+    as docs/pipeline.md, "MLflow layout", lists them."""
     metrics: dict[str, float] = {}
     tags: dict[str, str] = {}
     rows = ["| claim | ours | 95% CI | p | verdict |", "|---|---:|---:|---:|---|"]
@@ -299,16 +248,14 @@ def claim_entries(records: list[dict]) -> tuple[dict[str, float], dict[str, str]
             key, i = f"{base}_{i}", i + 1
         seen.add(key)
         at = f"{CLAIMS_PREFIX}{key}/"
-        for field_ in ("estimate", "ci_low", "ci_high", "p", "n"):
-            v = as_float(rec.get(field_))
-            if v is not None and math.isfinite(v):
-                metrics[at + field_] = v
+        got = {k: as_float(rec.get(k)) for k in ("estimate", "ci_low", "ci_high", "p", "n")}
+        metrics.update({at + k: v for k, v in got.items() if v is not None and math.isfinite(v)})
         verdict = str(rec.get("verdict") or "")
         if verdict.startswith(("reproduces", "does not reproduce")):
             metrics[at + "reproduces"] = float(verdict.startswith("reproduces"))
         tags[at + "claim"] = str(rec.get("claim") or "")[:TAG_MAX]
         tags[at + "verdict"] = verdict[:TAG_MAX]
-        est, lo, hi, p = (as_float(rec.get(k)) for k in ("estimate", "ci_low", "ci_high", "p"))
+        est, lo, hi, p = (got[k] for k in ("estimate", "ci_low", "ci_high", "p"))
         rows.append(f"| {rec.get('claim')} | {_fmt2(est)} | "
                     f"{f'[{_fmt2(lo)}, {_fmt2(hi)}]' if lo is not None else ''} | "
                     f"{'' if p is None else f'{p:.3g}'} | {verdict} |")
@@ -328,7 +275,7 @@ def log_claims(runs: Runs, claims_file: str | os.PathLike | None) -> int:
     if runs.parent is None or not isinstance(records, list) or not records:
         return 0
     metrics, tags = claim_entries(records)
-    ok, _ = runs.guard.call("logging the claims", lambda: (
+    ok, _ = runs.call("logging the claims", lambda: (
         runs.tracker.log_metric_rows(runs.parent, [(0, metrics)]),
         runs.tracker.set_tags(runs.parent, tags)))
     return len(records) if ok else 0
@@ -338,12 +285,8 @@ def log_claims(runs: Runs, claims_file: str | os.PathLike | None) -> int:
 
 
 def trial_run(name: str, path: Path) -> dict | None:
-    """The run of a trial's unit, from its result file at `path` (None: none there):
-    tags its key, identity (`TrialId.to_config`), provenance and where it trained; params its
-    flat TrainConfig (the variant's overrides applied), identity and a named variant's
-    overrides as `variant.<field>`; each epoch with the running best at `best/select`, the
-    test metrics at the best epoch; the result file and the selected checkpoint when small
-    (`model_as_artifact`; else only its path, a tag) as artifacts."""
+    """The run of a trial's unit, from its result file at `path` (None: none there); its
+    content is docs/pipeline.md's "MLflow layout"."""
     result = read_json(path)
     try:
         trial = TrialId.from_result(result)
@@ -375,9 +318,7 @@ def trial_run(name: str, path: Path) -> dict | None:
 
 
 def phase1_run(name: str, slot: Phase1Slot) -> dict | None:
-    """The run `stage1-<unit>` of a Phase-1 unit the store holds (None: not landed): its
-    Phase-1 params, per-epoch validation, test metrics, sha256 (and `imported_from`), the
-    metrics file and, when small, the checkpoint itself as artifacts."""
+    """The run `stage1-<unit>` of a Phase-1 unit the store holds (None: not landed)."""
     info = Stage1Record.read(slot.stage1_json)
     if not info.sha256:
         return None
@@ -404,7 +345,7 @@ def _write_run(runs: Runs, unit: dict) -> None:
     the epochs it lacks (an `epoch` step already logged is not sent again), the final
     metrics, the artifacts; FINISHED."""
     tracker = runs.tracker
-    rid, _ = tracker.attach_run(runs.experiment_id, unit["key"], run_name=unit["run_name"],
+    rid, _ = tracker.attach_run(runs.record.experiment_id, unit["key"], run_name=unit["run_name"],
                                 parent_run_id=runs.parent, tags=unit["tags"])
     tracker.log_params_once(rid, unit["params"])
     logged = {m.step for m in tracker.client.get_metric_history(rid, "epoch")}
@@ -415,22 +356,12 @@ def _write_run(runs: Runs, unit: dict) -> None:
     tracker.client.set_terminated(rid, "FINISHED")
 
 
-def _finished_runs(runs: Runs, pipeline: str) -> set[str]:
-    """The run keys of the pipeline's FINISHED runs."""
-    found = runs.tracker.client.search_runs(
-        [runs.experiment_id], max_results=50000,
-        filter_string=f"tags.pipeline = '{pipeline}' and attributes.status = 'FINISHED'")
-    return {r.data.tags["run_key"] for r in found if "run_key" in r.data.tags}
-
-
 def mirror(layout: Layout, runs: Runs, slots: Iterable[Phase1Slot] = (),
            trials: Iterable[TrialId] = (), *, quiet: bool = False) -> dict[str, int]:
-    """MLflow as a mirror of the store, for both kinds of unit: each Phase-1 unit of `slots`
-    and each trial of `trials` that the run's store holds and whose run is not FINISHED
-    (trained by another writer, or logged only in part) gets its run written completely
-    (`_write_run`); a unit that did not land (failed, paused) has none. Idempotent: a FINISHED
-    run is left as it is. Bounded and non-fatal: when MLflow fails the rest stays for the
-    next call. Returns {"logged": n, "pending": m}."""
+    """MLflow as a mirror of the store: each unit of `slots` and `trials` that the store holds
+    and whose run is not FINISHED gets its run written completely; a unit that did not land
+    has none. Idempotent, bounded and non-fatal (what failed stays for the next call).
+    Returns {"logged": n, "pending": m}."""
     out = {"logged": 0, "pending": 0}
     if runs.tracker is None:
         return out
@@ -439,26 +370,27 @@ def mirror(layout: Layout, runs: Runs, slots: Iterable[Phase1Slot] = (),
              if u]
     if not units:
         return out
-    ok, finished = runs.guard.call("listing the finished runs", _finished_runs, runs,
-                                   layout.name)
+    ok, found = runs.call(
+        "listing the finished runs", runs.tracker.client.search_runs,
+        [runs.record.experiment_id], max_results=50000,
+        filter_string=f"tags.pipeline = '{layout.name}' and attributes.status = 'FINISHED'")
+    finished = {r.data.tags.get("run_key") for r in found or ()}
     for unit in units:
         if ok and unit["key"] in finished:
             continue
-        done = ok and runs.guard.call(f"logging {unit['run_name']} from the store", _write_run,
+        done = ok and runs.call(f"logging {unit['run_name']} from the store", _write_run,
                                       runs, unit)[0]
         out["logged" if done else "pending"] += 1
     if (out["logged"] and not quiet) or out["pending"]:
         say(f"[mlflow] {out['logged']} run(s) written from their units in the store"
-            + (f"; {out['pending']} left pending (MLflow failed: {runs.guard.last_error}); "
+            + (f"; {out['pending']} left pending (MLflow failed: {runs.last_error}); "
                "the next `make resume` logs them" if out["pending"] else ""))
     return out
 
 
 class MirrorLanded(tune.Callback):
     """Stage 2's Tune callback: as a trial completes, its unit (if it landed) is mirrored to
-    MLflow by `mirror`, the one writer of the units' runs, so a run's trials appear in
-    the MLflow UI as they finish rather than at the wave's end. A trial without a result
-    (failed, or stopped by the watchdog) gets no run: `make status` shows it."""
+    MLflow, so a run's trials appear in the UI as they finish rather than at the wave's end."""
 
     def __init__(self, layout: Layout):
         self.layout, self.runs = layout, None

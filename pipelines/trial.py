@@ -1,10 +1,5 @@
-"""One Stage-2 trial (a `TrialId`: condition x variant x seed) as a Tune function trainable:
-it verifies the shared Phase-1 checkpoint first, trains with `pmnet.train.run_phase2`
-(continuing from its `ckpt/last.ckpt`, the one checkpoint of its weights: Tune gets each
-epoch's metrics and no checkpoint), reuses a result that already exists instead of training again,
-and lands its unit in the run's store (`pipelines.store.land_trial`), once. It never
-opens MLflow. docs/pipeline.md, "Stages" (step 2) and "Tests" (`PMNET_TEST_FAULT_ONCE`),
-has the details.
+"""One Stage-2 trial (a `TrialId`) as a Tune function trainable, which never opens MLflow:
+docs/pipeline.md, "Stages" (step 2) and "Tests" (`PMNET_TEST_FAULT_ONCE`).
 """
 
 from __future__ import annotations
@@ -33,22 +28,13 @@ FAULT_ENV = "PMNET_TEST_FAULT_ONCE"
 
 @dataclass(frozen=True)
 class TrialContext:
-    """What the driver hands every Stage-2 trial (pickled once by `tune.with_parameters`:
-    the one place a trial's configuration crosses a process boundary, as typed objects;
-    `stages.trial_context` makes it).
+    """What the driver hands every Stage-2 trial (`stages.trial_context`; pickled once by
+    `tune.with_parameters`: the one place a trial's configuration crosses a process boundary).
 
-    layout: the run's `Layout` (its root, name and store, where its units land).
-    space: its grid (`tune_spaces.Space`): which trials are diagnosed, a variant's overrides.
-    configs: {trial name: TrainConfig} of every trial of the grid, resolved once by the
-        driver (`Space.trial_config`): a worker looks its trial's configuration up, it does
-        not build it again.
-    digests: {Phase-1 seed (None: the pipeline's single checkpoint): sha256} that Stage 1
-        recorded; a trial of Phase-1 seed k loads `phase1-p1s<k>/phase1.pt` and refuses any
-        checkpoint but the one of this hash.
-    deadline_at, stop_file (issue 61: a Phase 2 in pieces): the wall-clock time (`time.time()`)
-        by which a trial stops at an epoch end (`--max-wall`), and the run's stop file (a
-        SIGTERM to the driver writes it); a trial stopped so pauses, its progress goes into
-        the store (`PAUSED`), and the next run of the unit continues it.
+    configs: {trial name: TrainConfig}, resolved once by the driver (`Space.trial_config`).
+    digests: {Phase-1 seed (None: the single checkpoint): the sha256 Stage 1 recorded}.
+    deadline_at (`time.time()`, `--max-wall`), stop_file (a SIGTERM to the driver writes it):
+        a trial pauses at an epoch end by then (issue 61).
     """
 
     layout: Layout
@@ -59,9 +45,8 @@ class TrialContext:
     stop_file: str | None = None
 
     def config(self, trial: TrialId):
-        """The trial's TrainConfig, resolved when the context was made (`configs`:
-        `Space.trial_config`, threads = the trial's CPUs where the preset leaves them open);
-        ValueError for a variant, Phase-1 seed or trial the pipeline does not have."""
+        """The trial's TrainConfig; ValueError for a variant, Phase-1 seed or trial the
+        pipeline does not have."""
         trial_phase1(self, trial)  # a Phase-1 seed the pipeline has no checkpoint of: refused
         if trial.name not in self.configs:
             self.space.variant(trial.variant)  # a variant the grid lacks: named as such
@@ -82,9 +67,7 @@ class TrialContext:
 
 class TrialConfigError(Exception):
     """A trial's configuration cannot run (its identity, variant, seed, Phase-1 checkpoint):
-    deterministic, so retrying cannot help. The trial records it, reports it to Tune and ends
-    without raising, so Tune does not retry it (`max_failures` is for crashes); it counts as
-    errored, and a `resume` runs it again (a fresh Tune experiment, `stages.stage2`)."""
+    deterministic, so the trial ends without raising (`_refuse`) and Tune does not retry it."""
 
 
 def assigned_device() -> str:
@@ -116,15 +99,6 @@ def assigned_gpu_share() -> float | None:
         return None
 
 
-def release_device_memory() -> None:
-    """Give back what a finished trial holds, in its own thread (Tune reuses the actor for
-    the next trial, in a new thread): its compiled code, CUDA-graph trees and pools, and
-    the allocator's cache (`pmnet.train.compiled_steps.release_compiled_steps`)."""
-    from pmnet.train.compiled_steps import release_compiled_steps
-
-    release_compiled_steps()
-
-
 def quiet_training_logs() -> None:
     """Keep Lightning's banner lines and tips out of the trial logs."""
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
@@ -148,18 +122,9 @@ def make_report_callback(*, trial_dir: Path, trial: TrialId, select: str):
     from ray import tune
 
     class TuneReport(Checkpoint):
-        """At each train-epoch end: `tune.report` the epoch's metrics, without a Tune
-        checkpoint: the weights are written once, by `pmnet.train.LastCheckpoint`, to the
-        trial's `ckpt/last.ckpt`, from which every attempt of the trial continues.
-
-        Its own state (`best` so far, `final`) travels inside last.ckpt, which is dumped at
-        train-epoch end before this callback's hook runs (it is a `Checkpoint` callback
-        placed last, after EarlyStopping, ModelCheckpoint and LastCheckpoint). So `best` is
-        updated earlier, at validation end, and `final` is read from the trainer when the
-        checkpoint is dumped, after EarlyStopping decided. A resumed trial thus carries the
-        state an uninterrupted one carries into the next epoch (and selects the same
-        checkpoint), and one resumed from its final epoch goes straight to testing.
-        """
+        """At each train-epoch end: `tune.report` the epoch's metrics, with no Tune
+        checkpoint. Placed last; its state (`best`, `final`) travels in last.ckpt:
+        docs/pipeline.md, "Stages", `TuneReport`'s state."""
 
         def __init__(self):
             self.best = float("-inf")
@@ -232,7 +197,10 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
     t_enter = time.time()
     quiet_training_logs()
     from pipelines import store as st
+    from pmnet.diagnose import diagnose_file
+    from pmnet.io import atomic_write_json
     from pmnet.train import NotLearningError, PhasePaused, get_condition, use_compile_cache
+    from pmnet.train.compiled_steps import release_compiled_steps
 
     use_compile_cache(ctx.layout.compile_cache)  # the graphs compiled under this root
 
@@ -282,8 +250,9 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
             _pause(layout, trial, cfg, digest, final, info_path, trial_info)
             return
         if done is None:
-            if ctx.space.diagnosed(trial) and (tdir / "best_model.pt").is_file():
-                _diagnose(tdir, tdir / st.TRIAL_DIAGNOSTICS)
+            best, out = tdir / "best_model.pt", tdir / st.TRIAL_DIAGNOSTICS
+            if ctx.space.diagnosed(trial) and best.is_file() and not out.is_file():
+                atomic_write_json(out, diagnose_file(best).to_dict())
             what = st.land_trial(layout.units, trial, tdir, prov)
             if what != "landed":
                 log.warning("trial %s: unit %s", trial.name, what)
@@ -300,16 +269,15 @@ def train_trial(config: dict, ctx: TrialContext) -> None:
         TrialState.update(info_path, **trial_info, state="ERROR", error=error[:2000],
                           failures=TrialState.read(info_path).failures + 1)
         raise
-    finally:
-        release_device_memory()
+    finally:  # in the trial's own thread: Tune reuses the actor, in a new thread
+        release_compiled_steps()
     _end(trial, info_path, {k: (float("nan") if v is None else v) for k, v in final.items()},
          **trial_info, state="FINISHED", result=str(layout.result_path(trial)))
 
 
 def _end(trial: TrialId, info_path: Path, report: dict, **state) -> None:
-    """A trial's one way out without raising: its trial.json updated with `state` (when
-    given) and its last Tune report, `report` with the trial's identity (`finished` 0 unless
-    `report` says 1)."""
+    """A trial's one way out without raising: trial.json updated with `state`, and its last
+    Tune report (`finished` 0 unless `report` says 1)."""
     from ray import tune
 
     if state:
@@ -319,11 +287,9 @@ def _end(trial: TrialId, info_path: Path, report: dict, **state) -> None:
 
 def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
            trial_info: dict) -> None:
-    """The trial stopped at an epoch end (`--max-wall`, or a SIGTERM to the driver): its
-    last and best checkpoints go into the store's `progress/<trial>/`, where the next run of
-    the unit (`make resume`, or another machine's run on the store) continues it; its last
-    report says `PAUSED` (the trial returns: Tune does not retry it). A trial that starts
-    after the run's deadline pauses at once, before epoch 1 (`paused.epoch` -1)."""
+    """The trial stopped at an epoch end (issue 61): its last and best checkpoints go into
+    the store's `progress/<trial>/` (none when it paused before epoch 1, `paused.epoch` -1);
+    its last report says `PAUSED`."""
     import dataclasses
 
     from pipelines import store as st
@@ -338,35 +304,19 @@ def _pause(layout, trial: TrialId, cfg, digest: str, paused, info_path: Path,
          state=PAUSED_STATE)
 
 
-def _diagnose(tdir: Path, out: Path) -> None:
-    """`pmnet diagnose` of the trial's best model into the unit's diagnostics (once)."""
-    if out.is_file():
-        return
-    from pmnet.diagnose import diagnose_file
-    from pmnet.io import atomic_write_json
-
-    atomic_write_json(out, diagnose_file(tdir / "best_model.pt").to_dict())
-
-
-#: The key of a trial's last Tune report when it was refused for its configuration.
+#: Keys of a unit's last Tune report when it ends without a result and without raising (so
+#: Tune does not retry it): refused for its configuration; stopped by the watchdog (issue 62,
+#: also its trial.json `state`: a resume leaves it); paused at an epoch end (issues 52, 61:
+#: `PhasePaused` as JSON, its progress in the store; a trial's `state` PAUSED_STATE).
 CONFIG_ERROR = "config_error"
-#: A trial the watchdog stopped (issue 62): its trial.json `state` and the key of its last
-#: Tune report. The trial ends without raising, so Tune does not retry it (the same run would
-#: stop again); its last.ckpt stays, it has no result, and a resume leaves it as it is
-#: (`train_trial` reads its trial.json; delete the trial's directory to train it again).
 NOT_LEARNING = "NOT LEARNING"
-#: The key of a unit's last Tune report when it stopped at an epoch end before its end (a
-#: Phase-1 unit, issue 52, or a trial, issue 61): `PhasePaused` as JSON; its progress is in
-#: the store. A paused trial's trial.json `state` is PAUSED_STATE.
 PAUSED = "paused"
 PAUSED_STATE = "PAUSED"
 
 
 def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> None:
-    """End a trial whose configuration cannot run: trial.json says why (state ERROR,
-    `config_error`), and its one Tune report carries the reason, so the trial ends once
-    (Tune does not retry a trial that returns) and the driver counts it as errored (it has no
-    result file)."""
+    """End a trial whose configuration cannot run, once: trial.json (state ERROR,
+    `config_error`) and its last Tune report say why."""
     message = f"{type(error).__name__}: {error}"
     log.error("trial %s refused: %s", trial.name, message)
     _end(trial, info_path, {CONFIG_ERROR: message[:2000]}, **info, state="ERROR",
@@ -374,10 +324,8 @@ def _refuse(trial: TrialId, info_path: Path, error: Exception, info: dict) -> No
 
 
 def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
-    """Make the trial's `ckpt/` belong to Phase-1 checkpoint `digest`: Lightning checkpoints
-    trained from another Phase-1 checkpoint (Phase 1 was retrained), or of unknown origin,
-    are removed so the trial cannot resume from them. A checkpoint names its origin itself
-    (`pmnet.train.checkpoint_origin`). Returns why something was removed."""
+    """Remove the trial's `ckpt/` when a checkpoint there was trained from another Phase-1
+    checkpoint than `digest`, or names none (`pmnet.train.checkpoint_origin`); why, or None."""
     from pmnet.train import checkpoint_origin
 
     ckpt_dir = Path(trial_dir) / "ckpt"
@@ -396,16 +344,12 @@ def discard_foreign_checkpoints(trial_dir: Path, digest: str) -> str | None:
 
 def _train_and_record(layout, cfg, cond, trial: TrialId, record: dict, p1_ckpt: Path,
                       digest, done: dict | None, setup, stop=None):
-    """The trial's final Tune report: `done`, the store's result from this checkpoint, is
-    reused, not retrained; else the trial trains (its unit is then landed by the caller).
-    With `stop` (a `StopAtEpochEnd`) the training may pause: the report is then the
-    `PhasePaused`."""
+    """The trial's final Tune report: from `done` (the store's result of this Phase-1
+    checkpoint, reused) or from training; a `PhasePaused` when `stop` paused it."""
     from pmnet.train import checkpoint_epoch, run_phase2
 
     tdir = layout.trial_dir(trial)
-    # one line of trials/<trial>/attempts.jsonl, every key (None too): where the attempt ran,
-    # whether it trains or reuses, Lightning checkpoints it discarded (another Phase-1
-    # origin), what it resumed from (its last.ckpt, the truth: the epoch it continues from)
+    # one line of trials/<trial>/attempts.jsonl, every key (None too)
     attempt = {"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
                "node_id": _node_id(),
                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

@@ -352,15 +352,15 @@ def test_ui_beyond_loopback_serves_there_with_the_warning(tmp_path, monkeypatch)
     assert "no authentication" not in text
 
 
-def test_ui_on_a_busy_port_or_a_foreign_host_is_refused(tmp_path, monkeypatch):
+def test_ui_on_a_busy_port_is_left_to_mlflow_server(tmp_path, monkeypatch):
+    """No pre-bind (issue 63): a busy port or a foreign host goes to `mlflow server`, whose
+    own error says it ("[Errno 98] error while attempting to bind ...")."""
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()
-        rc, text, _ = _ui(tmp_path, monkeypatch, "--port", str(srv.getsockname()[1]))
-    assert rc == run.Exit.BAD_INPUT and "cannot listen on 127.0.0.1:" in text, text
-    rc, text, _ = _ui(tmp_path, monkeypatch, "--host", "192.0.2.1", "--port", str(free_port()))
-    assert rc == run.Exit.BAD_INPUT and "cannot listen on 192.0.2.1" in text, text
-    assert not (tmp_path / "runs").exists()
+        port = str(srv.getsockname()[1])
+        rc, text, cmd = _ui(tmp_path, monkeypatch, "--port", port)
+    assert rc is None and cmd[cmd.index("--port") + 1] == port, text
 
 
 def test_make_ui_passes_host_port_and_allowed_hosts():

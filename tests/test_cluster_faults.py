@@ -205,7 +205,7 @@ def test_node_running_phase1_lost(tmp_path, reference):  # noqa: F811
     with LoopbackCluster() as cluster:
         cluster.add_node(head=True, num_cpus=0)  # the head runs no task: Phase 1 is remote
         workers = [cluster.add_node(num_cpus=1), cluster.add_node(num_cpus=1)]
-        proc = start_on(cluster, root, "lost1", {PAUSE_ENV: PAUSE, "PMNET_PROGRESS_EVERY_S": "1"})
+        proc = start_on(cluster, root, "lost1", {PAUSE_ENV: PAUSE})
         try:
             first = wait_for(lambda: last.is_file() and Started.read(started_file), 600,
                              "Phase 1's first epoch checkpoint", proc)

@@ -170,8 +170,8 @@ def _ray_node(name: str, cpus: float, gpus: float = 0) -> dict:
     return {"NodeID": _id(name), "Alive": True, "NodeName": name, "Resources": res}
 
 
-SEES = TorchCuda("2.13.0+cu128", "12.8", True)
-BLIND = TorchCuda("2.13.0+cpu", None, False)
+SEES = TorchCuda(True, "torch 2.13.0+cu128, torch.version.cuda=12.8, ...")
+BLIND = TorchCuda(False, "torch 2.13.0+cpu, torch.version.cuda=None, ...")
 
 
 def test_a_ray_cluster_is_described_from_its_nodes_and_their_cards():
@@ -201,7 +201,7 @@ def test_every_gpu_of_the_paper_grid_holds_trials_that_fit_it(tmp_path, node, on
     on the card (their shares sum to at most 1) fit it; a condition no card holds is refused
     before anything is written."""
     conditions = list(CONDITIONS)
-    usable = mm.usable_bytes(node.card_bytes)
+    usable = mm.usable_bytes(node.cards[0].memory_bytes)
     peaks = {c: mm.trial_memory(ModelConfig.from_name("paper"), c, batch_size=256,
                                 precision="bf16-mixed").peak for c in conditions}
     fitting = [c for c in conditions if peaks[c] <= usable]
@@ -245,7 +245,7 @@ def test_stage1_is_sized_from_the_gpu_nodes(tmp_path):
     plan = _plan(tmp_path, cluster(HEAD, RTX))
     res = stages.stage1_resources(plan, plan.cluster, n_tasks=1)
     assert (res.cpus, res.gpus) == (16, 1)
-    assert plan.cluster.fits(res.cpus, res.gpus)
+    assert any(n.cpus >= res.cpus and n.gpus >= res.gpus for n in plan.cluster.nodes)
     assert stages.stage1_resources(plan, plan.cluster, n_tasks=3).cpus == 5  # shared
     cpu_plan = _plan(tmp_path, cluster(HEAD, RTX), gpus_per_trial=0)
     res = stages.stage1_resources(cpu_plan, cpu_plan.cluster, n_tasks=1)
@@ -269,33 +269,6 @@ def test_stage1_on_one_node_with_fewer_cpus_than_checkpoints_trains_them_all_at_
     gpu_node = NodeInfo("g", 2, 1, (card(24, "NVIDIA GeForce RTX 4090"),))
     gpu_plan = _plan(tmp_path / "c", cluster(gpu_node))
     assert stages.stage1_resources(gpu_plan, gpu_plan.cluster, n_tasks=3).cpus == 1
-
-
-def test_stage1_not_scheduled_within_the_bound_says_why_and_stops(tmp_path, monkeypatch):
-    """A real Tune experiment on a local Ray of 1 CPU and no GPU: the plan's Phase-1 trial
-    asks for 16 CPUs and a GPU (a busy cluster), never starts, and the console's stopper
-    ends the experiment at the bound with the reason; nothing landed."""
-    from pipelines.cluster import init_ray
-    from pipelines.tracking import Runs
-
-    monkeypatch.setenv("PMNET_STAGE1_START_TIMEOUT_S", "3")
-    plan = _plan(tmp_path, cluster(HEAD, RTX))
-    ray = init_ray(None, 1)
-    try:
-        t0 = time.time()
-        with pytest.raises(PipelineError, match=r"Stage 1 did not start within 3 s: its Tune "
-                                                r"trial asks for 16 CPU and 1 GPU on one node"):
-            stages.stage1(plan, plan.cluster, Runs())
-        assert time.time() - t0 < 120
-    finally:
-        ray.shutdown()
-    assert not plan.phase1_slots[0].stage1_json.exists()
-    console = stages.TrialConsole(1, 1, bound=3600.0, tag=False)
-    console.on_step_begin(0, [])
-    assert not console.stop_all()  # within the bound
-    console.started, console.t0 = True, 0.0
-    console.on_step_begin(1, [])
-    assert not console.stop_all()  # a trial that started is waited for, however long
 
 
 # -- device truth ----------------------------------------------------------------------------
@@ -412,7 +385,7 @@ def test_a_resume_checks_the_stored_grid_against_the_cluster_a_report_does_not(t
 
     plan = _plan(tmp_path, cluster(HEAD, RTX))
     write_meta(plan, status="finished")
-    with pytest.raises(PipelineError, match="cannot continue here: the grid asks up to .* GPU "
+    with pytest.raises(PipelineError, match="cannot continue here: the grid asks .* GPU "
                                             "per trial but no node"):
         planning.plan_resume(root=tmp_path / "runs", name="p", cluster=cluster(HEAD))
     again = planning.plan_resume(root=tmp_path / "runs", name="p", cluster=cluster(RTX))
@@ -438,15 +411,16 @@ def test_a_gpu_the_trainers_torch_cannot_use_is_refused_before_anything_starts(
     local = describe_local(num_cpus=4)
     node = local.nodes[0]
     assert [c.name for c in node.cards] == ["NVIDIA GeForce RTX 4090"] and node.gpus == 1
-    assert node.torch is not None and node.torch.cuda is None and not node.torch.ok
-    assert node.torch.torch == torch.__version__  # the trainer's torch, asked in a subprocess
+    assert node.torch is not None and not node.torch.ok
+    # the trainer's torch, asked in a subprocess
+    assert node.torch.describe().startswith(f"torch {torch.__version__}, ")
     with pytest.raises(PipelineError, match=r"nvidia-smi sees 1 GPU\(s\) but its Python "
                                             r"cannot use them .*torch.version.cuda=None"):
         _plan(tmp_path, local, preset="debug")
     root = tmp_path / "runs"
     assert run.main(["start", "--preset", "debug", "--grid", "tiny", "--root", str(root)]) == 2
     assert not root.exists()  # refused before anything was written
-    seeing = cl.TorchCuda("2.13.0+cu128", "12.8", True)
+    seeing = cl.TorchCuda(True, "torch 2.13.0+cu128, torch.version.cuda=12.8")
     ok = ClusterInfo(nodes=(NodeInfo("gpu", 4, 1, node.cards, torch=seeing),))
     assert _plan(tmp_path, ok, preset="debug").space.gpus_per_trial > 0
 

@@ -667,8 +667,8 @@ def _argv(pid: int) -> list[str]:
 
 WRITER = """
 import sys
-from pipelines.tracking import Tracker, TrackingGuard
-tracker, guard = Tracker(sys.argv[1]), TrackingGuard()
+from pipelines.tracking import Runs, Tracker
+tracker, guard = Tracker(sys.argv[1]), Runs()
 exp = tracker.experiment("two-writers")
 rid, _ = tracker.attach_run(exp, sys.argv[2], run_name=sys.argv[2])
 ok = [guard.call("log", tracker.client.log_metric, rid, "x", float(i), step=i)[0]
@@ -717,14 +717,14 @@ def test_a_sqlite_tracking_uri_is_written_by_the_driver_directly(tmp_path, monke
     assert "user.db" not in str(ctx) and not any("tracking" in k for k in vars(ctx))
     recorded = TrackingRecord.read(plan.layout.tracking_json)
     assert recorded.tracking_uri == plan.tracking_uri == f"sqlite:///{tmp_path / 'user.db'}"
-    assert recorded.experiment_id == runs.experiment_id and recorded.parent_run_id == runs.parent
+    assert recorded == runs.record and recorded.parent_run_id == runs.parent
     # `resume` writes to the same file
     assert planning.plan_resume(root=tmp_path / "runs", name="sq").tracking_uri == \
         plan.tracking_uri
     assert processes_mentioning(str(tmp_path / "user.db")) == []  # no server process
     client = MlflowClient(plan.tracking_uri)
     assert client.get_run(runs.parent).data.tags["run_key"] == "sq"  # the runs are in that file
-    exp = client.get_experiment(runs.experiment_id)
+    exp = client.get_experiment(recorded.experiment_id)
     assert exp.artifact_location == (tmp_path / "mlartifacts" / "sq").as_uri()  # beside it
 
 

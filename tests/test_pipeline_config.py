@@ -140,7 +140,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: adds its line here with the reason, and a place that means the preset reads the preset's
 #: entry instead (`pmnet.config.PRESETS`, `TrainConfig.needs_gpu`, `default_preset`).
 ACCELERATOR_WORDS: dict[tuple[str, str], tuple[int, str]] = {
-    ("driver.py", "execute_waves"): (1, "the units' accelerator: 'gpu' if the grid uses one"),
+    ("driver.py", "_execute"): (1, "the units' accelerator: 'gpu' if the grid uses one"),
     ("plan.py", "choose_preset"): (1, "default_preset('cpu'): the default on GPU-less nodes"),
     ("plan.py", "fit_to_cluster"): (1, "default_preset('cpu'), named in the GPU refusal"),
     ("provenance.py", "device_kind"): (1, "the default of its `accelerator` argument"),
@@ -440,11 +440,10 @@ def test_trial_runs_are_named_and_reattached(tracker):
     tracker.log_params_once(rid, {"lr": 0.001, "model.hidden": 32})
     tracker.log_metric_rows(rid, [(0, {"val/updated_ltm": 10.0, "epoch": 0})])
     tracker.client.set_terminated(rid, "FAILED")
-    # a retried / resumed trial finds the same run, by tag or by id
+    # a retried / resumed trial finds the same run, by its run_key tag
     again, created = tracker.attach_run(exp, key, run_name="learned_full-s42",
                                         parent_run_id=parent, tags={"seed": 42})
     assert again == rid and not created
-    assert tracker.attach_run(exp, key, run_name="x", run_id=rid) == (rid, False)
     run_ = tracker.client.get_run(rid)
     assert run_.info.status == "RUNNING" and run_.info.run_name == "learned_full-s42"
     assert run_.data.tags["run_key"] == key and run_.data.tags["condition"] == "learned_full"
@@ -715,7 +714,7 @@ def test_a_broken_tracking_uri_neither_stalls_nor_fails_the_mirror(trials_here, 
     # one failing call (refused: a few s), then nothing waits for the server; with
     # MLflow's defaults (7 retries, backoff 2) the first call alone takes minutes
     assert time.time() - t0 < 30
-    assert cb.runs.guard.failures == 1 and "listing" in cb.runs.guard.last_error
+    assert cb.runs.failures == 1 and "listing" in cb.runs.last_error
     # nothing was written: both stay pending (the guard still cooling down, at once)
     t0 = time.time()
     assert mirror(lay, cb.runs, trials=[TrialId(c, s) for c, s in HERE_TRIALS]) == {
@@ -742,7 +741,7 @@ def test_tracking_limits_bound_a_server_that_never_answers(tmp_path, monkeypatch
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)
         uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
-        guard = tracking.TrackingGuard()
+        guard = tracking.Runs()
         tracker = Tracker(uri)
         t0 = time.time()
         ok, _ = guard.call("attaching", tracker.attach_run, "1", "t/x-s1", run_name="x-s1")
@@ -766,7 +765,7 @@ def test_sqlite_lock_is_waited_for_not_fatal(tmp_path):
     from pipelines import tracking
 
     db = tmp_path / "mlflow.db"
-    tracker, guard = Tracker(f"sqlite:///{db}"), tracking.TrackingGuard()
+    tracker, guard = Tracker(f"sqlite:///{db}"), tracking.Runs()
     exp = tracker.experiment("locked")
     rid, _ = tracker.attach_run(exp, "r", run_name="r")
     other = sqlite3.connect(db, check_same_thread=False)

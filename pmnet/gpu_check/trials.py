@@ -313,7 +313,7 @@ def _replays(module, condition, cfg, device, seed: int, autocast, n: int = 3):
 def run_two_trials(preset: str, overrides: dict, batch: int | None, steps: int) -> dict:
     """Two trials of different arms in a row in this process, each in a fresh thread (as
     a reused Ray actor runs them), with the pipeline's release between them
-    (`pipelines.trial.release_device_memory` = `release_compiled_steps`)."""
+    (`release_compiled_steps`, as `pipelines.trial.train_trial` ends)."""
     import torch
 
     from pmnet.train.compiled_steps import release_compiled_steps
