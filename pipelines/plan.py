@@ -186,15 +186,19 @@ def plan_new(*, root: str | os.PathLike, name: str | None = None, preset: str | 
 
 def check_compute_flags(*, num_cpus=None, stage1_cpus=None, gpu_mem_gib=None,
                         max_wall_s=None) -> None:
-    """The numeric compute flags (argparse gave their types), before the cluster is asked."""
-    if max_wall_s is not None and not max_wall_s > 0:  # (NaN too)
+    """The numeric compute flags, before the cluster is asked (their types too: a Python
+    caller has no argparse)."""
+    if max_wall_s is not None and (isinstance(max_wall_s, bool) or not isinstance(
+            max_wall_s, (int, float)) or not max_wall_s > 0):  # (NaN too)
         raise PipelineError(f"--max-wall must be a positive number of seconds, got "
                             f"{max_wall_s!r}")
-    if num_cpus is not None and not num_cpus >= 1:
+    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)
+                                 or num_cpus < 1):
         raise PipelineError(f"--num-cpus must be a positive integer, got {num_cpus!r}")
     if stage1_cpus is not None and not stage1_cpus > 0:
         raise PipelineError(f"--stage1-cpus must be > 0, got {stage1_cpus!r}")
-    if gpu_mem_gib is not None and not 0 < gpu_mem_gib < 10_000:
+    if gpu_mem_gib is not None and not (isinstance(gpu_mem_gib, (int, float))
+                                        and 0 < gpu_mem_gib < 10_000):
         raise PipelineError(f"--gpu-mem must be the memory of one GPU in GiB (e.g. 24 or 80), "
                             f"got {gpu_mem_gib!r}")
 
