@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 from pipelines.layout import PipelineError
 
@@ -251,6 +250,17 @@ def connect_ray(address: str):
     return ray
 
 
+@contextlib.contextmanager
+def _switched(module, name: str, value):
+    """`module.name` is `value` inside the block and what it was after, even on an error."""
+    was = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, was)
+
+
 def init_ray(ray_address: str | None, num_cpus: int | None = None,
              planned: ClusterInfo | None = None):
     """Local Ray by default (loopback only, dashboard off, quiet; `num_cpus` and the GPUs
@@ -273,7 +283,7 @@ def init_ray(ray_address: str | None, num_cpus: int | None = None,
     # happens to run on this machine
     from ray._private import ray_constants
 
-    with mock.patch.object(ray_constants, "ENABLE_RAY_CLUSTER", False):
+    with _switched(ray_constants, "ENABLE_RAY_CLUSTER", False):
         ray.init(address="local", num_cpus=ncpu, _node_ip_address=LOOPBACK,
                  object_store_memory=min(2 << 30, (512 << 20) + ncpu * (128 << 20)),
                  **gpus, **_ray_kwargs())

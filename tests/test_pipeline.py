@@ -766,6 +766,20 @@ class TestLocalRay:
         names = {Path(_argv(pid)[0]).name for _, _, pid in listening}
         assert {"gcs_server", "raylet"} <= names, listening  # not vacuous
         assert [x for x in listening if not _is_loopback(x[0])] == []
+        # multi-node support was off only while the local node started (cluster._switched)
+        from ray._private import ray_constants
+        assert ray_constants.ENABLE_RAY_CLUSTER is True  # Linux's value, restored
+
+    def test_a_switched_constant_is_restored_after_an_error(self):
+        import types
+
+        from pipelines.cluster import _switched
+
+        mod = types.SimpleNamespace(FLAG=True)
+        with pytest.raises(RuntimeError), _switched(mod, "FLAG", False):
+            assert mod.FLAG is False
+            raise RuntimeError("ray.init failed")
+        assert mod.FLAG is True
 
     def test_storage_check_passes_and_names_the_nodes_that_do_not_see_the_root(
             self, local_ray, monkeypatch):
