@@ -245,9 +245,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_ui_bind(host: str, port: int) -> None:
+    """PipelineError unless `make ui` can listen on host:port: a busy port or an address not
+    of this machine is refused with exit 2 before anything starts (`mlflow server` prints
+    "[Errno 98] ..." and exits 0). The probe binds as uvicorn does (SO_REUSEADDR)."""
+    try:
+        family = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host.strip("[]"), port))
+    except OSError as e:
+        raise PipelineError(f"cannot serve the MLflow UI on {host}:{port}: "
+                            f"{e.strerror or e} (another server there? pass PORT=...)") from e
+
+
 def ui_warning(host: str, port: int) -> str | None:
-    """What `make ui` prints when it serves beyond loopback, else None. A busy port or a
-    foreign host is `mlflow server`'s own error ("[Errno 98] ... address already in use")."""
+    """What `make ui` prints when it serves beyond loopback, else None."""
     if is_loopback(host):
         return None
     return (f"warning: serving the MLflow UI on {host}:{port}, beyond this machine: the "

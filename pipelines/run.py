@@ -353,13 +353,14 @@ def ui_plan(root: Path, host: str = "127.0.0.1", port: int = 5000,
 
 def cmd_ui(a) -> int:
     """`mlflow server` on the store the pipeline logged to (`ui_plan`), or a server's address."""
-    from pipelines.addresses import ui_warning
+    from pipelines.addresses import check_ui_bind, ui_warning
 
     root = Path(a.root).expanduser().absolute()
     args, lines = ui_plan(root, a.host, a.port, a.allowed_hosts, a.name)
     if args is None:  # a tracking server: its own UI
         print("\n".join(lines), flush=True)
         return Exit.DONE
+    check_ui_bind(a.host, a.port)  # a busy port: exit 2, before the store's folder
     warning = ui_warning(a.host, a.port)
     if warning:
         print(warning, file=sys.stderr, flush=True)

@@ -352,15 +352,23 @@ def test_ui_beyond_loopback_serves_there_with_the_warning(tmp_path, monkeypatch)
     assert "no authentication" not in text
 
 
-def test_ui_on_a_busy_port_is_left_to_mlflow_server(tmp_path, monkeypatch):
-    """No pre-bind (issue 63): a busy port or a foreign host goes to `mlflow server`, whose
-    own error says it ("[Errno 98] error while attempting to bind ...")."""
+def test_ui_on_a_busy_port_or_a_foreign_address_is_refused_before_anything_starts(
+        tmp_path, monkeypatch):
+    """`mlflow server` on a busy port prints "[Errno 98] ..." and exits 0: `make ui` checks
+    the bind first (exit 2, nothing made), and a port freed again serves."""
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()
         port = str(srv.getsockname()[1])
         rc, text, cmd = _ui(tmp_path, monkeypatch, "--port", port)
+        assert rc == 2 and cmd == [], text
+        assert f"error: cannot serve the MLflow UI on 127.0.0.1:{port}: " in text, text
+        assert "another server there? pass PORT=" in text
+    assert not (tmp_path / "runs").exists()
+    rc, text, cmd = _ui(tmp_path, monkeypatch, "--port", port)
     assert rc is None and cmd[cmd.index("--port") + 1] == port, text
+    rc, text, cmd = _ui(tmp_path, monkeypatch, "--host", "192.0.2.1", "--port", port)
+    assert rc == 2 and "cannot serve the MLflow UI on 192.0.2.1:" in text, text  # TEST-NET-1
 
 
 def test_make_ui_passes_host_port_and_allowed_hosts():
