@@ -249,14 +249,16 @@ def check_ui_bind(host: str, port: int) -> None:
     """PipelineError unless `make ui` can listen on host:port: a busy port or an address not
     of this machine is refused with exit 2 before anything starts (`mlflow server` prints
     "[Errno 98] ..." and exits 0). The probe binds as uvicorn does (SO_REUSEADDR)."""
+    bare = host.strip("[]")
     try:
-        family = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0][0]
+        family = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)[0][0]
         with socket.socket(family) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host.strip("[]"), port))
-    except OSError as e:
-        raise PipelineError(f"cannot serve the MLflow UI on {host}:{port}: "
-                            f"{e.strerror or e} (another server there? pass PORT=...)") from e
+            s.bind((bare, port))
+    except (OSError, OverflowError) as e:  # OverflowError: a port beyond 0-65535
+        why = getattr(e, "strerror", None) or e
+        raise PipelineError(f"cannot serve the MLflow UI on {host}:{port}: {why} (another "
+                            "server there? pass PORT=...)") from e
 
 
 def ui_warning(host: str, port: int) -> str | None:

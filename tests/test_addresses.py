@@ -369,6 +369,8 @@ def test_ui_on_a_busy_port_or_a_foreign_address_is_refused_before_anything_start
     assert rc is None and cmd[cmd.index("--port") + 1] == port, text
     rc, text, cmd = _ui(tmp_path, monkeypatch, "--host", "192.0.2.1", "--port", port)
     assert rc == 2 and "cannot serve the MLflow UI on 192.0.2.1:" in text, text  # TEST-NET-1
+    rc, text, cmd = _ui(tmp_path, monkeypatch, "--port", "70000")
+    assert rc == 2 and "cannot serve the MLflow UI on 127.0.0.1:70000: " in text, text
 
 
 def test_make_ui_passes_host_port_and_allowed_hosts():
