@@ -386,7 +386,9 @@ class Space:
         d["phase1_seeds"] = [int(k) for k in self.phase1_seeds]
         d["gpu_shares"] = [[c, v, float(g)] for c, v, g in self.gpu_shares]
         d["diagnose"] = list(self.diagnose)
-        return d  # asdict made phase1_gate a dict (or None)
+        if d["phase1_gate"] is None:  # an ungated grid's record is what it was before gates
+            del d["phase1_gate"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Space:
