@@ -41,10 +41,12 @@ sys.path.insert(0, str(ROOT))
 from pmnet.io import atomic_write_text  # noqa: E402
 from pmnet.store_layout import StoreLayout  # noqa: E402
 from pmnet.trial_id import TrialId  # noqa: E402
+from tune_spaces.grids import CONFIRMATORY_PHASE1_GATE  # noqa: E402
 
 STORE = ROOT / "experiments" / "results" / "confirmatory-medium"
 FIRST_SEED, K = 3, 5
-STM_MIN = 99.0  # validation ADD10 STM a checkpoint needs
+GATE_P1 = CONFIRMATORY_PHASE1_GATE  # validation ADD10 STM >= 99% at the selected epoch
+STM_MIN = GATE_P1.minimum
 GATE = 60.0  # ADD10's output-set baseline (50%) + 10 pp
 GATE_PP = 10.0
 MECHANISM_PP = 10.0
@@ -90,9 +92,7 @@ def read_checkpoint(store: StoreLayout, k: int) -> Checkpoint:
     test recall and the mechanism reading when their units have landed."""
     if not store.stage1_json(k).is_file():
         return Checkpoint(k, "pending")
-    meta = json.loads((store.phase1_dir(k) / "phase1_metrics.json").read_text())
-    best = next(r for r in meta["history"] if r["epoch"] == meta["best_epoch"])
-    stm = float(best["val/mean_stm_add10"])
+    stm = GATE_P1.reading(json.loads((store.phase1_dir(k) / "phase1_metrics.json").read_text()))
     c = Checkpoint(k, "taken" if stm >= STM_MIN else "replaced", stm_add10=stm)
     on, off = _test(store, ON, ADD10_VARIANT, k), _test(store, OFF, ADD10_VARIANT, k)
     if on is not None:
@@ -204,7 +204,17 @@ def markdown(cps: list[Checkpoint], verdicts: list[Verdict], store: Path) -> str
                      f"{both} |")
     lines += ["", "| claim | verdict | detail |", "|---|---|---|"]
     lines += [f"| {v.claim} | **{v.verdict}** | {v.detail} |" for v in verdicts]
+    lines += ["", next_command(cps, where)]
     return "\n".join(lines) + "\n"
+
+
+def next_command(cps: list[Checkpoint], store: Path) -> str:
+    """The command that trains what is missing: the seeds taken or pending (a replaced one
+    may stay listed, the grid's Phase-1 gate holds it back, but it is left out)."""
+    seeds = ",".join(str(c.seed) for c in cps if c.state != "replaced")
+    return (f"What is missing trains with `make pipeline PRESET=medium GRID=add10_long "
+            f"PHASE1_SEEDS={seeds} STORE={store} STAGE1_CPUS=2 MAX_WALL=...` (then "
+            f"`GRID=both_long` on the same seeds for claim 4).")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from pipelines.stages import (
     write_meta,
 )
 from pipelines.tracking import Runs, mirror, open_tracking
-from pmnet.store_layout import init_store
+from pmnet.store_layout import init_store, unit_name
 
 #: the run's file a SIGTERM writes, which every Phase-1 task and trial polls at epoch ends
 STOP_FILENAME = "phase1-stop.request"
@@ -129,6 +129,14 @@ def _execute(plan: Plan) -> int:
                 _pause(plan, wave, p1.paused)
                 stopped = "by SIGTERM" if stop_file.exists() else True
                 break
+            held = st.gated(units, plan.space.phase1_gate, [s.seed for s in wave])
+            for k, v in held.items():  # their trials enter no claim (docs/pipeline.md)
+                say(f"[stage 2/3] {unit_name(k)}: {plan.space.phase1_gate.describe(v)}: its "
+                    "trials are held back by the grid's Phase-1 gate, not trained")
+            if held and not (wave := [s for s in wave if s.seed not in held]):
+                continue
+            wplan = wave_plan(plan, wave) if held else wplan
+            trials = wplan.space.trials
             if any((read_json(units.result(t)) or {}).get("phase1_sha256")
                    != p1.digests[t.phase1_seed] for t in trials):  # else: nothing to train
                 # issue 61: --max-wall or a SIGTERM pauses a trial at an epoch end
@@ -204,10 +212,11 @@ def _stop_at_deadline(plan: Plan, why: str | None = None) -> int:
     """One line: what of this run is not done, and how to continue (`why`: "by SIGTERM";
     by default --max-wall's)."""
     done = plan.layout.units
-    p1, tr = st.units_left(done, plan.phase1_slots, plan.space.trials)
+    p1, tr, _ = st.units_left(done, plan.phase1_slots, plan.space)
+    held = st.gated(done, plan.space.phase1_gate, plan.space.phase1_keys)
     left = [s.seed for s in plan.phase1_slots if not done.stage1_json(s.seed).is_file()
             or any(not done.result(t).is_file() for t in plan.space.trials
-                   if t.phase1_seed == s.seed)]
+                   if t.phase1_seed == s.seed and s.seed not in held)]
     seeds = ",".join(str(k) for k in left if k is not None)
     write_meta(plan, status="stopped")
     if why is None:
@@ -266,7 +275,7 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
     on the parent run, and the closing lines."""
     lay, sp = plan.layout, plan.space
     mirror(lay, runs, plan.phase1_slots, sp.trials)  # MLflow mirrors the run's units
-    p1_left, tr_left = st.units_left(lay.units, plan.phase1_slots, sp.trials)
+    p1_left, tr_left, n_held = st.units_left(lay.units, plan.phase1_slots, sp)
     status = "stopped" if stopped else (
         "finished" if p1_left == tr_left == 0 and not totals["errored"] else "failed")
     totals["n_trials"] = sp.n_trials
@@ -279,9 +288,10 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
             f"pipeline/{k}": v for k, v in timing.items() if isinstance(v, (int, float))})])
         runs.safe("finish", runs.tracker.client.set_terminated, runs.parent,
                   "FAILED" if status == "failed" else "FINISHED")
-    done = sp.n_trials - tr_left
+    done = sp.n_trials - tr_left - n_held
     say(f"[pipeline] {status}: {done}/{sp.n_trials} trials finished, {totals['errored']} "
-        f"errored; wall {timing['wall_s']:.1f} s (trials' own training "
+        f"errored" + (f", {n_held} held back by the Phase-1 gate" if n_held else "")
+        + f"; wall {timing['wall_s']:.1f} s (trials' own training "
         f"{timing['sum_trial_train_s']:.1f} s)")
     say(f"[pipeline] results: {lay.results_dir}   report: {lay.report_dir}")
     if stopped:

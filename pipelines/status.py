@@ -9,9 +9,10 @@ from collections import Counter
 from typing import Any
 
 from pipelines.addresses import hide_password
-from pipelines.layout import Layout, read_json
+from pipelines.layout import Layout, PipelineError, read_json
 from pipelines.lock import driver_alive
 from pipelines.records import PipelineRecord, TrackingRecord, TrialState
+from pipelines.store import gated
 
 COLUMNS = ("condition", "seed", "state", "failures", "best val (select)", "test updated_ltm")
 #: with named variants the table gains a `variant` column after `condition`
@@ -33,9 +34,10 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
     meta = PipelineRecord.read(layout.pipeline_json)
     live = meta.status == "running" and driver_alive(layout.run_dir)
     try:
-        trials = Space.from_dict(meta.space).trials
-    except (KeyError, TypeError, ValueError):  # a damaged record: no rows, the head says so
-        trials = []
+        space = Space.from_dict(meta.space)
+        trials, held = space.trials, gated(layout.units, space.phase1_gate, space.phase1_keys)
+    except (KeyError, TypeError, ValueError, PipelineError):  # damaged: no rows, the head says
+        trials, held = [], {}
     rows = []
     for trial in trials:
         cond = trial.condition
@@ -45,6 +47,8 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
             state = "FINISHED"
             best = (res.get("val") or {}).get(res.get("select") or "updated_ltm")
             test = (res.get("test") or {}).get("updated_ltm")
+        elif trial.phase1_seed in held:  # its checkpoint is below the grid's Phase-1 gate
+            state, best, test = "HELD BACK", None, None
         else:
             state = info.state or "NOT STARTED"
             if state == "RUNNING" and not live:

@@ -271,8 +271,29 @@ def land_trial(units: StoreLayout, trial: TrialId, trial_dir: Path, prov: Proven
 # -- what is left ---------------------------------------------------------------------------
 
 
-def units_left(store: StoreLayout, slots: list[Phase1Slot],
-               trials: list[TrialId]) -> tuple[int, int]:
-    """(Phase-1 units, trial units) of `slots`/`trials` not in `store`."""
+def gated(store: StoreLayout, gate, seeds) -> dict[int | None, float]:
+    """Of the Phase-1 checkpoints `seeds` landed in `store`, those below the grid's `gate`
+    (a `tune_spaces.grids.Phase1Gate`, or None): seed -> its reading. Their trials are held
+    back, not trained (docs/pipeline.md, "The Phase-1 gate")."""
+    out = {}
+    for k in seeds if gate is not None else ():
+        if not store.stage1_json(k).is_file():
+            continue  # not landed: nothing to gate yet
+        try:
+            value = gate.reading(read_json(store.phase1_dir(k) / "phase1_metrics.json"))
+        except (KeyError, StopIteration, TypeError, ValueError) as e:
+            raise PipelineError(f"{unit_name(k)}: the grid's Phase-1 gate reads {gate.metric} "
+                                f"at the selected epoch, which its phase1_metrics.json lacks "
+                                f"({type(e).__name__}: {e})") from e
+        if value < gate.minimum:
+            out[k] = value
+    return out
+
+
+def units_left(store: StoreLayout, slots: list[Phase1Slot], space) -> tuple[int, int, int]:
+    """(Phase-1 units, trial units) of `slots`/`space.trials` not in `store`, and the trials
+    held back by the grid's Phase-1 gate (not left: they are not trained)."""
+    held = gated(store, space.phase1_gate, space.phase1_keys)
+    trials = [t for t in space.trials if t.phase1_seed not in held]
     p1 = sum(not store.stage1_json(s.seed).is_file() for s in slots)
-    return p1, sum(not store.result(t).is_file() for t in trials)
+    return p1, sum(not store.result(t).is_file() for t in trials), len(space.trials) - len(trials)

@@ -88,6 +88,15 @@ def test_a_checkpoint_below_99_percent_stm_is_replaced_by_the_next_seed(conf, tm
     v = conf.judge(cps)
     assert v[0].verdict == "holds"
     assert v[1].verdict == "not judged" and "SD 0" in v[1].detail  # every difference +49.0
+    assert "PHASE1_SEEDS=3,5,6,7,8 " in conf.next_command(cps, store.root)  # 4 left out
+
+
+def test_the_claims_read_the_pipelines_phase1_gate(conf):
+    """One bar in one place: the checkpoints the claims take are those the confirmatory
+    grids train arms on (`tune_spaces.grids.CONFIRMATORY_PHASE1_GATE`)."""
+    from tune_spaces.grids import CONFIRMATORY_PHASE1_GATE
+
+    assert conf.GATE_P1 is CONFIRMATORY_PHASE1_GATE and conf.STM_MIN == 99.0
 
 
 def test_unlanded_checkpoints_keep_every_claim_pending(conf, tmp_path):

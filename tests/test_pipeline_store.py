@@ -309,6 +309,71 @@ def test_max_wall_stops_cleanly_and_says_what_is_left(tmp_path, capsys):
     assert not (store / "results").exists()
 
 
+# -- the grid's Phase-1 gate ------------------------------------------------------------------
+
+
+def _phase1_history(store: StoreLayout, k: int, values: list[float], best: int) -> None:
+    (store.phase1_dir(k) / "phase1_metrics.json").write_text(json.dumps({
+        "best_epoch": best, "history": [{"epoch": i, "val/mean_stm_add10": v}
+                                        for i, v in enumerate(values)]}))
+
+
+def test_the_phase1_gate_reads_each_landed_checkpoint_at_its_selected_epoch(tmp_path):
+    """`pipelines.store.gated`: a landed checkpoint below the gate at its selected epoch is
+    held back (not one whose last epoch alone is below); one not landed is not judged yet;
+    a held checkpoint's trials are not left to do; a record without the metric is refused
+    naming the unit and the metric."""
+    from pipelines.store import gated, units_left
+    from tests.support.store import grid, make_store
+    from tune_spaces.grids import Phase1Gate
+
+    store = make_store(tmp_path / "s")
+    _, space = grid()
+    gate = Phase1Gate("val/mean_stm_add10", 99.0)
+    _phase1_history(store, 0, [99.5, 98.0], best=0)  # selected 99.5: passes, last 98 or not
+    _phase1_history(store, 1, [99.9, 97.0], best=1)  # selected 97.0: held back
+    _phase1_history(store, 2, [10.0], best=0)
+    store.stage1_json(2).unlink()  # not landed: nothing to judge
+    assert gated(store, gate, space.phase1_keys) == {1: 97.0}
+    assert gated(store, None, space.phase1_keys) == {}
+    for t in space.trials:
+        store.result(t).unlink()
+    assert units_left(store, [], space) == (0, 3, 0)
+    assert units_left(store, [], space.derive(phase1_gate=gate)) == (0, 2, 1)  # 1's is held
+    (store.phase1_dir(0) / "phase1_metrics.json").write_text(json.dumps({"history": []}))
+    with pytest.raises(PipelineError, match=r"phase1-p1s0: the grid's Phase-1 gate reads "
+                       r"val/mean_stm_add10 at the selected epoch, which its "
+                       r"phase1_metrics.json lacks"):
+        gated(store, gate, space.phase1_keys)
+
+
+def test_a_checkpoint_below_the_phase1_gate_lands_and_no_trial_trains_on_it(tmp_path, capsys):
+    """`add10_long` at `debug`, whose Phase 1 reads ADD10 STM far below the confirmatory 99%
+    bar: the checkpoint lands in the store, neither arm trains (a replaced checkpoint's arms
+    enter no claim), the run ends finished with both counted as held back, `status` says
+    so, and a second run over the store trains nothing either."""
+    from pipelines.layout import Layout
+    from pipelines.status import status_text
+
+    store, root = tmp_path / "store", tmp_path / "runs"
+    argv = ["start", "--preset", "debug", "--grid", "add10_long", "--phase1-seeds", "0",
+            "--stage1-cpus", "1", "--gpus-per-trial", "0", "--store", str(store),
+            "--root", str(root)]
+    assert run.main([*argv, "--name", "a"]) == 0
+    out = capsys.readouterr().out
+    assert "phase1-p1s0: val/mean_stm_add10 " in out and "< 99 at its selected epoch: its " \
+        "trials are held back by the grid's Phase-1 gate, not trained" in out, out[-3000:]
+    assert "finished: 0/2 trials finished, 0 errored, 2 held back by the Phase-1 gate" in out
+    assert (store / "phase1-p1s0" / "phase1.pt").is_file()
+    assert not any((store / "results").glob("*.json")) and "trials ->" not in out  # no Tune
+    text = status_text(Layout(root, "a", store=store))
+    assert text.count("HELD BACK") == 2 and "trials: 2 = 2 held back" in text, text
+    assert run.main([*argv, "--name", "b"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: " in out and "held back by the grid's Phase-1 gate" in out, out[-3000:]
+    assert "trials ->" not in out and not any((store / "results").glob("*.json"))
+
+
 # -- the grid declares its diagnostics -------------------------------------------------------
 
 

@@ -441,3 +441,47 @@ def test_the_both_long_grid_is_add10_longs_recipe_on_both_families_routing_on_on
     for key in set(ADD10_LONG_RECIPE) - {"phase2_families"}:
         assert getattr(trial_cfg, key) == getattr(long_cfg, key), key
     assert not {t.name for t in space.trials} & {t.name for t in add10_long(cfg).trials}
+
+
+def test_the_confirmatory_grids_hold_back_a_checkpoint_below_the_preregistered_phase1_bar():
+    """docs/preregistration.md: a confirmatory checkpoint needs validation ADD10 STM >= 99% at
+    its selected epoch; `add10_long` and `both_long` carry that bar as their Phase-1 gate, and
+    the gate reads the selected epoch's row, not the last one."""
+    from pmnet.train import TrainConfig
+    from tune_spaces.grids import CONFIRMATORY_PHASE1_GATE, Phase1Gate, add10_long, both_long
+
+    cfg = TrainConfig.from_name("medium")
+    for space in (add10_long(cfg), both_long(cfg)):
+        assert space.phase1_gate == Phase1Gate("val/mean_stm_add10", 99.0)
+    assert default(cfg).phase1_gate is None
+    metrics = {"best_epoch": 1, "history": [
+        {"epoch": 0, "val/mean_stm_add10": 50.0}, {"epoch": 1, "val/mean_stm_add10": 99.5},
+        {"epoch": 2, "val/mean_stm_add10": 98.0}]}
+    assert CONFIRMATORY_PHASE1_GATE.reading(metrics) == 99.5
+    assert "98.00 < 99" in CONFIRMATORY_PHASE1_GATE.describe(98.0)
+
+
+def test_a_phase1_gate_round_trips_and_a_bad_one_is_refused():
+    import json
+
+    import pytest
+
+    from pmnet.train import ALL_CONDITIONS, TrainConfig
+    from tune_spaces import SpaceError
+    from tune_spaces.grids import Phase1Gate, add10_long
+
+    cfg = TrainConfig.from_name("cpu")
+    space = add10_long(cfg).derive(phase1_seeds=(3, 4))
+    back = type(space).from_dict(json.loads(json.dumps(space.to_dict())))
+    assert back == space and back.phase1_gate == space.phase1_gate
+    ungated = space.derive(phase1_gate=None)
+    assert "phase1_gate" not in ungated.to_dict()  # as a run recorded before gates existed
+    assert type(space).from_dict(ungated.to_dict()) == ungated
+    with pytest.raises(SpaceError, match="phase1_gate must be"):
+        type(space).from_dict({**space.to_dict(), "phase1_gate": {"metric": "val/x"}})
+    for bad, message in ((Phase1Gate("train/loss", 1.0), "phase1_gate must be a Phase1Gate"),
+                         (("val/mean_stm", 99.0), "phase1_gate must be a Phase1Gate"),
+                         (Phase1Gate("val/mean_stm", float("nan")),
+                          "the Phase-1 gate must be a finite number")):
+        with pytest.raises(SpaceError, match=message):
+            space.derive(phase1_gate=bad).validate(ALL_CONDITIONS, cfg)

@@ -98,6 +98,34 @@ BOTH_LONG_CONDITIONS: tuple[str, ...] = ("consolidator_only",)
 BOTH_LONG_RECIPE: dict[str, Any] = {k: v for k, v in ADD10_LONG_RECIPE.items()
                                     if k != "phase2_families"}
 
+
+@dataclass(frozen=True)
+class Phase1Gate:
+    """A bar a landed Phase-1 checkpoint must reach before the grid trains any trial on it.
+
+    metric: a column of the checkpoint's validation history (`phase1_metrics.json`), read at
+        its selected epoch (`best_epoch`), in percent.
+    minimum: the bar; a checkpoint below it keeps its unit in the store, and its trials are
+        held back (`pipelines.store.gated`): they enter no claim, so they are not trained.
+    """
+
+    metric: str
+    minimum: float
+
+    def reading(self, metrics: Mapping) -> float:
+        """The metric at the selected epoch of a `phase1_metrics.json` record."""
+        best = next(r for r in metrics["history"] if r["epoch"] == metrics["best_epoch"])
+        return float(best[self.metric])
+
+    def describe(self, value: float) -> str:
+        return f"{self.metric} {value:.2f} < {self.minimum:g} at its selected epoch"
+
+
+# docs/preregistration.md: a confirmatory checkpoint needs validation ADD10 STM >= 99% at its
+# selected epoch; one below is reported and replaced, its arms not trained (also
+# experiments/confirmatory.py's reading)
+CONFIRMATORY_PHASE1_GATE = Phase1Gate("val/mean_stm_add10", 99.0)
+
 #: TrainConfig fields a variant may set: the Phase-2-only ones (every trial starts from the
 #: pipeline's one Phase-1 checkpoint), except what the grid itself decides (its conditions,
 #: seeds and Phase-1 checkpoints, the trial's threads) and the preset's notes
@@ -210,6 +238,8 @@ class Space:
         the checkpoint study diagnosed), published beside the result as
         `diagnostics/<trial>.json` of a store (`pipelines.store`); each must be a condition
         of the grid.
+    phase1_gate: a Phase1Gate, or None: no trial is trained on a landed Phase-1 checkpoint
+        below it (the driver says which and why; `pipelines.store.gated`).
     """
 
     name: str
@@ -223,6 +253,7 @@ class Space:
     phase1_seeds: tuple[int, ...] = ()
     gpu_shares: tuple[tuple[str, str, float], ...] = ()
     diagnose: tuple[str, ...] = ()
+    phase1_gate: Phase1Gate | None = None
 
     def derive(self, **changes: Any) -> Space:
         """A copy with some fields changed (sequences become tuples)."""
@@ -355,6 +386,8 @@ class Space:
         d["phase1_seeds"] = [int(k) for k in self.phase1_seeds]
         d["gpu_shares"] = [[c, v, float(g)] for c, v, g in self.gpu_shares]
         d["diagnose"] = list(self.diagnose)
+        if d["phase1_gate"] is None:  # an ungated grid's record is what it was before gates
+            del d["phase1_gate"]
         return d
 
     @classmethod
@@ -379,9 +412,17 @@ class Space:
         except (TypeError, ValueError) as e:
             raise SpaceError(f"Space.gpu_shares must be [condition, variant, fraction] "
                              f"records, got {d.get('gpu_shares')!r}") from e
+        gate = d.get("phase1_gate")  # None: a space stored before gates existed
+        try:
+            gate = None if gate is None else Phase1Gate(str(gate["metric"]),
+                                                        float(gate["minimum"]))
+        except (TypeError, KeyError, ValueError) as e:
+            raise SpaceError(f"Space.phase1_gate must be {{'metric': ..., 'minimum': ...}}, "
+                             f"got {gate!r}") from e
         return cls(**{**d, "conditions": tuple(d["conditions"]), "seeds": tuple(d["seeds"]),
                       "variants": variants, "phase1_seeds": tuple(d.get("phase1_seeds") or ()),
-                      "gpu_shares": shares, "diagnose": tuple(d.get("diagnose") or ())})
+                      "gpu_shares": shares, "diagnose": tuple(d.get("diagnose") or ()),
+                      "phase1_gate": gate})
 
     def validate(self, known_conditions: Iterable[str], cfg=None) -> Space:
         """Raise SpaceError naming the first problem; return self when the space is sound.
@@ -448,6 +489,11 @@ class Space:
             raise SpaceError(f"grid {self.name!r}: diagnose names condition(s) {stray} that "
                              f"the grid does not run (its conditions: "
                              f"{', '.join(self.conditions)})")
+        gate = self.phase1_gate
+        if gate is not None and not (isinstance(gate, Phase1Gate) and gate.metric.startswith(
+                "val/") and math.isfinite(_number(gate.minimum, "the Phase-1 gate", self.name))):
+            raise SpaceError(f"grid {self.name!r}: phase1_gate must be a Phase1Gate on a "
+                             f"validation metric ('val/...'), got {gate!r}")
         for field_name in ("max_concurrent", "max_failures"):
             v = getattr(self, field_name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -631,22 +677,25 @@ def add10_long(cfg, *, gpu: bool = False) -> Space:
     """The decisive test (issue 61): ADD10_LONG_CONDITIONS x the preset's first seed in one
     variant, `add10-long` (ADD10_LONG_RECIPE), under the preset's Phase-1 checkpoints
     (`--phase1-seeds` picks them: `cpu` ran 0, 1, 3, `medium` 2, each with validation ADD10
-    STM >= 99%). Both arms' best models are diagnosed (the mechanism: `pmnet diagnose`). On
-    `cpu`: 3 Phase-1 trainings and 6 trials of up to 10,000 steps."""
+    STM >= 99%). Both arms' best models are diagnosed (the mechanism: `pmnet diagnose`). No
+    trial trains on a checkpoint below CONFIRMATORY_PHASE1_GATE. On `cpu`: 3 Phase-1
+    trainings and 6 trials of up to 10,000 steps."""
     return default(cfg, gpu=gpu).derive(
         name="add10_long", conditions=ADD10_LONG_CONDITIONS, seeds=tuple(cfg.seeds)[:1],
-        variants=(Variant("add10-long", ADD10_LONG_RECIPE),), diagnose=ADD10_LONG_CONDITIONS)
+        variants=(Variant("add10-long", ADD10_LONG_RECIPE),), diagnose=ADD10_LONG_CONDITIONS,
+        phase1_gate=CONFIRMATORY_PHASE1_GATE)
 
 
 def both_long(cfg, *, gpu: bool = False) -> Space:
     """Claim 4 of the pre-registration (issue 61): BOTH_LONG_CONDITIONS x the preset's first
     seed in one variant, `both-long` (BOTH_LONG_RECIPE: `add10_long`'s recipe on both rule
     families), under the preset's Phase-1 checkpoints (`--phase1-seeds`; the confirmatory
-    run: `medium`'s 3-7, into the same store as its `add10_long` units). Diagnosed like
-    `add10_long`'s arms."""
+    run: `medium`'s 3-7, into the same store as its `add10_long` units). Diagnosed and gated
+    like `add10_long`'s arms."""
     return default(cfg, gpu=gpu).derive(
         name="both_long", conditions=BOTH_LONG_CONDITIONS, seeds=tuple(cfg.seeds)[:1],
-        variants=(Variant("both-long", BOTH_LONG_RECIPE),), diagnose=BOTH_LONG_CONDITIONS)
+        variants=(Variant("both-long", BOTH_LONG_RECIPE),), diagnose=BOTH_LONG_CONDITIONS,
+        phase1_gate=CONFIRMATORY_PHASE1_GATE)
 
 
 SPACES: dict[str, Callable[..., Space]] = {

@@ -98,7 +98,7 @@ CONCERN = {
     "unit_config": STORE, "config_hash": STORE,
     "phase1_unit_config": STORE, "check_store_units": VALID,
     "start_unit": RECORD,
-    "landed": RECORD, "_move": STORE, "units_left": STORE,
+    "landed": RECORD, "_move": STORE, "units_left": STORE, "gated": STORE,
     # one layout, one path (issue 51)
     "finish": ORCH,
     "land_phase1": RECORD, "land_trial": RECORD,
