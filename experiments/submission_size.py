@@ -66,8 +66,9 @@ def default_base(repo: Path) -> str:
 
 
 def commits(repo: Path, base: str) -> list[Commit]:
-    """Every commit after `base` on the first-parent line to HEAD, with its diff's size."""
-    shas = _git("rev-list", "--reverse", "--first-parent", f"{base}..HEAD", cwd=repo).split()
+    """Every commit after `base` up to HEAD, merged branches' included, with the size of its
+    diff against its first parent (a merge's counts again what it brings: an upper bound)."""
+    shas = _git("rev-list", "--reverse", f"{base}..HEAD", cwd=repo).split()
     out = []
     for sha in shas:
         subject = _git("log", "-1", "--format=%s", sha, cwd=repo)
