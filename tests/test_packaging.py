@@ -115,7 +115,34 @@ def test_make_install_installs_the_postgres_driver():
     extra = PROJECT["project"]["optional-dependencies"]["postgres"]
     assert [r.split(">=")[0] for r in extra] == ["psycopg[binary]"], extra
     makefile = (ROOT / "Makefile").read_text()
-    assert '-m pip install -q -e ".[dev,postgres]"' in makefile
+    assert '-m pip install -q -c $(VENV)/constraints.txt -e ".[dev,postgres]"' in makefile
     dialect = make_url("postgresql://u@127.0.0.1/db").get_dialect()
     assert dialect.driver == "psycopg", dialect
     dialect.import_dbapi()  # ImportError without the extra
+
+
+def test_make_install_installs_the_tested_versions_not_the_newest(tmp_path):
+    """`make install` installs under docker/constraints.txt, as the image does, less torch's
+    line (torch is installed first, or is a GPU machine's own CUDA build, which a pin would
+    make pip replace). Unconstrained, a fresh clone took each package's newest release, and
+    mlflow 3.18.0 (tested: 3.17.2) failed CI in stop 76; a pin change reinstalls."""
+    import subprocess
+
+    from tests.support.make import make_dry_run
+
+    venv = tmp_path / "venv"
+    out = make_dry_run("-B", "install", f"VENV={venv}")
+    lines = out.splitlines()
+    grep = next(ln for ln in lines if "constraints.txt >" in ln)
+    assert f'-m pip install -q -c {venv}/constraints.txt -e ".[dev,postgres]"' in out
+    assert lines.index(grep) < next(i for i, ln in enumerate(lines) if "-e \".[dev" in ln)
+    venv.mkdir()
+    subprocess.run(["bash", "-c", grep], cwd=ROOT, check=True)  # the Makefile's own line
+    written = (venv / "constraints.txt").read_text().splitlines()
+    pins = [ln for ln in (ROOT / "docker" / "constraints.txt").read_text().splitlines()
+            if "==" in ln]
+    assert [ln for ln in pins if not ln.startswith("torch==")] == [
+        ln for ln in written if "==" in ln]
+    assert not any(ln.startswith("torch==") for ln in written) and len(pins) > 10
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(VENV)/.installed: pyproject.toml docker/constraints.txt" in makefile
