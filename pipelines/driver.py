@@ -212,8 +212,7 @@ def _stop_at_deadline(plan: Plan, why: str | None = None) -> int:
     """One line: what of this run is not done, and how to continue (`why`: "by SIGTERM";
     by default --max-wall's)."""
     done = plan.layout.units
-    p1, tr, _ = st.units_left(done, plan.phase1_slots, plan.space)
-    held = st.gated(done, plan.space.phase1_gate, plan.space.phase1_keys)
+    p1, tr, held = st.units_left(done, plan.phase1_slots, plan.space)
     left = [s.seed for s in plan.phase1_slots if not done.stage1_json(s.seed).is_file()
             or any(not done.result(t).is_file() for t in plan.space.trials
                    if t.phase1_seed == s.seed and s.seed not in held)]
@@ -275,7 +274,8 @@ def finish(plan: Plan, runs: Runs, t_start: float, totals: dict, p1_train: float
     on the parent run, and the closing lines."""
     lay, sp = plan.layout, plan.space
     mirror(lay, runs, plan.phase1_slots, sp.trials)  # MLflow mirrors the run's units
-    p1_left, tr_left, n_held = st.units_left(lay.units, plan.phase1_slots, sp)
+    p1_left, tr_left, held = st.units_left(lay.units, plan.phase1_slots, sp)
+    n_held = sum(t.phase1_seed in held for t in sp.trials)
     status = "stopped" if stopped else (
         "finished" if p1_left == tr_left == 0 and not totals["errored"] else "failed")
     totals["n_trials"] = sp.n_trials

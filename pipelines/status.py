@@ -35,9 +35,14 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
     live = meta.status == "running" and driver_alive(layout.run_dir)
     try:
         space = Space.from_dict(meta.space)
-        trials, held = space.trials, gated(layout.units, space.phase1_gate, space.phase1_keys)
-    except (KeyError, TypeError, ValueError, PipelineError):  # damaged: no rows, the head says
-        trials, held = [], {}
+        trials, held, unread = space.trials, {}, {}
+    except (KeyError, TypeError, ValueError):  # damaged: no rows, the head says
+        trials, held, unread = [], {}, {}
+    for k in space.phase1_keys if trials else ():  # one unreadable record blanks no other row
+        try:
+            held |= gated(layout.units, space.phase1_gate, [k])
+        except PipelineError as e:
+            unread[k] = str(e)
     rows = []
     for trial in trials:
         cond = trial.condition
@@ -49,6 +54,8 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
             test = (res.get("test") or {}).get("updated_ltm")
         elif trial.phase1_seed in held:  # its checkpoint is below the grid's Phase-1 gate
             state, best, test = "HELD BACK", None, None
+        elif trial.phase1_seed in unread:  # the gate cannot read its checkpoint's record
+            state, best, test = "GATE UNREADABLE", None, None
         else:
             state = info.state or "NOT STARTED"
             if state == "RUNNING" and not live:
@@ -60,7 +67,8 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
             "trial": trial.name, "state": state, "failures": info.failures,
             "best val (select)": _num(best), "test updated_ltm": _num(test),
             # a trial the watchdog stopped (state NOT LEARNING, issue 62) says why, as an error
-            "error": info.error if state in ("ERROR", "NOT LEARNING") else None,
+            "error": unread.get(trial.phase1_seed) if state == "GATE UNREADABLE" else
+            info.error if state in ("ERROR", "NOT LEARNING") else None,
             "epoch": info.epoch,
         })
     return rows

@@ -290,10 +290,11 @@ def gated(store: StoreLayout, gate, seeds) -> dict[int | None, float]:
     return out
 
 
-def units_left(store: StoreLayout, slots: list[Phase1Slot], space) -> tuple[int, int, int]:
-    """(Phase-1 units, trial units) of `slots`/`space.trials` not in `store`, and the trials
-    held back by the grid's Phase-1 gate (not left: they are not trained)."""
+def units_left(store: StoreLayout, slots: list[Phase1Slot], space) -> tuple[int, int, dict]:
+    """(Phase-1 units, trial units) of `slots`/`space.trials` not in `store`, and the
+    checkpoints whose trials the grid's Phase-1 gate holds back (`gated`; not left: they are
+    not trained)."""
     held = gated(store, space.phase1_gate, space.phase1_keys)
     trials = [t for t in space.trials if t.phase1_seed not in held]
     p1 = sum(not store.stage1_json(s.seed).is_file() for s in slots)
-    return p1, sum(not store.result(t).is_file() for t in trials), len(space.trials) - len(trials)
+    return p1, sum(not store.result(t).is_file() for t in trials), held

@@ -338,8 +338,8 @@ def test_the_phase1_gate_reads_each_landed_checkpoint_at_its_selected_epoch(tmp_
     assert gated(store, None, space.phase1_keys) == {}
     for t in space.trials:
         store.result(t).unlink()
-    assert units_left(store, [], space) == (0, 3, 0)
-    assert units_left(store, [], space.derive(phase1_gate=gate)) == (0, 2, 1)  # 1's is held
+    assert units_left(store, [], space) == (0, 3, {})
+    assert units_left(store, [], space.derive(phase1_gate=gate)) == (0, 2, {1: 97.0})  # held
     (store.phase1_dir(0) / "phase1_metrics.json").write_text(json.dumps({"history": []}))
     with pytest.raises(PipelineError, match=r"phase1-p1s0: the grid's Phase-1 gate reads "
                        r"val/mean_stm_add10 at the selected epoch, which its "
@@ -368,6 +368,13 @@ def test_a_checkpoint_below_the_phase1_gate_lands_and_no_trial_trains_on_it(tmp_
     assert not any((store / "results").glob("*.json")) and "trials ->" not in out  # no Tune
     text = status_text(Layout(root, "a", store=store))
     assert text.count("HELD BACK") == 2 and "trials: 2 = 2 held back" in text, text
+    record = store / "phase1-p1s0" / "phase1_metrics.json"
+    kept = record.read_text()
+    record.write_text(json.dumps({"history": []}))  # the gate cannot read it: rows still show
+    text = status_text(Layout(root, "a", store=store))
+    assert "trials: 2 = 2 gate unreadable" in text and "errors:" in text, text
+    assert "phase1-p1s0: the grid's Phase-1 gate reads val/mean_stm_add10" in text, text
+    record.write_text(kept)
     assert run.main([*argv, "--name", "b"]) == 0
     out = capsys.readouterr().out
     assert "skipped: " in out and "held back by the grid's Phase-1 gate" in out, out[-3000:]
