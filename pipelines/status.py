@@ -33,16 +33,18 @@ def trial_rows(layout: Layout) -> list[dict[str, Any]]:
 
     meta = PipelineRecord.read(layout.pipeline_json)
     live = meta.status == "running" and driver_alive(layout.run_dir)
+    trials, held, unread = [], {}, {}
     try:
         space = Space.from_dict(meta.space)
-        trials, held, unread = space.trials, {}, {}
     except (KeyError, TypeError, ValueError):  # damaged: no rows, the head says
-        trials, held, unread = [], {}, {}
-    for k in space.phase1_keys if trials else ():  # one unreadable record blanks no other row
-        try:
-            held |= gated(layout.units, space.phase1_gate, [k])
-        except PipelineError as e:
-            unread[k] = str(e)
+        pass
+    else:
+        trials = space.trials
+        for k in space.phase1_keys:  # one unreadable record blanks no other row
+            try:
+                held |= gated(layout.units, space.phase1_gate, [k])
+            except PipelineError as e:
+                unread[k] = str(e)
     rows = []
     for trial in trials:
         cond = trial.condition

@@ -1043,6 +1043,18 @@ def test_variants_are_part_of_a_pipelines_identity_and_refused_bad_in_its_record
         planning.plan_resume(root=tmp_path / "runs", name="p")
 
 
+def test_status_of_a_pipeline_whose_space_record_is_damaged_lists_no_rows(tmp_path):
+    """A `space` that `Space.from_dict` refuses gives no trial rows (and no gate read of an
+    unknown grid's checkpoints), not a crash; an intact record still lists every trial."""
+    plan = _plan(tmp_path)
+    stages.write_meta(plan, status="finished")
+    assert len(trial_rows(plan.layout)) == len(plan.space.trials) == 4
+    meta = json.loads(plan.layout.pipeline_json.read_text())
+    meta["space"]["variants"] = "not a list"
+    plan.layout.pipeline_json.write_text(json.dumps(meta))
+    assert trial_rows(plan.layout) == []
+
+
 def test_status_shows_the_variant_of_each_trial(tmp_path):
     plan = _plan(tmp_path, grid="segments", variants="T2-full,T4-truncated", seeds="42")
     lay = plan.layout
